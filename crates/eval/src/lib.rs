@@ -1,0 +1,1 @@
+//! ksearch-eval (placeholder; see docs/ARCHITECTURE.md)

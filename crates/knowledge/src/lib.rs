@@ -1,0 +1,1 @@
+//! ksearch-knowledge (placeholder; see docs/ARCHITECTURE.md)

@@ -1,0 +1,1 @@
+//! ksearch-llm (placeholder; see docs/ARCHITECTURE.md)

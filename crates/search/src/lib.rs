@@ -1,0 +1,1 @@
+//! ksearch-search (placeholder; see docs/ARCHITECTURE.md)

@@ -1,0 +1,1 @@
+//! ksearch-store (placeholder; see docs/ARCHITECTURE.md)

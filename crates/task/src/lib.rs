@@ -1,0 +1,1 @@
+//! ksearch-task (placeholder; see docs/ARCHITECTURE.md)
