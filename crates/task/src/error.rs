@@ -1,0 +1,88 @@
+//! `TaskError`: every way loading or querying a task can fail. Spec errors name the file, the
+//! field path (`workloads[2].params.L`) and, when the TOML source is known, the line.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The task files are malformed or inconsistent.
+    #[error("{}", render_invalid(.file, .field, .line, .column, .message, .snippet))]
+    Invalid {
+        file: PathBuf,
+        /// Dotted path of the offending field; empty for the document as a whole.
+        field: String,
+        /// 1-based.
+        line: Option<usize>,
+        /// 1-based, in characters.
+        column: Option<usize>,
+        message: String,
+        /// The source line, for display.
+        snippet: Option<String>,
+    },
+
+    #[error("no task named `{name}`; built-in tasks: {}", list(.available))]
+    UnknownTask {
+        name: String,
+        available: Vec<String>,
+    },
+
+    #[error("task `{task}` has no `{name}` backend; it has: {}", list(.available))]
+    UnknownBackend {
+        task: String,
+        name: String,
+        available: Vec<String>,
+    },
+
+    #[error("{}: not a task directory (no task.toml)", path.display())]
+    NotATaskDir { path: PathBuf },
+
+    #[error(transparent)]
+    Assets(#[from] ksearch_assets::AssetError),
+}
+
+fn list(items: &[String]) -> String {
+    if items.is_empty() {
+        "(none)".to_string()
+    } else {
+        items.join(", ")
+    }
+}
+
+fn render_invalid(
+    file: &std::path::Path,
+    field: &str,
+    line: &Option<usize>,
+    column: &Option<usize>,
+    message: &str,
+    snippet: &Option<String>,
+) -> String {
+    let mut out = file.display().to_string();
+    if let Some(line) = line {
+        let _ = write!(out, ":{line}");
+        if let Some(column) = column {
+            let _ = write!(out, ":{column}");
+        }
+    }
+    out.push_str(": ");
+    if !field.is_empty() {
+        let _ = write!(out, "{field}: ");
+    }
+    out.push_str(message);
+    if let (Some(line), Some(text)) = (line, snippet) {
+        let gutter = line.to_string();
+        let _ = write!(out, "\n {gutter} | {text}");
+        if let Some(column) = column {
+            let pad = " ".repeat(gutter.len() + column.saturating_sub(1));
+            let _ = write!(out, "\n {pad}   ^");
+        }
+    }
+    out
+}

@@ -1,0 +1,1169 @@
+//! Reads a task directory: parses `task.toml`, checks every name, type, expression and file
+//! reference, and resolves every workload, so a task that loads is a task the harness can run.
+
+use crate::error::TaskError;
+use crate::expr::{Expr, ExprError, Num, FUNCTIONS};
+use crate::raw::{RawBackend, RawDist, RawTask, RawTolerance};
+use crate::source_map::{FieldPath, SourceMap};
+use crate::spec::*;
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The identifier `bytes` may use for the byte size of the workload's `dtype`.
+pub(crate) const ELEM_BYTES: &str = "elem_bytes";
+
+/// Backends the evaluator knows; a typo in `[backends.<name>]` must not load silently.
+pub(crate) const KNOWN_BACKENDS: &[&str] = &["cpu", "cuda", "mlx"];
+
+/// A workload resolved for the harness, with the backends it applies to (`None`: all).
+#[derive(Debug, Clone)]
+pub(crate) struct ResolvedEntry {
+    pub workload: ResolvedWorkload,
+    pub backends: Option<Vec<String>>,
+}
+
+pub(crate) struct Loaded {
+    pub dir: PathBuf,
+    pub spec: TaskSpec,
+    pub resolved: Vec<ResolvedEntry>,
+}
+
+pub(crate) fn load(dir: &Path) -> Result<Loaded, TaskError> {
+    let dir = dir.canonicalize().map_err(|source| TaskError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let file = dir.join("task.toml");
+    if !file.is_file() {
+        return Err(TaskError::NotATaskDir { path: dir });
+    }
+    let text = std::fs::read_to_string(&file).map_err(|source| TaskError::Io {
+        path: file.clone(),
+        source,
+    })?;
+    let ctx = Ctx {
+        file,
+        map: SourceMap::new(&text),
+    };
+    let raw: RawTask = toml::from_str(&text).map_err(|e| ctx.toml_error(&e))?;
+    let spec = Checker {
+        ctx: &ctx,
+        dir: &dir,
+    }
+    .check(raw)?;
+    let resolved = resolve_all(&ctx, &spec)?;
+    Ok(Loaded {
+        dir,
+        spec,
+        resolved,
+    })
+}
+
+struct Ctx<'a> {
+    file: PathBuf,
+    map: SourceMap<'a>,
+}
+
+impl Ctx<'_> {
+    fn error_at(&self, field: String, offset: Option<usize>, message: String) -> TaskError {
+        let loc = offset.map(|o| self.map.locate(o));
+        TaskError::Invalid {
+            file: self.file.clone(),
+            field,
+            line: loc.as_ref().map(|l| l.line),
+            column: loc.as_ref().map(|l| l.column),
+            message,
+            snippet: loc.map(|l| l.text),
+        }
+    }
+
+    fn err(&self, path: &FieldPath, message: impl Into<String>) -> TaskError {
+        let offset = self.map.span_of(path).map(|s| s.start);
+        self.error_at(path.to_string(), offset, message.into())
+    }
+
+    /// An error inside a string value (an expression): points at `offset` within the string
+    /// when the value is a plain one-line string, so the column is exact.
+    fn err_in_str(&self, path: &FieldPath, offset: Option<usize>, message: String) -> TaskError {
+        let span = self.map.span_of(path);
+        let start = match (span, offset) {
+            (Some(span), Some(off)) => {
+                let raw = &self.map.text()[span.clone()];
+                let plain = (raw.starts_with('"') || raw.starts_with('\''))
+                    && !raw.contains('\\')
+                    && !raw.contains('\n');
+                Some(if plain {
+                    span.start + 1 + off
+                } else {
+                    span.start
+                })
+            }
+            (Some(span), None) => Some(span.start),
+            (None, _) => None,
+        };
+        self.error_at(path.to_string(), start, message)
+    }
+
+    fn toml_error(&self, e: &toml::de::Error) -> TaskError {
+        let offset = e.span().map(|s| s.start);
+        let field = offset
+            .map(|o| self.map.path_at(o).to_string())
+            .unwrap_or_default();
+        // toml's messages end with a newline and sometimes carry a second line of detail.
+        let message = e.message().trim().replace('\n', "; ");
+        self.error_at(field, offset, message)
+    }
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+fn is_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphanumeric())
+        && chars.all(|c| c == '_' || c == '-' || c == '.' || c.is_ascii_alphanumeric())
+}
+
+fn toml_type(v: &toml::Value) -> &'static str {
+    match v {
+        toml::Value::String(_) => "a string",
+        toml::Value::Integer(_) => "an integer",
+        toml::Value::Float(_) => "a float",
+        toml::Value::Boolean(_) => "a boolean",
+        toml::Value::Datetime(_) => "a date",
+        toml::Value::Array(_) => "an array",
+        toml::Value::Table(_) => "a table",
+    }
+}
+
+/// Does the Python source define a top-level function `name`? A text check: the Rust side
+/// never runs Python, but a misspelt function name should fail at load, not mid-search.
+pub(crate) fn python_defines(source: &str, name: &str) -> bool {
+    source.lines().any(|line| {
+        line.strip_prefix("def ")
+            .map(str::trim_start)
+            .and_then(|rest| rest.strip_prefix(name))
+            .is_some_and(|rest| rest.trim_start().starts_with('('))
+    })
+}
+
+fn dtype_hint(s: &str) -> &'static str {
+    match s.to_ascii_lowercase().as_str() {
+        "float16" | "half" | "fp16" => " (did you mean \"f16\"?)",
+        "bfloat16" | "bf" => " (did you mean \"bf16\"?)",
+        "float32" | "float" | "fp32" => " (did you mean \"f32\"?)",
+        "float64" | "double" | "fp64" => " (did you mean \"f64\"?)",
+        "int32" | "int" => " (did you mean \"i32\"?)",
+        "int64" | "long" => " (did you mean \"i64\"?)",
+        _ => "",
+    }
+}
+
+fn dtype_list() -> String {
+    DType::ALL.map(|d| d.as_str()).join(", ")
+}
+
+struct Checker<'a, 'c> {
+    ctx: &'a Ctx<'c>,
+    dir: &'a Path,
+}
+
+impl Checker<'_, '_> {
+    fn err(&self, path: &FieldPath, message: impl Into<String>) -> TaskError {
+        self.ctx.err(path, message)
+    }
+
+    fn check(&self, raw: RawTask) -> Result<TaskSpec, TaskError> {
+        let root = FieldPath::root();
+        let format = raw.format.ok_or_else(|| {
+            self.err(
+                &root.key("format"),
+                "missing `format = 1` (the task format version)",
+            )
+        })?;
+        if format != FORMAT_VERSION {
+            return Err(self.err(
+                &root.key("format"),
+                format!(
+                    "unsupported task format {format}; this ksearch reads format {FORMAT_VERSION}"
+                ),
+            ));
+        }
+        let name = self.name_field(raw.name, &root.key("name"), "the task's name")?;
+        let kind = self.name_field(
+            raw.kind,
+            &root.key("kind"),
+            "the task kind, e.g. \"attention\"",
+        )?;
+
+        let axes = self.axes(raw.axes)?;
+        let has_dtype_axis = axes
+            .iter()
+            .any(|a| a.name == "dtype" && a.ty == AxisType::Str);
+        let mut taken: BTreeSet<String> = axes.iter().map(|a| a.name.clone()).collect();
+
+        let mut inputs = Vec::new();
+        for (i, t) in raw.inputs.into_iter().enumerate() {
+            let path = root.key("inputs").index(i);
+            let name = self.tensor_name(t.name, &path, &mut taken)?;
+            let dtype = self.dtype(t.dtype, &path.key("dtype"), has_dtype_axis)?;
+            let shape = self.shape(t.shape, &path.key("shape"), &axes)?;
+            let dist = match t.dist {
+                None => None,
+                Some(v) => Some(self.dist(v, &path.key("dist"), &name)?),
+            };
+            if let (DTypeSpec::Fixed(d), false) = (dtype, d_ok_for_dist(dtype, dist.as_ref())) {
+                return Err(self.err(
+                    &path.key("dist"),
+                    format!("integer input `{name}` ({d}) needs a `rand_int` or `custom` dist"),
+                ));
+            }
+            inputs.push(TensorSpec {
+                name,
+                dtype,
+                shape,
+                dist,
+                description: t.description,
+            });
+        }
+        let mut outputs = Vec::new();
+        for (i, t) in raw.outputs.into_iter().enumerate() {
+            let path = root.key("outputs").index(i);
+            let name = self.tensor_name(t.name, &path, &mut taken)?;
+            let dtype = self.dtype(t.dtype, &path.key("dtype"), has_dtype_axis)?;
+            let shape = self.shape(t.shape, &path.key("shape"), &axes)?;
+            outputs.push(TensorSpec {
+                name,
+                dtype,
+                shape,
+                dist: None,
+                description: t.description,
+            });
+        }
+        if outputs.is_empty() {
+            return Err(self.err(
+                &root.key("outputs"),
+                "no [[outputs]]: a task needs at least one output",
+            ));
+        }
+
+        let tolerance = self.tolerance(raw.tolerance)?;
+        let roofline = self.roofline(raw.roofline, &axes, has_dtype_axis)?;
+        let (reference, module_source) = self.reference(raw.reference)?;
+        for (i, t) in inputs.iter().enumerate() {
+            if let Some(Distribution::Custom { function }) = &t.dist {
+                if !python_defines(&module_source, function) {
+                    return Err(self.err(
+                        &root.key("inputs").index(i).key("dist"),
+                        format!(
+                            "{} defines no function `{function}` (the custom generator of `{}`)",
+                            reference.module, t.name
+                        ),
+                    ));
+                }
+            }
+        }
+        let backends = self.backends(
+            raw.backends,
+            &axes,
+            &inputs,
+            &outputs,
+            &reference,
+            &module_source,
+        )?;
+        let workloads = self.workloads(raw.workloads, &axes, &backends, &inputs, &outputs)?;
+
+        Ok(TaskSpec {
+            format,
+            name,
+            kind,
+            description: raw.description,
+            axes,
+            workloads,
+            inputs,
+            outputs,
+            tolerance,
+            roofline,
+            reference,
+            backends,
+        })
+    }
+
+    fn name_field(
+        &self,
+        value: Option<String>,
+        path: &FieldPath,
+        what: &str,
+    ) -> Result<String, TaskError> {
+        let value = value.ok_or_else(|| self.err(path, format!("missing `{path}` ({what})")))?;
+        if !is_name(&value) {
+            return Err(self.err(
+                path,
+                format!("`{value}` is not a valid name (letters, digits, `_`, `-`, `.`)"),
+            ));
+        }
+        Ok(value)
+    }
+
+    fn axes(&self, raw: BTreeMap<String, crate::raw::RawAxis>) -> Result<Vec<Axis>, TaskError> {
+        let base = FieldPath::root().key("axes");
+        let mut axes = Vec::new();
+        for (name, a) in raw {
+            let path = base.key(&name);
+            if !is_ident(&name) {
+                return Err(self.err(
+                    &path,
+                    format!("axis name `{name}` must be an identifier (letters, digits, `_`)"),
+                ));
+            }
+            if name == ELEM_BYTES || FUNCTIONS.iter().any(|(f, _)| *f == name) {
+                return Err(self.err(&path, format!("`{name}` is reserved in expressions")));
+            }
+            let ty = match a.ty.as_deref() {
+                None | Some("int") => AxisType::Int,
+                Some("str") => AxisType::Str,
+                Some(other) => {
+                    return Err(self.err(
+                        &path.key("type"),
+                        format!("unknown axis type `{other}` (expected \"int\" or \"str\")"),
+                    ))
+                }
+            };
+            axes.push(Axis {
+                name,
+                ty,
+                description: a.description,
+            });
+        }
+        // Keep declaration order: it is how the author lists dimensions.
+        axes.sort_by_key(|a| {
+            self.ctx
+                .map
+                .span_of(&base.key(&a.name))
+                .map(|s| s.start)
+                .unwrap_or(usize::MAX)
+        });
+        Ok(axes)
+    }
+
+    fn tensor_name(
+        &self,
+        name: Option<String>,
+        path: &FieldPath,
+        taken: &mut BTreeSet<String>,
+    ) -> Result<String, TaskError> {
+        let npath = path.key("name");
+        let name = name.ok_or_else(|| self.err(&npath, "missing `name`"))?;
+        if !is_ident(&name) {
+            return Err(self.err(
+                &npath,
+                format!("`{name}` is not an identifier (letters, digits, `_`)"),
+            ));
+        }
+        if !taken.insert(name.clone()) {
+            return Err(self.err(
+                &npath,
+                format!(
+                    "`{name}` is already the name of an axis, input or output; `args` could not \
+                     tell them apart"
+                ),
+            ));
+        }
+        Ok(name)
+    }
+
+    fn dtype(
+        &self,
+        raw: Option<String>,
+        path: &FieldPath,
+        has_dtype_axis: bool,
+    ) -> Result<DTypeSpec, TaskError> {
+        let raw = raw.ok_or_else(|| {
+            self.err(
+                path,
+                format!("missing `dtype` (one of {}, or \"$dtype\")", dtype_list()),
+            )
+        })?;
+        if raw == "$dtype" {
+            if !has_dtype_axis {
+                return Err(self.err(
+                    path,
+                    "\"$dtype\" takes the workload's `dtype` parameter, but the task has no str \
+                     axis `dtype` (add [axes.dtype] with type = \"str\")",
+                ));
+            }
+            return Ok(DTypeSpec::FromParam);
+        }
+        DType::parse(&raw).map(DTypeSpec::Fixed).ok_or_else(|| {
+            self.err(
+                path,
+                format!(
+                    "unknown dtype `{raw}`{} (expected one of {}, or \"$dtype\")",
+                    dtype_hint(&raw),
+                    dtype_list()
+                ),
+            )
+        })
+    }
+
+    /// Parses `value` (a string expression or a number) and checks its names against `allowed`.
+    fn expr(
+        &self,
+        value: &toml::Value,
+        path: &FieldPath,
+        axes: &[Axis],
+        extra: &[&str],
+        what: &str,
+    ) -> Result<Expr, TaskError> {
+        let expr = match value {
+            toml::Value::Integer(i) => Expr::int(*i),
+            toml::Value::Float(x) => Expr::parse(&format!("{x:?}"))
+                .map_err(|e| self.ctx.err_in_str(path, None, e.message))?,
+            toml::Value::String(s) => Expr::parse(s).map_err(|e| {
+                self.ctx.err_in_str(
+                    path,
+                    e.offset,
+                    format!("cannot parse {what} `{s}`: {}", e.message),
+                )
+            })?,
+            other => {
+                return Err(self.err(
+                    path,
+                    format!(
+                        "expected {what} (a number or an expression string), found {}",
+                        toml_type(other)
+                    ),
+                ))
+            }
+        };
+        for (ident, offset) in expr.identifiers() {
+            if extra.contains(&ident) {
+                continue;
+            }
+            match axes.iter().find(|a| a.name == ident) {
+                Some(a) if a.ty == AxisType::Int => {}
+                Some(_) => {
+                    return Err(self.ctx.err_in_str(
+                        path,
+                        Some(offset),
+                        format!(
+                            "axis `{ident}` is a str axis; only int axes can appear in {what}s"
+                        ),
+                    ))
+                }
+                None => {
+                    let mut known: Vec<&str> = axes
+                        .iter()
+                        .filter(|a| a.ty == AxisType::Int)
+                        .map(|a| a.name.as_str())
+                        .collect();
+                    known.extend_from_slice(extra);
+                    let mut hint = String::new();
+                    if ident == ELEM_BYTES {
+                        hint = " (`elem_bytes` needs a str axis `dtype`)".to_string();
+                    }
+                    return Err(self.ctx.err_in_str(
+                        path,
+                        Some(offset),
+                        format!(
+                            "unknown name `{ident}` in {what} `{}`{hint}; known: {}",
+                            expr.source(),
+                            if known.is_empty() {
+                                "(no int axes)".to_string()
+                            } else {
+                                known.join(", ")
+                            }
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(expr)
+    }
+
+    fn shape(
+        &self,
+        raw: Option<Vec<toml::Value>>,
+        path: &FieldPath,
+        axes: &[Axis],
+    ) -> Result<Vec<Expr>, TaskError> {
+        let raw = raw.ok_or_else(|| {
+            self.err(
+                path,
+                "missing `shape` (a list of integer expressions over axes; [] for a scalar)",
+            )
+        })?;
+        let mut out = Vec::new();
+        for (k, v) in raw.iter().enumerate() {
+            let p = path.index(k);
+            if matches!(v, toml::Value::Float(_)) {
+                return Err(self.err(&p, "a shape entry must be an integer, not a float"));
+            }
+            let e = self.expr(v, &p, axes, &[], "shape expression")?;
+            if let toml::Value::Integer(i) = v {
+                if *i <= 0 {
+                    return Err(self.err(&p, format!("shape entry {i} must be positive")));
+                }
+            }
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    fn dist(
+        &self,
+        value: toml::Value,
+        path: &FieldPath,
+        input: &str,
+    ) -> Result<Distribution, TaskError> {
+        if !value.is_table() {
+            return Err(self.err(
+                path,
+                format!(
+                    "expected a table like {{ kind = \"normal\", mean = 0.0, std = 1.0 }}, found {}",
+                    toml_type(&value)
+                ),
+            ));
+        }
+        let raw = RawDist::deserialize(value).map_err(|e| {
+            self.err(
+                path,
+                format!(
+                    "{} (kinds: normal {{mean, std}}, uniform {{low, high}}, rand_int {{low, high}}, \
+                     custom {{function}})",
+                    e.message().trim()
+                ),
+            )
+        })?;
+        let bad = |msg: String| Err(self.err(path, msg));
+        match raw {
+            RawDist::Normal { mean, std } => {
+                if !mean.is_finite() || !std.is_finite() || std <= 0.0 {
+                    return bad(format!(
+                        "normal needs a finite mean and a positive std (got mean {mean}, std {std})"
+                    ));
+                }
+                Ok(Distribution::Normal { mean, std })
+            }
+            RawDist::Uniform { low, high } => {
+                if !low.is_finite() || !high.is_finite() || low >= high {
+                    return bad(format!(
+                        "uniform needs finite low < high (got {low}, {high})"
+                    ));
+                }
+                Ok(Distribution::Uniform { low, high })
+            }
+            RawDist::RandInt { low, high } => {
+                if low >= high {
+                    return bad(format!(
+                        "rand_int draws from [low, high): needs low < high (got {low}, {high})"
+                    ));
+                }
+                Ok(Distribution::RandInt { low, high })
+            }
+            RawDist::Custom { function } => {
+                let function = function.unwrap_or_else(|| format!("make_{input}"));
+                if !is_ident(&function) {
+                    return bad(format!(
+                        "custom function `{function}` is not a Python identifier"
+                    ));
+                }
+                Ok(Distribution::Custom { function })
+            }
+        }
+    }
+
+    fn tolerance(
+        &self,
+        raw: BTreeMap<String, RawTolerance>,
+    ) -> Result<BTreeMap<DType, Tolerance>, TaskError> {
+        let base = FieldPath::root().key("tolerance");
+        let mut out = BTreeMap::new();
+        for (key, t) in raw {
+            let path = base.key(&key);
+            let dtype = DType::parse(&key).ok_or_else(|| {
+                self.err(
+                    &path,
+                    format!(
+                        "unknown dtype `{key}`{} (expected one of {})",
+                        dtype_hint(&key),
+                        dtype_list()
+                    ),
+                )
+            })?;
+            let default = dtype.default_tolerance();
+            let value = Tolerance {
+                rtol: t.rtol.unwrap_or(default.rtol),
+                atol: t.atol.unwrap_or(default.atol),
+            };
+            for (field, v) in [("rtol", value.rtol), ("atol", value.atol)] {
+                if !v.is_finite() || v < 0.0 {
+                    return Err(self.err(
+                        &path.key(field),
+                        format!("must be a finite number >= 0, got {v}"),
+                    ));
+                }
+            }
+            out.insert(dtype, value);
+        }
+        Ok(out)
+    }
+
+    fn roofline(
+        &self,
+        raw: Option<crate::raw::RawRoofline>,
+        axes: &[Axis],
+        has_dtype_axis: bool,
+    ) -> Result<Roofline, TaskError> {
+        let path = FieldPath::root().key("roofline");
+        let raw = raw.ok_or_else(|| {
+            self.err(
+                &path,
+                "missing [roofline] with `flops` and `bytes` formulas (they set the floor below \
+                 which a time is impossible)",
+            )
+        })?;
+        let extra: &[&str] = if has_dtype_axis { &[ELEM_BYTES] } else { &[] };
+        let get = |value: Option<toml::Value>, field: &str| {
+            let p = path.key(field);
+            let v = value.ok_or_else(|| self.err(&p, format!("missing `{field}` formula")))?;
+            self.expr(&v, &p, axes, extra, "formula")
+        };
+        let flops = get(raw.flops, "flops")?;
+        let bytes = get(raw.bytes, "bytes")?;
+        Ok(Roofline { flops, bytes })
+    }
+
+    fn reference(
+        &self,
+        raw: Option<crate::raw::RawReference>,
+    ) -> Result<(ReferenceSpec, String), TaskError> {
+        let path = FieldPath::root().key("reference");
+        let (module, function) = match raw {
+            Some(r) => (r.module, r.function),
+            None => (None, None),
+        };
+        let module = module.unwrap_or_else(|| "reference.py".to_string());
+        let function = function.unwrap_or_else(|| "reference".to_string());
+        let relative = Path::new(&module);
+        if relative.is_absolute()
+            || relative
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(self.err(
+                &path.key("module"),
+                format!("`{module}` must be a path inside the task directory"),
+            ));
+        }
+        let file = self.dir.join(relative);
+        let source = std::fs::read_to_string(&file).map_err(|e| {
+            self.err(
+                &path.key("module"),
+                format!("cannot read the reference module {}: {e}", file.display()),
+            )
+        })?;
+        if !is_ident(&function) {
+            return Err(self.err(
+                &path.key("function"),
+                format!("`{function}` is not a Python identifier"),
+            ));
+        }
+        if !python_defines(&source, &function) {
+            return Err(self.err(
+                &path.key("function"),
+                format!("{module} defines no top-level function `{function}`"),
+            ));
+        }
+        Ok((ReferenceSpec { module, function }, source))
+    }
+
+    fn backends(
+        &self,
+        raw: BTreeMap<String, RawBackend>,
+        axes: &[Axis],
+        inputs: &[TensorSpec],
+        outputs: &[TensorSpec],
+        reference: &ReferenceSpec,
+        module_source: &str,
+    ) -> Result<BTreeMap<String, BackendSpec>, TaskError> {
+        let base = FieldPath::root().key("backends");
+        if raw.is_empty() {
+            return Err(self.err(
+                &base,
+                "no [backends.<name>] table: a task needs at least one backend (e.g. [backends.cpu])",
+            ));
+        }
+        let mut out = BTreeMap::new();
+        for (name, b) in raw {
+            let path = base.key(&name);
+            if !KNOWN_BACKENDS.contains(&name.as_str()) {
+                return Err(self.err(
+                    &path,
+                    format!(
+                        "unknown backend `{name}` (known: {})",
+                        KNOWN_BACKENDS.join(", ")
+                    ),
+                ));
+            }
+            let entry = b.entry.ok_or_else(|| {
+                self.err(
+                    &path.key("entry"),
+                    "missing `entry` (the kernel's symbol name)",
+                )
+            })?;
+            if !is_ident(&entry) {
+                return Err(self.err(
+                    &path.key("entry"),
+                    format!("`{entry}` is not a C identifier"),
+                ));
+            }
+            let args = b.args.ok_or_else(|| {
+                self.err(
+                    &path.key("args"),
+                    "missing `args` (input, output and axis names in call order)",
+                )
+            })?;
+            let mut seen = BTreeSet::new();
+            for (i, arg) in args.iter().enumerate() {
+                let p = path.key("args").index(i);
+                let is_tensor = inputs.iter().chain(outputs).any(|t| &t.name == arg);
+                match axes.iter().find(|a| &a.name == arg) {
+                    Some(a) if a.ty == AxisType::Str => {
+                        return Err(self.err(
+                            &p,
+                            format!(
+                                "`{arg}` is a str axis; only int axes can be passed to a kernel"
+                            ),
+                        ))
+                    }
+                    Some(_) => {}
+                    None if is_tensor => {}
+                    None => {
+                        let mut known: Vec<&str> = inputs
+                            .iter()
+                            .chain(outputs)
+                            .map(|t| t.name.as_str())
+                            .collect();
+                        known.extend(
+                            axes.iter()
+                                .filter(|a| a.ty == AxisType::Int)
+                                .map(|a| a.name.as_str()),
+                        );
+                        return Err(self.err(
+                            &p,
+                            format!(
+                                "`{arg}` names no input, output or int axis (known: {})",
+                                known.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                if !seen.insert(arg.as_str()) {
+                    return Err(self.err(&p, format!("`{arg}` is passed twice")));
+                }
+            }
+            for t in inputs.iter().chain(outputs) {
+                if !seen.contains(t.name.as_str()) {
+                    return Err(self.err(
+                        &path.key("args"),
+                        format!(
+                            "`args` must pass every input and output; `{}` is missing",
+                            t.name
+                        ),
+                    ));
+                }
+            }
+            let signature = b.signature.ok_or_else(|| {
+                self.err(
+                    &path.key("signature"),
+                    "missing `signature` (the prototype shown to proposers)",
+                )
+            })?;
+            if !signature.contains(&entry) {
+                return Err(self.err(
+                    &path.key("signature"),
+                    format!("the signature does not mention the entry `{entry}`"),
+                ));
+            }
+            let language = match (b.language, name.as_str()) {
+                (Some(l), _) => l,
+                (None, "cpu") => "c".to_string(),
+                (None, _) => return Err(self.err(&path.key("language"), "missing `language`")),
+            };
+            if name == "cpu" && !matches!(language.as_str(), "c" | "c++") {
+                return Err(self.err(
+                    &path.key("language"),
+                    format!("the cpu backend compiles \"c\" or \"c++\", not `{language}`"),
+                ));
+            }
+            let seed = match b.seed {
+                None => None,
+                Some(s) => {
+                    let file = self.dir.join(&s);
+                    if !file.is_file() {
+                        return Err(self.err(
+                            &path.key("seed"),
+                            format!(
+                                "seed kernel `{s}` not found (looked for {})",
+                                file.display()
+                            ),
+                        ));
+                    }
+                    Some(file)
+                }
+            };
+            if let Some(f) = &b.baseline {
+                if !is_ident(f) {
+                    return Err(self.err(
+                        &path.key("baseline"),
+                        format!("`{f}` is not a Python identifier"),
+                    ));
+                }
+                if !python_defines(module_source, f) {
+                    return Err(self.err(
+                        &path.key("baseline"),
+                        format!("{} defines no top-level function `{f}`", reference.module),
+                    ));
+                }
+            }
+            let mut forbidden: Vec<String> = Vec::new();
+            for (i, f) in b.forbidden.iter().enumerate() {
+                if f.trim().is_empty() || f.chars().any(char::is_whitespace) {
+                    return Err(self.err(
+                        &path.key("forbidden").index(i),
+                        format!("`{f}` is not an identifier"),
+                    ));
+                }
+            }
+            // The reference and baseline are always off limits: calling them is the cheapest
+            // way to pass every check.
+            for f in b
+                .forbidden
+                .iter()
+                .chain(std::iter::once(&reference.function))
+                .chain(b.baseline.iter())
+            {
+                if !forbidden.contains(f) {
+                    forbidden.push(f.clone());
+                }
+            }
+            out.insert(
+                name,
+                BackendSpec {
+                    entry,
+                    args,
+                    signature,
+                    language,
+                    seed,
+                    baseline: b.baseline,
+                    forbidden,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    fn workloads(
+        &self,
+        raw: Vec<crate::raw::RawWorkload>,
+        axes: &[Axis],
+        backends: &BTreeMap<String, BackendSpec>,
+        inputs: &[TensorSpec],
+        outputs: &[TensorSpec],
+    ) -> Result<Vec<WorkloadSpec>, TaskError> {
+        let base = FieldPath::root().key("workloads");
+        if raw.is_empty() {
+            return Err(self.err(
+                &base,
+                "no [[workloads]]: a task needs at least one workload",
+            ));
+        }
+        let uses_dtype_param = inputs
+            .iter()
+            .chain(outputs)
+            .any(|t| t.dtype == DTypeSpec::FromParam);
+        let mut names = BTreeSet::new();
+        let mut out = Vec::new();
+        for (i, w) in raw.into_iter().enumerate() {
+            let path = base.index(i);
+            let name = w
+                .name
+                .ok_or_else(|| self.err(&path.key("name"), "missing `name`"))?;
+            if !is_name(&name) {
+                return Err(self.err(
+                    &path.key("name"),
+                    format!("`{name}` is not a valid name (letters, digits, `_`, `-`, `.`)"),
+                ));
+            }
+            if !names.insert(name.clone()) {
+                return Err(self.err(
+                    &path.key("name"),
+                    format!("duplicate workload name `{name}`"),
+                ));
+            }
+            let ppath = path.key("params");
+            for key in w.params.keys() {
+                if !axes.iter().any(|a| &a.name == key) {
+                    let known: Vec<&str> = axes.iter().map(|a| a.name.as_str()).collect();
+                    return Err(self.err(
+                        &ppath.key(key),
+                        format!("unknown axis `{key}` (axes: {})", known.join(", ")),
+                    ));
+                }
+            }
+            let mut params = BTreeMap::new();
+            for axis in axes {
+                let p = ppath.key(&axis.name);
+                let value = w.params.get(&axis.name).ok_or_else(|| {
+                    self.err(&p, format!("missing a value for axis `{}`", axis.name))
+                })?;
+                let value = match (axis.ty, value) {
+                    (AxisType::Int, toml::Value::Integer(i)) => ParamValue::Int(*i),
+                    (AxisType::Str, toml::Value::String(s)) => ParamValue::Str(s.clone()),
+                    (AxisType::Int, other) => {
+                        return Err(self.err(
+                            &p,
+                            format!(
+                                "expected an integer for int axis `{}`, found {}",
+                                axis.name,
+                                toml_type(other)
+                            ),
+                        ))
+                    }
+                    (AxisType::Str, other) => {
+                        return Err(self.err(
+                            &p,
+                            format!(
+                                "expected a string for str axis `{}`, found {}",
+                                axis.name,
+                                toml_type(other)
+                            ),
+                        ))
+                    }
+                };
+                if axis.name == "dtype" && uses_dtype_param {
+                    if let ParamValue::Str(s) = &value {
+                        if DType::parse(s).is_none() {
+                            return Err(self.err(
+                                &p,
+                                format!(
+                                    "`{s}` is not a dtype{} (expected one of {})",
+                                    dtype_hint(s),
+                                    dtype_list()
+                                ),
+                            ));
+                        }
+                    }
+                }
+                params.insert(axis.name.clone(), value);
+            }
+            if let Some(list) = &w.backends {
+                if list.is_empty() {
+                    return Err(self.err(
+                        &path.key("backends"),
+                        "an empty list runs the workload nowhere; leave `backends` out to mean all",
+                    ));
+                }
+                for (k, b) in list.iter().enumerate() {
+                    if !backends.contains_key(b) {
+                        let known: Vec<&str> = backends.keys().map(String::as_str).collect();
+                        return Err(self.err(
+                            &path.key("backends").index(k),
+                            format!(
+                                "the task declares no backend `{b}` (declared: {})",
+                                known.join(", ")
+                            ),
+                        ));
+                    }
+                }
+            }
+            out.push(WorkloadSpec {
+                name,
+                params,
+                held_out: w.held_out,
+                backends: w.backends,
+            });
+        }
+        for backend in backends.keys() {
+            let applies =
+                |w: &&WorkloadSpec| w.backends.as_ref().is_none_or(|b| b.contains(backend));
+            let total = out.iter().filter(applies).count();
+            if total == 0 {
+                return Err(self.err(&base, format!("no workload applies to backend `{backend}`")));
+            }
+            if out.iter().filter(applies).all(|w| w.held_out) {
+                return Err(self.err(
+                    &base,
+                    format!(
+                        "every workload of backend `{backend}` is held out; proposers need at least \
+                         one workload they can see"
+                    ),
+                ));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Integer tensors filled from a normal or uniform draw would be mostly zeros after the cast;
+/// insist on a distribution that means something for integers.
+fn d_ok_for_dist(dtype: DTypeSpec, dist: Option<&Distribution>) -> bool {
+    match dtype {
+        DTypeSpec::Fixed(d) if !d.is_float() => {
+            matches!(
+                dist,
+                Some(Distribution::RandInt { .. } | Distribution::Custom { .. })
+            )
+        }
+        _ => true,
+    }
+}
+
+fn resolve_all(ctx: &Ctx<'_>, spec: &TaskSpec) -> Result<Vec<ResolvedEntry>, TaskError> {
+    spec.workloads
+        .iter()
+        .enumerate()
+        .map(|(i, w)| resolve_one(ctx, spec, i, w))
+        .collect()
+}
+
+fn resolve_one(
+    ctx: &Ctx<'_>,
+    spec: &TaskSpec,
+    index: usize,
+    w: &WorkloadSpec,
+) -> Result<ResolvedEntry, TaskError> {
+    let root = FieldPath::root();
+    let context = format!("in workload `{}` (workloads[{index}])", w.name);
+    let param_dtype = match w.params.get("dtype") {
+        Some(ParamValue::Str(s)) => DType::parse(s),
+        _ => None,
+    };
+    let lookup = |name: &str| -> Option<Num> {
+        if name == ELEM_BYTES {
+            return param_dtype.map(|d| Num::Int(d.size_bytes() as i64));
+        }
+        match w.params.get(name) {
+            Some(ParamValue::Int(i)) => Some(Num::Int(*i)),
+            _ => None,
+        }
+    };
+    let expr_err = |path: &FieldPath, e: ExprError| {
+        ctx.err_in_str(path, e.offset, format!("{context}: {}", e.message))
+    };
+
+    let resolve_tensors = |list: &[TensorSpec],
+                           section: &str|
+     -> Result<Vec<ResolvedTensor>, TaskError> {
+        let mut out = Vec::new();
+        for (j, t) in list.iter().enumerate() {
+            let path = root.key(section).index(j);
+            let dtype = match t.dtype {
+                DTypeSpec::Fixed(d) => d,
+                DTypeSpec::FromParam => param_dtype.ok_or_else(|| {
+                    ctx.err(
+                        &root.key("workloads").index(index).key("params").key("dtype"),
+                        format!("{context}: `{}` has dtype \"$dtype\" but the workload's dtype is not a dtype name", t.name),
+                    )
+                })?,
+            };
+            let mut shape = Vec::new();
+            let mut numel: i64 = 1;
+            for (k, e) in t.shape.iter().enumerate() {
+                let p = path.key("shape").index(k);
+                let n = e.eval_int(&lookup).map_err(|err| expr_err(&p, err))?;
+                if n <= 0 {
+                    return Err(ctx.err_in_str(
+                        &p,
+                        None,
+                        format!(
+                            "{context}: `{}` = {n}; a dimension must be positive",
+                            e.source()
+                        ),
+                    ));
+                }
+                numel = numel.checked_mul(n).ok_or_else(|| {
+                    ctx.err(
+                        &path.key("shape"),
+                        format!("{context}: the element count of `{}` overflows", t.name),
+                    )
+                })?;
+                shape.push(n);
+            }
+            if !d_ok_for_dist(DTypeSpec::Fixed(dtype), t.dist.as_ref()) && section == "inputs" {
+                return Err(ctx.err(
+                    &path.key("dist"),
+                    format!("{context}: integer input `{}` ({dtype}) needs a `rand_int` or `custom` dist", t.name),
+                ));
+            }
+            let dist = (section == "inputs").then(|| t.dist.clone().unwrap_or_default());
+            out.push(ResolvedTensor {
+                name: t.name.clone(),
+                dtype,
+                shape,
+                dist,
+            });
+        }
+        Ok(out)
+    };
+    let inputs = resolve_tensors(&spec.inputs, "inputs")?;
+    let outputs = resolve_tensors(&spec.outputs, "outputs")?;
+
+    let formula = |e: &Expr, field: &str| -> Result<f64, TaskError> {
+        let p = root.key("roofline").key(field);
+        let v = e.eval(&lookup).map_err(|err| expr_err(&p, err))?.as_f64();
+        if !v.is_finite() || v < 0.0 {
+            return Err(ctx.err(
+                &p,
+                format!(
+                    "{context}: `{}` = {v}; it must be a finite number >= 0",
+                    e.source()
+                ),
+            ));
+        }
+        Ok(v)
+    };
+    let flops = formula(&spec.roofline.flops, "flops")?;
+    let bytes = formula(&spec.roofline.bytes, "bytes")?;
+
+    Ok(ResolvedEntry {
+        workload: ResolvedWorkload {
+            name: w.name.clone(),
+            held_out: w.held_out,
+            params: w.params.clone(),
+            inputs,
+            outputs,
+            flops,
+            bytes,
+        },
+        backends: w.backends.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_defines_finds_top_level_functions_only() {
+        let src = "import numpy as np\n\ndef reference(inputs, params):\n    def inner(x):\n        pass\n\ndef  baseline_numpy (a, b):\n    pass\n";
+        assert!(python_defines(src, "reference"));
+        assert!(python_defines(src, "baseline_numpy"));
+        assert!(!python_defines(src, "inner"));
+        assert!(!python_defines(src, "ref"));
+        assert!(!python_defines(src, "numpy"));
+    }
+
+    #[test]
+    fn names_and_identifiers() {
+        assert!(is_ident("B") && is_ident("_x1") && is_ident("delta_bias"));
+        assert!(!is_ident("1x") && !is_ident("a-b") && !is_ident(""));
+        assert!(is_name("b1h4l256d64") && is_name("selective-scan") && is_name("v1.2"));
+        assert!(!is_name("-x") && !is_name("a b") && !is_name(""));
+    }
+}

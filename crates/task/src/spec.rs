@@ -1,0 +1,296 @@
+//! The validated task model: what `task.toml` means once every name, type and expression has
+//! been checked. Workloads resolved to concrete shapes live here too, since they serialize
+//! exactly as the `workloads` items of the harness protocol.
+
+use crate::expr::Expr;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+/// The only task format version this crate reads.
+pub const FORMAT_VERSION: i64 = 1;
+
+/// An element type of a tensor.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F16,
+    BF16,
+    F32,
+    F64,
+    I32,
+    I64,
+}
+
+impl DType {
+    pub const ALL: [DType; 6] = [
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.as_str() == s)
+    }
+
+    /// Bytes per element.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        !matches!(self, DType::I32 | DType::I64)
+    }
+
+    /// The tolerance used when a task sets none for this dtype. Integers compare exactly.
+    pub fn default_tolerance(self) -> Tolerance {
+        let (rtol, atol) = match self {
+            DType::F16 => (1e-2, 5e-3),
+            DType::BF16 => (2e-2, 1e-2),
+            DType::F32 => (2e-5, 1e-5),
+            DType::F64 => (1e-10, 1e-10),
+            DType::I32 | DType::I64 => (0.0, 0.0),
+        };
+        Tolerance { rtol, atol }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Correctness tolerance: `|out - ref| <= atol * max|ref| + rtol * |ref|` element-wise. `atol`
+/// is relative to the largest reference magnitude so one task works across input scales.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    pub rtol: f64,
+    pub atol: f64,
+}
+
+/// A workload's value for one axis: an integer, or a string for `type = "str"` axes (`"f16"`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(untagged)]
+pub enum ParamValue {
+    Int(i64),
+    Str(String),
+}
+
+impl fmt::Display for ParamValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParamValue::Int(i) => write!(f, "{i}"),
+            ParamValue::Str(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+/// How the harness fills an input tensor. `rand_int` draws from `[low, high)`; `custom` calls
+/// `function(rng, shape, params)` in the task's `reference.py`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Distribution {
+    Normal {
+        mean: f64,
+        std: f64,
+    },
+    Uniform {
+        low: f64,
+        high: f64,
+    },
+    #[serde(alias = "randint")]
+    RandInt {
+        low: i64,
+        high: i64,
+    },
+    Custom {
+        function: String,
+    },
+}
+
+impl Default for Distribution {
+    fn default() -> Self {
+        Distribution::Normal {
+            mean: 0.0,
+            std: 1.0,
+        }
+    }
+}
+
+/// The value type of an axis.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AxisType {
+    Int,
+    Str,
+}
+
+/// A named dimension or parameter that workloads bind.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct Axis {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub ty: AxisType,
+    pub description: String,
+}
+
+/// A tensor's dtype as written: fixed, or `"$dtype"`, the workload's `dtype` parameter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DTypeSpec {
+    Fixed(DType),
+    FromParam,
+}
+
+impl Serialize for DTypeSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            DTypeSpec::Fixed(d) => s.serialize_str(d.as_str()),
+            DTypeSpec::FromParam => s.serialize_str("$dtype"),
+        }
+    }
+}
+
+/// An input or output as declared (shapes unresolved).
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dtype: DTypeSpec,
+    pub shape: Vec<Expr>,
+    /// Inputs only; `None` means the default, normal(0, 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dist: Option<Distribution>,
+    pub description: String,
+}
+
+/// One workload as declared.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct WorkloadSpec {
+    pub name: String,
+    pub params: BTreeMap<String, ParamValue>,
+    pub held_out: bool,
+    /// Backends this workload applies to; `None` means all.
+    pub backends: Option<Vec<String>>,
+}
+
+/// FLOP and byte formulas of the roofline floor.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct Roofline {
+    pub flops: Expr,
+    pub bytes: Expr,
+}
+
+/// Where the ground truth lives: `function` in the Python file `module` of the task dir.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct ReferenceSpec {
+    pub module: String,
+    pub function: String,
+}
+
+/// How one backend calls a kernel.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct BackendSpec {
+    /// The symbol the candidate must export.
+    pub entry: String,
+    /// Call order: input, output and axis names (cpu: tensors as pointers, int axes as int64_t).
+    pub args: Vec<String>,
+    /// The prototype shown to proposers.
+    pub signature: String,
+    /// Source language: `"c"` (or `"c++"`) for cpu.
+    pub language: String,
+    /// Absolute path of the seed kernel.
+    pub seed: Option<PathBuf>,
+    /// Function name of the timed baseline in the reference module.
+    pub baseline: Option<String>,
+    /// Identifiers a candidate must not mention (always includes the reference and baseline
+    /// functions).
+    pub forbidden: Vec<String>,
+}
+
+impl BackendSpec {
+    /// A short label for the baseline, for the protocol's `baseline.name`: the function name
+    /// without a leading `baseline_` (`baseline_numpy` → `numpy`).
+    pub fn baseline_label(&self) -> Option<&str> {
+        self.baseline.as_deref().map(|f| {
+            f.strip_prefix("baseline_")
+                .filter(|s| !s.is_empty())
+                .unwrap_or(f)
+        })
+    }
+}
+
+/// A validated `task.toml`.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct TaskSpec {
+    pub format: i64,
+    pub name: String,
+    pub kind: String,
+    pub description: String,
+    /// In declaration order.
+    pub axes: Vec<Axis>,
+    pub workloads: Vec<WorkloadSpec>,
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+    /// Only the dtypes the task overrides; see `Task::tolerance` for the effective value.
+    pub tolerance: BTreeMap<DType, Tolerance>,
+    pub roofline: Roofline,
+    pub reference: ReferenceSpec,
+    pub backends: BTreeMap<String, BackendSpec>,
+}
+
+impl TaskSpec {
+    pub fn axis(&self, name: &str) -> Option<&Axis> {
+        self.axes.iter().find(|a| a.name == name)
+    }
+}
+
+/// A tensor with a concrete shape, as sent to the harness.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ResolvedTensor {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dist: Option<Distribution>,
+}
+
+impl ResolvedTensor {
+    pub fn numel(&self) -> i64 {
+        self.shape.iter().product()
+    }
+
+    pub fn size_bytes(&self) -> i64 {
+        self.numel() * self.dtype.size_bytes() as i64
+    }
+}
+
+/// A workload with every shape and formula evaluated, as sent to the harness.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ResolvedWorkload {
+    pub name: String,
+    pub held_out: bool,
+    pub params: BTreeMap<String, ParamValue>,
+    pub inputs: Vec<ResolvedTensor>,
+    pub outputs: Vec<ResolvedTensor>,
+    pub flops: f64,
+    pub bytes: f64,
+}
