@@ -1,0 +1,343 @@
+//! The [`Evaluator`]: turns an [`EvalRequest`] into an [`EvalResult`] by running the harness.
+
+use crate::error::{EvalError, Result};
+use crate::harness::{self, Invocation, Outcome};
+use crate::protocol::{
+    parse_result_line, EvalResult, Status, Violation, ViolationClass, PROTOCOL_VERSION,
+};
+use crate::request::{fresh_nonce, EvalRequest};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+/// How the evaluator finds its interpreter and harness, and how it supervises them.
+#[derive(Debug, Clone)]
+pub struct EvaluatorConfig {
+    /// Interpreter to run the harness with; `None`: `KSEARCH_PYTHON` or the managed environment.
+    pub python: Option<PathBuf>,
+    /// Directory containing the `ksearch_harness` package; `None`: the shipped harness.
+    pub harness_dir: Option<PathBuf>,
+    /// Where build directories go; `None`: a temporary directory removed with the evaluator.
+    pub work_dir: Option<PathBuf>,
+    /// Time the harness gets beyond the request's own timeout before its process group is
+    /// killed: the harness enforces `timeout_s` itself and should report first.
+    pub kill_grace: Duration,
+    /// Bytes of harness stdout/stderr kept in a result.
+    pub tail_bytes: usize,
+    /// Extra `KSEARCH_HARNESS_*` knobs for every harness process.
+    pub knobs: Vec<(String, String)>,
+    /// Check at start-up that the interpreter can import the harness, so a broken set-up is
+    /// one clear error instead of a failure on every candidate.
+    pub verify_harness: bool,
+}
+
+impl Default for EvaluatorConfig {
+    fn default() -> Self {
+        EvaluatorConfig {
+            python: None,
+            harness_dir: None,
+            work_dir: None,
+            kill_grace: Duration::from_secs(3),
+            tail_bytes: 16 * 1024,
+            knobs: Vec::new(),
+            verify_harness: true,
+        }
+    }
+}
+
+/// Runs harness operations. Cheap to share between threads (`&Evaluator` is `Sync`).
+#[derive(Debug)]
+pub struct Evaluator {
+    python: PathBuf,
+    harness_dir: PathBuf,
+    work_dir: PathBuf,
+    config: EvaluatorConfig,
+    // Held only so the directory lives as long as the evaluator.
+    _scratch: Option<tempfile::TempDir>,
+}
+
+/// Timing locks, one per device, shared by every evaluator in the process. Two timed runs on
+/// one device compete for its caches, memory bandwidth and clocks, so each would measure the
+/// other; builds and everything else may run in parallel.
+fn device_lock(key: &str) -> Arc<Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<String, Arc<Mutex<()>>>>> = OnceLock::new();
+    let mut map = LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    Arc::clone(map.entry(key.to_string()).or_default())
+}
+
+impl Evaluator {
+    pub fn new(config: EvaluatorConfig) -> Result<Self> {
+        let python = match &config.python {
+            Some(p) => p.clone(),
+            None => crate::harness_env::resolve()?.python,
+        };
+        let harness_dir = match &config.harness_dir {
+            Some(d) => d.clone(),
+            None => ksearch_assets::locate(ksearch_assets::Tree::Harness)?,
+        };
+        let (work_dir, scratch) = match &config.work_dir {
+            Some(d) => {
+                std::fs::create_dir_all(d).map_err(|source| EvalError::Io {
+                    path: d.clone(),
+                    source,
+                })?;
+                (d.clone(), None)
+            }
+            None => {
+                let tmp = tempfile::Builder::new()
+                    .prefix("ksearch-eval-")
+                    .tempdir()
+                    .map_err(|source| EvalError::Io {
+                        path: std::env::temp_dir(),
+                        source,
+                    })?;
+                (tmp.path().to_path_buf(), Some(tmp))
+            }
+        };
+        let evaluator = Evaluator {
+            python,
+            harness_dir,
+            work_dir,
+            config,
+            _scratch: scratch,
+        };
+        if evaluator.config.verify_harness {
+            evaluator.verify_harness()?;
+        }
+        Ok(evaluator)
+    }
+
+    pub fn python(&self) -> &Path {
+        &self.python
+    }
+
+    pub fn harness_dir(&self) -> &Path {
+        &self.harness_dir
+    }
+
+    pub fn work_dir(&self) -> &Path {
+        &self.work_dir
+    }
+
+    fn verify_harness(&self) -> Result<()> {
+        let out = Command::new(&self.python)
+            .args(["-c", "import ksearch_harness"])
+            .env_clear()
+            .envs(harness::child_env(
+                &self.harness_dir,
+                &self.config.knobs,
+                std::env::vars_os(),
+            ))
+            .current_dir(&self.work_dir)
+            .output()
+            .map_err(|source| EvalError::Spawn {
+                program: self.python.display().to_string(),
+                source,
+            })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let mut output = String::from_utf8_lossy(&out.stdout).into_owned();
+        output.push_str(&String::from_utf8_lossy(&out.stderr));
+        Err(EvalError::HarnessImport {
+            python: self.python.clone(),
+            harness_dir: self.harness_dir.clone(),
+            output: harness::tail_of(output.trim(), 4000),
+        })
+    }
+
+    /// Build directory of a request: keyed by everything that determines the artifact, so
+    /// `build` and a later `evaluate` of the same source meet in the same place.
+    pub fn build_dir(&self, req: &EvalRequest) -> Result<PathBuf> {
+        let source = std::fs::read(&req.candidate.path).map_err(|source| EvalError::Candidate {
+            path: req.candidate.path.clone(),
+            source,
+        })?;
+        let mut h = blake3::Hasher::new();
+        for part in [
+            req.task.name.as_bytes(),
+            req.task.dir.as_os_str().as_encoded_bytes(),
+            req.backend.as_bytes(),
+            req.task.entry.symbol.as_bytes(),
+            req.candidate.language.as_bytes(),
+        ] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        h.update(&source);
+        let dir = self
+            .work_dir
+            .join("builds")
+            .join(&h.finalize().to_hex()[..20]);
+        std::fs::create_dir_all(&dir).map_err(|source| EvalError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(dir)
+    }
+
+    /// Build, static checks, correctness and timing of one candidate. Holds the device's timing
+    /// lock for the whole run. `Err` only when ksearch itself fails (the interpreter cannot be
+    /// started, the candidate file is unreadable); anything the candidate does is an `Ok` result.
+    pub fn evaluate(&self, req: &EvalRequest) -> Result<EvalResult> {
+        let lock = device_lock(&req.device_key());
+        let _timing = lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.run_op("evaluate", req)
+    }
+
+    /// Compile only (parallel pre-compilation); may run concurrently with anything.
+    pub fn build(&self, req: &EvalRequest) -> Result<EvalResult> {
+        self.run_op("build", req)
+    }
+
+    fn run_op(&self, op: &str, req: &EvalRequest) -> Result<EvalResult> {
+        if !req.candidate.path.is_absolute() {
+            return Err(EvalError::Request(format!(
+                "candidate path must be absolute: {}",
+                req.candidate.path.display()
+            )));
+        }
+        let build_dir = self.build_dir(req)?;
+        let nonce = fresh_nonce()?;
+        let wire = req.to_wire(op, &nonce, &build_dir);
+        let request = serde_json::to_vec(&wire)
+            .map_err(|e| EvalError::Request(format!("cannot encode the request: {e}")))?;
+        let span = tracing::info_span!("harness", op, candidate = %req.candidate.path.display());
+        let _enter = span.enter();
+        let outcome = harness::run(&Invocation {
+            python: &self.python,
+            harness_dir: &self.harness_dir,
+            op,
+            request: &request,
+            cwd: &build_dir,
+            timeout: req.timeout + self.config.kill_grace,
+            knobs: &self.config.knobs,
+            tail_bytes: self.config.tail_bytes,
+        })?;
+        let result = interpret(outcome, &nonce, req.timeout)?;
+        tracing::info!(status = %result.status, wall_s = result.wall_seconds, "harness done");
+        Ok(result)
+    }
+
+    /// Runs the harness `probe` op: what the machine offers (interpreter, numpy, torch, mlx,
+    /// compilers, CPU, GPUs). The answer is returned as the harness wrote it.
+    pub fn probe(&self) -> Result<Value> {
+        let nonce = fresh_nonce()?;
+        let request = serde_json::to_vec(&json!({
+            "protocol": PROTOCOL_VERSION, "op": "probe", "nonce": nonce,
+        }))
+        .map_err(|e| EvalError::Request(e.to_string()))?;
+        let outcome = harness::run(&Invocation {
+            python: &self.python,
+            harness_dir: &self.harness_dir,
+            op: "probe",
+            request: &request,
+            cwd: &self.work_dir,
+            timeout: Duration::from_secs(120),
+            knobs: &self.config.knobs,
+            tail_bytes: self.config.tail_bytes,
+        })?;
+        let failed = |why: &str| EvalError::HarnessFailed {
+            op: "probe".into(),
+            exit: outcome.exit_description(),
+            output: format!("{why}\n{}", outcome.output_tail),
+        };
+        if outcome.timed_out {
+            return Err(failed("no answer within 120 s"));
+        }
+        let text = String::from_utf8_lossy(&outcome.result);
+        let line = text.trim();
+        let value: Value = serde_json::from_str(line)
+            .or_else(|e| match crate::protocol::replace_non_finite(line) {
+                Some(fixed) => serde_json::from_str(&fixed),
+                None => Err(e),
+            })
+            .map_err(|e| failed(&format!("the answer is not JSON ({e})")))?;
+        if value.get("nonce").and_then(Value::as_str) != Some(nonce.as_str()) {
+            return Err(failed("the answer does not carry the request nonce"));
+        }
+        Ok(value)
+    }
+}
+
+/// Turns what the child left behind into a result; see docs/ARCHITECTURE.md for why a missing
+/// or forged result is an integrity violation rather than an error.
+pub(crate) fn interpret(outcome: Outcome, nonce: &str, timeout: Duration) -> Result<EvalResult> {
+    let wall = outcome.wall.as_secs_f64();
+    let mut result = if outcome.timed_out {
+        EvalResult::synthesised(
+            nonce,
+            Status::Timeout,
+            format!(
+                "no result within {} s; the harness and everything it started were killed",
+                timeout.as_secs_f64()
+            ),
+        )
+    } else {
+        let text = String::from_utf8_lossy(&outcome.result);
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        match lines.as_slice() {
+            [] => match outcome.signal() {
+                // A crash in native candidate code takes the interpreter with it.
+                Some(_) => EvalResult::synthesised(
+                    nonce,
+                    Status::RuntimeError,
+                    format!(
+                        "the harness died ({}) before reporting a result",
+                        outcome.exit_description()
+                    ),
+                ),
+                None => channel_violation(
+                    nonce,
+                    format!(
+                        "the harness exited ({}) without writing a result",
+                        outcome.exit_description()
+                    ),
+                ),
+            },
+            [line] => match parse_result_line(line) {
+                Ok(r) if r.nonce != nonce => channel_violation(
+                    nonce,
+                    "the result does not carry this request's nonce".into(),
+                ),
+                Ok(r) if r.protocol != PROTOCOL_VERSION => {
+                    return Err(EvalError::ProtocolMismatch {
+                        got: r.protocol,
+                        expected: PROTOCOL_VERSION,
+                    })
+                }
+                Ok(r) => r,
+                Err(e) => channel_violation(
+                    nonce,
+                    format!("the result channel carried something that is not a result: {e}"),
+                ),
+            },
+            more => channel_violation(
+                nonce,
+                format!(
+                    "the result channel carried {} lines instead of one",
+                    more.len()
+                ),
+            ),
+        }
+    };
+    result.wall_seconds = wall;
+    result.harness_output = outcome.output_tail;
+    Ok(result)
+}
+
+fn channel_violation(nonce: &str, message: String) -> EvalResult {
+    let mut r = EvalResult::synthesised(nonce, Status::IntegrityViolation, message.clone());
+    r.violation = Some(Violation {
+        class: ViolationClass::ResultChannel,
+        message,
+        extra: Default::default(),
+    });
+    r
+}

@@ -1,0 +1,198 @@
+//! What to evaluate: [`EvalRequest`] and the knobs that shape it.
+
+use crate::error::{EvalError, Result};
+use crate::protocol::{
+    CandidateSection, CorrectnessConfig, TaskSection, TimingConfig, ToleranceSpec, PROTOCOL_VERSION,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Which workloads of a task are evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadSet {
+    /// The workloads a search may see: everything but the held-out ones.
+    Search,
+    /// All workloads, held-out included: used to accept a winner.
+    Acceptance,
+}
+
+impl WorkloadSet {
+    pub fn includes(self, held_out: bool) -> bool {
+        match self {
+            WorkloadSet::Search => !held_out,
+            WorkloadSet::Acceptance => true,
+        }
+    }
+}
+
+/// How hard the harness times: more repetitions give tighter medians and cost more time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimingPreset {
+    /// Few repetitions: tests and smoke runs, where only the verdict matters.
+    Quick,
+    /// The default for searches.
+    #[default]
+    Standard,
+    /// Many repetitions: final measurements of a winner.
+    Thorough,
+}
+
+impl TimingPreset {
+    pub const NAMES: [&'static str; 3] = ["quick", "standard", "thorough"];
+
+    pub fn config(self) -> TimingConfig {
+        // 64 MiB exceeds the last-level cache of every machine we target, so one flush
+        // between repetitions evicts the previous call's data.
+        let flush_bytes = 64 << 20;
+        match self {
+            TimingPreset::Quick => TimingConfig {
+                warmup: 1,
+                min_reps: 3,
+                max_reps: 10,
+                target_seconds: 0.2,
+                flush_bytes,
+            },
+            TimingPreset::Standard => TimingConfig {
+                warmup: 2,
+                min_reps: 5,
+                max_reps: 50,
+                target_seconds: 1.0,
+                flush_bytes,
+            },
+            TimingPreset::Thorough => TimingConfig {
+                warmup: 5,
+                min_reps: 20,
+                max_reps: 500,
+                target_seconds: 5.0,
+                flush_bytes,
+            },
+        }
+    }
+}
+
+impl FromStr for TimingPreset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "quick" => Ok(TimingPreset::Quick),
+            "standard" => Ok(TimingPreset::Standard),
+            "thorough" => Ok(TimingPreset::Thorough),
+            other => Err(format!(
+                "unknown timing preset `{other}` (expected one of: {})",
+                TimingPreset::NAMES.join(", ")
+            )),
+        }
+    }
+}
+
+/// Default wall-clock limit of one evaluation, build included.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Default number of correctness trials (each with fresh inputs from a derived seed).
+pub const DEFAULT_TRIALS: u32 = 3;
+
+/// One candidate to evaluate, with everything the harness needs already resolved: the harness
+/// never reads task files itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalRequest {
+    pub task: TaskSection,
+    pub backend: String,
+    /// Which device the timing runs on; timed evaluations of one device never overlap.
+    /// `None` means the backend has one device (the CPU, or the only GPU).
+    pub device: Option<String>,
+    pub candidate: CandidateSection,
+    pub workload_set: WorkloadSet,
+    /// Protocol `workloads` items, already filtered by `workload_set`.
+    pub workloads: Vec<Value>,
+    /// Tolerance per dtype name (`"f32"`, …).
+    pub tolerance: BTreeMap<String, ToleranceSpec>,
+    pub correctness: CorrectnessConfig,
+    pub timing: TimingConfig,
+    /// Per-run secret from which the harness derives trial seeds.
+    pub secret_seed: u64,
+    pub timeout: Duration,
+}
+
+impl EvalRequest {
+    /// The key of the per-device timing lock.
+    pub fn device_key(&self) -> String {
+        match &self.device {
+            Some(d) => format!("{}:{d}", self.backend),
+            None => self.backend.clone(),
+        }
+    }
+
+    /// The protocol request for `op` (`evaluate` or `build`).
+    pub fn to_wire(&self, op: &str, nonce: &str, build_dir: &Path) -> Value {
+        json!({
+            "protocol": PROTOCOL_VERSION,
+            "op": op,
+            "nonce": nonce,
+            "secret_seed": self.secret_seed,
+            "backend": self.backend,
+            "task": self.task,
+            "candidate": self.candidate,
+            "build_dir": build_dir,
+            "workloads": self.workloads,
+            "tolerance": self.tolerance,
+            "correctness": self.correctness,
+            "timing": self.timing,
+            "timeout_s": self.timeout.as_secs_f64(),
+        })
+    }
+}
+
+/// A fresh secret seed from the OS random source. Kept below 2^53 so that every JSON reader,
+/// including ones that parse numbers as doubles, sees the exact value.
+pub fn fresh_secret_seed() -> Result<u64> {
+    let v = getrandom::u64().map_err(|e| EvalError::Random(e.to_string()))?;
+    Ok(v & ((1u64 << 53) - 1))
+}
+
+/// A fresh request nonce (128 random bits, hex).
+pub fn fresh_nonce() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| EvalError::Random(e.to_string()))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_grow_monotonically_and_parse() {
+        let [q, s, t] = TimingPreset::NAMES.map(|n| n.parse::<TimingPreset>().unwrap().config());
+        assert!(q.max_reps < s.max_reps && s.max_reps < t.max_reps);
+        assert!(q.target_seconds < s.target_seconds && s.target_seconds < t.target_seconds);
+        assert!("fast"
+            .parse::<TimingPreset>()
+            .unwrap_err()
+            .contains("quick"));
+    }
+
+    #[test]
+    fn seeds_and_nonces_are_fresh_and_json_safe() {
+        let a = fresh_secret_seed().unwrap();
+        let b = fresh_secret_seed().unwrap();
+        assert_ne!(a, b);
+        assert!(a < (1 << 53) && b < (1 << 53));
+        let n = fresh_nonce().unwrap();
+        assert_eq!(n.len(), 32);
+        assert!(n.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(n, fresh_nonce().unwrap());
+    }
+
+    #[test]
+    fn search_set_excludes_held_out() {
+        assert!(WorkloadSet::Search.includes(false));
+        assert!(!WorkloadSet::Search.includes(true));
+        assert!(WorkloadSet::Acceptance.includes(true));
+    }
+}
