@@ -34,6 +34,7 @@ CREATE TABLE candidates (
     round            INTEGER NOT NULL,
     cycle            INTEGER NOT NULL,
     attempt          INTEGER NOT NULL,
+    sample           INTEGER NOT NULL DEFAULT 0,   -- index inside the attempt (--samples K)
     kind             TEXT NOT NULL CHECK (kind IN ('seed', 'attempt', 'recheck')),
     proposer_note    TEXT NOT NULL,
     knobs_json       TEXT NOT NULL,

@@ -267,8 +267,8 @@ impl RunStore {
         }
         tx.prepare_cached(
             "INSERT INTO candidates (source_id, parent_candidate, node_id, round, cycle, attempt,
-                                     kind, proposer_note, knobs_json, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                                     kind, proposer_note, knobs_json, created_at, sample)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         )?
         .execute(params![
             c.source_id.as_str(),
@@ -280,7 +280,8 @@ impl RunStore {
             c.kind.as_str(),
             c.proposer_note,
             knobs,
-            now_rfc3339()
+            now_rfc3339(),
+            c.sample
         ])?;
         let id = tx.last_insert_rowid();
         tx.commit()?;
@@ -768,7 +769,7 @@ fn summarize(dir: &Path) -> Result<RunSummary, StoreError> {
 }
 
 const CANDIDATE_SELECT: &str = "SELECT id, source_id, parent_candidate, node_id, round, cycle, \
-     attempt, kind, proposer_note, knobs_json, created_at FROM candidates";
+     attempt, kind, proposer_note, knobs_json, created_at, sample FROM candidates";
 
 /// Columns as stored; typed conversion happens outside rusqlite's row callback so that a bad
 /// value is reported as a store error, not a generic conversion failure.
@@ -784,6 +785,7 @@ struct RawCandidate {
     proposer_note: String,
     knobs_json: String,
     created_at: String,
+    sample: u32,
 }
 
 impl RawCandidate {
@@ -800,6 +802,7 @@ impl RawCandidate {
             proposer_note: r.get(8)?,
             knobs_json: r.get(9)?,
             created_at: r.get(10)?,
+            sample: r.get(11)?,
         })
     }
 
@@ -812,6 +815,7 @@ impl RawCandidate {
             round: self.round,
             cycle: self.cycle,
             attempt: self.attempt,
+            sample: self.sample,
             kind: CandidateKind::parse(&self.kind)
                 .ok_or_else(|| StoreError::Invalid(format!("candidate kind {:?}", self.kind)))?,
             proposer_note: self.proposer_note,

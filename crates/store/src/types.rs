@@ -74,6 +74,8 @@ pub struct NewCandidate {
     pub round: u32,
     pub cycle: u32,
     pub attempt: u32,
+    /// Index of the candidate among the samples drawn for one attempt.
+    pub sample: u32,
     pub kind: CandidateKind,
     pub proposer_note: String,
     pub knobs: Value,
@@ -88,6 +90,8 @@ pub struct CandidateRow {
     pub round: u32,
     pub cycle: u32,
     pub attempt: u32,
+    /// Index of the candidate among the samples drawn for one attempt.
+    pub sample: u32,
     pub kind: CandidateKind,
     pub proposer_note: String,
     pub knobs: Value,

@@ -36,6 +36,7 @@ fn candidate(store: &RunStore, code: &str, parent: Option<i64>) -> i64 {
             round: 1,
             cycle: 2,
             attempt: 3,
+            sample: 2,
             kind: CandidateKind::Attempt,
             proposer_note: "tile 64".into(),
             knobs: json!({"tile": 64}),
@@ -232,6 +233,7 @@ fn candidates_round_trip() {
             round: 0,
             cycle: 0,
             attempt: 0,
+            sample: 0,
             kind: CandidateKind::Seed,
             proposer_note: String::new(),
             knobs: Value::Null,
@@ -253,9 +255,10 @@ fn candidates_round_trip() {
             c.node_id.as_deref(),
             c.round,
             c.cycle,
-            c.attempt
+            c.attempt,
+            c.sample
         ),
-        (Some(seed), Some("n1"), 1, 2, 3)
+        (Some(seed), Some("n1"), 1, 2, 3, 2)
     );
     assert_eq!(
         (c.kind, c.proposer_note.as_str()),
@@ -290,6 +293,7 @@ fn new_candidate(source_id: SourceId) -> NewCandidate {
         round: 0,
         cycle: 0,
         attempt: 0,
+        sample: 0,
         kind: CandidateKind::Recheck,
         proposer_note: String::new(),
         knobs: json!({}),

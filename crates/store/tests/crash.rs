@@ -161,6 +161,7 @@ fn child_main(run_dir: &Path) -> ! {
                 round: (i / 10) as u32,
                 cycle: (i % 10) as u32,
                 attempt: 0,
+                sample: 0,
                 kind: CandidateKind::Attempt,
                 proposer_note: format!("try {i}"),
                 knobs: json!({"i": i}),
