@@ -1,0 +1,738 @@
+"""Integrity checks, timing and scoring, independent of the backend.
+
+The pipeline of `evaluate`: task sanity check -> static checks -> build -> load -> correctness
+-> timing -> timer and roofline checks -> score. Every check raises the HarnessError that
+becomes the verdict; the ResultBuilder keeps what was measured before it.
+
+Device access goes through an `adapters.Adapter`; nothing here knows whether a buffer lives in
+host memory or on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from . import adapters, dtypes, machine, static_checks
+from .adapters import Adapter, BuildFailed, BuildInfo
+from .protocol import (BuildError, Incorrect, Request, ResultBuilder, StaticCheckFailed,
+                       TaskError, Tolerance, Violation, Workload)
+from .task_code import ORDER, PROBE, TIMING, TRIAL, WARMUP, Inputs, TaskCode, derive_seed
+
+MAX_SOURCE_BYTES = 1 << 20
+# How long to watch outputs after a call returns for writes that arrive late. The short wait
+# runs after every correctness call; the long one only before a wrong answer is judged, to tell
+# deferred work from plain wrong results.
+SETTLE_SHORT_S = 0.005
+SETTLE_LONG_S = 0.1
+# Near-duplicate input sets per workload (see TaskCode.perturb).
+PROBES = 2
+# glibc fills malloc'd memory from these bytes during the two identical determinism calls.
+HEAP_BYTE_A, HEAP_BYTE_B = 0xA5, 0x5A
+# Roofline slack. The bandwidth is that of one numpy copy from DRAM; a kernel whose data stays
+# partly in cache, or that uses every core's load ports, can beat it several times over, so the
+# floor allows 4x. The peak is a float32 matmul through BLAS, typically 50-80% of the FMA peak
+# of the machine, so the floor allows 2x there. A time below even that cannot be real.
+BANDWIDTH_SLACK = 4.0
+PEAK_SLACK = 2.0
+# Re-measurements of bandwidth and peak before a time below the floor becomes a verdict.
+ROOFLINE_REMEASURE = 2
+# Fraction of timeout_s after which timing stops adding repetitions beyond min_reps.
+SOFT_DEADLINE_FRACTION = 0.6
+
+
+# --------------------------------------------------------------------------------------------
+# Comparisons
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    max_abs: float
+    max_rel: float
+
+    def merge(self, other: "Comparison") -> "Comparison":
+        return Comparison(self.ok and other.ok, _nanmax(self.max_abs, other.max_abs),
+                          _nanmax(self.max_rel, other.max_rel))
+
+
+def _nanmax(a: float, b: float) -> float:
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return max(a, b)
+
+
+def close(x: np.ndarray, y: np.ndarray, truth: np.ndarray, tol: Tolerance) -> np.ndarray:
+    """Elementwise |x - y| <= atol * max|truth| + rtol * |truth|; where truth is not finite,
+    x and y must be equal (NaN equal to NaN)."""
+    finite = np.isfinite(truth)
+    scale = float(np.max(np.abs(truth[finite]))) if finite.any() else 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        bound = tol.atol * scale + tol.rtol * np.abs(truth)
+        within = np.abs(x - y) <= bound
+    same = (x == y) | (np.isnan(x) & np.isnan(y))
+    return np.where(finite, within | same, same)
+
+
+def compare(out: np.ndarray, truth: np.ndarray, tol: Tolerance) -> Comparison:
+    ok = close(out, truth, truth, tol)
+    finite = np.isfinite(truth)
+    if not finite.any():
+        return Comparison(bool(ok.all()), 0.0, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(out[finite] - truth[finite])
+        scale = float(np.max(np.abs(truth[finite])))
+        rel = diff / np.maximum(np.abs(truth[finite]), max(scale * 1e-6, 1e-300))
+    max_abs = float(np.max(diff)) if not np.isnan(diff).any() else math.nan
+    max_rel = float(np.max(rel)) if not np.isnan(rel).any() else math.nan
+    return Comparison(bool(ok.all()), max_abs, max_rel)
+
+
+def tolerance_for(req: Request, dtype: str) -> Tolerance:
+    if dtype in req.tolerance:
+        return req.tolerance[dtype]
+    rtol, atol = dtypes.DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+    return Tolerance(rtol, atol)
+
+
+def stats(samples: list[int]) -> dict[str, float | None]:
+    if not samples:
+        return {"median": None, "p10": None, "p90": None}
+    a = np.asarray(samples, dtype=np.float64)
+    return {"median": float(np.median(a)), "p10": float(np.percentile(a, 10)),
+            "p90": float(np.percentile(a, 90))}
+
+
+def roofline(wl: Workload, bandwidth: float, peak: float) -> tuple[float, float]:
+    """(floor_ns with slack, ideal_ns without): the time the bytes and FLOPs of `wl` need at
+    the measured bandwidth and peak."""
+    t_bytes = wl.bytes / bandwidth if bandwidth > 0 else 0.0
+    t_flops = wl.flops / peak if peak > 0 else 0.0
+    floor = max(t_bytes / BANDWIDTH_SLACK, t_flops / PEAK_SLACK) * 1e9
+    return floor, max(t_bytes, t_flops) * 1e9
+
+
+def geomean(values: list[float]) -> float | None:
+    vals = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not vals or len(vals) != len(values):
+        return None
+    return float(math.exp(sum(math.log(v) for v in vals) / len(vals)))
+
+
+# --------------------------------------------------------------------------------------------
+# Ops
+
+
+def check_task(req: Request, out: ResultBuilder) -> None:
+    out.stage = "task"
+    task = TaskCode(req.task)  # type: ignore[arg-type]
+    _record_static_env(out)
+    trial_seeds = _trial_seeds(req, out)
+    out.data["workloads"] = sanity_check(req, task, trial_seeds[0])
+
+
+def build(req: Request, out: ResultBuilder, adapter: Adapter | None = None) -> BuildInfo:
+    _record_static_env(out)
+    out.stage = "static"
+    source = read_candidate(req)
+    run_static_checks(req, source)
+    out.stage = "build"
+    adapter = adapter or adapters.create(req)
+    return _build(adapter, source, out)
+
+
+def evaluate(req: Request, out: ResultBuilder, adapter: Adapter | None = None,
+             roofline_override: tuple[float, float] | None = None) -> None:
+    Evaluation(req, out, adapter, roofline_override).run()
+
+
+def read_candidate(req: Request) -> bytes:
+    assert req.candidate is not None
+    try:
+        with open(req.candidate.path, "rb") as fh:
+            source = fh.read(MAX_SOURCE_BYTES + 1)
+    except OSError as e:
+        raise BuildError(f"cannot read the candidate source: {e}") from None
+    if len(source) > MAX_SOURCE_BYTES:
+        raise BuildError(f"candidate source exceeds {MAX_SOURCE_BYTES} bytes")
+    return source
+
+
+def run_static_checks(req: Request, source: bytes) -> None:
+    assert req.candidate is not None
+    forbidden = req.task.forbidden if req.task else ()
+    findings = static_checks.check_source(source.decode("utf-8", "replace"), forbidden,
+                                          req.candidate.language)
+    if findings:
+        f = findings[0]
+        more = f" (and {len(findings) - 1} more finding(s))" if len(findings) > 1 else ""
+        raise StaticCheckFailed(f"line {f.line}: {f.message}{more}", f.violation)
+
+
+def _build(adapter: Adapter, source: bytes, out: ResultBuilder) -> BuildInfo:
+    try:
+        info = adapter.build(source)
+    except BuildFailed as e:
+        if e.info is not None:
+            out.data["build"] = e.info.to_json()
+        raise BuildError(e.message) from None
+    out.data["build"] = info.to_json()
+    out.data["environment"].update(adapter.environment())
+    return info
+
+
+def _record_static_env(out: ResultBuilder) -> None:
+    out.data["environment"].update(machine.static_environment())
+
+
+def _trial_seeds(req: Request, out: ResultBuilder) -> list[int]:
+    seeds = [derive_seed(req.secret_seed, TRIAL, t) for t in range(req.trials)]
+    out.data["seeds"] = {"secret_seed": req.secret_seed, "trial_seeds": seeds}
+    return seeds
+
+
+def sanity_check(req: Request, task: TaskCode, seed: int) -> list[dict[str, Any]]:
+    """A task where an all-zero or a constant output passes the tolerance cannot tell a kernel
+    that works from one that does nothing; one whose baseline disagrees with its reference
+    times the wrong thing. Both are task errors, raised before any candidate is involved."""
+    entries, problems = [], []
+    for wi, wl in enumerate(req.workloads):
+        inputs = task.make_inputs(wl, seed, wi)
+        truth = task.reference(inputs, wl)
+        zero_ok = const_ok = True
+        for spec in wl.outputs:
+            dt, t = dtypes.get(spec.dtype), truth[spec.name]
+            tol = tolerance_for(req, spec.dtype)
+            finite = t[np.isfinite(t)]
+            mean = float(finite.mean()) if finite.size else 0.0
+            zeros = dt.decode(dt.encode(np.zeros(t.shape)))
+            const = dt.decode(dt.encode(np.full(t.shape, mean)))
+            zero_ok = zero_ok and bool(close(zeros, t, t, tol).all())
+            const_ok = const_ok and bool(close(const, t, t, tol).all())
+        baseline_ok = None
+        if task.baseline_fn is not None:
+            got = task.check_outputs(task.call_baseline(inputs.for_reference(), wl), wl,
+                                     "baseline")
+            baseline_ok = all(bool(close(got[s.name], truth[s.name], truth[s.name],
+                                         tolerance_for(req, s.dtype)).all())
+                              for s in wl.outputs)
+        entries.append({"name": wl.name, "held_out": wl.held_out,
+                        "zero_output_rejected": not zero_ok,
+                        "constant_output_rejected": not const_ok,
+                        "baseline_matches": baseline_ok})
+        if zero_ok:
+            problems.append(f"workload `{wl.name}`: an all-zero output passes the tolerance")
+        if const_ok:
+            problems.append(f"workload `{wl.name}`: a constant output (the mean of the "
+                            f"reference) passes the tolerance")
+        if baseline_ok is False:
+            problems.append(f"workload `{wl.name}`: the baseline disagrees with the reference "
+                            f"beyond the tolerance")
+    if problems:
+        raise TaskError("task sanity check failed: " + "; ".join(problems))
+    return entries
+
+
+# --------------------------------------------------------------------------------------------
+# evaluate
+
+
+@dataclass
+class Bench:
+    """Device buffers and the bound call for one workload."""
+
+    wl: Workload
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    fn: Callable[[], None]
+    poison: dict[str, dict[str, np.ndarray]]
+
+
+class Evaluation:
+    def __init__(self, req: Request, out: ResultBuilder, adapter: Adapter | None,
+                 roofline_override: tuple[float, float] | None):
+        self.req = req
+        self.out = out
+        self.adapter = adapter
+        self.roofline_override = roofline_override
+        self.started = time.monotonic()
+        self.soft_deadline = self.started + SOFT_DEADLINE_FRACTION * req.timeout_s
+        self.calls = 0
+        self.threads_before: set[int] = set()
+        self.threads_max = 0
+        self.busy_after_return = 0
+        self.results: dict[str, dict[str, Any]] = {}
+
+    # -- pipeline ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        req, out = self.req, self.out
+        out.stage = "task"
+        self.task = TaskCode(req.task)  # type: ignore[arg-type]
+        _record_static_env(out)
+        self.trial_seeds = _trial_seeds(req, out)
+        self.seeds = out.data["seeds"]
+        self.seeds.update({"probe_seeds": {}, "timing_seeds": {}, "order_seeds": {}})
+        sanity_check(req, self.task, self.trial_seeds[0])
+
+        out.stage = "static"
+        source = read_candidate(req)
+        run_static_checks(req, source)
+
+        out.stage = "build"
+        if self.adapter is None:
+            self.adapter = adapters.create(req)
+        info = _build(self.adapter, source, out)
+
+        # Measured before the candidate is loaded, so it cannot disturb the measurement.
+        self.bandwidth, self.peak = self.roofline_override or machine.measure_roofline()
+        out.data["environment"].update({"mem_bandwidth_gbs": self.bandwidth / 1e9,
+                                        "peak_gflops": self.peak / 1e9})
+        # The independent wall clock for the timer check starts before any candidate code
+        # exists in this process.
+        self.wall_start_ns = time.monotonic_ns()
+
+        out.stage = "load"
+        assert req.task is not None and req.task.entry is not None
+        try:
+            self.adapter.load(info, req.task.entry)
+        except BuildFailed as e:
+            raise BuildError(e.message) from None
+
+        for wl in req.workloads:
+            self.results[wl.name] = {"name": wl.name, "held_out": wl.held_out}
+        out.data["workloads"] = [self.results[wl.name] for wl in req.workloads]
+        out.data["diagnostics"] = self._diagnostics()
+
+        out.stage = "correctness"
+        self.threads_before = set(machine.thread_states())
+        self.threads_max = len(self.threads_before)
+        self.correctness()
+
+        out.stage = "timing"
+        timed_total = self.timing()
+        self.check_timer(timed_total)
+        self.check_floors()
+        out.data["score"] = self.score()
+        out.data["diagnostics"] = self._diagnostics()
+
+    def _diagnostics(self) -> dict[str, Any]:
+        return {"threads_before_first_call": len(self.threads_before),
+                "threads_max_after_call": self.threads_max,
+                "busy_threads_after_return": self.busy_after_return,
+                "candidate_calls": self.calls}
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _bench(self, wl: Workload) -> Bench:
+        a = self.adapter
+        assert a is not None
+        inputs = {s.name: a.alloc(s) for s in wl.inputs}
+        outputs = {s.name: a.alloc(s) for s in wl.outputs}
+        poison = {w: {s.name: dtypes.get(s.dtype).poison(s.shape, w) for s in wl.outputs}
+                  for w in ("a", "b")}
+        return Bench(wl, inputs, outputs, a.bind(inputs, outputs, dict(wl.params)), poison)
+
+    def _upload_inputs(self, bench: Bench, inputs: Inputs) -> None:
+        for name, buf in bench.inputs.items():
+            self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
+
+    def _poison(self, bench: Bench, which: str) -> None:
+        for name, buf in bench.outputs.items():
+            self.adapter.upload(buf, bench.poison[which][name])  # type: ignore[union-attr]
+
+    def _snapshot(self, bench: Bench) -> dict[str, np.ndarray]:
+        return {n: self.adapter.to_host(b) for n, b in bench.outputs.items()}  # type: ignore
+
+    def _decode(self, bench: Bench, outs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {s.name: dtypes.get(s.dtype).decode(outs[s.name]) for s in bench.wl.outputs}
+
+    def _compare(self, wl: Workload, outs: dict[str, np.ndarray],
+                 truth: dict[str, np.ndarray]) -> Comparison:
+        result = Comparison(True, 0.0, 0.0)
+        for s in wl.outputs:
+            result = result.merge(compare(outs[s.name], truth[s.name],
+                                          tolerance_for(self.req, s.dtype)))
+        return result
+
+    def _matches(self, wl: Workload, outs: dict[str, np.ndarray],
+                 truth: dict[str, np.ndarray]) -> bool:
+        return all(bool(close(outs[s.name], truth[s.name], truth[s.name],
+                              tolerance_for(self.req, s.dtype)).all()) for s in wl.outputs)
+
+    def _watch_threads(self) -> list[int]:
+        states = machine.thread_states()
+        self.threads_max = max(self.threads_max, len(states))
+        busy = [tid for tid, (st, _) in states.items()
+                if tid not in self.threads_before and st == "R"]
+        self.busy_after_return = max(self.busy_after_return, len(busy))
+        return busy
+
+    def _deferred(self, where: str, busy: list[int]) -> Violation:
+        evidence = (f"; {len(busy)} thread(s) the candidate started were still running"
+                    if busy else "")
+        return Violation("deferred_work", f"outputs changed after the call returned ({where})"
+                         f"{evidence}: the work must be finished when the entry point returns")
+
+    def _check_inputs(self, bench: Bench, inputs: Inputs, where: str) -> None:
+        for name, buf in bench.inputs.items():
+            now = self.adapter.to_host(buf)  # type: ignore[union-attr]
+            before = inputs.stored[name]
+            if now.tobytes() != before.tobytes():
+                changed = int(np.count_nonzero(now.reshape(-1).view(np.uint8)
+                                               != before.reshape(-1).view(np.uint8)))
+                raise Violation("input_mutated", f"input `{name}` was modified by the candidate "
+                                f"({where}; {changed} byte(s) differ): inputs are read-only")
+
+    @staticmethod
+    def _changed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+        return any(a[n].tobytes() != b[n].tobytes() for n in a)
+
+    def _checked_call(self, bench: Bench, inputs: Inputs, truth: dict[str, np.ndarray],
+                      which: str, heap_byte: int, where: str
+                      ) -> tuple[dict[str, np.ndarray], Comparison]:
+        """One correctness call: poisoned outputs, the call, then the deferred-work and
+        input checks. Returns the outputs (storage) and their comparison with `truth`."""
+        a = self.adapter
+        assert a is not None
+        self._poison(bench, which)
+        machine.set_heap_perturb(heap_byte)
+        try:
+            bench.fn()
+            a.synchronize()
+            first = self._snapshot(bench)
+        finally:
+            machine.set_heap_perturb(0)
+        self.calls += 1
+        time.sleep(SETTLE_SHORT_S)
+        a.synchronize()
+        busy = self._watch_threads()
+        settled = self._snapshot(bench)
+        if self._changed(first, settled):
+            raise self._deferred(where, busy)
+        self._check_inputs(bench, inputs, where)
+        cmp = self._compare(bench.wl, self._decode(bench, settled), truth)
+        if not cmp.ok:
+            time.sleep(SETTLE_LONG_S)
+            a.synchronize()
+            if self._changed(settled, self._snapshot(bench)):
+                raise self._deferred(where, self._watch_threads())
+        return settled, cmp
+
+    def _check_written(self, wl: Workload, outs_a: dict[str, np.ndarray],
+                       outs_b: dict[str, np.ndarray] | None, truth: dict[str, np.ndarray],
+                       where: str) -> None:
+        for s in wl.outputs:
+            dt = dtypes.get(s.dtype)
+            mask = dt.poison_mask(outs_a[s.name], "a")
+            if outs_b is not None:
+                mask_b = dt.poison_mask(outs_b[s.name], "b")
+                mask = (mask | mask_b) if dt.is_float else (mask & mask_b)
+            elif not dt.is_float:
+                continue  # one integer call cannot tell a poison value from a written one
+            if dt.is_float:
+                mask &= np.isfinite(truth[s.name])
+            count = int(np.count_nonzero(mask))
+            if count:
+                first = tuple(int(i) for i in np.argwhere(mask)[0])
+                raise Violation("output_not_written",
+                                f"output `{s.name}`: {count} of {mask.size} element(s) were "
+                                f"never written ({where}; first at index {first})")
+
+    def _check_deterministic(self, wl: Workload, outs_a: dict[str, np.ndarray],
+                             outs_b: dict[str, np.ndarray], truth: dict[str, np.ndarray],
+                             where: str) -> None:
+        for s in wl.outputs:
+            dt = dtypes.get(s.dtype)
+            x, y = dt.decode(outs_a[s.name]), dt.decode(outs_b[s.name])
+            same = close(x, y, truth[s.name], tolerance_for(self.req, s.dtype))
+            if not same.all():
+                n = int(np.count_nonzero(~same))
+                raise Violation("nondeterministic",
+                                f"output `{s.name}`: two calls on identical inputs disagree in "
+                                f"{n} element(s) ({where}); typical causes are reads of "
+                                f"uninitialised memory or of the output buffer, or races")
+
+    def _stale(self, wl: Workload, outs: dict[str, np.ndarray],
+               earlier: list[dict[str, np.ndarray]]) -> bool:
+        return any(self._matches(wl, outs, t) for t in reversed(earlier))
+
+    def _precision_consistent(self, wl: Workload, outs: dict[str, np.ndarray],
+                              truth: dict[str, np.ndarray]) -> bool:
+        """True when the error fits arithmetic in f16 or bf16 though the outputs are wider."""
+        for s in wl.outputs:
+            if s.dtype not in ("f32", "f64"):
+                return False
+            if not any(bool(close(outs[s.name], truth[s.name], truth[s.name],
+                                  tolerance_for(self.req, narrow)).all())
+                       for narrow in dtypes.REDUCED_PRECISION):
+                return False
+        return True
+
+    # -- correctness ---------------------------------------------------------------------
+
+    def correctness(self) -> None:
+        req, task = self.req, self.task
+        failures: list[tuple[Workload, Comparison, bool]] = []
+        for wi, wl in enumerate(req.workloads):
+            bench = self._bench(wl)
+            earlier: list[dict[str, np.ndarray]] = []
+            worst = Comparison(True, 0.0, 0.0)
+            failed: tuple[Comparison, bool] | None = None
+            last: Inputs | None = None
+            for t, seed in enumerate(self.trial_seeds):
+                where = f"workload `{wl.name}`, trial {t}"
+                inputs = task.make_inputs(wl, seed, wi)
+                truth = task.reference(inputs, wl)
+                self._upload_inputs(bench, inputs)
+                outs_a, cmp = self._checked_call(bench, inputs, truth, "a", HEAP_BYTE_A, where)
+                outs_b, cmp_b = self._checked_call(bench, inputs, truth, "b", HEAP_BYTE_B,
+                                                   where)
+                self._check_written(wl, outs_a, outs_b, truth, where)
+                decoded = self._decode(bench, outs_a)
+                # An earlier answer explains a disagreement between the two calls more
+                # precisely than nondeterminism does, so it is looked for first.
+                for outs_x, cmp_x in ((decoded, cmp), (self._decode(bench, outs_b), cmp_b)):
+                    if not cmp_x.ok:
+                        self._raise_if_stale(wl, outs_x, earlier, where)
+                self._check_deterministic(wl, outs_a, outs_b, truth, where)
+                worst = worst.merge(cmp)
+                if not cmp.ok:
+                    failed = (cmp, self._precision_consistent(wl, decoded, truth))
+                    break
+                earlier.append(truth)
+                last = inputs
+            probe_seeds = self.seeds["probe_seeds"].setdefault(wl.name, [])
+            for k in range(PROBES if failed is None else 0):
+                where = f"workload `{wl.name}`, near-duplicate input set {k}"
+                seed = derive_seed(req.secret_seed, PROBE, wi, k)
+                assert last is not None
+                probe = task.perturb(last, wl, seed, wi)
+                if probe is None:
+                    break
+                probe_seeds.append(seed)
+                truth = task.reference(probe, wl)
+                self._upload_inputs(bench, probe)
+                outs, cmp = self._checked_call(bench, probe, truth, "a", HEAP_BYTE_A, where)
+                self._check_written(wl, outs, None, truth, where)
+                worst = worst.merge(cmp)
+                decoded = self._decode(bench, outs)
+                if not cmp.ok:
+                    self._raise_if_stale(wl, decoded, earlier, where)
+                    failed = (cmp, self._precision_consistent(wl, decoded, truth))
+                    break
+                earlier.append(truth)
+                last = probe
+            self.results[wl.name].update({"correct": failed is None,
+                                          "max_abs_err": worst.max_abs,
+                                          "max_rel_err": worst.max_rel})
+            if failed is not None:
+                failures.append((wl, *failed))
+        self._judge(failures)
+
+    def _raise_if_stale(self, wl: Workload, outs: dict[str, np.ndarray],
+                        earlier: list[dict[str, np.ndarray]], where: str) -> None:
+        if self._stale(wl, outs, earlier):
+            raise Violation("stale_output", f"{where}: the outputs are the answer to an earlier "
+                            f"input set, not to this one (result reuse or caching)")
+
+    def _judge(self, failures: list[tuple[Workload, Comparison, bool]]) -> None:
+        def describe(items):
+            return "; ".join(f"`{wl.name}`: max abs error {c.max_abs:.3g}, max rel error "
+                             f"{c.max_rel:.3g}" for wl, c, _ in items)
+        shown = [f for f in failures if not f[0].held_out]
+        held = [f for f in failures if f[0].held_out]
+        if shown:
+            if all(p for _, _, p in shown):
+                raise Violation("precision", f"outputs exceed the tolerance of their dtype but "
+                                f"fit f16/bf16 arithmetic ({describe(shown)}): compute in the "
+                                f"output precision")
+            raise Incorrect(f"outputs exceed the tolerance on {len(shown)} workload(s): "
+                            f"{describe(shown)}")
+        if held:
+            raise Violation("shape_specialisation", f"correct on every shown workload but wrong "
+                            f"on held-out workload(s) {describe(held)}")
+
+    # -- timing --------------------------------------------------------------------------
+
+    def timing(self) -> int:
+        """Times every shown workload; returns the total of the candidate samples (ns)."""
+        req, task = self.req, self.task
+        a = self.adapter
+        assert a is not None
+        tm = req.timing
+        target_ns = tm.target_seconds * 1e9
+        total_all = 0
+        for wi, wl in enumerate(req.workloads):
+            if wl.held_out:
+                continue
+            bench = self._bench(wl)
+            order_seed = derive_seed(req.secret_seed, ORDER, wi)
+            self.seeds["order_seeds"][wl.name] = order_seed
+            order_rng = np.random.default_rng(order_seed)
+            seeds_used: list[int] = []
+            self.seeds["timing_seeds"][wl.name] = seeds_used
+            contenders = ["candidate", "reference"]
+            if task.baseline_fn is not None:
+                contenders.append("baseline")
+            samples: dict[str, list[int]] = {c: [] for c in contenders}
+            prev_truth: dict[str, np.ndarray] | None = None
+            warm, rep, total = 0, 0, 0
+            while True:
+                warming = warm < tm.warmup
+                if not warming:
+                    if rep >= tm.max_reps:
+                        break
+                    if rep >= tm.min_reps and (total >= target_ns
+                                               or time.monotonic() > self.soft_deadline):
+                        break
+                index = warm if warming else rep
+                seed = derive_seed(req.secret_seed, WARMUP if warming else TIMING, wi, index)
+                seeds_used.append(seed)
+                # Fresh inputs every repetition, generated untimed and written into the same
+                # buffers: a cache keyed on the buffer address sees new data behind an old key.
+                inputs = task.make_inputs(wl, seed, wi)
+                self._upload_inputs(bench, inputs)
+                order = list(contenders)
+                order_rng.shuffle(order)
+                times: dict[str, int] = {}
+                snap: dict[str, np.ndarray] = {}
+                truth: dict[str, np.ndarray] = {}
+                busy: list[int] = []
+                for c in order:
+                    if c == "candidate":
+                        self._poison(bench, "a")
+                        a.flush_cache()
+                        times[c], _ = a.time_call(bench.fn)
+                        snap = self._snapshot(bench)
+                        self.calls += 1
+                        busy = self._watch_threads()
+                    elif c == "reference":
+                        ref_in = inputs.for_reference()
+                        a.flush_cache()
+                        times[c], raw = a.time_call(lambda: task.call_reference(ref_in, wl))
+                        truth = task.check_outputs(raw, wl, "reference")
+                    else:
+                        base_in = inputs.for_reference()
+                        a.flush_cache()
+                        times[c], _ = a.time_call(lambda: task.call_baseline(base_in, wl))
+                label = f"timed call {'warm-up ' if warming else ''}{index} of `{wl.name}`"
+                self._recheck(bench, inputs, snap, truth, prev_truth, label, busy)
+                prev_truth = truth
+                if warming:
+                    warm += 1
+                    continue
+                for c in contenders:
+                    samples[c].append(times[c])
+                total += times["candidate"]
+                rep += 1
+            total_all += total
+            self._record_timing(wl, samples)
+        return total_all
+
+    def _recheck(self, bench: Bench, inputs: Inputs, snap: dict[str, np.ndarray],
+                 truth: dict[str, np.ndarray], prev_truth: dict[str, np.ndarray] | None,
+                 where: str, busy: list[int]) -> None:
+        """The outputs of a timed call must be those of its own input set: the same checks as
+        in correctness, so a kernel cannot behave well only while it is being checked."""
+        a = self.adapter
+        assert a is not None
+        a.synchronize()
+        if self._changed(snap, self._snapshot(bench)):
+            raise self._deferred(where, busy)
+        self._check_inputs(bench, inputs, where)
+        wl = bench.wl
+        outs = self._decode(bench, snap)
+        if self._compare(wl, outs, truth).ok:
+            return
+        time.sleep(SETTLE_LONG_S)
+        a.synchronize()
+        if self._changed(snap, self._snapshot(bench)):
+            raise self._deferred(where, self._watch_threads())
+        if prev_truth is not None and self._matches(wl, outs, prev_truth):
+            raise Violation("stale_output", f"{where}: the outputs are the answer to the "
+                            f"previous input set (result reuse or caching)")
+        unwritten = any(dtypes.get(s.dtype).poison_mask(snap[s.name], "a").any()
+                        for s in wl.outputs if dtypes.get(s.dtype).is_float)
+        detail = "left outputs unwritten" if unwritten else "returned wrong outputs"
+        raise Violation("phase_dependent", f"{where}: the candidate {detail} although every "
+                        f"correctness check passed: behaviour depends on the phase")
+
+    def _record_timing(self, wl: Workload, samples: dict[str, list[int]]) -> None:
+        r = self.results[wl.name]
+        cand, ref = stats(samples["candidate"]), stats(samples["reference"])
+        base = stats(samples.get("baseline", []))
+        floor_ns, ideal_ns = roofline(wl, self.bandwidth, self.peak)
+        median = cand["median"]
+        r.update({
+            "candidate_ns": samples["candidate"], "reference_ns": samples["reference"],
+            "baseline_ns": samples.get("baseline", []),
+            "candidate_median_ns": median, "candidate_p10_ns": cand["p10"],
+            "candidate_p90_ns": cand["p90"], "reference_median_ns": ref["median"],
+            "baseline_median_ns": base["median"],
+            "speedup_vs_reference": _ratio(ref["median"], median),
+            "speedup_vs_baseline": _ratio(base["median"], median),
+            "floor_ns": floor_ns if floor_ns > 0 else None,
+            "roofline_fraction": _ratio(ideal_ns, median) if ideal_ns > 0 else None,
+        })
+
+    # -- final checks --------------------------------------------------------------------
+
+    def check_timer(self, candidate_total_ns: int) -> None:
+        wall = time.monotonic_ns() - self.wall_start_ns
+        bad = [s for r in self.results.values() for s in r.get("candidate_ns", []) if s <= 0]
+        if bad:
+            raise Violation("timer_tampering", f"{len(bad)} candidate sample(s) were not "
+                            f"positive: the clock does not measure real time")
+        if candidate_total_ns > wall:
+            raise Violation("timer_tampering", f"candidate samples add up to "
+                            f"{candidate_total_ns / 1e6:.3f} ms but only {wall / 1e6:.3f} ms of "
+                            f"wall time passed since the candidate was loaded")
+
+    def check_floors(self) -> None:
+        """A median below the floor is impossible, unless the machine was busy when bandwidth
+        and peak were measured: the floor is re-measured (keeping the best numbers seen) before
+        a candidate is condemned."""
+        for attempt in range(1 + ROOFLINE_REMEASURE):
+            suspects = []
+            for wl in self.req.workloads:
+                r = self.results[wl.name]
+                if r.get("candidate_median_ns") is None:
+                    continue
+                floor, ideal = roofline(wl, self.bandwidth, self.peak)
+                r["floor_ns"] = floor if floor > 0 else None
+                r["roofline_fraction"] = (_ratio(ideal, r["candidate_median_ns"])
+                                          if ideal > 0 else None)
+                if floor > 0 and r["candidate_median_ns"] < floor:
+                    suspects.append((wl, r["candidate_median_ns"], floor))
+            self.out.data["environment"].update({"mem_bandwidth_gbs": self.bandwidth / 1e9,
+                                                 "peak_gflops": self.peak / 1e9})
+            if not suspects or self.roofline_override is not None:
+                break
+            if attempt < ROOFLINE_REMEASURE:
+                bw, peak = machine.measure_roofline_fresh()
+                self.bandwidth, self.peak = max(self.bandwidth, bw), max(self.peak, peak)
+        if suspects:
+            wl, median, floor = suspects[0]
+            raise Violation("impossible_time", f"`{wl.name}`: median {median:.0f} ns is below "
+                            f"the roofline floor of {floor:.0f} ns ({wl.bytes:.3g} bytes, "
+                            f"{wl.flops:.3g} FLOPs at {self.bandwidth / 1e9:.1f} GB/s "
+                            f"x{BANDWIDTH_SLACK:g} and {self.peak / 1e9:.1f} GFLOP/s "
+                            f"x{PEAK_SLACK:g}): the time cannot be real")
+
+    def score(self) -> float | None:
+        key = ("speedup_vs_baseline" if self.task.baseline_fn is not None
+               else "speedup_vs_reference")
+        values = [self.results[wl.name].get(key) for wl in self.req.workloads
+                  if not wl.held_out]
+        return geomean(values) if values else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den

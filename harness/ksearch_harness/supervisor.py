@@ -1,0 +1,278 @@
+"""The harness process as ksearch sees it: it owns the private result channel and runs each op
+in a forked worker, so that nothing a candidate does can write or suppress the result.
+
+- The result fd is moved out of the way before anything else happens, stdin is read whole and
+  closed, fd 1 and 2 go to a log file; only then is a worker forked.
+- The worker never holds the result fd. It reports through a pipe of its own; the supervisor
+  accepts exactly one line carrying the request nonce. Extra or malformed bytes on that pipe
+  mean a candidate wrote to it: `result_channel`.
+- A worker that dies (segfault, abort, exit) becomes a `runtime_error`; one that outlives
+  `timeout_s` is killed with its descendants and becomes a `timeout`. A result is always sent.
+
+Standard library only, and no numpy here: the fork happens before any thread exists.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import sys
+import tempfile
+import time
+
+from . import protocol
+from .protocol import (CandidateRuntimeError, HarnessError, Request, ResultChannel, TaskError,
+                       Violation)
+
+MAX_RESULT_BYTES = 64 << 20
+POLL_S = 0.05
+
+
+def serve(op: str, result_fd: int) -> int:
+    try:
+        channel = ResultChannel.claim(result_fd)
+    except OSError as e:
+        print(f"ksearch_harness: --result-fd {result_fd} is not open: {e}", file=sys.stderr)
+        return 2
+    raw = protocol.read_stdin_and_close()
+    nonce = None
+    log_path = None
+    temp_log = False
+    try:
+        obj = {} if (op == "probe" and not raw.strip()) else protocol.decode_request(raw)
+        nonce = protocol.request_nonce(obj)
+        if op == "probe":
+            log_path, temp_log = _temp_log(), True
+            protocol.redirect_output(log_path)
+            from . import probe
+            result = probe.run(nonce)
+        else:
+            req = protocol.parse_request(obj, op)
+            log_path, temp_log = _log_path(req)
+            protocol.redirect_output(log_path)
+            result = run_worker(req)
+    except HarnessError as e:
+        if log_path is None:
+            log_path, temp_log = _temp_log(), True
+            protocol.redirect_output(log_path)
+        result = protocol.error_result(op, nonce, e)
+    except Exception as e:  # noqa: BLE001 - a result must always be sent
+        result = protocol.error_result(op, nonce, CandidateRuntimeError(
+            f"harness failure: {type(e).__name__}: {e}"))
+    result["log_tail"] = protocol.log_tail(log_path)
+    if temp_log and log_path:
+        try:
+            os.unlink(log_path)
+        except OSError:
+            pass
+    try:
+        channel.send(protocol.encode_result(result))
+    except OSError as e:
+        print(f"ksearch_harness: cannot write the result: {e}", file=sys.stderr)
+        return 2
+    channel.close()
+    return 0
+
+
+def _temp_log() -> str:
+    fd, path = tempfile.mkstemp(prefix="ksearch-harness-", suffix=".log")
+    os.close(fd)
+    return path
+
+
+def _log_path(req: Request) -> tuple[str, bool]:
+    if req.build_dir is None:
+        return _temp_log(), True
+    try:
+        os.makedirs(req.build_dir, exist_ok=True)
+    except OSError as e:
+        raise TaskError(f"build_dir: cannot create {req.build_dir}: {e}") from None
+    return os.path.join(req.build_dir, f"harness-{req.op}.log"), False
+
+
+def run_worker(req: Request) -> dict:
+    deadline = time.monotonic() + req.timeout_s
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # worker
+        try:
+            os.close(r)
+            fd = protocol.move_fd_high(w)
+            # The worker keeps fd 0-2 and its pipe, nothing else: in particular not the real
+            # result channel, which only this process may write.
+            os.closerange(3, fd)
+            os.closerange(fd + 1, _fd_limit())
+            from .worker import child_main
+            child_main(req, fd)
+        finally:
+            os._exit(70)
+    os.close(w)
+    data, status, timed_out = _collect(pid, r, deadline)
+    os.close(r)
+    if timed_out:
+        return protocol.error_result(req.op, req.nonce, _Timeout(
+            f"evaluation exceeded timeout_s={req.timeout_s:g}; the worker was killed"))
+    return _judge(req, data, status)
+
+
+def _fd_limit() -> int:
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    return 65536 if soft in (-1,) or soft > 65536 else soft
+
+
+class _Timeout(HarnessError):
+    status = "timeout"
+
+
+def _collect(pid: int, r: int, deadline: float) -> tuple[bytes, int | None, bool]:
+    """Reads the worker's pipe until the worker exits or the deadline passes."""
+    buf = bytearray()
+    eof = False
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            _kill_tree(pid)
+            return bytes(buf), None, True
+        if not eof:
+            ready, _, _ = select.select([r], [], [], min(remaining, POLL_S))
+            if ready:
+                chunk = os.read(r, 1 << 16)
+                if chunk:
+                    if len(buf) < MAX_RESULT_BYTES:
+                        buf += chunk
+                else:
+                    eof = True
+        else:
+            time.sleep(min(remaining, POLL_S))
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            buf += _drain(r)
+            _kill_group_leftovers()
+            return bytes(buf), status, False
+
+
+def _drain(r: int) -> bytes:
+    os.set_blocking(r, False)
+    out = bytearray()
+    while len(out) < MAX_RESULT_BYTES:
+        try:
+            chunk = os.read(r, 1 << 16)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                break
+            raise
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def _judge(req: Request, data: bytes, status: int | None) -> dict:
+    died = ""
+    if status is not None:
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:
+                name = f"signal {sig}"
+            died = f"the worker was killed by {name}"
+        elif os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
+            code = os.WEXITSTATUS(status)
+            if code == 3:
+                return protocol.error_result(req.op, req.nonce, Violation(
+                    "result_channel", "the worker could not write its result: the candidate "
+                    "closed or replaced the result pipe"))
+            died = f"the worker exited with status {code}"
+    if not data:
+        return protocol.error_result(req.op, req.nonce, CandidateRuntimeError(
+            f"{died or 'the worker exited'} without a result (the candidate crashed or exited; "
+            f"see log_tail)"))
+    lines = data.split(b"\n")
+    problem = None
+    if not data.endswith(b"\n") or len(lines) != 2:
+        problem = f"{len([ln for ln in lines if ln])} line(s) where exactly one was expected"
+    else:
+        try:
+            result = protocol.decode_request(lines[0])
+        except HarnessError:
+            result, problem = None, "a line that is not a JSON object"
+        if result is not None and result.get("nonce") != req.nonce:
+            problem = "a result without the request nonce"
+        if result is not None and problem is None:
+            return result
+    return protocol.error_result(req.op, req.nonce, Violation(
+        "result_channel", f"the worker's result channel carried {problem}: something other "
+        f"than the harness wrote to it"))
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILLs `pid` and every descendant, found through /proc. The supervisor may share its
+    process group with its caller, so a group kill is not an option here."""
+    for p in [pid] + _descendants(pid):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    _kill_group_leftovers()
+
+
+def _kill_group_leftovers() -> None:
+    """A process the candidate started (despite the static checks) is reparented when the
+    worker dies, so it is no longer a descendant. When ksearch started the harness as a group
+    leader, as it does, every other member of the group is such a leftover."""
+    me = os.getpid()
+    if os.getpgrp() != me:
+        return
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+            pgrp = int(stat[stat.rfind(")") + 2:].split()[2])
+        except (OSError, ValueError, IndexError):
+            continue
+        if pgrp == me:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+            ppid = int(stat[stat.rfind(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, stack = [], [root]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            out.append(c)
+            stack.append(c)
+    return out

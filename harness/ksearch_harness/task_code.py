@@ -1,0 +1,213 @@
+"""The task's Python side: its reference module, input generation from derived seeds, and the
+reference and baseline calls.
+
+reference.py contract: ``reference(inputs, params) -> {output: array}`` (float64 truth; it may
+cast to the output dtype), ``baseline_<name>(inputs, params) -> {output: array}``, and for
+inputs whose ``dist.kind`` is ``custom`` a ``make_<input>(rng, shape, params) -> array``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+from . import dtypes
+from .protocol import Task, TaskError, TensorSpec, Workload
+
+# Purposes of derived seeds; each stream is independent of the others.
+TRIAL, PROBE, TIMING, WARMUP, ORDER = range(5)
+
+
+def derive_seed(secret: int, *path: int) -> int:
+    """A 63-bit seed for one purpose (trial t, timing repetition r of workload w, ...), derived
+    from the secret with numpy's SeedSequence so that streams never overlap."""
+    ss = np.random.SeedSequence(entropy=secret, spawn_key=tuple(int(p) for p in path))
+    hi, lo = (int(x) for x in ss.generate_state(2, dtype=np.uint32))
+    return ((hi << 32) | lo) & ((1 << 63) - 1)
+
+
+def rng_for(seed: int, workload_index: int) -> np.random.Generator:
+    return np.random.default_rng([seed, workload_index])
+
+
+class Inputs:
+    """One input set: what the candidate's buffers receive (`stored`) and what reference.py
+    gets (`view`, a private copy per call so a careless reference cannot alter it)."""
+
+    def __init__(self, stored: dict[str, np.ndarray], specs: tuple[TensorSpec, ...]):
+        self.stored = stored
+        self.specs = specs
+
+    def for_reference(self) -> dict[str, np.ndarray]:
+        return {s.name: np.array(dtypes.get(s.dtype).reference_view(self.stored[s.name]),
+                                 copy=True) for s in self.specs}
+
+
+class TaskCode:
+    def __init__(self, task: Task):
+        self.task = task
+        path = os.path.join(task.dir, task.reference_module)
+        if not os.path.isfile(path):
+            raise TaskError(f"task reference module not found: {path}")
+        mod_name = "ksearch_task_" + "".join(c if c.isalnum() else "_" for c in task.name)
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise TaskError(f"cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, task.dir)  # so reference.py can import helpers beside it
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            raise TaskError(f"importing {path} failed: {_describe(e)}") from None
+        finally:
+            try:
+                sys.path.remove(task.dir)
+            except ValueError:
+                pass
+        self.module = module
+        self.reference_fn = self._function(task.reference_function, "reference")
+        self.baseline_fn: Callable | None = None
+        if task.baseline_function:
+            self.baseline_fn = self._function(task.baseline_function, "baseline")
+
+    def _function(self, name: str, role: str) -> Callable:
+        fn = getattr(self.module, name, None)
+        if not callable(fn):
+            raise TaskError(f"{self.task.reference_module} has no {role} function `{name}`")
+        return fn
+
+    # -- inputs --------------------------------------------------------------------------
+
+    def make_inputs(self, wl: Workload, seed: int, workload_index: int) -> Inputs:
+        rng = rng_for(seed, workload_index)
+        stored = {}
+        for spec in wl.inputs:
+            stored[spec.name] = self._draw(spec, wl, rng, spec.shape)
+        return Inputs(stored, wl.inputs)
+
+    def _draw(self, spec: TensorSpec, wl: Workload, rng: np.random.Generator,
+              shape: tuple[int, ...]) -> np.ndarray:
+        dt = dtypes.get(spec.dtype)
+        dist = spec.dist
+        if dist is None:
+            dist = _default_dist(dt)
+        if dist.kind == "normal":
+            values: Any = rng.standard_normal(shape, dtype=np.float64) * dist.std + dist.mean
+        elif dist.kind == "uniform":
+            values = rng.uniform(dist.low, dist.high, size=shape)
+        elif dist.kind == "rand_int":
+            values = rng.integers(int(dist.low), int(dist.high), size=shape)
+        else:
+            fn = getattr(self.module, dist.function or f"make_{spec.name}", None)
+            if not callable(fn):
+                raise TaskError(f"input `{spec.name}` has a custom distribution but "
+                                f"{self.task.reference_module} defines no "
+                                f"`{dist.function or 'make_' + spec.name}`")
+            try:
+                values = fn(rng, tuple(shape), dict(wl.params))
+            except Exception as e:
+                raise TaskError(f"generator for input `{spec.name}` raised: {_describe(e)}") \
+                    from None
+            values = np.asarray(values)
+            if values.shape != tuple(shape):
+                raise TaskError(f"generator for input `{spec.name}` returned shape "
+                                f"{values.shape}, expected {tuple(shape)}")
+        if not dt.is_float:
+            values = np.asarray(values)
+            if values.dtype.kind == "f":
+                values = np.rint(values)
+        return np.ascontiguousarray(dt.encode(values))
+
+    def perturb(self, inputs: Inputs, wl: Workload, seed: int, workload_index: int
+                ) -> Inputs | None:
+        """A near-duplicate of `inputs`: one element of each generated input redrawn (and made
+        clearly different). A result cache keyed on a few sampled input values answers it with
+        the previous set's output. Inputs from custom generators keep their values, since
+        mixing two draws could break the structure the generator guarantees."""
+        rng = rng_for(seed, workload_index)
+        stored = {k: v.copy() for k, v in inputs.stored.items()}
+        changed = False
+        for spec in wl.inputs:
+            dist = spec.dist or _default_dist(dtypes.get(spec.dtype))
+            if dist.kind == "custom":
+                continue
+            dt = dtypes.get(spec.dtype)
+            flat = stored[spec.name].reshape(-1)
+            idx = int(rng.integers(0, flat.size))
+            old = float(dt.decode(flat[idx:idx + 1])[0])
+            if dist.kind == "normal":
+                spread = max(dist.std, 1e-3 * max(1.0, abs(dist.mean)))
+            elif dist.kind == "uniform":
+                spread = (dist.high - dist.low) / 4
+            else:
+                spread = 1.0
+            for _ in range(16):
+                new = dt.decode(self._draw(spec, wl, rng, (1,)))[0]
+                if abs(new - old) >= 0.5 * spread or (not dt.is_float and new != old):
+                    break
+            else:
+                continue
+            flat[idx:idx + 1] = dt.encode(np.array([new]))
+            changed = True
+        return Inputs(stored, wl.inputs) if changed else None
+
+    # -- reference and baseline ----------------------------------------------------------
+
+    def reference(self, inputs: Inputs, wl: Workload) -> dict[str, np.ndarray]:
+        """The truth for `inputs`, as float64 arrays of the output shapes."""
+        return self.check_outputs(self.call_reference(inputs.for_reference(), wl), wl,
+                                  "reference")
+
+    def call_reference(self, ref_inputs: dict, wl: Workload) -> Any:
+        try:
+            return self.reference_fn(ref_inputs, dict(wl.params))
+        except Exception as e:
+            raise TaskError(f"reference `{self.task.reference_function}` raised on workload "
+                            f"`{wl.name}`: {_describe(e)}") from None
+
+    def call_baseline(self, ref_inputs: dict, wl: Workload) -> Any:
+        assert self.baseline_fn is not None
+        try:
+            return self.baseline_fn(ref_inputs, dict(wl.params))
+        except Exception as e:
+            raise TaskError(f"baseline `{self.task.baseline_function}` raised on workload "
+                            f"`{wl.name}`: {_describe(e)}") from None
+
+    def check_outputs(self, result: Any, wl: Workload, role: str) -> dict[str, np.ndarray]:
+        if not isinstance(result, dict):
+            raise TaskError(f"{role} must return a dict of outputs, returned "
+                            f"{type(result).__name__}")
+        out = {}
+        for spec in wl.outputs:
+            if spec.name not in result:
+                raise TaskError(f"{role} returned no output `{spec.name}` on workload "
+                                f"`{wl.name}` (keys: {sorted(result)})")
+            try:
+                arr = np.asarray(result[spec.name], dtype=np.float64)
+            except (TypeError, ValueError) as e:
+                raise TaskError(f"{role} output `{spec.name}` is not numeric: {e}") from None
+            if arr.shape != spec.shape:
+                raise TaskError(f"{role} output `{spec.name}` on workload `{wl.name}` has "
+                                f"shape {arr.shape}, expected {spec.shape}")
+            out[spec.name] = arr
+        return out
+
+
+def _default_dist(dt: dtypes.DType):
+    from .protocol import Dist
+    if dt.is_float:
+        return Dist("normal", mean=0.0, std=1.0)
+    if dt.name == "bool":
+        return Dist("rand_int", low=0, high=2)
+    return Dist("rand_int", low=0, high=100)
+
+
+def _describe(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" (at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno})" if tb else ""
+    return f"{type(e).__name__}: {e}{where}"
