@@ -132,7 +132,7 @@ def check_task(req: Request, out: ResultBuilder) -> None:
     task = TaskCode(req.task)  # type: ignore[arg-type]
     _record_static_env(out)
     trial_seeds = _trial_seeds(req, out)
-    out.data["workloads"] = sanity_check(req, task, trial_seeds[0])
+    sanity_check(req, task, trial_seeds[0], out.data["workloads"])
 
 
 def build(req: Request, out: ResultBuilder, adapter: Adapter | None = None) -> BuildInfo:
@@ -195,11 +195,14 @@ def _trial_seeds(req: Request, out: ResultBuilder) -> list[int]:
     return seeds
 
 
-def sanity_check(req: Request, task: TaskCode, seed: int) -> list[dict[str, Any]]:
+def sanity_check(req: Request, task: TaskCode, seed: int,
+                 entries: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """A task where an all-zero or a constant output passes the tolerance cannot tell a kernel
     that works from one that does nothing; one whose baseline disagrees with its reference
-    times the wrong thing. Both are task errors, raised before any candidate is involved."""
-    entries, problems = [], []
+    times the wrong thing. Both are task errors, raised before any candidate is involved.
+    `entries` receives one record per workload, also when the check fails."""
+    entries = [] if entries is None else entries
+    problems = []
     for wi, wl in enumerate(req.workloads):
         inputs = task.make_inputs(wl, seed, wi)
         truth = task.reference(inputs, wl)

@@ -1,0 +1,23 @@
+"""What each file of the cheat corpus must be judged: (status, violation class, timeout_s of
+its request)."""
+
+EXPECTED = {
+    "writes_nothing.c": ("integrity_violation", "output_not_written", 60),
+    "partial_write.c": ("integrity_violation", "output_not_written", 60),
+    "stale_static_buffer.c": ("integrity_violation", "stale_output", 60),
+    "pointer_cache.c": ("integrity_violation", "stale_output", 60),
+    "value_hash_cache.c": ("integrity_violation", "stale_output", 60),
+    "mutates_input.c": ("integrity_violation", "input_mutated", 60),
+    "deferred_pthread.c": ("integrity_violation", "deferred_work", 60),
+    "half_precision.c": ("integrity_violation", "precision", 60),
+    "shape_special.c": ("integrity_violation", "shape_specialisation", 60),
+    "calls_reference.c": ("static_check_failed", "reference_call", 60),
+    "calls_dlopen_system.c": ("static_check_failed", "forbidden_call", 60),
+    "defines_clock_gettime.c": ("static_check_failed", "forbidden_call", 60),
+    "phase_garbage.c": ("integrity_violation", "phase_dependent", 60),
+    "sleeps_first_calls.c": ("integrity_violation", "deferred_work", 60),
+    "uninit_scratch.c": ("integrity_violation", "nondeterministic", 60),
+    "infinite_loop.c": ("timeout", None, 3),
+    "segfault.c": ("runtime_error", None, 60),
+    "forged_result.c": ("integrity_violation", "result_channel", 60),
+}

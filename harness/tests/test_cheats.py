@@ -1,0 +1,78 @@
+"""The cheat corpus: every cheat is rejected with its class, through the real process
+boundary (fresh harness process, own process group, private result fd)."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+
+import pytest
+
+import driver
+from cheat_table import EXPECTED
+
+
+def test_every_cheat_file_is_listed_and_names_its_class():
+    files = sorted(p.name for p in driver.CHEATS.glob("*.c"))
+    assert files == sorted(EXPECTED)
+    for name in files:
+        header = (driver.CHEATS / name).read_text().split("*/", 1)[0]
+        status, cls, _ = EXPECTED[name]
+        named = re.search(r"Cheat class: ([a-z_]+)", header)
+        assert named, f"{name} lacks a 'Cheat class:' header"
+        assert named.group(1) == (cls or "none"), name
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_cheat_is_rejected_with_its_class(corpus_results, name):
+    status, cls, _ = EXPECTED[name]
+    run = corpus_results[name]
+    assert run.result is not None, f"no result line; stderr: {run.stderr[-2000:]}"
+    res = run.result
+    assert res["nonce"] == driver.NONCE
+    assert res["status"] == status, res["message"]
+    assert (res["violation"] or {}).get("class") == cls, res["message"]
+    assert res["score"] is None
+    assert res["message"]
+
+
+def test_forged_result_line_is_not_accepted(corpus_results):
+    run = corpus_results["forged_result.c"]
+    # Exactly one line reached the real channel (run_harness asserts it), and it is ours.
+    assert run.raw.count(b"\n") == 1
+    assert b'"nonce":"forged"' not in run.raw.split(b'"log_tail"')[0]
+    assert run.result["score"] is None
+    # What the candidate wrote to fd 1 went to the log, not to the caller.
+    assert "forged" in run.result["log_tail"]
+    assert run.stdout == ""
+
+
+def test_timeout_is_a_clean_verdict(corpus_results):
+    run = corpus_results["infinite_loop.c"]
+    assert run.result["status"] == "timeout"
+    assert run.seconds < 3 + 20
+    assert driver.live_group_members(run.pgid) == []
+
+
+def test_group_kill_from_outside_leaves_nothing_running():
+    """ksearch's own timeout: it kills the harness's process group. The worker is in that
+    group, so no spinning candidate survives, and the verdict is a timeout without a result."""
+    with tempfile.TemporaryDirectory() as d:
+        req = driver.softmax_request(driver.CHEATS / "infinite_loop.c", d, timeout_s=300)
+        run = driver.run_harness("evaluate", req, timeout=4)
+        assert run.killed and run.verdict == "timeout" and run.result is None
+        deadline = time.monotonic() + 5
+        while driver.live_group_members(run.pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert driver.live_group_members(run.pgid) == []
+
+
+def test_segfault_then_next_evaluation_still_works(corpus_results):
+    run = corpus_results["segfault.c"]
+    assert "SIGSEGV" in run.result["message"]
+    assert "Fatal Python error" in run.result["log_tail"]  # faulthandler's trace in the log
+    with tempfile.TemporaryDirectory() as d:
+        req = driver.softmax_request(driver.HONEST / "naive.c", d)
+        after = driver.run_harness("evaluate", req)
+        assert after.result["status"] == "passed", after.result["message"]
