@@ -4,8 +4,13 @@
 //!   language a proposer uses to edit it, and the text/JSON projections put into prompts.
 //! - [`selection`]: policies that pick the next open action from the world model's frontier.
 //!
-//! The cycle engine and the proposers live here too (added separately); this crate never knows
-//! which backend runs a kernel.
+//! - [`engine`]: the K-Search cycle engine (rounds, cycles, stagnation, budgets, resume).
+//! - [`proposer`]: the `Proposer` interface and the offline proposer.
+//!
+//! This crate never knows which backend runs a kernel: evaluation goes through
+//! [`engine::CandidateEvaluator`].
 
+pub mod engine;
+pub mod proposer;
 pub mod selection;
 pub mod world_model;

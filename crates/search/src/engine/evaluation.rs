@@ -1,0 +1,205 @@
+//! How the engine gets a candidate measured, without knowing the backend.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use ksearch_eval::{EvalRequest, EvalResult, Evaluator, TimingPreset, WorkloadSet};
+use ksearch_task::Task;
+
+use crate::proposer::OutcomeSummary;
+
+/// What a search evaluation is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// The workloads a proposer may see, with the run's secret seed.
+    Search,
+    /// Every workload, held-out included, with a fresh seed, in a fresh process: the re-check a
+    /// winner must pass before it is reported.
+    Acceptance,
+}
+
+/// A finished evaluation: the summary the search reasons with, and the full result to store.
+#[derive(Clone, Debug)]
+pub struct Evaluation {
+    pub summary: OutcomeSummary,
+    pub result: Value,
+}
+
+/// An evaluator failure of ours (cannot start the harness, disk full…), as opposed to a
+/// candidate failure, which is an [`Evaluation`] with a failing status.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct EvalFailure(pub String);
+
+pub trait CandidateEvaluator: Sync {
+    fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure>;
+
+    /// Summarises a stored result (used when resuming and when building prompts).
+    fn summarize(&self, result: &Value) -> OutcomeSummary;
+}
+
+/// The real evaluator: the harness, through `ksearch-eval`.
+pub struct HarnessEvaluator {
+    evaluator: Evaluator,
+    task: Task,
+    backend: String,
+    secret_seed: u64,
+    preset: TimingPreset,
+    sources_dir: PathBuf,
+    extension: String,
+}
+
+impl HarnessEvaluator {
+    /// `sources_dir` receives the candidate files the harness compiles (the run store's
+    /// `sources/` works: files there are named by content hash).
+    pub fn new(
+        evaluator: Evaluator,
+        task: Task,
+        backend: &str,
+        secret_seed: u64,
+        preset: TimingPreset,
+        sources_dir: PathBuf,
+        extension: &str,
+    ) -> Self {
+        Self {
+            evaluator,
+            task,
+            backend: backend.to_string(),
+            secret_seed,
+            preset,
+            sources_dir,
+            extension: extension.to_string(),
+        }
+    }
+
+    fn write_source(&self, source: &str) -> Result<PathBuf, EvalFailure> {
+        let name = format!(
+            "{}.{}",
+            ksearch_store::SourceId::of(source).as_str(),
+            self.extension
+        );
+        let path = self.sources_dir.join(name);
+        if !path.is_file() {
+            std::fs::create_dir_all(&self.sources_dir)
+                .map_err(|e| EvalFailure(format!("{}: {e}", self.sources_dir.display())))?;
+            let tmp = path.with_extension(format!("{}.tmp{}", self.extension, std::process::id()));
+            std::fs::write(&tmp, source)
+                .and_then(|_| std::fs::rename(&tmp, &path))
+                .map_err(|e| EvalFailure(format!("{}: {e}", path.display())))?;
+        }
+        Ok(path)
+    }
+}
+
+impl CandidateEvaluator for HarnessEvaluator {
+    fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
+        let path = self.write_source(source)?;
+        let (set, seed, preset) = match purpose {
+            Purpose::Search => (WorkloadSet::Search, self.secret_seed, self.preset),
+            Purpose::Acceptance => (
+                WorkloadSet::Acceptance,
+                ksearch_eval::fresh_secret_seed().map_err(|e| EvalFailure(e.to_string()))?,
+                TimingPreset::Standard,
+            ),
+        };
+        let req = EvalRequest::from_task(&self.task, &self.backend, &path, set, seed, preset)
+            .map_err(|e| EvalFailure(e.to_string()))?;
+        let result = self
+            .evaluator
+            .evaluate(&req)
+            .map_err(|e| EvalFailure(e.to_string()))?;
+        let value = serde_json::to_value(&result).map_err(|e| EvalFailure(e.to_string()))?;
+        Ok(Evaluation {
+            summary: summarize_result(&result),
+            result: value,
+        })
+    }
+
+    fn summarize(&self, result: &Value) -> OutcomeSummary {
+        match serde_json::from_value::<EvalResult>(result.clone()) {
+            Ok(r) => summarize_result(&r),
+            Err(e) => OutcomeSummary {
+                status: "unreadable".into(),
+                message: format!("stored result does not parse: {e}"),
+                ..OutcomeSummary::default()
+            },
+        }
+    }
+}
+
+/// The search's view of a harness result.
+pub fn summarize_result(r: &EvalResult) -> OutcomeSummary {
+    let passed = r.passed();
+    let medians: Vec<f64> = r
+        .workloads
+        .iter()
+        .filter_map(|w| w.candidate_median_ns)
+        .filter(|v| *v > 0.0)
+        .collect();
+    let geomean = |xs: &[f64]| {
+        (!xs.is_empty()).then(|| (xs.iter().map(|x| x.ln()).sum::<f64>() / xs.len() as f64).exp())
+    };
+    let vs_ref: Vec<f64> = r
+        .workloads
+        .iter()
+        .filter_map(|w| w.speedup_vs_reference)
+        .filter(|v| *v > 0.0)
+        .collect();
+    let mut message = String::new();
+    if let Some(v) = &r.violation {
+        message.push_str(&format!("{}: {}", v.class.as_str(), v.message));
+    }
+    if !r.message.is_empty() {
+        if !message.is_empty() {
+            message.push_str("\n");
+        }
+        message.push_str(&r.message);
+    }
+    if !passed {
+        if let Some(b) = &r.build {
+            if !b.log.is_empty() {
+                let tail: String = b
+                    .log
+                    .chars()
+                    .rev()
+                    .take(1500)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                message.push_str("\nbuild log:\n");
+                message.push_str(&tail);
+            }
+        }
+    }
+    let workloads = r
+        .workloads
+        .iter()
+        .map(|w| {
+            let mut line = w.name.clone();
+            if let Some(ns) = w.candidate_median_ns {
+                line.push_str(&format!(": {:.3} ms", ns / 1e6));
+            }
+            if let Some(s) = w.speedup_vs_baseline {
+                line.push_str(&format!(", {s:.2}x vs baseline"));
+            }
+            if let Some(f) = w.roofline_fraction {
+                line.push_str(&format!(", {:.1}% of roofline", 100.0 * f));
+            }
+            if w.correct == Some(false) {
+                line.push_str(" (incorrect)");
+            }
+            line
+        })
+        .collect();
+    OutcomeSummary {
+        status: r.status.as_str().to_string(),
+        passed,
+        score: if passed { r.score } else { None },
+        latency_ms: geomean(&medians).map(|ns| ns / 1e6),
+        speedup_vs_reference: geomean(&vs_ref),
+        message,
+        workloads,
+    }
+}

@@ -1,0 +1,1112 @@
+//! The K-Search cycle engine.
+//!
+//! A run is a sequence of **cycles**. Each cycle picks one open action from the world model's
+//! frontier (a [`SelectionPolicy`]), spends **rounds** on it — attempt 1 applies the action to
+//! the parent's solution, later attempts debug (nothing passed yet) or improve (something did) —
+//! and ends when both stagnation streaks of the original reach the window, or at the per-cycle
+//! attempt cap. The cycle's best passing kernel is then attached to the node and the proposer
+//! refines the tree; a cycle without a pass marks the node too hard.
+//!
+//! Crash safety: every candidate is in the run store before it is evaluated, every evaluation
+//! is committed as soon as it completes, and the engine's whole state (world model included) is
+//! checkpointed in one transaction after each round and each cycle transition. Resuming replays
+//! the current round from the store: evaluated samples are reused, unevaluated candidates are
+//! evaluated, missing samples are proposed again. No completed evaluation is ever redone.
+//!
+//! Fixes of the original's plain bugs (always on): an explicit too-hard state; the seed counts
+//! as a result; a proposer failure is a failed attempt, not an aborted run; edits are validated
+//! atomically and solution ids cannot be overwritten. Behaviour changes that alter results are
+//! flags: `cycle_cap` (0 = unlimited, as the original) and the selection policy.
+
+pub mod evaluation;
+
+pub use evaluation::{CandidateEvaluator, EvalFailure, Evaluation, Purpose};
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use ksearch_store::{CandidateKind, CandidateRow, NewCandidate, RunStore, SourceId, StoreError};
+
+use crate::proposer::{
+    AttemptView, CodeRequest, CycleReport, OutcomeSummary, Proposal, Proposer, ProposerError, Step,
+    TaskBrief,
+};
+use crate::selection::SelectionPolicy;
+use crate::world_model::{
+    ActionPatch, NodeId, NodePatch, SolutionRef, WorldModel, WorldModelError,
+};
+
+/// Limits and switches of one run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EngineConfig {
+    /// Code-generation rounds (the original's budget B). One round = `samples` candidates.
+    pub rounds: u32,
+    /// Candidates drawn per attempt, written and evaluated concurrently.
+    pub samples: u32,
+    /// The original's stagnation window W (both streaks).
+    pub stagnation_window: u32,
+    /// Attempts per cycle at most; 0 = unlimited, as in the original.
+    pub cycle_cap: u32,
+    #[serde(default)]
+    pub max_wall_seconds: Option<u64>,
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub max_cost_usd: Option<f64>,
+    /// Re-check the winner in a fresh process with fresh seeds on every workload (held-out
+    /// included) before reporting it.
+    pub recheck: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            rounds: 20,
+            samples: 1,
+            stagnation_window: 5,
+            cycle_cap: 6,
+            max_wall_seconds: None,
+            max_tokens: None,
+            max_cost_usd: None,
+            recheck: true,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("world model: {0}")]
+    WorldModel(#[from] WorldModelError),
+    #[error("proposer: {0}")]
+    Proposer(String),
+    #[error("evaluator: {0}")]
+    Evaluator(String),
+    #[error("the run's saved engine state is unreadable: {0}")]
+    State(String),
+    #[error("the run is finished ({0}); raise --rounds to continue it")]
+    Finished(String),
+}
+
+/// What the progress display is told after each round.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Progress {
+    pub round: u32,
+    pub rounds: u32,
+    pub cycle: u32,
+    pub node: String,
+    pub best_score: Option<f64>,
+    pub passed: u32,
+    pub failed: u32,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_usd: f64,
+    pub message: String,
+}
+
+pub trait ProgressSink: Sync {
+    fn update(&self, p: &Progress);
+}
+
+/// A sink that shows nothing (tests, `--quiet`).
+pub struct NoProgress;
+impl ProgressSink for NoProgress {
+    fn update(&self, _: &Progress) {}
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunOutcome {
+    pub stop_reason: String,
+    pub rounds_used: u32,
+    pub cycles: u32,
+    pub passed: u32,
+    pub failed: u32,
+    pub seed_score: Option<f64>,
+    pub best: Option<BestRef>,
+    /// The fresh-process, fresh-seed re-check of the winner (all workloads).
+    pub recheck: Option<Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BestRef {
+    pub candidate_id: i64,
+    pub score: f64,
+    pub node: Option<String>,
+    pub round: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct CycleState {
+    node: NodeId,
+    index: u32,
+    consumed: u32,
+    no_improve: u32,
+    no_improve_over_base: u32,
+    base: Option<i64>,
+    best: Option<(i64, f64)>,
+    last: Option<i64>,
+}
+
+/// Everything needed to continue a run; checkpointed as one JSON value.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct EngineState {
+    wm: WorldModel,
+    rounds_used: u32,
+    cycles: u32,
+    cycle: Option<CycleState>,
+    best: Option<BestRef>,
+    seed_candidate: Option<i64>,
+    seed_score: Option<f64>,
+    passed: u32,
+    failed: u32,
+    elapsed_ms: u64,
+}
+
+const STATE_KEY: &str = "engine";
+
+/// One candidate of a round after evaluation, in sample order.
+struct SampleResult {
+    candidate: Option<i64>,
+    summary: OutcomeSummary,
+}
+
+pub struct Engine<'a> {
+    cfg: EngineConfig,
+    store: Mutex<RunStore>,
+    proposer: &'a dyn Proposer,
+    evaluator: &'a dyn CandidateEvaluator,
+    policy: &'a (dyn SelectionPolicy + Sync),
+    task: TaskBrief,
+    progress: &'a dyn ProgressSink,
+    started: Instant,
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(
+        cfg: EngineConfig,
+        store: RunStore,
+        proposer: &'a dyn Proposer,
+        evaluator: &'a dyn CandidateEvaluator,
+        policy: &'a (dyn SelectionPolicy + Sync),
+        task: TaskBrief,
+        progress: &'a dyn ProgressSink,
+    ) -> Self {
+        Self {
+            cfg,
+            store: Mutex::new(store),
+            proposer,
+            evaluator,
+            policy,
+            task,
+            progress,
+            started: Instant::now(),
+        }
+    }
+
+    /// Gives the run store back (for reports after the run).
+    pub fn into_store(self) -> RunStore {
+        self.store.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, RunStore> {
+        // A panic in another sample thread poisons the lock; the store itself is still fine.
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs (or resumes) the search until a budget or the frontier ends it. `seed` is the
+    /// task's starting kernel, evaluated once and counted as a result.
+    pub fn run(&self, seed: Option<&str>) -> Result<RunOutcome, EngineError> {
+        let mut state = match self.load_state()? {
+            Some(s) => s,
+            None => self.start(seed)?,
+        };
+        let stop_reason = loop {
+            if let Some(reason) = self.budget_reached(&state) {
+                if state.cycle.is_some() && reason.starts_with("rounds") {
+                    // The round budget cut a cycle short: close it so its best is attached.
+                    self.end_cycle(&mut state)?;
+                    self.checkpoint(&state)?;
+                }
+                break reason;
+            }
+            if state.cycle.is_none() {
+                if !self.begin_cycle(&mut state)? {
+                    break "no open action left on the frontier".to_string();
+                }
+                self.checkpoint(&state)?;
+                continue;
+            }
+            match self.run_round(&mut state) {
+                Ok(()) => {}
+                Err(RoundStop::Budget(reason)) => break reason,
+                Err(RoundStop::Error(e)) => return Err(e),
+            }
+            let cycle_done = state
+                .cycle
+                .as_ref()
+                .is_some_and(|c| self.cycle_should_end(c));
+            if cycle_done {
+                self.end_cycle(&mut state)?;
+            }
+            self.checkpoint(&state)?;
+        };
+        self.finish(state, stop_reason)
+    }
+
+    fn load_state(&self) -> Result<Option<EngineState>, EngineError> {
+        let store = self.store();
+        if store.is_finished()? {
+            let summary = store.finish_summary()?.unwrap_or(Value::Null);
+            let reason = summary["stop_reason"]
+                .as_str()
+                .unwrap_or("finished")
+                .to_string();
+            let rounds_used = summary["rounds_used"].as_u64().unwrap_or(0);
+            if rounds_used >= u64::from(self.cfg.rounds) || !reason.starts_with("rounds") {
+                return Err(EngineError::Finished(reason));
+            }
+        }
+        match store.get_state(STATE_KEY)? {
+            None => Ok(None),
+            Some(v) => serde_json::from_value(v)
+                .map(Some)
+                .map_err(|e| EngineError::State(e.to_string())),
+        }
+    }
+
+    fn checkpoint(&self, state: &EngineState) -> Result<(), EngineError> {
+        let mut state = state.clone();
+        state.elapsed_ms = self.elapsed_ms(&state);
+        let value = serde_json::to_value(&state).map_err(|e| EngineError::State(e.to_string()))?;
+        let store = self.store();
+        store.set_state(STATE_KEY, &value)?;
+        for x in self.proposer.drain_exchanges() {
+            store.record_exchange(&x)?;
+        }
+        Ok(())
+    }
+
+    fn elapsed_ms(&self, state: &EngineState) -> u64 {
+        // `elapsed_ms` in the state is the time of earlier sessions of this run.
+        state.elapsed_ms + self.started.elapsed().as_millis() as u64
+    }
+
+    /// Seed evaluation, then the initial world model with the seed attached to the root.
+    fn start(&self, seed: Option<&str>) -> Result<EngineState, EngineError> {
+        let mut seed_candidate = None;
+        let mut seed_score = None;
+        let mut seed_summary = None;
+        if let Some(src) = seed {
+            let id = self.record_candidate(
+                &Proposal {
+                    source: src.to_string(),
+                    knobs: None,
+                    note: "the task's seed kernel".into(),
+                },
+                None,
+                0,
+                0,
+                0,
+                0,
+                CandidateKind::Seed,
+            )?;
+            let summary = self.evaluate_candidate(id, src, Purpose::Search)?;
+            seed_candidate = Some(id);
+            if summary.passed {
+                seed_score = summary.score;
+            }
+            seed_summary = Some(summary);
+        }
+        let mut wm = self
+            .proposer
+            .init_world_model(&self.task)
+            .map_err(|e| EngineError::Proposer(e.to_string()))?;
+        let mut best = None;
+        if let (Some(id), Some(score), Some(summary)) = (seed_candidate, seed_score, &seed_summary)
+        {
+            let root = wm.root_id().clone();
+            let source_id = self.store().candidate(id)?.map(|c| c.source_id);
+            wm.attach_solution(
+                &root,
+                SolutionRef {
+                    solution_id: source_id
+                        .map(|s| s.as_str().to_string())
+                        .unwrap_or_default(),
+                    parent_solution_id: None,
+                    score,
+                    speedup_vs_baseline: Some(score),
+                    latency_ms: summary.latency_ms,
+                    round: 0,
+                },
+            )?;
+            best = Some(BestRef {
+                candidate_id: id,
+                score,
+                node: Some(root.to_string()),
+                round: 0,
+            });
+        }
+        let state = EngineState {
+            wm,
+            rounds_used: 0,
+            cycles: 0,
+            cycle: None,
+            best,
+            seed_candidate,
+            seed_score,
+            passed: u32::from(seed_score.is_some()),
+            failed: u32::from(seed.is_some() && seed_score.is_none()),
+            elapsed_ms: 0,
+        };
+        self.snapshot(&state)?;
+        self.checkpoint(&state)?;
+        Ok(state)
+    }
+
+    fn snapshot(&self, state: &EngineState) -> Result<(), EngineError> {
+        let value =
+            serde_json::to_value(&state.wm).map_err(|e| EngineError::State(e.to_string()))?;
+        self.store()
+            .snapshot_world_model(state.rounds_used, state.cycles, &value)?;
+        Ok(())
+    }
+
+    fn budget_reached(&self, state: &EngineState) -> Option<String> {
+        if state.rounds_used >= self.cfg.rounds {
+            return Some(format!("rounds budget reached ({})", self.cfg.rounds));
+        }
+        if let Some(max) = self.cfg.max_wall_seconds {
+            if self.elapsed_ms(state) >= max.saturating_mul(1000) {
+                return Some(format!("wall-time budget reached ({max} s)"));
+            }
+        }
+        let usage = self.proposer.usage();
+        if let Some(max) = self.cfg.max_tokens {
+            if usage.input_tokens + usage.output_tokens >= max {
+                return Some(format!("token budget reached ({max})"));
+            }
+        }
+        if let Some(max) = self.cfg.max_cost_usd {
+            if usage.cost_usd >= max {
+                return Some(format!("cost budget reached (${max:.2})"));
+            }
+        }
+        None
+    }
+
+    /// Proposes if the frontier is thin, picks the next action and opens a cycle on it.
+    /// Returns false when nothing is left to work on.
+    fn begin_cycle(&self, state: &mut EngineState) -> Result<bool, EngineError> {
+        let round = state.rounds_used + 1;
+        if self.should_propose(&state.wm) {
+            let mut feedback: Vec<String> = Vec::new();
+            for _ in 0..3 {
+                match self.proposer.propose(&state.wm, round, &feedback) {
+                    Ok(None) => break,
+                    Ok(Some(edit)) => match state.wm.apply_edit(&edit, round) {
+                        Ok(_) => break,
+                        Err(errors) => {
+                            feedback = errors.iter().map(|e| e.to_string()).collect();
+                            self.event(
+                                "edit_rejected",
+                                json!({"step": "propose", "errors": feedback}),
+                            )?;
+                        }
+                    },
+                    Err(ProposerError::Budget(_)) => break,
+                    Err(e) => {
+                        self.event(
+                            "proposer_error",
+                            json!({"step": "propose", "error": e.to_string()}),
+                        )?;
+                        break;
+                    }
+                }
+            }
+            self.fallback_child(state, round, "continue from the best solution", 0.6)?;
+        }
+        let Some(node) = self.policy.choose(&state.wm) else {
+            return Ok(false);
+        };
+        state.wm.begin_cycle(&node)?;
+        let parent = state.wm.node(&node).and_then(|n| n.parent.clone());
+        let base = parent
+            .and_then(|p| state.wm.node(&p).and_then(|n| n.solution().cloned()))
+            .and_then(|s| self.candidate_for_source(&s.solution_id).ok().flatten());
+        state.cycles += 1;
+        let ranking: Vec<String> = self
+            .policy
+            .rank(&state.wm)
+            .iter()
+            .take(5)
+            .map(|c| c.to_string())
+            .collect();
+        self.event(
+            "cycle_start",
+            json!({"cycle": state.cycles, "node": node.as_str(), "policy": self.policy.name(),
+                   "ranking": ranking, "base_candidate": base}),
+        )?;
+        state.cycle = Some(CycleState {
+            node,
+            index: state.cycles,
+            consumed: 0,
+            no_improve: 0,
+            no_improve_over_base: 0,
+            base,
+            best: None,
+            last: None,
+        });
+        Ok(true)
+    }
+
+    /// The original skips proposing while ≥ 3 actions are executable and the best solved node
+    /// already has an open child.
+    fn should_propose(&self, wm: &WorldModel) -> bool {
+        let executable = wm.frontier().len();
+        let best_has_child = wm.best_closed().is_none_or(|b| {
+            wm.children(&b.id)
+                .iter()
+                .any(|c| c.is_open() && c.is_action())
+        });
+        !(executable >= 3 && best_has_child)
+    }
+
+    /// Deterministic continuation child under the best solved node when it has none (the
+    /// original's fallback; score and difficulty as there).
+    fn fallback_child(
+        &self,
+        state: &mut EngineState,
+        round: u32,
+        title: &str,
+        score: f64,
+    ) -> Result<(), EngineError> {
+        let Some(best) = state.wm.best_closed().map(|b| b.id.clone()) else {
+            return Ok(());
+        };
+        self.ensure_continuation(state, &best, round, title, score)
+    }
+
+    fn ensure_continuation(
+        &self,
+        state: &mut EngineState,
+        node: &NodeId,
+        round: u32,
+        title: &str,
+        score: f64,
+    ) -> Result<(), EngineError> {
+        let has_child = state
+            .wm
+            .children(node)
+            .iter()
+            .any(|c| c.is_open() && c.open_action().is_some_and(|a| a.difficulty < 5));
+        if has_child {
+            return Ok(());
+        }
+        let parent = state.wm.node(node).cloned();
+        let factor = parent
+            .as_ref()
+            .and_then(|p| p.solution().map(|s| s.measured_factor()));
+        let patch = NodePatch {
+            label: Some(format!("continue-{}", node.as_str())),
+            decision: Some(Some("continue".into())),
+            choice: Some(Some(title.into())),
+            overall_rating: parent.as_ref().map(|p| p.overall_rating),
+            confidence: parent.as_ref().map(|p| p.confidence.max(0.2)),
+            action: Some(ActionPatch {
+                title: Some(title.into()),
+                description: Some(
+                    "Tune the parent's kernel: target its largest remaining bottleneck.".into(),
+                ),
+                difficulty: Some(2.0),
+                score: Some(Some(score)),
+                expected_vs_baseline_factor: Some(factor.map(|f| f * 1.1)),
+                ..ActionPatch::default()
+            }),
+            ..NodePatch::default()
+        };
+        state.wm.insert_child(node, &patch, round)?;
+        Ok(())
+    }
+
+    fn cycle_should_end(&self, c: &CycleState) -> bool {
+        let w = self.cfg.stagnation_window.max(1);
+        c.no_improve >= w
+            || c.no_improve_over_base >= w
+            || (self.cfg.cycle_cap > 0 && c.consumed >= self.cfg.cycle_cap)
+    }
+
+    fn run_round(&self, state: &mut EngineState) -> Result<(), RoundStop> {
+        let round = state.rounds_used + 1;
+        let cycle = state
+            .cycle
+            .clone()
+            .ok_or_else(|| RoundStop::Error(EngineError::State("round outside a cycle".into())))?;
+        let attempt = cycle.consumed + 1;
+        let node = state.wm.node(&cycle.node).cloned().ok_or_else(|| {
+            RoundStop::Error(WorldModelError::UnknownNode(cycle.node.clone()).into())
+        })?;
+        let action = node.action.clone().unwrap_or_default();
+        let view = |id: Option<i64>| -> Result<Option<AttemptView>, EngineError> {
+            id.map(|i| self.attempt_view(i))
+                .transpose()
+                .map(Option::flatten)
+        };
+        let base = view(cycle.base)?;
+        let last = view(cycle.last)?;
+        let cycle_best = view(cycle.best.map(|b| b.0))?;
+        let step = if attempt == 1 {
+            if base.is_some() {
+                Step::BaseAction
+            } else {
+                Step::SpecAction
+            }
+        } else if cycle.best.is_none() {
+            Step::Debug
+        } else {
+            Step::Improve
+        };
+        let known = self.known_sources()?;
+        // Samples already recorded for this round (a resumed run).
+        let existing: Vec<CandidateRow> = self
+            .store()
+            .candidates()?
+            .into_iter()
+            .filter(|c| c.kind == CandidateKind::Attempt && c.round == round)
+            .collect();
+
+        let req = CodeRequest {
+            step,
+            round,
+            attempt,
+            sample: 0,
+            node: &node,
+            action: &action,
+            base: base.as_ref(),
+            last: last.as_ref(),
+            cycle_best: cycle_best.as_ref(),
+            wm: &state.wm,
+            known_sources: &known,
+        };
+        let samples = self.cfg.samples.max(1);
+        let results: Vec<Result<SampleResult, RoundStop>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..samples)
+                .map(|sample| {
+                    let req = CodeRequest {
+                        sample,
+                        ..req.clone()
+                    };
+                    let existing = existing.iter().find(|c| c.sample == sample).cloned();
+                    let cycle = &cycle;
+                    s.spawn(move || self.run_sample(&req, existing, cycle))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(RoundStop::Error(EngineError::Evaluator(
+                            "a sample thread panicked".into(),
+                        )))
+                    })
+                })
+                .collect()
+        });
+        let mut outcomes = Vec::new();
+        for r in results {
+            outcomes.push(r?);
+        }
+
+        // Process in sample order so the decisions do not depend on which thread finished first.
+        let c = state.cycle.as_mut().expect("checked above");
+        let mut improved = false;
+        let mut round_best: Option<(i64, f64)> = None;
+        let mut last_id = None;
+        for o in &outcomes {
+            state
+                .wm
+                .record_attempt(&c.node, o.summary.passed)
+                .map_err(EngineError::from)?;
+            if o.summary.passed {
+                state.passed += 1;
+            } else {
+                state.failed += 1;
+            }
+            if let Some(id) = o.candidate {
+                last_id = Some(id);
+            }
+            let (Some(id), Some(score), true) = (o.candidate, o.summary.score, o.summary.passed)
+            else {
+                continue;
+            };
+            if round_best.is_none_or(|(_, s)| score > s) {
+                round_best = Some((id, score));
+            }
+            if state.best.as_ref().is_none_or(|b| score > b.score) {
+                state.best = Some(BestRef {
+                    candidate_id: id,
+                    score,
+                    node: Some(c.node.to_string()),
+                    round,
+                });
+            }
+            if c.best.is_none_or(|(_, s)| score > s) {
+                c.best = Some((id, score));
+                improved = true;
+            }
+        }
+        // The original's two streaks (§2.5), counted per round.
+        if improved {
+            c.no_improve = 0;
+        } else {
+            c.no_improve += 1;
+        }
+        let base_score = cycle_base_score(c, &state.wm);
+        if let (Some((_, best)), Some(base)) = (c.best, base_score) {
+            if base > 0.0 {
+                c.no_improve_over_base = if best > base {
+                    0
+                } else {
+                    c.no_improve_over_base + 1
+                };
+            }
+        }
+        c.last = round_best.map(|(id, _)| id).or(last_id);
+        c.consumed += 1;
+        state.rounds_used = round;
+
+        let usage = self.proposer.usage();
+        let message = outcomes
+            .iter()
+            .map(|o| {
+                if o.summary.passed {
+                    format!("{:.3}", o.summary.score.unwrap_or(0.0))
+                } else {
+                    o.summary.status.clone()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.progress.update(&Progress {
+            round,
+            rounds: self.cfg.rounds,
+            cycle: c.index,
+            node: c.node.to_string(),
+            best_score: state.best.as_ref().map(|b| b.score),
+            passed: state.passed,
+            failed: state.failed,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cost_usd: usage.cost_usd,
+            message,
+        });
+        Ok(())
+    }
+
+    /// Writes (unless the store already has it), records and evaluates one sample.
+    fn run_sample(
+        &self,
+        req: &CodeRequest<'_>,
+        existing: Option<CandidateRow>,
+        cycle: &CycleState,
+    ) -> Result<SampleResult, RoundStop> {
+        let (id, source) = match existing {
+            Some(row) => {
+                if let Some(ev) = self
+                    .store()
+                    .evaluation_for(row.id)
+                    .map_err(EngineError::from)?
+                {
+                    return Ok(SampleResult {
+                        candidate: Some(row.id),
+                        summary: self.evaluator.summarize(&ev.result),
+                    });
+                }
+                let src = self
+                    .store()
+                    .source(&row.source_id)
+                    .map_err(EngineError::from)?;
+                (row.id, src)
+            }
+            None => {
+                let proposal = match self.proposer.write_code(req) {
+                    Ok(p) => p,
+                    Err(ProposerError::Budget(reason)) => return Err(RoundStop::Budget(reason)),
+                    Err(e) => {
+                        // A proposer failure is a failed attempt with its reason, not a crash.
+                        self.event(
+                            "proposer_error",
+                            json!({"round": req.round, "sample": req.sample, "error": e.to_string()}),
+                        )?;
+                        return Ok(SampleResult {
+                            candidate: None,
+                            summary: OutcomeSummary {
+                                status: "proposer_error".into(),
+                                message: e.to_string(),
+                                ..OutcomeSummary::default()
+                            },
+                        });
+                    }
+                };
+                let id = self.record_candidate(
+                    &proposal,
+                    Some(cycle.node.as_str()),
+                    req.round,
+                    cycle.index,
+                    req.attempt,
+                    req.sample,
+                    CandidateKind::Attempt,
+                )?;
+                (id, proposal.source)
+            }
+        };
+        let summary = self.evaluate_candidate(id, &source, Purpose::Search)?;
+        Ok(SampleResult {
+            candidate: Some(id),
+            summary,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_candidate(
+        &self,
+        p: &Proposal,
+        node: Option<&str>,
+        round: u32,
+        cycle: u32,
+        attempt: u32,
+        sample: u32,
+        kind: CandidateKind,
+    ) -> Result<i64, EngineError> {
+        let store = self.store();
+        let source_id = store.put_source(&p.source, &self.task.language)?;
+        Ok(store.add_candidate(&NewCandidate {
+            source_id,
+            parent_candidate: None,
+            node_id: node.map(str::to_string),
+            round,
+            cycle,
+            attempt,
+            sample,
+            kind,
+            proposer_note: p.note.clone(),
+            knobs: p.knobs.clone().unwrap_or(Value::Null),
+        })?)
+    }
+
+    /// Evaluates a recorded candidate and commits the result at once. A source evaluated
+    /// before in this run (same content hash, same purpose) reuses that result.
+    fn evaluate_candidate(
+        &self,
+        id: i64,
+        source: &str,
+        purpose: Purpose,
+    ) -> Result<OutcomeSummary, EngineError> {
+        if purpose == Purpose::Search {
+            if let Some(prev) = self.previous_evaluation(source)? {
+                let mut result = prev.clone();
+                result["reused_from_candidate"] = prev["__candidate"].clone();
+                let summary = self.evaluator.summarize(&result);
+                self.store()
+                    .record_evaluation(id, &summary.status, summary.score, &result)?;
+                return Ok(summary);
+            }
+        }
+        let eval = self
+            .evaluator
+            .evaluate(source, purpose)
+            .map_err(|e| EngineError::Evaluator(e.to_string()))?;
+        self.store().record_evaluation(
+            id,
+            &eval.summary.status,
+            eval.summary.score,
+            &eval.result,
+        )?;
+        Ok(eval.summary)
+    }
+
+    fn previous_evaluation(&self, source: &str) -> Result<Option<Value>, EngineError> {
+        let sid = SourceId::of(source);
+        let store = self.store();
+        for c in store.candidates()? {
+            if c.source_id == sid && c.kind != CandidateKind::Recheck {
+                if let Some(ev) = store.evaluation_for(c.id)? {
+                    let mut v = ev.result;
+                    v["__candidate"] = json!(c.id);
+                    return Ok(Some(v));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn known_sources(&self) -> Result<BTreeSet<String>, EngineError> {
+        let store = self.store();
+        let evaluated: BTreeSet<i64> = store
+            .evaluations()?
+            .iter()
+            .map(|e| e.candidate_id)
+            .collect();
+        Ok(store
+            .candidates()?
+            .into_iter()
+            .filter(|c| evaluated.contains(&c.id))
+            .map(|c| c.source_id.as_str().to_string())
+            .collect())
+    }
+
+    fn attempt_view(&self, id: i64) -> Result<Option<AttemptView>, EngineError> {
+        let store = self.store();
+        let Some(c) = store.candidate(id)? else {
+            return Ok(None);
+        };
+        let source = store.source(&c.source_id)?;
+        let outcome = store
+            .evaluation_for(id)?
+            .map(|e| self.evaluator.summarize(&e.result))
+            .unwrap_or_default();
+        Ok(Some(AttemptView {
+            candidate_id: id,
+            source,
+            source_id: c.source_id.as_str().to_string(),
+            knobs: (!c.knobs.is_null()).then_some(c.knobs),
+            outcome,
+        }))
+    }
+
+    fn candidate_for_source(&self, source_id: &str) -> Result<Option<i64>, EngineError> {
+        let store = self.store();
+        let mut best: Option<(i64, f64)> = None;
+        for c in store.candidates()? {
+            if c.source_id.as_str() != source_id {
+                continue;
+            }
+            let score = store
+                .evaluation_for(c.id)?
+                .and_then(|e| e.score)
+                .unwrap_or(f64::MIN);
+            if best.is_none_or(|(_, s)| score > s) {
+                best = Some((c.id, score));
+            }
+        }
+        Ok(best.map(|b| b.0))
+    }
+
+    fn end_cycle(&self, state: &mut EngineState) -> Result<(), EngineError> {
+        let Some(c) = state.cycle.take() else {
+            return Ok(());
+        };
+        let round = state.rounds_used;
+        let base = c.base.map(|i| self.attempt_view(i)).transpose()?.flatten();
+        let last = c.last.map(|i| self.attempt_view(i)).transpose()?.flatten();
+        if let Some((best_id, score)) = c.best {
+            let best = self.attempt_view(best_id)?;
+            let latency = best.as_ref().and_then(|b| b.outcome.latency_ms);
+            let source_id = best
+                .as_ref()
+                .map(|b| b.source_id.clone())
+                .unwrap_or_default();
+            state.wm.attach_solution(
+                &c.node,
+                SolutionRef {
+                    solution_id: source_id,
+                    parent_solution_id: None,
+                    score,
+                    speedup_vs_baseline: Some(score),
+                    latency_ms: latency,
+                    round,
+                },
+            )?;
+            let mut feedback: Vec<String> = Vec::new();
+            for _ in 0..3 {
+                let report = CycleReport {
+                    node_id: &c.node,
+                    round,
+                    attempts: c.consumed,
+                    base: base.as_ref(),
+                    best: best.as_ref(),
+                    last: last.as_ref(),
+                    feedback: &feedback,
+                };
+                match self.proposer.refine(&state.wm, &report) {
+                    Ok(None) | Err(ProposerError::Budget(_)) => break,
+                    Ok(Some(edit)) => match state.wm.apply_edit(&edit, round) {
+                        Ok(_) => break,
+                        Err(errors) => {
+                            feedback = errors.iter().map(|e| e.to_string()).collect();
+                            self.event(
+                                "edit_rejected",
+                                json!({"step": "refine", "errors": feedback}),
+                            )?;
+                        }
+                    },
+                    Err(e) => {
+                        self.event(
+                            "proposer_error",
+                            json!({"step": "refine", "error": e.to_string()}),
+                        )?;
+                        break;
+                    }
+                }
+            }
+            // The continuation rule: a solved node always offers a next step.
+            self.ensure_continuation(state, &c.node, round, "next-step refinement", 0.35)?;
+            self.event(
+                "cycle_end",
+                json!({"cycle": c.index, "node": c.node.as_str(), "result": "solved",
+                       "score": score, "candidate": best_id, "attempts": c.consumed}),
+            )?;
+        } else {
+            state.wm.mark_too_hard(&c.node)?;
+            let report = CycleReport {
+                node_id: &c.node,
+                round,
+                attempts: c.consumed,
+                base: base.as_ref(),
+                best: None,
+                last: last.as_ref(),
+                feedback: &[],
+            };
+            match self.proposer.too_hard(&state.wm, &report) {
+                Ok(Some(edit)) => {
+                    if let Err(errors) = state.wm.apply_edit(&edit, round) {
+                        let errors: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                        self.event(
+                            "edit_rejected",
+                            json!({"step": "too_hard", "errors": errors}),
+                        )?;
+                    }
+                }
+                Ok(None) | Err(ProposerError::Budget(_)) => {}
+                Err(e) => {
+                    self.event(
+                        "proposer_error",
+                        json!({"step": "too_hard", "error": e.to_string()}),
+                    )?;
+                }
+            }
+            self.event(
+                "cycle_end",
+                json!({"cycle": c.index, "node": c.node.as_str(), "result": "too_hard",
+                       "attempts": c.consumed}),
+            )?;
+        }
+        self.snapshot(state)?;
+        Ok(())
+    }
+
+    fn event(&self, kind: &str, data: Value) -> Result<(), EngineError> {
+        tracing::debug!(kind, %data, "engine event");
+        self.store().append_event(kind, &data)?;
+        Ok(())
+    }
+
+    /// Re-checks the winner (falling back to the next best if it fails) and marks the run
+    /// finished.
+    fn finish(&self, state: EngineState, stop_reason: String) -> Result<RunOutcome, EngineError> {
+        self.checkpoint(&state)?;
+        let mut best = state.best.clone();
+        let mut recheck = None;
+        if self.cfg.recheck {
+            let mut ranked: Vec<(i64, f64)> = Vec::new();
+            {
+                let store = self.store();
+                for e in store.evaluations()? {
+                    if e.status == "passed" {
+                        if let (Some(s), Some(c)) = (e.score, store.candidate(e.candidate_id)?) {
+                            if c.kind != CandidateKind::Recheck {
+                                ranked.push((c.id, s));
+                            }
+                        }
+                    }
+                }
+            }
+            ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let mut seen = BTreeSet::new();
+            for (id, score) in ranked.into_iter().take(8) {
+                let Some(view) = self.attempt_view(id)? else {
+                    continue;
+                };
+                if !seen.insert(view.source_id.clone()) {
+                    continue;
+                }
+                let rid = self.record_candidate(
+                    &Proposal {
+                        source: view.source.clone(),
+                        knobs: view.knobs.clone(),
+                        note: format!("re-check of candidate {id}"),
+                    },
+                    None,
+                    state.rounds_used,
+                    state.cycles,
+                    0,
+                    0,
+                    CandidateKind::Recheck,
+                )?;
+                let summary = self.evaluate_candidate(rid, &view.source, Purpose::Acceptance)?;
+                let passed = summary.passed;
+                recheck = Some(json!({"candidate": id, "recheck_candidate": rid,
+                                      "status": summary.status, "score": summary.score,
+                                      "message": summary.message}));
+                let row = self.store().candidate(id)?;
+                if passed {
+                    best = Some(BestRef {
+                        candidate_id: id,
+                        score,
+                        node: row.as_ref().and_then(|r| r.node_id.clone()),
+                        round: row.map(|r| r.round).unwrap_or(0),
+                    });
+                    break;
+                }
+                self.event(
+                    "recheck_failed",
+                    json!({"candidate": id, "status": summary.status,
+                                                   "message": summary.message}),
+                )?;
+                best = None;
+            }
+        }
+        let outcome = RunOutcome {
+            stop_reason,
+            rounds_used: state.rounds_used,
+            cycles: state.cycles,
+            passed: state.passed,
+            failed: state.failed,
+            seed_score: state.seed_score,
+            best,
+            recheck,
+        };
+        let summary =
+            serde_json::to_value(&outcome).map_err(|e| EngineError::State(e.to_string()))?;
+        self.store().mark_finished(&summary)?;
+        Ok(outcome)
+    }
+}
+
+/// The score the cycle must beat for the second streak: the parent's solution score.
+fn cycle_base_score(c: &CycleState, wm: &WorldModel) -> Option<f64> {
+    let parent = wm.node(&c.node)?.parent.clone()?;
+    wm.node(&parent)?.solution().map(|s| s.score)
+}
+
+enum RoundStop {
+    Budget(String),
+    Error(EngineError),
+}
+
+impl From<EngineError> for RoundStop {
+    fn from(e: EngineError) -> Self {
+        RoundStop::Error(e)
+    }
+}
+
+impl From<StoreError> for RoundStop {
+    fn from(e: StoreError) -> Self {
+        RoundStop::Error(e.into())
+    }
+}

@@ -1,0 +1,460 @@
+//! The offline proposer: no network, no LLM.
+//!
+//! It builds the world model from the knowledge pack's action catalog (one node per action that
+//! applies to the task's kind; an action that `requires` another becomes its child) and writes
+//! code by rendering the task's template family. An action sets knobs on top of its base
+//! solution's knobs; debug and improve attempts move to neighbouring knob settings (one knob, one
+//! step) that keep the action's own knobs, in an order drawn from the run seed. Because every
+//! choice that sticks is the one that measured fastest *here*, different tasks and machines end
+//! at different kernels.
+
+use std::collections::BTreeSet;
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
+
+use ksearch_knowledge::templates::{format_knobs, Knobs, TemplateFamily};
+use ksearch_knowledge::{Action as CatalogAction, Catalog};
+
+use super::{
+    AttemptView, CodeRequest, CycleReport, Proposal, Proposer, ProposerError, Step, TaskBrief,
+};
+use crate::world_model::{
+    ActionPatch, Edit, ImpactPatch, ImpactsPatch, NodeId, NodePatch, PatchOp, WorldModel,
+    MAX_NEW_NODES_PER_EDIT,
+};
+
+pub struct OfflineProposer {
+    family: TemplateFamily,
+    actions: Vec<CatalogAction>,
+    seed: u64,
+}
+
+impl OfflineProposer {
+    /// `actions` are the catalog's actions for the task's kind.
+    pub fn new(family: TemplateFamily, actions: Vec<CatalogAction>, seed: u64) -> Self {
+        let mut actions = actions;
+        actions.sort_by(|a, b| a.id.cmp(&b.id));
+        Self {
+            family,
+            actions,
+            seed,
+        }
+    }
+
+    /// Loads the template family of the task in `task_dir` and the catalog actions for `kind`.
+    pub fn for_task(
+        task_dir: &std::path::Path,
+        kind: &str,
+        catalog: &Catalog,
+        seed: u64,
+    ) -> Result<Self, ProposerError> {
+        let family = TemplateFamily::load(task_dir)
+            .map_err(|e| ProposerError::Setup(e.to_string()))?
+            .ok_or_else(|| {
+                ProposerError::Setup(format!(
+                    "the offline proposer needs a template family, and the task in {} has none \
+                     (add templates/family.toml, see docs/offline-proposer.md)",
+                    task_dir.display()
+                ))
+            })?;
+        let actions: Vec<CatalogAction> = catalog.for_kind(kind).into_iter().cloned().collect();
+        if actions.is_empty() {
+            return Err(ProposerError::Setup(format!(
+                "the action catalog has no action for task kind `{kind}`"
+            )));
+        }
+        Ok(Self::new(family, actions, seed))
+    }
+
+    pub fn family(&self) -> &TemplateFamily {
+        &self.family
+    }
+
+    fn node_patch(&self, a: &CatalogAction, base_factor: f64) -> NodePatch {
+        let impact = |rating: f64| ImpactPatch {
+            rating: Some(rating),
+            ..ImpactPatch::default()
+        };
+        NodePatch {
+            label: Some(a.id.clone()),
+            decision: Some(Some(format!("apply {}?", a.id))),
+            choice: Some(Some(a.title.clone())),
+            notes: Some(format!("catalog prior: ×{:.2}", a.expected_factor)),
+            overall_rating: Some(
+                (5.0_f64 + 2.0 * a.expected_factor.max(1e-3).log2()).clamp(0.0, 10.0),
+            ),
+            confidence: Some(0.3),
+            impacts: Some(ImpactsPatch {
+                memory_bandwidth: Some(impact(a.impacts.memory_bandwidth)),
+                register_pressure: Some(impact(a.impacts.register_pressure)),
+                compute_intensity_and_hw_fit: Some(impact(a.impacts.compute_intensity_and_hw_fit)),
+                ..ImpactsPatch::default()
+            }),
+            action: Some(ActionPatch {
+                title: Some(a.title.clone()),
+                description: Some(a.rationale.clone()),
+                difficulty: Some(f64::from(a.difficulty)),
+                score: Some(Some(prior_score(a))),
+                expected_vs_baseline_factor: Some(Some(
+                    (base_factor * a.expected_factor).max(1e-6),
+                )),
+                rationale: Some(a.rationale.clone()),
+                knobs: Some(
+                    a.knobs
+                        .iter()
+                        .map(|(k, v)| (k.clone(), knob_json(v)))
+                        .collect(),
+                ),
+                ..ActionPatch::default()
+            }),
+            ..NodePatch::default()
+        }
+    }
+
+    /// Catalog actions worth trying below `node` whose solution has `knobs`: not already on the
+    /// node's path or among its live children, prerequisites met, and not a no-op.
+    fn follow_ups(&self, wm: &WorldModel, node: &NodeId, knobs: &Knobs) -> Vec<&CatalogAction> {
+        let on_path: BTreeSet<String> = wm
+            .path_to_root(node)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|id| wm.node(id).and_then(|n| n.label.clone()))
+            .collect();
+        let children: BTreeSet<String> = wm
+            .children(node)
+            .iter()
+            .filter_map(|n| n.label.clone())
+            .collect();
+        let mut out: Vec<&CatalogAction> = self
+            .actions
+            .iter()
+            .filter(|a| !on_path.contains(&a.id) && !children.contains(&a.id))
+            .filter(|a| a.requires.iter().all(|r| on_path.contains(r)))
+            .filter(|a| a.knobs.iter().any(|(k, v)| knobs.get(k) != Some(v)))
+            .collect();
+        out.sort_by(|a, b| {
+            prior_score(b)
+                .total_cmp(&prior_score(a))
+                .then(a.id.cmp(&b.id))
+        });
+        out
+    }
+
+    fn base_knobs(&self, base: Option<&AttemptView>) -> Knobs {
+        base.and_then(|b| knobs_from(b.knobs.as_ref()))
+            .unwrap_or_else(|| self.family.default_knobs())
+    }
+
+    fn render(&self, knobs: &Knobs) -> Result<String, ProposerError> {
+        self.family
+            .render(knobs)
+            .map_err(|e| ProposerError::Unusable(format!("template: {e}")))
+    }
+
+    fn rng(&self, round: u32, salt: u64) -> ChaCha8Rng {
+        ChaCha8Rng::seed_from_u64(
+            self.seed ^ (u64::from(round) << 32) ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        )
+    }
+
+    /// Settings one step away from `start` that keep `fixed`, in a seeded order, dropping the
+    /// ones whose rendered source was evaluated already.
+    fn fresh_neighbours(
+        &self,
+        start: &Knobs,
+        fixed: &Knobs,
+        known: &BTreeSet<String>,
+        rng: &mut ChaCha8Rng,
+    ) -> Vec<Knobs> {
+        let mut out: Vec<Knobs> = self
+            .family
+            .neighbours(start)
+            .into_iter()
+            .filter(|n| fixed.iter().all(|(k, v)| n.get(k) == Some(v)))
+            .filter(|n| !self.is_known(n, known))
+            .collect();
+        out.shuffle(rng);
+        out
+    }
+
+    fn is_known(&self, knobs: &Knobs, known: &BTreeSet<String>) -> bool {
+        self.family
+            .render(knobs)
+            .map(|src| known.contains(ksearch_store::SourceId::of(&src).as_str()))
+            .unwrap_or(true)
+    }
+
+    /// Every valid setting that keeps `fixed` and is unknown, in a seeded order: the last
+    /// resort once the neighbourhood is exhausted.
+    fn fresh_anywhere(
+        &self,
+        fixed: &Knobs,
+        known: &BTreeSet<String>,
+        rng: &mut ChaCha8Rng,
+    ) -> Vec<Knobs> {
+        let mut all: Vec<Knobs> = self
+            .family
+            .enumerate()
+            .into_iter()
+            .filter(|n| fixed.iter().all(|(k, v)| n.get(k) == Some(v)))
+            .collect();
+        all.shuffle(rng);
+        all.into_iter()
+            .filter(|n| !self.is_known(n, known))
+            .take(8)
+            .collect()
+    }
+}
+
+/// The catalog's prior as a 0..1 priority: larger expected factors rank higher, harder actions
+/// a little lower.
+fn prior_score(a: &CatalogAction) -> f64 {
+    let gain = a.expected_factor.max(1e-3).ln() / 4f64.ln();
+    (0.4 + 0.25 * gain - 0.03 * f64::from(a.difficulty.saturating_sub(1))).clamp(0.05, 0.95)
+}
+
+fn knob_json(v: &ksearch_knowledge::templates::KnobValue) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// Knobs from a stored JSON value (`None` for non-template candidates such as the seed).
+pub fn knobs_from(v: Option<&Value>) -> Option<Knobs> {
+    v.and_then(|v| serde_json::from_value(v.clone()).ok())
+}
+
+fn knobs_to_value(k: &Knobs) -> Value {
+    serde_json::to_value(k).unwrap_or(Value::Null)
+}
+
+impl Proposer for OfflineProposer {
+    fn name(&self) -> &str {
+        "offline"
+    }
+
+    fn init_world_model(&self, task: &TaskBrief) -> Result<WorldModel, ProposerError> {
+        let mut wm = WorldModel::new_root(
+            format!(
+                "{} ({} task, {} backend). Offline proposer: {} catalog actions over the `{}` \
+                 template family ({} knob settings).",
+                task.description.trim(),
+                task.kind,
+                task.backend,
+                self.actions.len(),
+                self.family.name(),
+                self.family.space_size()
+            ),
+            vec![
+                "Which knob settings are fastest on this machine?".into(),
+                "Which optimisations compose, and which only help alone?".into(),
+            ],
+        );
+        // Place every action under its first prerequisite; prerequisites first.
+        let mut placed: Vec<(String, NodeId)> = Vec::new();
+        let mut pending: Vec<&CatalogAction> = self.actions.iter().collect();
+        while !pending.is_empty() {
+            let before = pending.len();
+            pending.retain(|a| {
+                let parent = match a.requires.first() {
+                    None => Some(wm.root_id().clone()),
+                    Some(req) => placed
+                        .iter()
+                        .find(|(id, _)| id == req)
+                        .map(|(_, n)| n.clone()),
+                };
+                // A prerequisite that does not apply to this kind: hang it off the root.
+                let parent = parent.or_else(|| {
+                    (!self.actions.iter().any(|b| a.requires.contains(&b.id)))
+                        .then(|| wm.root_id().clone())
+                });
+                let Some(parent) = parent else { return true };
+                if let Ok(id) = wm.insert_child(&parent, &self.node_patch(a, 1.0), 0) {
+                    placed.push((a.id.clone(), id));
+                }
+                false
+            });
+            if pending.len() == before {
+                // A requirement cycle in the catalog: put the rest under the root.
+                for a in pending.drain(..) {
+                    if let Ok(id) =
+                        wm.insert_child(&wm.root_id().clone(), &self.node_patch(a, 1.0), 0)
+                    {
+                        placed.push((a.id.clone(), id));
+                    }
+                }
+            }
+        }
+        Ok(wm)
+    }
+
+    fn propose(
+        &self,
+        wm: &WorldModel,
+        _round: u32,
+        _feedback: &[String],
+    ) -> Result<Option<Edit>, ProposerError> {
+        let Some(best) = wm.best_closed() else {
+            return Ok(None);
+        };
+        let has_open_child = wm
+            .children(&best.id)
+            .iter()
+            .any(|c| c.is_open() && c.is_action());
+        if has_open_child {
+            return Ok(None);
+        }
+        // The tree does not keep knob settings; an empty setting only drops no-op filtering.
+        let knobs = Knobs::new();
+        let factor = best.solution().map(|s| s.measured_factor()).unwrap_or(1.0);
+        let ops: Vec<PatchOp> = self
+            .follow_ups(wm, &best.id, &knobs)
+            .into_iter()
+            .take(MAX_NEW_NODES_PER_EDIT)
+            .map(|a| PatchOp::Insert {
+                parent_id: best.id.clone(),
+                parent_solution_id: None,
+                node: self.node_patch(a, factor),
+            })
+            .collect();
+        Ok((!ops.is_empty()).then_some(Edit {
+            ops,
+            active_leaf_id: None,
+        }))
+    }
+
+    fn write_code(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
+        let fixed: Knobs = knobs_from(Some(&Value::Object(
+            req.action
+                .knobs
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )))
+        .ok_or_else(|| ProposerError::Unusable("action knobs are not a knob setting".into()))?;
+        let base = self.base_knobs(req.base);
+        let first = self
+            .family
+            .apply(&base, &fixed)
+            .map_err(|e| ProposerError::Unusable(format!("action knobs: {e}")))?;
+        // Keep whatever the repair kept of the action's own knobs fixed from here on.
+        let fixed: Knobs = fixed
+            .into_iter()
+            .filter(|(k, v)| first.get(k) == Some(v))
+            .collect();
+
+        let mut rng = self.rng(req.round, u64::from(req.attempt));
+        let (start, label) = match req.step {
+            Step::SpecAction | Step::BaseAction => (first.clone(), "apply action"),
+            Step::Debug => (
+                req.last
+                    .and_then(|l| knobs_from(l.knobs.as_ref()))
+                    .unwrap_or_else(|| first.clone()),
+                "debug: move away from the failing setting",
+            ),
+            Step::Improve => (
+                req.cycle_best
+                    .and_then(|b| knobs_from(b.knobs.as_ref()))
+                    .unwrap_or_else(|| first.clone()),
+                "improve: neighbour of the cycle's best",
+            ),
+        };
+        let mut options: Vec<Knobs> = Vec::new();
+        if matches!(req.step, Step::SpecAction | Step::BaseAction)
+            && !self.is_known(&first, req.known_sources)
+        {
+            options.push(first.clone());
+        }
+        options.extend(self.fresh_neighbours(&start, &fixed, req.known_sources, &mut rng));
+        if options.len() <= req.sample as usize {
+            options.extend(self.fresh_anywhere(&fixed, req.known_sources, &mut rng));
+        }
+        options.dedup();
+        let knobs = options
+            .into_iter()
+            .nth(req.sample as usize)
+            // Nothing new is left around here: re-measure the starting point.
+            .unwrap_or(start);
+        let source = self.render(&knobs)?;
+        Ok(Proposal {
+            note: format!("{label}: {}", format_knobs(&knobs)),
+            knobs: Some(knobs_to_value(&knobs)),
+            source,
+        })
+    }
+
+    fn refine(
+        &self,
+        wm: &WorldModel,
+        report: &CycleReport<'_>,
+    ) -> Result<Option<Edit>, ProposerError> {
+        let Some(best) = report.best else {
+            return Ok(None);
+        };
+        let node = report.node_id;
+        let measured = best.outcome.score.unwrap_or(1.0);
+        let base_score = report
+            .base
+            .and_then(|b| b.outcome.score)
+            .filter(|s| *s > 0.0)
+            .unwrap_or(measured);
+        let gain = measured / base_score;
+        let mut ops = vec![PatchOp::Update {
+            node_id: node.clone(),
+            set: NodePatch {
+                overall_rating: Some((5.0_f64 + 2.5 * gain.max(1e-3).log2()).clamp(0.0, 10.0)),
+                confidence: Some(0.8),
+                notes: Some(format!(
+                    "measured ×{gain:.2} over its base (score {measured:.3}) after {} attempts; \
+                     best knobs: {}",
+                    report.attempts,
+                    knobs_from(best.knobs.as_ref())
+                        .map(|k| format_knobs(&k))
+                        .unwrap_or_default()
+                )),
+                ..NodePatch::default()
+            },
+        }];
+        let knobs = knobs_from(best.knobs.as_ref()).unwrap_or_default();
+        ops.extend(
+            self.follow_ups(wm, node, &knobs)
+                .into_iter()
+                .take(MAX_NEW_NODES_PER_EDIT)
+                .map(|a| PatchOp::Insert {
+                    parent_id: node.clone(),
+                    parent_solution_id: None,
+                    node: self.node_patch(a, measured),
+                }),
+        );
+        Ok(Some(Edit {
+            ops,
+            active_leaf_id: None,
+        }))
+    }
+
+    fn too_hard(
+        &self,
+        _wm: &WorldModel,
+        report: &CycleReport<'_>,
+    ) -> Result<Option<Edit>, ProposerError> {
+        let why = report
+            .last
+            .map(|l| l.outcome.message.lines().next().unwrap_or("").to_string())
+            .unwrap_or_default();
+        Ok(Some(Edit {
+            ops: vec![PatchOp::Update {
+                node_id: report.node_id.clone(),
+                set: NodePatch {
+                    confidence: Some(0.9),
+                    notes: Some(format!(
+                        "no passing kernel in {} attempts; last failure: {why}",
+                        report.attempts
+                    )),
+                    ..NodePatch::default()
+                },
+            }],
+            active_leaf_id: None,
+        }))
+    }
+}
