@@ -41,14 +41,19 @@ def serve(op: str, result_fd: int) -> int:
     log_path = None
     temp_log = False
     try:
-        obj = {} if (op == "probe" and not raw.strip()) else protocol.decode_request(raw)
-        nonce = protocol.request_nonce(obj)
         if op == "probe":
+            # probe never fails: a missing or unreadable request only costs the nonce.
+            try:
+                nonce = protocol.request_nonce(protocol.decode_request(raw))
+            except HarnessError:
+                nonce = None
             log_path, temp_log = _temp_log(), True
             protocol.redirect_output(log_path)
             from . import probe
             result = probe.run(nonce)
         else:
+            obj = protocol.decode_request(raw)
+            nonce = protocol.request_nonce(obj)
             req = protocol.parse_request(obj, op)
             log_path, temp_log = _log_path(req)
             protocol.redirect_output(log_path)

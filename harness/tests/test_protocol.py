@@ -146,7 +146,8 @@ def test_evaluate_refuses_a_broken_task_before_building(tmp_path):
 
 
 def test_probe_never_fails():
-    for payload in (b"", json.dumps({"protocol": 1, "op": "probe", "nonce": "n1"}).encode()):
+    for payload in (b"", b"garbage",
+                    json.dumps({"protocol": 1, "op": "probe", "nonce": "n1"}).encode()):
         run = driver.run_harness("probe", payload)
         res = run.result
         assert res["status"] == "passed"
