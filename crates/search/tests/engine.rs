@@ -1,0 +1,448 @@
+//! Cycle-engine behaviour with a scripted proposer and a fake evaluator: stagnation, too-hard,
+//! the seed as a result, proposer failures, budgets, and resume after an interrupted run.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use serde_json::{json, Value};
+
+use ksearch_search::engine::{
+    CandidateEvaluator, Engine, EngineConfig, EngineError, EvalFailure, Evaluation, NoProgress,
+    Purpose,
+};
+use ksearch_search::proposer::{
+    CodeRequest, CycleReport, OutcomeSummary, Proposal, Proposer, ProposerError, TaskBrief,
+};
+use ksearch_search::selection::KSearchPolicy;
+use ksearch_search::world_model::{ActionPatch, Edit, NodePatch, NodeState, WorldModel};
+use ksearch_store::{CandidateKind, RunConfig, RunStore};
+
+/// Sources look like `score=1.5;tag` (passes with that score) or `fail;tag`.
+struct FakeEvaluator {
+    calls: AtomicUsize,
+    /// Fail (as an infrastructure error) on this call number, 1-based.
+    crash_on: Option<usize>,
+}
+
+impl FakeEvaluator {
+    fn new(crash_on: Option<usize>) -> Self {
+        Self {
+            calls: AtomicUsize::new(0),
+            crash_on,
+        }
+    }
+}
+
+impl CandidateEvaluator for FakeEvaluator {
+    fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.crash_on == Some(n) {
+            return Err(EvalFailure("harness could not start".into()));
+        }
+        let head = source.split(';').next().unwrap_or("");
+        let result = match head.strip_prefix("score=") {
+            Some(s) => json!({"status": "passed", "score": s.parse::<f64>().unwrap(),
+                              "purpose": format!("{purpose:?}")}),
+            None => json!({"status": "incorrect", "message": "wrong answer"}),
+        };
+        Ok(Evaluation {
+            summary: self.summarize(&result),
+            result,
+        })
+    }
+
+    fn summarize(&self, result: &Value) -> OutcomeSummary {
+        let passed = result["status"] == "passed";
+        OutcomeSummary {
+            status: result["status"].as_str().unwrap_or("").to_string(),
+            passed,
+            score: result["score"].as_f64().filter(|_| passed),
+            message: result["message"].as_str().unwrap_or("").to_string(),
+            ..OutcomeSummary::default()
+        }
+    }
+}
+
+type Script = dyn Fn(&str, u32, u32) -> Result<String, ProposerError> + Send + Sync;
+
+/// Root actions `a` (priority 0.9) and `b` (0.6); code comes from `script(label, round,
+/// attempt)`.
+struct ScriptedProposer {
+    script: Box<Script>,
+    refines: Mutex<Vec<String>>,
+}
+
+impl ScriptedProposer {
+    fn new(
+        script: impl Fn(&str, u32, u32) -> Result<String, ProposerError> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            script: Box::new(script),
+            refines: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+fn action(label: &str, score: f64) -> NodePatch {
+    NodePatch {
+        label: Some(label.into()),
+        action: Some(ActionPatch {
+            title: Some(format!("action {label}")),
+            score: Some(Some(score)),
+            difficulty: Some(2.0),
+            ..ActionPatch::default()
+        }),
+        ..NodePatch::default()
+    }
+}
+
+impl Proposer for ScriptedProposer {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    fn init_world_model(&self, _task: &TaskBrief) -> Result<WorldModel, ProposerError> {
+        let mut wm = WorldModel::new_root("test", vec![]);
+        let root = wm.root_id().clone();
+        wm.insert_child(&root, &action("a", 0.9), 0).unwrap();
+        wm.insert_child(&root, &action("b", 0.6), 0).unwrap();
+        Ok(wm)
+    }
+    fn propose(&self, _: &WorldModel, _: u32, _: &[String]) -> Result<Option<Edit>, ProposerError> {
+        Ok(None)
+    }
+    fn write_code(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
+        let label = req.node.label.clone().unwrap_or_else(|| "cont".into());
+        let source = (self.script)(&label, req.round, req.attempt)?;
+        Ok(Proposal {
+            source: format!("{source};{label};r{}", req.round),
+            knobs: None,
+            note: String::new(),
+        })
+    }
+    fn refine(&self, _: &WorldModel, r: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
+        self.refines.lock().unwrap().push(r.node_id.to_string());
+        Ok(None)
+    }
+    fn too_hard(&self, _: &WorldModel, _: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
+        Ok(None)
+    }
+}
+
+fn store(dir: &std::path::Path) -> RunStore {
+    RunStore::create(
+        dir,
+        &RunConfig {
+            task: "fake".into(),
+            backend: "cpu".into(),
+            strategy: "world-model".into(),
+            proposer: "scripted".into(),
+            selection: "ksearch".into(),
+            seed: 7,
+            secret_seed: 11,
+            budgets: json!({}),
+            flags: json!({}),
+            extra: json!({}),
+            created_at: String::new(),
+            ksearch_version: String::new(),
+        },
+    )
+    .unwrap()
+}
+
+fn cfg(rounds: u32, cap: u32) -> EngineConfig {
+    EngineConfig {
+        rounds,
+        samples: 1,
+        stagnation_window: 3,
+        cycle_cap: cap,
+        recheck: false,
+        ..EngineConfig::default()
+    }
+}
+
+fn brief() -> TaskBrief {
+    TaskBrief {
+        language: "c".into(),
+        ..TaskBrief::default()
+    }
+}
+
+fn final_wm(store: &RunStore) -> WorldModel {
+    let state = store.get_state("engine").unwrap().unwrap();
+    serde_json::from_value(state["wm"].clone()).unwrap()
+}
+
+#[test]
+fn a_cycle_that_never_passes_lasts_one_window_and_marks_the_node_too_hard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(|label, _, _| {
+        Ok(if label == "a" {
+            "fail".into()
+        } else {
+            "score=2".into()
+        })
+    });
+    let eval = FakeEvaluator::new(None);
+    let policy = KSearchPolicy::default();
+    let engine = Engine::new(
+        cfg(4, 0),
+        store(tmp.path()),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    let out = engine.run(Some("score=1;seed")).unwrap();
+    let store = engine.into_store();
+    let wm = final_wm(&store);
+    let a = wm
+        .nodes()
+        .iter()
+        .find(|n| n.label.as_deref() == Some("a"))
+        .unwrap();
+    assert!(
+        matches!(a.state, NodeState::TooHard { .. }),
+        "{:?}",
+        a.state
+    );
+    assert_eq!(a.attempts, 3, "window W=3 failed attempts");
+    assert_eq!(a.failures, 3);
+    // The fourth round went to `b`, which passed.
+    let b = wm
+        .nodes()
+        .iter()
+        .find(|n| n.label.as_deref() == Some("b"))
+        .unwrap();
+    assert_eq!(b.attempts, 1);
+    assert_eq!(out.rounds_used, 4);
+    assert_eq!(out.best.unwrap().score, 2.0);
+    wm.validate().unwrap();
+}
+
+#[test]
+fn the_seed_counts_as_the_result_when_nothing_beats_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(|_, _, _| Ok("score=0.5".into()));
+    let eval = FakeEvaluator::new(None);
+    let policy = KSearchPolicy::default();
+    let engine = Engine::new(
+        cfg(5, 0),
+        store(tmp.path()),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    let out = engine.run(Some("score=3;seed")).unwrap();
+    let best = out.best.unwrap();
+    assert_eq!(best.score, 3.0);
+    assert_eq!(best.round, 0);
+    let store = engine.into_store();
+    let c = store.candidate(best.candidate_id).unwrap().unwrap();
+    assert_eq!(c.kind, CandidateKind::Seed);
+}
+
+#[test]
+fn improving_attempts_keep_a_cycle_going_until_the_cap_then_refine_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Every attempt improves on the last: only the cap ends the cycle.
+    let proposer =
+        ScriptedProposer::new(|_, round, _| Ok(format!("score={}", 1.0 + f64::from(round))));
+    let eval = FakeEvaluator::new(None);
+    let policy = KSearchPolicy::default();
+    let engine = Engine::new(
+        cfg(6, 4),
+        store(tmp.path()),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    engine.run(Some("score=1;seed")).unwrap();
+    let store = engine.into_store();
+    let wm = final_wm(&store);
+    let a = wm
+        .nodes()
+        .iter()
+        .find(|n| n.label.as_deref() == Some("a"))
+        .unwrap();
+    assert_eq!(a.attempts, 4, "the cap of 4 attempts ended the first cycle");
+    let sol = a.solution().expect("a is closed with its best");
+    assert_eq!(sol.score, 5.0);
+    // The continuation rule gave the solved node an open child.
+    assert!(wm
+        .children(&a.id)
+        .iter()
+        .any(|c| c.is_open() && c.is_action()));
+    assert_eq!(
+        proposer.refines.lock().unwrap().first().map(String::as_str),
+        Some(a.id.as_str())
+    );
+}
+
+#[test]
+fn a_proposer_failure_is_a_failed_attempt_not_an_aborted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(|_, round, _| {
+        if round == 1 {
+            Err(ProposerError::Unusable("no code block in the reply".into()))
+        } else {
+            Ok("score=2".into())
+        }
+    });
+    let eval = FakeEvaluator::new(None);
+    let policy = KSearchPolicy::default();
+    let engine = Engine::new(
+        cfg(3, 0),
+        store(tmp.path()),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    let out = engine.run(Some("score=1;seed")).unwrap();
+    assert_eq!(out.rounds_used, 3);
+    assert_eq!(out.failed, 1);
+    assert_eq!(out.best.unwrap().score, 2.0);
+}
+
+#[test]
+fn a_token_budget_stops_the_run_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(|_, round, _| {
+        if round == 2 {
+            Err(ProposerError::Budget("max tokens".into()))
+        } else {
+            Ok("score=2".into())
+        }
+    });
+    let eval = FakeEvaluator::new(None);
+    let policy = KSearchPolicy::default();
+    let engine = Engine::new(
+        cfg(10, 0),
+        store(tmp.path()),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    let out = engine.run(None).unwrap();
+    assert!(
+        out.stop_reason.contains("max tokens"),
+        "{}",
+        out.stop_reason
+    );
+    assert_eq!(out.rounds_used, 1);
+    assert!(engine.into_store().is_finished().unwrap());
+}
+
+#[test]
+fn resuming_after_an_interruption_never_redoes_a_completed_evaluation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = |label: &str, round: u32, _: u32| -> Result<String, ProposerError> {
+        Ok(if label == "a" && round % 2 == 0 {
+            "fail".into()
+        } else {
+            format!("score={}", 1 + round % 3)
+        })
+    };
+    // First session: the evaluator breaks down on its 5th call (seed + 3 attempts done).
+    let proposer = ScriptedProposer::new(script);
+    let broken = FakeEvaluator::new(Some(5));
+    let policy = KSearchPolicy::default();
+    let engine = Engine::new(
+        cfg(8, 0),
+        store(tmp.path()),
+        &proposer,
+        &broken,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    let err = engine.run(Some("score=1;seed")).unwrap_err();
+    assert!(matches!(err, EngineError::Evaluator(_)), "{err}");
+    let dir = engine.into_store().dir().to_path_buf();
+    let evaluated_before = RunStore::open(&dir).unwrap().evaluations().unwrap().len();
+    assert_eq!(evaluated_before, 4);
+
+    // Second session on the reopened store.
+    let proposer = ScriptedProposer::new(script);
+    let eval = FakeEvaluator::new(None);
+    let engine = Engine::new(
+        cfg(8, 0),
+        RunStore::open(&dir).unwrap(),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    let out = engine.run(Some("score=1;seed")).unwrap();
+    assert_eq!(out.rounds_used, 8);
+    let store = engine.into_store();
+    let evals = store.evaluations().unwrap();
+    // One evaluation per candidate, and the second session evaluated only what was missing.
+    let cands = store.candidates().unwrap();
+    assert_eq!(evals.len(), cands.len());
+    assert_eq!(
+        eval.calls.load(Ordering::SeqCst) + evaluated_before,
+        evals.len() + reused(&evals)
+    );
+    let mut ids: Vec<i64> = evals.iter().map(|e| e.candidate_id).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), evals.len(), "no candidate evaluated twice");
+    final_wm(&store).validate().unwrap();
+}
+
+/// Evaluations copied from an identical earlier source (the compile/eval cache).
+fn reused(evals: &[ksearch_store::EvaluationRow]) -> usize {
+    evals
+        .iter()
+        .filter(|e| !e.result["reused_from_candidate"].is_null())
+        .count()
+}
+
+#[test]
+fn a_finished_run_refuses_to_resume_without_more_rounds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(|_, _, _| Ok("score=2".into()));
+    let eval = FakeEvaluator::new(None);
+    let policy = KSearchPolicy::default();
+    let engine = Engine::new(
+        cfg(2, 0),
+        store(tmp.path()),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    engine.run(None).unwrap();
+    let dir = engine.into_store().dir().to_path_buf();
+    let engine = Engine::new(
+        cfg(2, 0),
+        RunStore::open(&dir).unwrap(),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    assert!(matches!(engine.run(None), Err(EngineError::Finished(_))));
+    // More rounds continue it.
+    let engine = Engine::new(
+        cfg(4, 0),
+        RunStore::open(&dir).unwrap(),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    assert_eq!(engine.run(None).unwrap().rounds_used, 4);
+}
