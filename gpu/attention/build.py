@@ -1,0 +1,118 @@
+"""Render and compile the named variants of variants.toml into shared libraries for the cuda backend.
+
+    python build.py --out .gpu-build [--nvcc PATH] [--only NAME ...] [--jobs 2]
+
+Writes <out>/<name>.cu, <out>/<name>.so and <out>/build.json (per variant: knobs, variant id,
+nvcc command, and the ptxas report per kernel: registers, spill bytes, stack frame).
+Targets sm_90a through -gencode (the -arch=sm_90a shorthand also runs an sm_90 pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from render import HERE, Family, load_variants, variant_id
+
+PTXAS_ENTRY = re.compile(r"Compiling entry function '(\S+)' for")
+PTXAS_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+PTXAS_REGS = re.compile(r"Used (\d+) registers")
+MANGLED = re.compile(r"ksa_attention_kernelI(\w+?)Li(\d+)ELb([01])E")
+
+
+def parse_ptxas(log: str) -> list[dict]:
+    kernels: list[dict] = []
+    cur: dict | None = None
+    for line in log.splitlines():
+        m = PTXAS_ENTRY.search(line)
+        if m:
+            mm = MANGLED.search(m.group(1))
+            cur = {"symbol": m.group(1)}
+            if mm:
+                cur.update(dtype="bf16" if "bfloat16" in mm.group(1) else "f16", head_dim=int(mm.group(2)),
+                           causal=mm.group(3) == "1")
+            kernels.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = PTXAS_PROPS.search(line)
+        if m:
+            cur.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+        m = PTXAS_REGS.search(line)
+        if m:
+            cur["registers"] = int(m.group(1))
+    return kernels
+
+
+def find_nvcc(explicit: str | None) -> str:
+    for cand in (explicit, os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).exists():
+            return cand
+    raise SystemExit("nvcc not found: pass --nvcc or set NVCC")
+
+
+def build_one(nvcc: str, name: str, knobs: dict, fam: Family, out: Path) -> dict:
+    src = out / f"{name}.cu"
+    so = out / f"{name}.so"
+    src.write_text(fam.render("cuda", knobs))
+    cmd = [nvcc, "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Xptxas", "-v",
+           "-shared", "-Xcompiler", "-fPIC", "-o", str(so), str(src)]
+    # pip-installed nvcc (nvidia-cuda-nvcc wheels) keeps libcudart_static.a in ../lib, not lib64.
+    pip_lib = Path(nvcc).resolve().parent.parent / "lib"
+    if (pip_lib / "libcudart_static.a").exists():
+        cmd[1:1] = ["-L" + str(pip_lib)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    if proc.returncode == 0 and shutil.which("strip"):
+        # The static cudart makes each library ~1 MB; symbols are dead weight in the 64 MiB carry.
+        subprocess.run(["strip", "--strip-unneeded", str(so)], check=False)
+    return {
+        "name": name,
+        "variant_id": variant_id(knobs),
+        "knobs": knobs,
+        "ok": proc.returncode == 0,
+        "command": cmd,
+        "kernels": parse_ptxas(log),
+        "smem_bytes": {str(d): fam.launch(knobs, d)["smem_bytes"] for d in fam.head_dims},
+        "log": "" if proc.returncode == 0 else log[-4000:],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--nvcc")
+    ap.add_argument("--variants", type=Path, default=HERE / "variants.toml")
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args(argv)
+    nvcc = find_nvcc(args.nvcc)
+    fam = Family.load()
+    variants = load_variants(args.variants, fam)
+    if args.only:
+        variants = {k: v for k, v in variants.items() if k in args.only}
+    args.out.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda kv: build_one(nvcc, kv[0], kv[1], fam, args.out), variants.items()))
+    (args.out / "build.json").write_text(json.dumps(results, indent=1))
+    failed = 0
+    for r in results:
+        worst = max(r["kernels"], key=lambda k: k.get("registers", 0), default={})
+        spills = sum(k.get("spill_stores", 0) + k.get("spill_loads", 0) for k in r["kernels"])
+        print(f"{r['name']:<22} {'ok ' if r['ok'] else 'ERR'} max_regs={worst.get('registers', '?'):>4} "
+              f"spill_bytes={spills:<6} smem={r['smem_bytes']}")
+        if not r["ok"]:
+            failed += 1
+            print(r["log"], file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

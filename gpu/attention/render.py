@@ -1,0 +1,206 @@
+"""Render the attention-fwd template family (templates/family.toml) for the cuda and mlx backends.
+
+Library:
+    fam = Family.load()                       # templates/ next to this file
+    knobs = fam.resolve({"algo": "mma", "block_n": 64})   # defaults filled, domains and constraints checked
+    src = fam.render("cuda", knobs)           # extern "C" attention_f16 / attention_bf16
+    hdr, body = fam.render_mlx(knobs)         # header and body for mx.fast.cuda_kernel
+CLI:
+    python render.py --backend cuda --set algo=mma --set stages=2 -o attn.cu
+    python render.py --variants variants.toml --list
+
+Only jinja2 is needed; the templates and expressions stay inside the subset that minijinja (the
+Rust side) evaluates the same way, which tests/test_render.py checks when the minijinja Python
+binding is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+HERE = Path(__file__).resolve().parent
+TEMPLATES = HERE / "templates"
+
+
+class FamilyError(ValueError):
+    """A knob value outside its domain, an unknown knob, or a violated constraint."""
+
+
+def _env(loader_dir: Path | None = None) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(loader_dir)) if loader_dir else None,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def variant_id(knobs: dict[str, Any]) -> str:
+    """Stable id of a knob assignment: the first 10 hex digits of sha256 of its sorted JSON."""
+    blob = json.dumps(knobs, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
+@dataclass
+class Family:
+    spec: dict[str, Any]
+    directory: Path
+
+    @classmethod
+    def load(cls, directory: Path = TEMPLATES) -> "Family":
+        with open(directory / "family.toml", "rb") as f:
+            return cls(tomllib.load(f), directory)
+
+    @property
+    def knob_names(self) -> list[str]:
+        return list(self.spec["knobs"].keys())
+
+    @property
+    def head_dims(self) -> list[int]:
+        return list(self.spec["family"]["head_dims"])
+
+    def defaults(self) -> dict[str, Any]:
+        return {name: k["default"] for name, k in self.spec["knobs"].items()}
+
+    def eval_expr(self, expr: str, ctx: dict[str, Any]) -> Any:
+        return _env().compile_expression(expr)(**ctx)
+
+    def launch(self, knobs: dict[str, Any], head_dim: int) -> dict[str, int]:
+        """Threads per block and dynamic shared-memory bytes for one head dim."""
+        ctx = dict(knobs, head_dim=head_dim)
+        return {
+            "threads": int(self.eval_expr(self.spec["launch"]["threads"], ctx)),
+            "smem_bytes": int(self.eval_expr(self.spec["launch"]["smem_bytes"], ctx)),
+        }
+
+    def grid(self, knobs: dict[str, Any], B: int, H: int, L: int) -> tuple[int, int, int]:
+        ctx = dict(knobs, B=B, H=H, L=L)
+        gx, gy, gz = (int(self.eval_expr(e, ctx)) for e in self.spec["launch"]["grid"])
+        return gx, gy, gz
+
+    def violations(self, knobs: dict[str, Any]) -> list[str]:
+        out = []
+        for d in self.head_dims:
+            ctx = dict(knobs, head_dim=d, **self.launch(knobs, d))
+            for c in self.spec.get("constraints", []):
+                if not self.eval_expr(c["when"], ctx):
+                    out.append(f"head_dim={d}: {c['when']} ({c['why']})")
+        return out
+
+    def resolve(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Defaults plus overrides, after domain and constraint checks."""
+        unknown = sorted(set(overrides) - set(self.knob_names))
+        if unknown:
+            raise FamilyError(f"unknown knob(s): {', '.join(unknown)}")
+        knobs = self.defaults()
+        knobs.update(overrides)
+        for name, value in knobs.items():
+            domain = self.spec["knobs"][name]["domain"]
+            # bool is an int in Python; keep true/false and 0/1 apart.
+            if not any(value == d and type(value) is type(d) for d in domain):
+                raise FamilyError(f"knob {name}={value!r} not in domain {domain}")
+        bad = self.violations(knobs)
+        if bad:
+            raise FamilyError("constraint(s) violated: " + "; ".join(bad))
+        return knobs
+
+    def _context(self, backend: str, knobs: dict[str, Any]) -> dict[str, Any]:
+        return dict(
+            knobs,
+            backend=backend,
+            variant_id=variant_id(knobs),
+            head_dims=self.head_dims,
+            threads=self.launch(knobs, self.head_dims[0])["threads"],
+        )
+
+    def render(self, backend: str, knobs: dict[str, Any]) -> str:
+        if backend not in self.spec["family"]["backends"]:
+            raise FamilyError(f"backend {backend!r} not in {self.spec['family']['backends']}")
+        tmpl = _env(self.directory).get_template(self.spec["family"]["source"])
+        return tmpl.render(**self._context(backend, knobs))
+
+    def render_mlx(self, knobs: dict[str, Any]) -> tuple[str, str]:
+        header = self.render("mlx", knobs)
+        body = _env(self.directory).get_template(self.spec["family"]["mlx_body"])
+        return header, body.render(**self._context("mlx", knobs))
+
+
+def load_variants(path: Path, fam: Family) -> dict[str, dict[str, Any]]:
+    """Named variants: [[variant]] tables with `name` and knob overrides."""
+    with open(path, "rb") as f:
+        spec = tomllib.load(f)
+    out: dict[str, dict[str, Any]] = {}
+    for v in spec.get("variant", []):
+        v = dict(v)
+        name = v.pop("name")
+        v.pop("note", None)
+        if name in out:
+            raise FamilyError(f"variant {name!r} defined twice")
+        out[name] = fam.resolve(v)
+    return out
+
+
+def _parse_value(text: str) -> Any:
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=["cuda", "mlx"], default="cuda")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
+    ap.add_argument("--variants", type=Path, help="variants.toml; with --list prints them")
+    ap.add_argument("--name", help="render this named variant from --variants")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("-o", "--output", type=Path)
+    args = ap.parse_args(argv)
+    fam = Family.load()
+    try:
+        if args.variants:
+            variants = load_variants(args.variants, fam)
+            if args.list:
+                for name, k in variants.items():
+                    print(name, variant_id(k), json.dumps(k, sort_keys=True))
+                return 0
+            if not args.name or args.name not in variants:
+                print(f"--name must be one of: {', '.join(variants)}", file=sys.stderr)
+                return 2
+            knobs = variants[args.name]
+        else:
+            overrides = {}
+            for item in args.set:
+                key, _, val = item.partition("=")
+                overrides[key] = _parse_value(val)
+            knobs = fam.resolve(overrides)
+        if args.backend == "mlx":
+            header, body = fam.render_mlx(knobs)
+            text = header + "\n// ---- body ----\n" + body
+        else:
+            text = fam.render("cuda", knobs)
+    except FamilyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.output:
+        args.output.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
