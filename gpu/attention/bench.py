@@ -333,12 +333,13 @@ def main(argv=None):
     if not args.quick:
         pick_names = list(dict.fromkeys(list(picks.values()) + args.mlx_extra))
         # 2. every issue shape in f16 and bf16, and the held-out shapes: the picks on both backends.
-        for shape in ISSUE_SHAPES + HELD_OUT:
-            for dt in ("f16", "bf16"):
-                if shape == MAIN and dt == "f16":
+        todo = [(s, dt) for dt in ("f16", "bf16") for s in ISSUE_SHAPES + HELD_OUT if (s, dt) != (MAIN, "f16")]
+        for shape, dt in todo:
+            for causal in (0, 1):
+                if deadline.passed():
+                    print(f"[budget] skipped {shape_name(shape)} {dt} c{causal}", flush=True)
                     continue
-                for causal in (0, 1):
-                    run_config(shape, dt, causal, pick_names, pick_names, shape in HELD_OUT)
+                run_config(shape, dt, causal, pick_names, pick_names, shape in HELD_OUT)
         # 3. the rest of the mma sweep on the other issue shapes, while the budget lasts.
         for shape in ISSUE_SHAPES[1:]:
             for causal in (0, 1):
