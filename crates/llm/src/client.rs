@@ -267,7 +267,7 @@ impl Client {
         l.reserved_cost = (l.reserved_cost - reserved.1).max(0.0);
     }
 
-    fn from_cache(&self, key: &str, req: &ChatRequest, start: Instant) -> Option<ChatResponse> {
+    fn serve_cached(&self, key: &str, req: &ChatRequest, start: Instant) -> Option<ChatResponse> {
         let entry = self.cache.as_ref()?.get(key)?;
         let mut l = self.lock();
         l.totals.calls += 1;
@@ -407,7 +407,7 @@ impl ChatProvider for Client {
         let start = Instant::now();
         let key = ResponseCache::key(self.provider.name(), self.provider.model(), req);
         // A hit costs nothing, so it is served even when the budget is spent.
-        if let Some(resp) = self.from_cache(&key, req, start) {
+        if let Some(resp) = self.serve_cached(&key, req, start) {
             return Ok(resp);
         }
         let reserved = self.reserve(req)?;
