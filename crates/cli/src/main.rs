@@ -1,1 +1,74 @@
-fn main() {}
+//! ksearch-cli: the `ksearch` binary. Argument parsing and wiring only; the work happens in the
+//! library crates (see docs/ARCHITECTURE.md and docs/cli.md).
+
+mod doctor;
+mod eval;
+mod logging;
+mod tasks;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Search for fast GPU/CPU kernels; evaluate candidate kernels trustworthily.
+#[derive(Debug, Parser)]
+#[command(name = "ksearch", version, propagate_version = true)]
+struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+
+    /// Only errors.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List the built-in tasks.
+    Tasks(tasks::TasksArgs),
+    /// Evaluate candidate kernel files: build, static checks, correctness, timing.
+    Eval(eval::EvalArgs),
+    /// Check what this machine offers (Python, numpy, compilers, torch, mlx, GPUs).
+    Doctor(doctor::DoctorArgs),
+}
+
+/// Exit codes shared by all commands.
+pub(crate) mod exit {
+    /// Everything passed.
+    pub const OK: u8 = 0;
+    /// At least one candidate was rejected (or, for `doctor`, something required is missing).
+    pub const REJECTED: u8 = 1;
+    /// Usage or set-up error: nothing (more) could be evaluated.
+    pub const SETUP: u8 = 2;
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.verbose, cli.quiet);
+    let result = match cli.command {
+        Command::Tasks(args) => tasks::run(&args),
+        Command::Eval(args) => eval::run(&args, cli.quiet),
+        Command::Doctor(args) => doctor::run(&args),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit::SETUP)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -56,6 +56,9 @@ pub enum EvalError {
     #[error("cannot draw random bytes from the OS: {0}")]
     Random(String),
 
+    #[error(transparent)]
+    Task(#[from] ksearch_task::TaskError),
+
     #[error("invalid request: {0}")]
     Request(String),
 

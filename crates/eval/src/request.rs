@@ -2,8 +2,10 @@
 
 use crate::error::{EvalError, Result};
 use crate::protocol::{
-    CandidateSection, CorrectnessConfig, TaskSection, TimingConfig, ToleranceSpec, PROTOCOL_VERSION,
+    BaselineRef, CandidateSection, CorrectnessConfig, EntrySpec, FunctionRef, TaskSection,
+    TimingConfig, ToleranceSpec, PROTOCOL_VERSION,
 };
+use ksearch_task::Task;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -120,6 +122,89 @@ pub struct EvalRequest {
 }
 
 impl EvalRequest {
+    /// A request for `candidate` on `task`'s `backend`, with the default trials and timeout.
+    pub fn from_task(
+        task: &Task,
+        backend: &str,
+        candidate: &Path,
+        workload_set: WorkloadSet,
+        secret_seed: u64,
+        preset: TimingPreset,
+    ) -> Result<Self> {
+        let spec = task.backend(backend)?;
+        let path = candidate
+            .canonicalize()
+            .map_err(|source| EvalError::Candidate {
+                path: candidate.to_path_buf(),
+                source,
+            })?;
+        let mut workloads = Vec::new();
+        for w in task.workloads(backend)? {
+            if workload_set.includes(w.held_out) {
+                let item = serde_json::to_value(&w)
+                    .map_err(|e| EvalError::Request(format!("workload {}: {e}", w.name)))?;
+                workloads.push(item);
+            }
+        }
+        if workloads.is_empty() {
+            return Err(EvalError::Request(format!(
+                "task {} has no {} workloads for backend {backend}",
+                task.name(),
+                match workload_set {
+                    WorkloadSet::Search => "non-held-out",
+                    WorkloadSet::Acceptance => "",
+                }
+            )));
+        }
+        let reference = &task.spec().reference;
+        Ok(EvalRequest {
+            task: TaskSection {
+                name: task.name().to_string(),
+                dir: task.dir().to_path_buf(),
+                reference: FunctionRef {
+                    module: reference.module.clone(),
+                    function: reference.function.clone(),
+                },
+                baseline: spec.baseline.as_ref().map(|function| BaselineRef {
+                    name: spec.baseline_label().unwrap_or(function).to_string(),
+                    function: function.clone(),
+                }),
+                entry: EntrySpec {
+                    symbol: spec.entry.clone(),
+                    args: spec.args.clone(),
+                },
+                forbidden: spec.forbidden.clone(),
+            },
+            backend: backend.to_string(),
+            device: None,
+            candidate: CandidateSection {
+                path,
+                language: spec.language.clone(),
+            },
+            workload_set,
+            workloads,
+            tolerance: task
+                .tolerance_table()
+                .into_iter()
+                .map(|(dtype, t)| {
+                    (
+                        dtype.as_str().to_string(),
+                        ToleranceSpec {
+                            rtol: t.rtol,
+                            atol: t.atol,
+                        },
+                    )
+                })
+                .collect(),
+            correctness: CorrectnessConfig {
+                trials: DEFAULT_TRIALS,
+            },
+            timing: preset.config(),
+            secret_seed,
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
     /// The key of the per-device timing lock.
     pub fn device_key(&self) -> String {
         match &self.device {
@@ -187,6 +272,87 @@ mod tests {
         assert_eq!(n.len(), 32);
         assert!(n.chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(n, fresh_nonce().unwrap());
+    }
+
+    fn attention() -> Task {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks/attention");
+        ksearch_task::load_task(&dir).unwrap()
+    }
+
+    #[test]
+    fn request_from_a_task_matches_the_protocol() {
+        let task = attention();
+        let seed = task.backend("cpu").unwrap().seed.clone().unwrap();
+        let all = task.workloads("cpu").unwrap();
+        let held_out = all.iter().filter(|w| w.held_out).count();
+        assert!(held_out > 0, "the attention task has held-out workloads");
+
+        let req = EvalRequest::from_task(
+            &task,
+            "cpu",
+            &seed,
+            WorkloadSet::Search,
+            7,
+            TimingPreset::Quick,
+        )
+        .unwrap();
+        assert_eq!(req.workloads.len(), all.len() - held_out);
+        assert!(req.workloads.iter().all(|w| w["held_out"] == false));
+        let wire = req.to_wire("evaluate", "n0", Path::new("/tmp/b"));
+        assert_eq!(wire["protocol"], 1);
+        assert_eq!(wire["op"], "evaluate");
+        assert_eq!(wire["nonce"], "n0");
+        assert_eq!(wire["secret_seed"], 7);
+        assert_eq!(wire["task"]["entry"]["symbol"], "attention_f32");
+        assert_eq!(wire["task"]["baseline"]["function"], "baseline_numpy");
+        assert_eq!(wire["task"]["baseline"]["name"], "numpy");
+        assert_eq!(wire["task"]["reference"]["module"], "reference.py");
+        assert_eq!(wire["candidate"]["language"], "c");
+        assert!(Path::new(wire["candidate"]["path"].as_str().unwrap()).is_absolute());
+        assert_eq!(wire["tolerance"]["f32"]["rtol"], 2e-5);
+        assert_eq!(wire["workloads"][0]["inputs"][0]["dtype"], "f32");
+        assert!(wire["workloads"][0]["flops"].as_f64().unwrap() > 0.0);
+        assert_eq!(
+            wire["timing"]["max_reps"],
+            TimingPreset::Quick.config().max_reps
+        );
+
+        let acceptance = EvalRequest::from_task(
+            &task,
+            "cpu",
+            &seed,
+            WorkloadSet::Acceptance,
+            7,
+            TimingPreset::Quick,
+        )
+        .unwrap();
+        assert_eq!(acceptance.workloads.len(), all.len());
+    }
+
+    #[test]
+    fn unknown_backend_and_missing_candidate_are_errors() {
+        let task = attention();
+        let seed = task.backend("cpu").unwrap().seed.clone().unwrap();
+        let err = EvalRequest::from_task(
+            &task,
+            "tpu",
+            &seed,
+            WorkloadSet::Search,
+            1,
+            TimingPreset::Quick,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("tpu"), "{err}");
+        let err = EvalRequest::from_task(
+            &task,
+            "cpu",
+            Path::new("/no/such/kernel.c"),
+            WorkloadSet::Search,
+            1,
+            TimingPreset::Quick,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("/no/such/kernel.c"), "{err}");
     }
 
     #[test]

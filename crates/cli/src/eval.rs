@@ -1,0 +1,131 @@
+//! `ksearch eval`: evaluate candidate files against a task.
+
+use crate::exit;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ksearch_eval::report::{render_result, render_summary};
+use ksearch_eval::{
+    fresh_secret_seed, EvalRequest, EvalResult, Evaluator, EvaluatorConfig, TimingPreset,
+    WorkloadSet,
+};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Built-in task name or task directory.
+    #[arg(long, value_name = "NAME|DIR")]
+    task: String,
+
+    /// Backend of the task to evaluate on.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+
+    /// Also evaluate the held-out workloads (what accepting a final kernel uses).
+    #[arg(long)]
+    held_out: bool,
+
+    /// Secret seed from which input seeds derive; default: fresh from the OS for each call.
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+
+    /// Wall-clock limit per candidate in seconds, build included.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0, value_parser = positive_seconds)]
+    timeout: f64,
+
+    /// Timing effort: quick, standard or thorough.
+    #[arg(long, value_name = "PRESET", default_value = "standard")]
+    timing: TimingPreset,
+
+    /// Print the full results as JSON (raw samples, seeds, environment) instead of tables.
+    #[arg(long)]
+    json: bool,
+
+    /// Candidate source files; each is evaluated on its own.
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a positive number of seconds")),
+    }
+}
+
+pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
+    let task = ksearch_task::resolve(&args.task).context("cannot load the task")?;
+    task.backend(&args.backend)?;
+    for file in &args.files {
+        if !file.is_file() {
+            bail!("candidate file not found: {}", file.display());
+        }
+    }
+    let evaluator = Evaluator::new(EvaluatorConfig::default())
+        .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
+    let secret_seed = match args.seed {
+        Some(s) => s,
+        None => fresh_secret_seed()?,
+    };
+    let set = if args.held_out {
+        WorkloadSet::Acceptance
+    } else {
+        WorkloadSet::Search
+    };
+
+    let mut results: Vec<(String, EvalResult)> = Vec::new();
+    let mut json_items = Vec::new();
+    let mut setup_failed = false;
+    for file in &args.files {
+        let label = file.display().to_string();
+        let outcome =
+            EvalRequest::from_task(&task, &args.backend, file, set, secret_seed, args.timing)
+                .and_then(|mut req| {
+                    req.timeout = Duration::from_secs_f64(args.timeout);
+                    if !quiet {
+                        eprintln!(
+                            "ksearch: evaluating {label} on {}/{} ({} workloads)",
+                            task.name(),
+                            args.backend,
+                            req.workloads.len()
+                        );
+                    }
+                    evaluator.evaluate(&req)
+                });
+        match outcome {
+            Ok(result) => {
+                if !args.json {
+                    println!("{}", render_result(&label, &result));
+                }
+                json_items.push(json!({
+                    "file": label, "task": task.name(), "backend": args.backend,
+                    "held_out": args.held_out, "result": result,
+                }));
+                results.push((label, result));
+            }
+            Err(e) => {
+                setup_failed = true;
+                eprintln!("error: {label}: {e}");
+                json_items.push(json!({
+                    "file": label, "task": task.name(), "backend": args.backend,
+                    "error": e.to_string(),
+                }));
+            }
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json_items)?);
+    } else if args.files.len() > 1 {
+        let rows: Vec<(String, &EvalResult)> =
+            results.iter().map(|(l, r)| (l.clone(), r)).collect();
+        print!("{}", render_summary(&rows));
+    }
+    Ok(if setup_failed {
+        exit::SETUP
+    } else if results.iter().all(|(_, r)| r.passed()) {
+        exit::OK
+    } else {
+        exit::REJECTED
+    })
+}

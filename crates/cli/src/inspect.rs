@@ -1,0 +1,249 @@
+//! `ksearch show` and `ksearch export`: reading a run back from its store.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::Value;
+
+use ksearch_eval::report::render_result;
+use ksearch_eval::EvalResult;
+use ksearch_search::world_model::WorldModel;
+use ksearch_store::{CandidateKind, RunStore};
+
+use crate::exit;
+use crate::search::open_run;
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// Run id (or unique prefix) under --runs-dir, or a run directory.
+    pub run: String,
+
+    #[arg(long, default_value = "runs", value_name = "DIR")]
+    pub runs_dir: PathBuf,
+
+    /// List every candidate, not only the last 15.
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Run id (or unique prefix) under --runs-dir, or a run directory.
+    pub run: String,
+
+    #[arg(long, default_value = "runs", value_name = "DIR")]
+    pub runs_dir: PathBuf,
+
+    /// Directory to write the kernel and its README into; default: `<run dir>/export`.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+pub fn show(args: &ShowArgs) -> Result<u8> {
+    let store = open_run(&args.runs_dir, &args.run)?;
+    print!("{}", render_show(&store, args.all)?);
+    Ok(exit::OK)
+}
+
+/// The run's world model: the engine's live checkpoint, else the latest snapshot.
+fn world_model(store: &RunStore) -> Result<Option<WorldModel>> {
+    let value = match store.get_state("engine")? {
+        Some(state) => Some(state["wm"].clone()),
+        None => store.latest_world_model()?.map(|(_, _, v)| v),
+    };
+    value
+        .map(|v| serde_json::from_value(v).context("the stored world model is unreadable"))
+        .transpose()
+}
+
+fn score_of(store: &RunStore, candidate: i64) -> Result<Option<(String, Option<f64>)>> {
+    Ok(store
+        .evaluation_for(candidate)?
+        .map(|e| (e.status, e.score)))
+}
+
+pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
+    let c = store.config();
+    let mut s = String::new();
+    writeln!(
+        s,
+        "run {}  task {}  backend {}  strategy {}  proposer {}  selection {}  seed {}",
+        store.id(),
+        c.task,
+        c.backend,
+        c.strategy,
+        c.proposer,
+        c.selection,
+        c.seed
+    )?;
+    let summary = store.finish_summary()?;
+    match &summary {
+        Some(sum) => writeln!(
+            s,
+            "status: finished — {}",
+            sum["stop_reason"].as_str().unwrap_or("?")
+        )?,
+        None => writeln!(s, "status: not finished (running, or interrupted: `ksearch resume {}`)", store.id())?,
+    }
+    let candidates = store.candidates()?;
+    let evaluations = store.evaluations()?;
+    let passed = evaluations.iter().filter(|e| e.status == "passed").count();
+    let usage = store.usage_totals()?;
+    writeln!(
+        s,
+        "candidates {} · evaluations {} ({} passed, {} rejected) · proposer calls {} · tokens {} · ${:.2}",
+        candidates.len(),
+        evaluations.len(),
+        passed,
+        evaluations.len() - passed,
+        usage.calls,
+        usage.input_tokens + usage.output_tokens,
+        usage.cost_usd
+    )?;
+    let seed_score = candidates
+        .iter()
+        .find(|c| c.kind == CandidateKind::Seed)
+        .and_then(|c| score_of(store, c.id).ok().flatten())
+        .and_then(|(_, sc)| sc);
+    if let Some(best) = summary.as_ref().and_then(|s| s.get("best")).filter(|b| !b.is_null()) {
+        let score = best["score"].as_f64().unwrap_or(0.0);
+        write!(
+            s,
+            "best: candidate {} (round {}, node {}), score {:.3}",
+            best["candidate_id"],
+            best["round"],
+            best["node"].as_str().unwrap_or("-"),
+            score
+        )?;
+        if let Some(seed) = seed_score.filter(|v| *v > 0.0) {
+            write!(s, " = {:.2}x the seed", score / seed)?;
+        }
+        writeln!(s)?;
+        if let Some(r) = summary.as_ref().and_then(|s| s.get("recheck")).filter(|r| !r.is_null()) {
+            writeln!(
+                s,
+                "re-check on all workloads (fresh process and seed): {}",
+                r["status"].as_str().unwrap_or("?")
+            )?;
+        }
+    }
+
+    if let Some(wm) = world_model(store)? {
+        writeln!(s, "\nworld model (* = on the path to the best solution):")?;
+        s.push_str(&wm.render_tree());
+    }
+
+    writeln!(s, "\ncandidates:")?;
+    writeln!(
+        s,
+        "{:>5} {:>5} {:>5} {:>6} {:<8} {:<22} {:>8}  note",
+        "id", "round", "cycle", "node", "kind", "status", "score"
+    )?;
+    let shown = if all || candidates.len() <= 15 {
+        &candidates[..]
+    } else {
+        writeln!(s, "  … {} earlier (--all lists them)", candidates.len() - 15)?;
+        &candidates[candidates.len() - 15..]
+    };
+    for cand in shown {
+        let (status, score) = score_of(store, cand.id)?.unwrap_or(("(not evaluated)".into(), None));
+        writeln!(
+            s,
+            "{:>5} {:>5} {:>5} {:>6} {:<8} {:<22} {:>8}  {}",
+            cand.id,
+            cand.round,
+            cand.cycle,
+            cand.node_id.as_deref().unwrap_or("-"),
+            cand.kind.as_str(),
+            status,
+            score.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into()),
+            cand.proposer_note.chars().take(70).collect::<String>()
+        )?;
+    }
+    Ok(s)
+}
+
+pub fn export(args: &ExportArgs) -> Result<u8> {
+    let store = open_run(&args.runs_dir, &args.run)?;
+    let summary = store
+        .finish_summary()?
+        .context("the run has not finished; `ksearch resume` it first (or see `ksearch show`)")?;
+    let best = summary
+        .get("best")
+        .filter(|b| !b.is_null())
+        .context("the run has no accepted kernel (no candidate passed the final re-check)")?;
+    let id = best["candidate_id"]
+        .as_i64()
+        .context("the run summary names no candidate")?;
+    let cand = store
+        .candidate(id)?
+        .with_context(|| format!("candidate {id} is missing from the store"))?;
+    let source = store.source(&cand.source_id)?;
+    let config = store.config().clone();
+    let ext = store
+        .source_path(&cand.source_id)?
+        .extension()
+        .map(|e| e.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "txt".into());
+    let out = args.out.clone().unwrap_or_else(|| store.dir().join("export"));
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let task_name = config
+        .task
+        .rsplit('/')
+        .find(|p| !p.is_empty())
+        .unwrap_or("kernel")
+        .to_string();
+    let file = format!("{task_name}_{}.{ext}", config.backend);
+    std::fs::write(out.join(&file), &source)?;
+
+    let eval: Option<EvalResult> = store
+        .evaluation_for(id)?
+        .and_then(|e| serde_json::from_value(e.result).ok());
+    let recheck: Option<EvalResult> = summary["recheck"]["recheck_candidate"]
+        .as_i64()
+        .and_then(|rid| store.evaluation_for(rid).ok().flatten())
+        .and_then(|e| serde_json::from_value(e.result).ok());
+    let mut readme = String::new();
+    writeln!(readme, "# {file}\n")?;
+    writeln!(
+        readme,
+        "Best kernel of ksearch run `{}` (task `{}`, backend `{}`, proposer `{}`, seed {}).\n",
+        store.id(),
+        config.task,
+        config.backend,
+        config.proposer,
+        config.seed
+    )?;
+    writeln!(
+        readme,
+        "Score {:.3} (geometric mean of the speedup over the task's baseline), found in round {}.",
+        best["score"].as_f64().unwrap_or(0.0),
+        cand.round
+    )?;
+    if !cand.knobs.is_null() {
+        writeln!(readme, "Template knobs: `{}`.", cand.knobs)?;
+    }
+    writeln!(
+        readme,
+        "\nRe-evaluate it on every workload, held-out included:\n\n```\nksearch eval --task {} --backend {} --held-out {file}\n```\n",
+        config.task, config.backend
+    )?;
+    if let Some(r) = &recheck {
+        writeln!(readme, "## Re-check (fresh process, fresh seed, all workloads)\n\n```")?;
+        readme.push_str(&render_result(&file, r));
+        writeln!(readme, "```\n")?;
+    }
+    if let Some(r) = &eval {
+        writeln!(readme, "## Measured during the search\n\n```")?;
+        readme.push_str(&render_result(&file, r));
+        writeln!(readme, "```\n")?;
+        if let Some(env) = &r.environment {
+            writeln!(readme, "Machine: `{}`", Value::Object(env.clone()))?;
+        }
+    }
+    std::fs::write(out.join("README.md"), readme)?;
+    println!("{}", out.join(&file).display());
+    Ok(exit::OK)
+}

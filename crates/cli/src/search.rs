@@ -1,0 +1,451 @@
+//! `ksearch run` and `ksearch resume`: wiring the task, the proposer, the evaluator and the run
+//! store into the cycle engine, with a progress display.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use ksearch_eval::{fresh_secret_seed, Evaluator, EvaluatorConfig, TimingPreset};
+use ksearch_knowledge::Catalog;
+use ksearch_search::engine::evaluation::HarnessEvaluator;
+use ksearch_search::engine::{Engine, EngineConfig, Progress, ProgressSink, RunOutcome};
+use ksearch_search::proposer::offline::OfflineProposer;
+use ksearch_search::proposer::{Proposer, TaskBrief};
+use ksearch_search::selection::{CalibratedPolicy, KSearchPolicy, SelectionPolicy};
+use ksearch_store::{RunConfig, RunStore};
+use ksearch_task::Task;
+
+use crate::exit;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// K-Search: a world model of rated optimisation ideas steers each cycle.
+    WorldModel,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProposerKind {
+    /// Built-in, no network: the action catalog and the task's template family.
+    Offline,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Selection {
+    /// Utility with confidence, failures, visits and calibrated predictions (default).
+    Calibrated,
+    /// The original K-Search order: score, difficulty, rating, id, with its difficulty gate.
+    Ksearch,
+}
+
+/// The options that define a run; stored with it so `resume` rebuilds the same search.
+#[derive(Clone, Debug, Args, Serialize, Deserialize)]
+pub struct SearchOptions {
+    /// Search strategy.
+    #[arg(long, value_enum, default_value_t = Strategy::WorldModel)]
+    pub strategy: Strategy,
+
+    /// Who proposes ideas and writes kernels.
+    #[arg(long, value_enum, default_value_t = ProposerKind::Offline)]
+    pub proposer: ProposerKind,
+
+    /// How the next action is chosen from the world model's frontier.
+    #[arg(long, value_enum, default_value_t = Selection::Calibrated)]
+    pub selection: Selection,
+
+    /// Code-generation rounds (each evaluates --samples candidates).
+    #[arg(long, default_value_t = 20)]
+    pub rounds: u32,
+
+    /// Candidates per attempt, written and evaluated concurrently.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub samples: u32,
+
+    /// Rounds without improvement that end a cycle (the original's window W).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub stagnation_window: u32,
+
+    /// Attempts per cycle at most (0: unlimited, as in the original K-Search).
+    #[arg(long, default_value_t = 6)]
+    pub cycle_cap: u32,
+
+    /// Difficulty cap for `--selection ksearch`.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub max_difficulty: u8,
+
+    /// Stop after this many seconds of search (checked between rounds).
+    #[arg(long, value_name = "SECONDS")]
+    pub max_wall_time: Option<u64>,
+
+    /// Stop when the proposer has used this many tokens.
+    #[arg(long)]
+    pub max_tokens: Option<u64>,
+
+    /// Stop when the proposer has spent this many US dollars.
+    #[arg(long, value_name = "USD")]
+    pub max_cost: Option<f64>,
+
+    /// Timing effort per candidate: quick, standard or thorough.
+    #[arg(long, value_name = "PRESET", default_value = "quick")]
+    pub timing: TimingPreset,
+
+    /// Do not re-check the winner in a fresh process on all workloads (held-out included).
+    #[arg(long)]
+    pub no_recheck: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Built-in task name or task directory.
+    #[arg(long, value_name = "NAME|DIR")]
+    pub task: String,
+
+    /// Backend; default: the best one this machine offers for the task.
+    #[arg(long)]
+    pub backend: Option<String>,
+
+    /// Seed of the proposer's random choices; default: fresh (recorded in the run).
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// Where runs are stored.
+    #[arg(long, default_value = "runs", value_name = "DIR")]
+    pub runs_dir: PathBuf,
+
+    #[command(flatten)]
+    pub search: SearchOptions,
+
+    /// Print the outcome as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// Run id (or unique prefix) under --runs-dir, or a run directory.
+    pub run: String,
+
+    #[arg(long, default_value = "runs", value_name = "DIR")]
+    pub runs_dir: PathBuf,
+
+    /// Raise the round budget (to continue a finished run).
+    #[arg(long)]
+    pub rounds: Option<u32>,
+
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Picks the backend the machine offers for the task: a GPU backend when a GPU and the
+/// backend's toolchain are present, else the CPU.
+pub fn default_backend(task: &Task) -> Result<String> {
+    let names = task.backend_names();
+    let has_gpu = std::process::Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .map(|o| o.status.success() && !o.stdout.is_empty())
+        .unwrap_or(false);
+    if has_gpu && names.contains(&"cuda") {
+        return Ok("cuda".into());
+    }
+    if cfg!(target_os = "macos") && names.contains(&"mlx") {
+        return Ok("mlx".into());
+    }
+    if names.contains(&"cpu") {
+        return Ok("cpu".into());
+    }
+    names
+        .first()
+        .map(|s| s.to_string())
+        .with_context(|| format!("task {} has no backend", task.name()))
+}
+
+pub fn open_run(runs_dir: &Path, run: &str) -> Result<RunStore> {
+    let as_path = Path::new(run);
+    let store = if as_path.is_dir() {
+        RunStore::open(as_path)
+    } else {
+        RunStore::open_in(runs_dir, run)
+    };
+    store.with_context(|| format!("cannot open run `{run}` (looked in {})", runs_dir.display()))
+}
+
+pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
+    let task = ksearch_task::resolve(&args.task).context("cannot load the task")?;
+    let backend = match &args.backend {
+        Some(b) => b.clone(),
+        None => default_backend(&task)?,
+    };
+    let spec = task.backend(&backend)?;
+    let seed_path = spec
+        .seed
+        .clone()
+        .with_context(|| format!("task {} has no seed kernel for {backend}", task.name()))?;
+    let seed_source = std::fs::read_to_string(&seed_path)
+        .with_context(|| format!("cannot read the seed kernel {}", seed_path.display()))?;
+    let seed = match args.seed {
+        Some(s) => s,
+        None => fresh_secret_seed()?,
+    };
+    let secret_seed = fresh_secret_seed()?;
+    std::fs::create_dir_all(&args.runs_dir)
+        .with_context(|| format!("cannot create {}", args.runs_dir.display()))?;
+    let config = RunConfig {
+        task: args.task.clone(),
+        backend: backend.clone(),
+        strategy: "world-model".into(),
+        proposer: "offline".into(),
+        selection: format!("{:?}", args.search.selection).to_lowercase(),
+        seed,
+        secret_seed,
+        budgets: json!({"rounds": args.search.rounds, "max_wall_time": args.search.max_wall_time,
+                        "max_tokens": args.search.max_tokens, "max_cost": args.search.max_cost}),
+        flags: serde_json::to_value(&args.search)?,
+        extra: json!({"task_dir": task.dir(), "seed_kernel": seed_path}),
+        created_at: String::new(),
+        ksearch_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    let store = RunStore::create(&args.runs_dir, &config).context("cannot create the run")?;
+    if !quiet {
+        eprintln!(
+            "ksearch: run {} — task {}, backend {backend}, {} rounds, proposer offline, seed {seed}",
+            store.id(),
+            task.name(),
+            args.search.rounds
+        );
+    }
+    drive(store, &task, &backend, &args.search, seed, secret_seed, Some(&seed_source), quiet, args.json)
+}
+
+pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
+    let store = open_run(&args.runs_dir, &args.run)?;
+    let config = store.config().clone();
+    let mut search: SearchOptions = serde_json::from_value(config.flags.clone())
+        .context("the run's stored options are unreadable")?;
+    if let Some(r) = args.rounds {
+        search.rounds = r;
+    }
+    let task_ref = config.extra["task_dir"]
+        .as_str()
+        .filter(|d| Path::new(d).join("task.toml").is_file())
+        .map(str::to_string)
+        .unwrap_or_else(|| config.task.clone());
+    let task = ksearch_task::resolve(&task_ref).context("cannot load the run's task")?;
+    let seed_source = task
+        .backend(&config.backend)?
+        .seed
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok());
+    if !quiet {
+        eprintln!("ksearch: resuming run {} ({} rounds)", store.id(), search.rounds);
+    }
+    drive(
+        store,
+        &task,
+        &config.backend.clone(),
+        &search,
+        config.seed,
+        config.secret_seed,
+        seed_source.as_deref(),
+        quiet,
+        args.json,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn drive(
+    store: RunStore,
+    task: &Task,
+    backend: &str,
+    opts: &SearchOptions,
+    seed: u64,
+    secret_seed: u64,
+    seed_source: Option<&str>,
+    quiet: bool,
+    json_out: bool,
+) -> Result<u8> {
+    let spec = task.backend(backend)?;
+    let catalog = Catalog::builtin().context("cannot load the knowledge pack")?;
+    let proposer: Box<dyn Proposer> = match opts.proposer {
+        ProposerKind::Offline => Box::new(
+            OfflineProposer::for_task(task.dir(), task.kind(), &catalog, seed)
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+        ),
+    };
+    let policy: Box<dyn SelectionPolicy + Sync> = match opts.selection {
+        Selection::Calibrated => Box::new(CalibratedPolicy::default()),
+        Selection::Ksearch => Box::new(KSearchPolicy {
+            max_difficulty: opts.max_difficulty,
+        }),
+    };
+    let evaluator = Evaluator::new(EvaluatorConfig::default())
+        .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
+    let evaluator = HarnessEvaluator::new(
+        evaluator,
+        task.clone(),
+        backend,
+        secret_seed,
+        opts.timing,
+        store.dir().join("work"),
+        &spec.language,
+    );
+    let cfg = EngineConfig {
+        rounds: opts.rounds,
+        samples: opts.samples,
+        stagnation_window: opts.stagnation_window,
+        cycle_cap: opts.cycle_cap,
+        max_wall_seconds: opts.max_wall_time,
+        max_tokens: opts.max_tokens,
+        max_cost_usd: opts.max_cost,
+        recheck: !opts.no_recheck,
+    };
+    let brief = TaskBrief {
+        name: task.name().to_string(),
+        kind: task.kind().to_string(),
+        description: task.spec().description.clone(),
+        backend: backend.to_string(),
+        signature: spec.signature.clone(),
+        language: spec.language.clone(),
+    };
+    let progress = ProgressDisplay::new(opts.rounds, quiet);
+    let run_id = store.id().to_string();
+    let engine = Engine::new(
+        cfg,
+        store,
+        proposer.as_ref(),
+        &evaluator,
+        policy.as_ref(),
+        brief,
+        &progress,
+    );
+    let outcome = engine.run(seed_source);
+    progress.finish();
+    let store = engine.into_store();
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            bail!("{e}\nthe run is saved: continue it with `ksearch resume {run_id}`")
+        }
+    };
+    if json_out {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"run": run_id, "dir": store.dir(), "outcome": outcome}))?
+        );
+    } else {
+        print!("{}", render_outcome(&run_id, &outcome));
+    }
+    Ok(if outcome.best.is_some() {
+        exit::OK
+    } else {
+        exit::REJECTED
+    })
+}
+
+fn render_outcome(run_id: &str, o: &RunOutcome) -> String {
+    let mut s = format!(
+        "\nrun {run_id}: {} rounds in {} cycles, {} passed / {} failed — stopped: {}\n",
+        o.rounds_used, o.cycles, o.passed, o.failed, o.stop_reason
+    );
+    match (&o.best, o.seed_score) {
+        (Some(best), Some(seed)) if seed > 0.0 => s.push_str(&format!(
+            "best: candidate {} (round {}, node {}), score {:.3} = {:.2}x the seed kernel\n",
+            best.candidate_id,
+            best.round,
+            best.node.as_deref().unwrap_or("-"),
+            best.score,
+            best.score / seed
+        )),
+        (Some(best), _) => s.push_str(&format!(
+            "best: candidate {} (round {}), score {:.3}\n",
+            best.candidate_id, best.round, best.score
+        )),
+        (None, _) => s.push_str("no candidate passed the final re-check\n"),
+    }
+    if let Some(r) = &o.recheck {
+        s.push_str(&format!(
+            "re-check (fresh process, fresh seed, held-out workloads): {}\n",
+            r["status"].as_str().unwrap_or("?")
+        ));
+    }
+    s.push_str(&format!(
+        "see `ksearch show {run_id}`; export the kernel with `ksearch export {run_id}`\n"
+    ));
+    s
+}
+
+/// A progress bar on a terminal; one line per round otherwise (logs, CI).
+struct ProgressDisplay {
+    bar: Option<ProgressBar>,
+    lines: bool,
+}
+
+impl ProgressDisplay {
+    fn new(rounds: u32, quiet: bool) -> Self {
+        if quiet {
+            return Self {
+                bar: None,
+                lines: false,
+            };
+        }
+        if std::io::stderr().is_terminal() {
+            let bar = ProgressBar::new(u64::from(rounds));
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} round {pos}/{len} [{bar:24}] {elapsed_precise} {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+            );
+            bar.enable_steady_tick(Duration::from_millis(200));
+            Self {
+                bar: Some(bar),
+                lines: false,
+            }
+        } else {
+            Self {
+                bar: None,
+                lines: true,
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+impl ProgressSink for ProgressDisplay {
+    fn update(&self, p: &Progress) {
+        let best = p
+            .best_score
+            .map(|s| format!("{s:.2}x"))
+            .unwrap_or_else(|| "-".into());
+        let msg = format!(
+            "best {best} | passed {} failed {} | tokens {} | ${:.2} | cycle {} on {}: {}",
+            p.passed,
+            p.failed,
+            p.input_tokens + p.output_tokens,
+            p.cost_usd,
+            p.cycle,
+            p.node,
+            p.message
+        );
+        if let Some(b) = &self.bar {
+            b.set_position(u64::from(p.round));
+            b.set_message(msg);
+        } else if self.lines {
+            eprintln!("round {}/{}: {msg}", p.round, p.rounds);
+        }
+    }
+}
