@@ -14,19 +14,8 @@ pub enum TaskError {
     },
 
     /// The task files are malformed or inconsistent.
-    #[error("{}", render_invalid(.file, .field, .line, .column, .message, .snippet))]
-    Invalid {
-        file: PathBuf,
-        /// Dotted path of the offending field; empty for the document as a whole.
-        field: String,
-        /// 1-based.
-        line: Option<usize>,
-        /// 1-based, in characters.
-        column: Option<usize>,
-        message: String,
-        /// The source line, for display.
-        snippet: Option<String>,
-    },
+    #[error("{0}")]
+    Invalid(Box<SpecError>),
 
     #[error("no task named `{name}`; built-in tasks: {}", list(.available))]
     UnknownTask {
@@ -56,14 +45,33 @@ fn list(items: &[String]) -> String {
     }
 }
 
-fn render_invalid(
-    file: &std::path::Path,
-    field: &str,
-    line: &Option<usize>,
-    column: &Option<usize>,
-    message: &str,
-    snippet: &Option<String>,
-) -> String {
+/// Where a task file is wrong and why. Displays as `file:line:column: field: message`,
+/// followed by the source line with a caret when the line is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecError {
+    pub file: PathBuf,
+    /// Dotted path of the offending field (`workloads[2].params.L`); empty for the document
+    /// as a whole.
+    pub field: String,
+    /// 1-based.
+    pub line: Option<usize>,
+    /// 1-based, in characters.
+    pub column: Option<usize>,
+    pub message: String,
+    /// The source line, for display.
+    pub snippet: Option<String>,
+}
+
+impl std::fmt::Display for SpecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&render(self))
+    }
+}
+
+fn render(e: &SpecError) -> String {
+    let (file, field, line, column, message, snippet) = (
+        &e.file, &e.field, &e.line, &e.column, &e.message, &e.snippet,
+    );
     let mut out = file.display().to_string();
     if let Some(line) = line {
         let _ = write!(out, ":{line}");

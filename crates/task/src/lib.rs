@@ -10,7 +10,7 @@ mod raw;
 mod source_map;
 mod spec;
 
-pub use error::TaskError;
+pub use error::{SpecError, TaskError};
 pub use expr::{Expr, ExprError, Num};
 pub use spec::{
     Axis, AxisType, BackendSpec, DType, DTypeSpec, Distribution, ParamValue, ReferenceSpec,

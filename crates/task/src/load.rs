@@ -1,7 +1,7 @@
 //! Reads a task directory: parses `task.toml`, checks every name, type, expression and file
 //! reference, and resolves every workload, so a task that loads is a task the harness can run.
 
-use crate::error::TaskError;
+use crate::error::{SpecError, TaskError};
 use crate::expr::{Expr, ExprError, Num, FUNCTIONS};
 use crate::raw::{RawBackend, RawDist, RawTask, RawTolerance};
 use crate::source_map::{FieldPath, SourceMap};
@@ -68,14 +68,14 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     fn error_at(&self, field: String, offset: Option<usize>, message: String) -> TaskError {
         let loc = offset.map(|o| self.map.locate(o));
-        TaskError::Invalid {
+        TaskError::Invalid(Box::new(SpecError {
             file: self.file.clone(),
             field,
             line: loc.as_ref().map(|l| l.line),
             column: loc.as_ref().map(|l| l.column),
             message,
             snippet: loc.map(|l| l.text),
-        }
+        }))
     }
 
     fn err(&self, path: &FieldPath, message: impl Into<String>) -> TaskError {
@@ -138,6 +138,16 @@ fn toml_type(v: &toml::Value) -> &'static str {
         toml::Value::Array(_) => "an array",
         toml::Value::Table(_) => "a table",
     }
+}
+
+/// Does `text` contain `ident` as a whole identifier (not as part of a longer one)?
+fn mentions_ident(text: &str, ident: &str) -> bool {
+    let is_word = |c: char| c == '_' || c.is_ascii_alphanumeric();
+    text.match_indices(ident).any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + ident.len()..].chars().next();
+        !before.is_some_and(is_word) && !after.is_some_and(is_word)
+    })
 }
 
 /// Does the Python source define a top-level function `name`? A text check: the Rust side
@@ -784,7 +794,7 @@ impl Checker<'_, '_> {
                     "missing `signature` (the prototype shown to proposers)",
                 )
             })?;
-            if !signature.contains(&entry) {
+            if !mentions_ident(&signature, &entry) {
                 return Err(self.err(
                     &path.key("signature"),
                     format!("the signature does not mention the entry `{entry}`"),
@@ -1157,6 +1167,15 @@ mod tests {
         assert!(!python_defines(src, "inner"));
         assert!(!python_defines(src, "ref"));
         assert!(!python_defines(src, "numpy"));
+    }
+
+    #[test]
+    fn mentions_whole_identifiers_only() {
+        let sig = "void softmax_f32(const float* x)";
+        assert!(mentions_ident(sig, "softmax_f32"));
+        assert!(!mentions_ident(sig, "softmax"));
+        assert!(!mentions_ident(sig, "f32"));
+        assert!(mentions_ident(sig, "x"));
     }
 
     #[test]

@@ -1,0 +1,1 @@
+# Lets pytest tell the per-task test_reference.py modules apart.
