@@ -41,11 +41,12 @@ pub fn load_task(dir: &Path) -> Result<Task, TaskError> {
     })
 }
 
-/// A task directory (or its `task.toml`) when `name_or_dir` is a path that exists or looks
-/// like one; otherwise the built-in task of that name.
+/// A task directory (or its `task.toml`) when `name_or_dir` is one or looks like a path;
+/// otherwise the built-in task of that name. A bare name that happens to match an unrelated
+/// directory in the working directory still means the built-in.
 pub fn resolve(name_or_dir: &str) -> Result<Task, TaskError> {
     let path = Path::new(name_or_dir);
-    if path.is_dir() {
+    if path.join("task.toml").is_file() {
         return load_task(path);
     }
     if path.is_file() && path.file_name().is_some_and(|f| f == "task.toml") {
@@ -60,6 +61,11 @@ pub fn resolve(name_or_dir: &str) -> Result<Task, TaskError> {
         || name_or_dir.starts_with('.')
         || name_or_dir.starts_with('~');
     if looks_like_path {
+        if path.is_dir() {
+            return Err(TaskError::NotATaskDir {
+                path: path.to_path_buf(),
+            });
+        }
         return Err(TaskError::Io {
             path: path.to_path_buf(),
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such task directory"),

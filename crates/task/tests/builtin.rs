@@ -121,6 +121,9 @@ fn lookups_fail_helpfully() {
         resolve("./no/such/dir"),
         Err(TaskError::Io { .. })
     ));
+    let empty = tempfile::tempdir().unwrap();
+    let err = resolve(empty.path().to_str().unwrap()).unwrap_err();
+    assert!(matches!(err, TaskError::NotATaskDir { .. }), "{err}");
 }
 
 #[test]
@@ -134,4 +137,16 @@ fn resolve_accepts_directories_and_task_files() {
         by_dir.backend("cpu").unwrap().baseline_label(),
         Some("numpy")
     );
+}
+
+#[test]
+fn tolerance_table_serializes_as_the_protocol_object() {
+    let task = resolve("softmax").unwrap();
+    let json = serde_json::to_value(task.tolerance_table()).unwrap();
+    assert_eq!(json["f32"], serde_json::json!({"rtol": 2e-5, "atol": 1e-5}));
+    assert_eq!(
+        json["bf16"],
+        serde_json::json!({"rtol": 2e-2, "atol": 1e-2})
+    );
+    assert_eq!(json["i64"], serde_json::json!({"rtol": 0.0, "atol": 0.0}));
 }
