@@ -3,7 +3,9 @@
 
 mod doctor;
 mod eval;
+mod inspect;
 mod logging;
+mod search;
 mod tasks;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +35,14 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Check what this machine offers (Python, numpy, compilers, torch, mlx, GPUs).
     Doctor(doctor::DoctorArgs),
+    /// Search for a fast kernel: the world-model-guided K-Search loop.
+    Run(search::RunArgs),
+    /// Continue a run that was interrupted (or raise a finished run's round budget).
+    Resume(search::ResumeArgs),
+    /// Print a run: status, best result, the world-model tree, candidates.
+    Show(inspect::ShowArgs),
+    /// Write a run's best kernel and a README of its numbers.
+    Export(inspect::ExportArgs),
 }
 
 /// Exit codes shared by all commands.
@@ -52,6 +62,10 @@ fn main() -> ExitCode {
         Command::Tasks(args) => tasks::run(&args),
         Command::Eval(args) => eval::run(&args, cli.quiet),
         Command::Doctor(args) => doctor::run(&args),
+        Command::Run(args) => search::run(&args, cli.quiet),
+        Command::Resume(args) => search::resume(&args, cli.quiet),
+        Command::Show(args) => inspect::show(&args),
+        Command::Export(args) => inspect::export(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

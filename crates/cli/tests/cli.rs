@@ -1,0 +1,231 @@
+//! End-to-end tests of the `ksearch` binary against the real harness and built-in tasks.
+//!
+//! Evaluations need Python 3 with numpy: `KSEARCH_TEST_PYTHON` names one (CI sets it), else
+//! the binary creates its managed environment once in a cache under `target/` shared by all
+//! tests (`KSEARCH_CACHE_DIR` overrides the location).
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn ksearch() -> Command {
+    let mut cmd = Command::cargo_bin("ksearch").unwrap();
+    let cache = std::env::var_os("KSEARCH_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("ksearch-cache"));
+    cmd.env("KSEARCH_CACHE_DIR", cache)
+        .env("KSEARCH_ROOT", workspace_root())
+        .env_remove("RUST_LOG")
+        .current_dir(workspace_root());
+    match std::env::var_os("KSEARCH_TEST_PYTHON") {
+        Some(p) => cmd.env("KSEARCH_PYTHON", p),
+        None => cmd.env_remove("KSEARCH_PYTHON"),
+    };
+    cmd
+}
+
+fn candidate(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, source).unwrap();
+    path
+}
+
+const SOFTMAX_SEED: &str = "tasks/softmax/seed/naive.c";
+
+#[test]
+fn help_lists_every_command_and_each_has_its_own() {
+    ksearch()
+        .arg("--help")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("tasks"))
+        .stdout(predicate::str::contains("eval"))
+        .stdout(predicate::str::contains("doctor"));
+    for (cmd, flag) in [
+        ("tasks", "--json"),
+        ("eval", "--held-out"),
+        ("doctor", "--python-path"),
+    ] {
+        ksearch()
+            .args([cmd, "--help"])
+            .assert()
+            .success()
+            .stdout(predicate::str::contains(flag));
+    }
+}
+
+#[test]
+fn tasks_lists_the_builtin_tasks() {
+    ksearch()
+        .arg("tasks")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("attention"))
+        .stdout(predicate::str::contains("softmax"))
+        .stdout(predicate::str::contains("held-out"));
+    let out = ksearch().args(["tasks", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let tasks: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let attention = tasks.iter().find(|t| t["name"] == "attention").unwrap();
+    assert!(attention["held_out"].as_u64().unwrap() > 0);
+    assert!(attention["workloads"].as_u64().unwrap() > attention["held_out"].as_u64().unwrap());
+    assert!(attention["backends"]
+        .as_array()
+        .unwrap()
+        .contains(&Value::from("cpu")));
+}
+
+#[test]
+fn unknown_task_names_the_available_ones() {
+    ksearch()
+        .args(["eval", "--task", "atention", SOFTMAX_SEED])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("no task named `atention`"))
+        .stderr(predicate::str::contains("attention"));
+}
+
+#[test]
+fn unknown_backend_and_missing_file_are_usage_errors() {
+    ksearch()
+        .args([
+            "eval",
+            "--task",
+            "softmax",
+            "--backend",
+            "tpu",
+            SOFTMAX_SEED,
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("tpu"))
+        .stderr(predicate::str::contains("cpu"));
+    ksearch()
+        .args(["eval", "--task", "softmax", "no/such/kernel.c"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("no/such/kernel.c"));
+    ksearch()
+        .args(["eval", "--task", "softmax", "--timeout", "-1", SOFTMAX_SEED])
+        .assert()
+        .code(2);
+}
+
+#[test]
+fn the_seed_kernel_passes() {
+    ksearch()
+        .args([
+            "eval",
+            "--task",
+            "softmax",
+            "--timing",
+            "quick",
+            SOFTMAX_SEED,
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("passed"))
+        .stdout(predicate::str::contains("r64c1000"));
+}
+
+#[test]
+fn a_failing_candidate_does_not_stop_the_others_and_json_has_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = candidate(
+        dir.path(),
+        "broken.c",
+        "#include <stdint.h>\nvoid softmax_f32(const float* x, float* y, int64_t rows, int64_t cols) {\n    this is not C;\n}\n",
+    );
+    let out = ksearch()
+        .args([
+            "eval", "--task", "softmax", "--timing", "quick", "--seed", "1234", "--json",
+        ])
+        .arg(&broken)
+        .arg(SOFTMAX_SEED)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let items: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(items.len(), 2);
+    let broken = &items[0]["result"];
+    assert_eq!(broken["status"], "build_error", "{broken:#}");
+    assert!(broken["build"]["log"].as_str().unwrap().contains("error"));
+    let seed = &items[1]["result"];
+    assert_eq!(seed["status"], "passed", "{seed:#}");
+    assert_eq!(seed["seeds"]["secret_seed"], 1234);
+    let workloads = seed["workloads"].as_array().unwrap();
+    assert!(!workloads.is_empty());
+    assert!(workloads.iter().all(|w| w["held_out"] == false));
+    assert!(!workloads[0]["candidate_ns"].as_array().unwrap().is_empty());
+    assert!(seed["wall_seconds"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn a_candidate_that_does_not_compile_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = candidate(
+        dir.path(),
+        "broken.c",
+        "void softmax_f32(const float* x, float* y, long rows, long cols) { return 1 +; }\n",
+    );
+    ksearch()
+        .args(["eval", "--task", "softmax"])
+        .arg(&broken)
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains("build_error"));
+}
+
+#[test]
+fn an_endless_candidate_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let spin = candidate(
+        dir.path(),
+        "spin.c",
+        "#include <stdint.h>\nvoid softmax_f32(const float* x, float* y, int64_t rows, int64_t cols) {\n    volatile int forever = 1;\n    while (forever) {}\n}\n",
+    );
+    let started = std::time::Instant::now();
+    ksearch()
+        .args(["eval", "--task", "softmax", "--timeout", "5"])
+        .arg(&spin)
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains("timeout"));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn doctor_reports_the_cpu_backend_ready() {
+    let out = ksearch().args(["doctor", "--json"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], true);
+    let checks = report["checks"].as_array().unwrap();
+    let numpy = checks.iter().find(|c| c["name"] == "numpy").unwrap();
+    assert_eq!(numpy["ok"], true);
+    let path = ksearch()
+        .args(["doctor", "--python-path"])
+        .output()
+        .unwrap();
+    assert!(path.status.success());
+    let python = String::from_utf8(path.stdout).unwrap();
+    assert!(Path::new(python.trim()).exists(), "{python}");
+}
