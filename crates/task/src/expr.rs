@@ -729,6 +729,10 @@ mod tests {
         let e = err("");
         assert!(e.message.contains("expected a value"), "{}", e.message);
 
+        let e = err("L × 2");
+        assert_eq!(e.offset, Some(2));
+        assert!(e.message.contains('×'), "{}", e.message);
+
         let e = err("* 2");
         assert_eq!(e.offset, Some(0));
     }

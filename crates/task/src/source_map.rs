@@ -122,7 +122,10 @@ impl<'a> SourceMap<'a> {
     }
 
     pub(crate) fn locate(&self, offset: usize) -> Location {
-        let offset = offset.min(self.text.len());
+        let mut offset = offset.min(self.text.len());
+        while !self.text.is_char_boundary(offset) {
+            offset -= 1;
+        }
         let before = &self.text[..offset];
         let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
         let line = before.matches('\n').count() + 1;

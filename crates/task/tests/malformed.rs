@@ -271,3 +271,30 @@ fn dtype_params_tolerances_filters_and_int_inputs() {
     assert_eq!(json["params"]["dtype"], "f16");
     assert_eq!(json["inputs"][1]["dist"]["kind"], "rand_int");
 }
+
+/// Loading never panics, whatever prefix of a task file it is given.
+#[test]
+fn every_truncation_loads_or_fails_cleanly() {
+    let f = Fixture::new();
+    let mut errors = 0;
+    for (cut, _) in TASK.char_indices().step_by(3) {
+        std::fs::write(f.path().join("task.toml"), &TASK[..cut]).unwrap();
+        if load_task(f.path()).is_err() {
+            errors += 1;
+        }
+    }
+    // Only prefixes that already hold the whole task (up to the last line) can load.
+    assert!(errors > TASK.len() / 3 - 20, "{errors}");
+}
+
+/// Non-ASCII text in values and expressions is reported, not a panic on a char boundary.
+#[test]
+fn non_ascii_expressions_are_reported() {
+    let msg = Fixture::new()
+        .replace("flops = \"5 * rows * cols\"", "flops = \"5 × rows × cols\"")
+        .error();
+    assert!(
+        msg.contains("roofline.flops") && msg.contains("unexpected character `×`"),
+        "{msg}"
+    );
+}
