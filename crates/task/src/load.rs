@@ -226,7 +226,7 @@ impl Checker<'_, '_> {
                 None => None,
                 Some(v) => Some(self.dist(v, &path.key("dist"), &name)?),
             };
-            if let (DTypeSpec::Fixed(d), false) = (dtype, d_ok_for_dist(dtype, dist.as_ref())) {
+            if let (DTypeSpec::Fixed(d), false) = (dtype, dist_suits_dtype(dtype, dist.as_ref())) {
                 return Err(self.err(
                     &path.key("dist"),
                     format!("integer input `{name}` ({d}) needs a `rand_int` or `custom` dist"),
@@ -1022,7 +1022,7 @@ impl Checker<'_, '_> {
 
 /// Integer tensors filled from a normal or uniform draw would be mostly zeros after the cast;
 /// insist on a distribution that means something for integers.
-fn d_ok_for_dist(dtype: DTypeSpec, dist: Option<&Distribution>) -> bool {
+fn dist_suits_dtype(dtype: DTypeSpec, dist: Option<&Distribution>) -> bool {
     match dtype {
         DTypeSpec::Fixed(d) if !d.is_float() => {
             matches!(
@@ -1105,7 +1105,7 @@ fn resolve_one(
                 })?;
                 shape.push(n);
             }
-            if !d_ok_for_dist(DTypeSpec::Fixed(dtype), t.dist.as_ref()) && section == "inputs" {
+            if !dist_suits_dtype(DTypeSpec::Fixed(dtype), t.dist.as_ref()) && section == "inputs" {
                 return Err(ctx.err(
                     &path.key("dist"),
                     format!("{context}: integer input `{}` ({dtype}) needs a `rand_int` or `custom` dist", t.name),
