@@ -39,7 +39,7 @@ ISSUE_SHAPES = [(1, 32, 4096, 128), (4, 32, 1024, 128), (1, 32, 4096, 64), (8, 3
 HELD_OUT = [(2, 8, 1000, 64), (1, 16, 777, 128), (3, 4, 130, 128), (1, 4, 33, 64), (2, 3, 1, 64)]
 MAIN = (1, 32, 4096, 128)
 LADDER = ["s0_naive", "s1_tiled", "s2_tiled_exp2", "s3_tiled_kt", "s4_mma", "s5_mma_cpasync", "s6_mma_tile",
-          "s7_causal_skip"]
+          "s7_causal_skip", "s8_wgmma"]
 
 
 def flops(B, H, L, D, causal):
@@ -295,7 +295,7 @@ def main(argv=None):
         save()
 
     sweep = [n for n in knobs if n not in LADDER]
-    mma_all = ["s4_mma", "s5_mma_cpasync", "s6_mma_tile", "s7_causal_skip"] + sweep
+    mma_all = ["s4_mma", "s5_mma_cpasync", "s6_mma_tile", "s7_causal_skip", "s8_wgmma"] + sweep
 
     def best(shape, dt, causal):
         cands = [r for r in rows if r["shape"] == shape_name(shape) and r["dtype"] == dt and r["causal"] == causal

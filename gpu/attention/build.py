@@ -101,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda kv: build_one(nvcc, kv[0], kv[1], fam, args.out), variants.items()))
-    (args.out / "build.json").write_text(json.dumps(results, indent=1))
+    report = args.out / "build.json"
+    # --only rebuilds a subset; keep the other variants' entries.
+    merged = {r["name"]: r for r in (json.loads(report.read_text()) if report.exists() else [])}
+    merged.update({r["name"]: r for r in results})
+    report.write_text(json.dumps(list(merged.values()), indent=1))
     failed = 0
     for r in results:
         worst = max(r["kernels"], key=lambda k: k.get("registers", 0), default={})

@@ -28,6 +28,7 @@ class MlxAttention:
         self.header, self.body = self.family.render_mlx(self.knobs)
         self.source_hash = hashlib.sha256((self.header + "\0" + self.body).encode()).hexdigest()[:12]
         self._kernels: dict[int, Any] = {}
+        self._launch: dict[tuple[int, int, int, int], tuple[int, tuple[int, int, int]]] = {}
 
     def _kernel(self, head_dim: int):
         # Dynamic shared memory is fixed when the kernel object is made, and depends on D.
@@ -58,8 +59,11 @@ class MlxAttention:
             return mx.zeros(q.shape, dtype=q.dtype)
         if B > 65535 or H > 65535:
             raise FamilyError("B and H must be at most 65535 (grid y/z)")
-        threads = self.family.launch(self.knobs, D)["threads"]
-        gx, gy, gz = self.family.grid(self.knobs, B, H, L)
+        launch = self._launch.get((B, H, L, D))
+        if launch is None:
+            threads = self.family.launch(self.knobs, D)["threads"]
+            launch = self._launch[(B, H, L, D)] = (threads, self.family.grid(self.knobs, B, H, L))
+        threads, (gx, gy, gz) = launch
         (out,) = self._kernel(D)(
             inputs=[q, k, v],
             template=[("T", q.dtype), ("HEAD_DIM", D), ("CAUSAL", bool(causal))],

@@ -31,6 +31,9 @@ HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
 
 
+_EXPR_CACHE: dict[str, Any] = {}
+
+
 class FamilyError(ValueError):
     """A knob value outside its domain, an unknown knob, or a violated constraint."""
 
@@ -74,7 +77,12 @@ class Family:
         return {name: k["default"] for name, k in self.spec["knobs"].items()}
 
     def eval_expr(self, expr: str, ctx: dict[str, Any]) -> Any:
-        return _env().compile_expression(expr)(**ctx)
+        # Compiling a Jinja expression costs about a millisecond; callers on a hot path (the mlx
+        # wrapper computes its grid per call) must not pay that each time.
+        fn = _EXPR_CACHE.get(expr)
+        if fn is None:
+            fn = _EXPR_CACHE[expr] = _env().compile_expression(expr)
+        return fn(**ctx)
 
     def launch(self, knobs: dict[str, Any], head_dim: int) -> dict[str, int]:
         """Threads per block and dynamic shared-memory bytes for one head dim."""
