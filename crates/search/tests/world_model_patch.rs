@@ -816,7 +816,7 @@ fn lenient_parser_accepts_the_original_dialect() {
                 "action": {"difficulty_1_to_5": "hard", "score_0_to_1": 0.65, "expected_vs_baseline_factor": "n/a"}
             }},
             {"op": "insert_node", "parent_id": "n1", "parent_solution_id": "s1", "node": {
-                "node_id": "step2", "parent_id": "ignored", "node_type": "decision",
+                "node_id": "step2", "parent_id": "n1", "node_type": "decision",
                 "solution_ref": {"solution_id": null, "parent_solution_id": "s1"},
                 "decision": "loads", "choice": "float4",
                 "action": {"title": "vector loads", "difficulty_0_to_3": 1}
@@ -854,7 +854,8 @@ fn lenient_parser_keeps_solution_overwrites_so_they_are_rejected() {
     // The original merged `solution_ref` in update_node: this is the bug being fixed.
     let reply = json!({"ops": [
         {"op": "update_node", "node_id": "n1", "patch": {"solution_ref": {"solution_id": "bogus"}}},
-        {"op": "insert_node", "parent_id": "n1", "node": {"solution_ref": {"solution_id": "fake"}}}
+        {"op": "insert_node", "parent_id": "n1", "node": {"solution_ref": {"solution_id": "fake"}}},
+        {"op": "insert_node", "parent_id": "n1", "node": {"parent_id": "n2"}}
     ]});
     let e = Edit::from_json_value(&reply).unwrap();
     let mut wm = fixture();
@@ -869,6 +870,11 @@ fn lenient_parser_keeps_solution_overwrites_so_they_are_rejected() {
             PatchError::SystemField {
                 op: 1,
                 field: "node.solution_ref".into()
+            },
+            // A parent inside the node that contradicts the op's parent is not silently dropped.
+            PatchError::SystemField {
+                op: 2,
+                field: "node.parent_id".into()
             }
         ]
     );

@@ -103,10 +103,12 @@ fn canonical_op(i: usize, raw: &Value) -> Result<Value, PatchError> {
             .map(Value::String)
             .ok_or_else(|| malformed(format!("missing `{key}`")))
     };
-    let fields = |keys: &[&str], new_node: bool| -> Result<Value, PatchError> {
+    // For new nodes, the id of the parent the op names (a matching `parent_id` echo inside the
+    // node is dropped, a different one is kept so that it is rejected).
+    let fields = |keys: &[&str], parent: Option<&str>| -> Result<Value, PatchError> {
         match keys.iter().find_map(|k| obj.get(*k)) {
             None | Some(Value::Null) => Ok(Value::Object(Map::new())),
-            Some(Value::Object(m)) => Ok(Value::Object(canonical_fields(m, new_node))),
+            Some(Value::Object(m)) => Ok(Value::Object(canonical_fields(m, parent))),
             Some(_) => Err(malformed(format!("`{}` must be an object", keys[0]))),
         }
     };
@@ -115,31 +117,35 @@ fn canonical_op(i: usize, raw: &Value) -> Result<Value, PatchError> {
         "update" | "update_node" => {
             out.insert("op".into(), "update".into());
             out.insert("node_id".into(), id_of("node_id")?);
-            out.insert("set".into(), fields(&["set", "patch"], false)?);
+            out.insert("set".into(), fields(&["set", "patch"], None)?);
         }
         "insert" | "insert_node" => {
             out.insert("op".into(), "insert".into());
-            out.insert("parent_id".into(), id_of("parent_id")?);
+            let parent = id_of("parent_id")?;
             if let Some(s) = obj.get("parent_solution_id").and_then(id_string) {
                 out.insert("parent_solution_id".into(), Value::String(s));
             }
-            out.insert("node".into(), fields(&["node"], true)?);
+            out.insert("node".into(), fields(&["node"], parent.as_str())?);
+            out.insert("parent_id".into(), parent);
         }
         "split" | "split_node" => {
             out.insert("op".into(), "split".into());
-            out.insert("node_id".into(), id_of("node_id")?);
-            out.insert("set".into(), fields(&["set", "parent_patch"], false)?);
+            let node_id = id_of("node_id")?;
+            out.insert("set".into(), fields(&["set", "parent_patch"], None)?);
             let children = match obj.get("children") {
                 None | Some(Value::Null) => Vec::new(),
                 Some(Value::Array(cs)) => cs
                     .iter()
                     .map(|c| match c {
-                        Value::Object(m) => Ok(Value::Object(canonical_fields(m, true))),
+                        Value::Object(m) => {
+                            Ok(Value::Object(canonical_fields(m, node_id.as_str())))
+                        }
                         _ => Err(malformed("each child must be an object".into())),
                     })
                     .collect::<Result<_, _>>()?,
                 Some(_) => return Err(malformed("`children` must be a list".into())),
             };
+            out.insert("node_id".into(), node_id);
             out.insert("children".into(), Value::Array(children));
         }
         "delete" | "delete_node" => {
@@ -173,8 +179,9 @@ fn number_value(v: &Value) -> Value {
 }
 
 /// Renames original-dialect node fields to canonical ones. Unknown keys are kept so that
-/// `apply_edit` rejects them by name.
-fn canonical_fields(m: &Map<String, Value>, new_node: bool) -> Map<String, Value> {
+/// `apply_edit` rejects them by name. `parent` is set for new nodes (insert, split children).
+fn canonical_fields(m: &Map<String, Value>, parent: Option<&str>) -> Map<String, Value> {
+    let new_node = parent.is_some();
     let mut out = Map::new();
     for (k, v) in m {
         match k.as_str() {
@@ -182,7 +189,7 @@ fn canonical_fields(m: &Map<String, Value>, new_node: bool) -> Map<String, Value
             "node_type" => {}
             // The original let the LLM set it; here the system stamps it, so drop the echo.
             "last_updated_round" => {}
-            // A suggested id for a new node becomes its label; the parent comes from the op.
+            // A suggested id for a new node becomes its label.
             "node_id" | "id" if new_node => {
                 if !m.contains_key("label") {
                     if let Some(s) = id_string(v) {
@@ -190,7 +197,7 @@ fn canonical_fields(m: &Map<String, Value>, new_node: bool) -> Map<String, Value
                     }
                 }
             }
-            "parent_id" if new_node => {}
+            "parent_id" if id_string(v).as_deref() == parent => {}
             // An empty solution placeholder on a new node is harmless; a real solution id is
             // kept so that it is rejected.
             "solution_ref" if new_node && !has_solution_id(v) => {}
