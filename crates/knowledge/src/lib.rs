@@ -1,1 +1,21 @@
-//! ksearch-knowledge (placeholder; see docs/ARCHITECTURE.md)
+//! ksearch-knowledge: the data under `knowledge/` and the kernel template families of tasks.
+//!
+//! - [`Catalog`]: the action catalog (`knowledge/actions/*.toml`), optimisation ideas the offline
+//!   proposer turns into world-model nodes, and the hardware profiles
+//!   (`knowledge/hardware/*.toml`).
+//! - [`TemplateFamily`]: a task's parametric kernel templates (`tasks/<name>/templates/`):
+//!   knobs with ordered domains, constraints, minijinja rendering, neighbours and enumeration.
+//!
+//! Data only: this crate never talks to an LLM or runs a kernel. `docs/offline-proposer.md`
+//! describes the file formats.
+
+mod catalog;
+mod error;
+mod files;
+mod hardware;
+pub mod templates;
+
+pub use catalog::{Action, Catalog, Impacts};
+pub use error::{KnowledgeError, TemplateError};
+pub use hardware::{DeviceKind, HardwareProfile, Memory, OnChip, Parallelism};
+pub use templates::{format_knobs, Knob, KnobValue, Knobs, Rule, TemplateFamily};

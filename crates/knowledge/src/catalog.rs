@@ -1,0 +1,303 @@
+//! The action catalog (`knowledge/actions/*.toml`): optimisation ideas the offline proposer
+//! turns into world-model nodes, each tied to the knob values that implement it.
+
+use crate::error::KnowledgeError;
+use crate::files::{read_toml, toml_files};
+use crate::hardware::HardwareProfile;
+use crate::templates::{format_knobs, Knobs, TemplateFamily};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Prior ratings (0..10) on the three axes of a world-model node's `impacts`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Impacts {
+    pub memory_bandwidth: f64,
+    pub register_pressure: f64,
+    pub compute_intensity_and_hw_fit: f64,
+}
+
+/// One optimisation idea.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Action {
+    /// Unique across the catalog; `requires` refers to it.
+    pub id: String,
+    pub title: String,
+    pub rationale: String,
+    /// Task kinds the action applies to (`softmax`, `attention`, `selective-scan`, …).
+    pub kinds: Vec<String>,
+    /// 1 (trivial) ..= 5 (hard).
+    pub difficulty: u8,
+    pub impacts: Impacts,
+    /// Prior guess of the speedup over the kernel the action starts from (> 1 is faster).
+    pub expected_factor: f64,
+    /// The knob values that implement the action in each listed kind's template family.
+    #[serde(default)]
+    pub knobs: Knobs,
+    /// Actions that must be applied first; the action becomes their child in the tree.
+    #[serde(default)]
+    pub requires: Vec<String>,
+}
+
+impl Action {
+    pub fn applies_to(&self, kind: &str) -> bool {
+        self.kinds.iter().any(|k| k == kind)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawActionsFile {
+    #[serde(default)]
+    action: Vec<Action>,
+}
+
+/// A knowledge pack: actions and hardware profiles loaded from one directory.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    dir: PathBuf,
+    actions: Vec<Action>,
+    hardware: Vec<HardwareProfile>,
+}
+
+impl Catalog {
+    /// Loads `dir/actions/*.toml` and `dir/hardware/*.toml` (files in name order; an absent
+    /// section is empty). Every file is checked: ids unique, `requires` known and acyclic,
+    /// ratings in range.
+    pub fn load(dir: &Path) -> Result<Catalog, KnowledgeError> {
+        let mut actions: Vec<Action> = Vec::new();
+        let mut origin: Vec<PathBuf> = Vec::new();
+        for path in toml_files(&dir.join("actions"))? {
+            let raw: RawActionsFile = read_toml(&path)?;
+            for (i, action) in raw.action.into_iter().enumerate() {
+                validate_action(&path, i, &action)?;
+                if let Some(j) = actions.iter().position(|a| a.id == action.id) {
+                    return Err(KnowledgeError::invalid(
+                        &path,
+                        format!("action[{i}].id"),
+                        format!(
+                            "{:?} is already defined in {}",
+                            action.id,
+                            origin[j].display()
+                        ),
+                    ));
+                }
+                actions.push(action);
+                origin.push(path.clone());
+            }
+        }
+        for (a, path) in actions.iter().zip(&origin) {
+            for r in &a.requires {
+                let field = format!("action {:?}.requires", a.id);
+                let Some(req) = actions.iter().find(|b| &b.id == r) else {
+                    return Err(KnowledgeError::invalid(
+                        path,
+                        field,
+                        format!("unknown action {r:?}"),
+                    ));
+                };
+                if let Some(kind) = a.kinds.iter().find(|k| !req.applies_to(k)) {
+                    return Err(KnowledgeError::invalid(
+                        path,
+                        field,
+                        format!(
+                            "{r:?} does not apply to kind {kind:?}, so it cannot come first there"
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some((id, path)) = find_cycle(&actions, &origin) {
+            return Err(KnowledgeError::invalid(
+                path,
+                format!("action {id:?}.requires"),
+                "the requirements form a cycle",
+            ));
+        }
+        let hardware = HardwareProfile::load_all(&dir.join("hardware"))?;
+        Ok(Catalog {
+            dir: dir.to_path_buf(),
+            actions,
+            hardware,
+        })
+    }
+
+    /// The pack shipped with ksearch (see `ksearch_assets::locate`).
+    pub fn builtin() -> Result<Catalog, KnowledgeError> {
+        let dir = ksearch_assets::locate(ksearch_assets::Tree::Knowledge)?;
+        Catalog::load(&dir)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// All actions, in file-name then declaration order.
+    pub fn actions(&self) -> &[Action] {
+        &self.actions
+    }
+
+    pub fn action(&self, id: &str) -> Option<&Action> {
+        self.actions.iter().find(|a| a.id == id)
+    }
+
+    /// The actions that apply to `kind`, in catalog order.
+    pub fn for_kind(&self, kind: &str) -> Vec<&Action> {
+        self.actions.iter().filter(|a| a.applies_to(kind)).collect()
+    }
+
+    /// Every kind some action applies to.
+    pub fn kinds(&self) -> BTreeSet<&str> {
+        self.actions
+            .iter()
+            .flat_map(|a| a.kinds.iter().map(String::as_str))
+            .collect()
+    }
+
+    /// The actions of `kind` that list `id` in `requires`.
+    pub fn dependents(&self, kind: &str, id: &str) -> Vec<&Action> {
+        self.for_kind(kind)
+            .into_iter()
+            .filter(|a| a.requires.iter().any(|r| r == id))
+            .collect()
+    }
+
+    /// The knobs an action sets once its requirements are in place: the union over the chain
+    /// of `requires` (ancestors first, so the action's own values win).
+    pub fn cumulative_knobs(&self, id: &str) -> Knobs {
+        let mut knobs = Knobs::new();
+        let mut seen = BTreeSet::new();
+        self.collect_knobs(id, &mut knobs, &mut seen);
+        knobs
+    }
+
+    fn collect_knobs(&self, id: &str, knobs: &mut Knobs, seen: &mut BTreeSet<String>) {
+        if !seen.insert(id.to_string()) {
+            return;
+        }
+        if let Some(a) = self.action(id) {
+            for r in &a.requires {
+                self.collect_knobs(r, knobs, seen);
+            }
+            knobs.extend(a.knobs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+    }
+
+    /// Checks that every action of `kind` names knobs and values that `family` has and that
+    /// the action (with its requirements) can be applied to the defaults. Returns one line
+    /// per problem.
+    pub fn check_family(&self, kind: &str, family: &TemplateFamily) -> Vec<String> {
+        let mut problems = Vec::new();
+        for a in self.for_kind(kind) {
+            for (name, value) in &a.knobs {
+                match family.knob(name) {
+                    None => problems.push(format!(
+                        "action {:?}: family {:?} has no knob `{name}`",
+                        a.id,
+                        family.name()
+                    )),
+                    Some(k) if k.position(value).is_none() => problems.push(format!(
+                        "action {:?}: {name} = {value} is outside the domain of family {:?}",
+                        a.id,
+                        family.name()
+                    )),
+                    Some(_) => {}
+                }
+            }
+            let knobs = self.cumulative_knobs(&a.id);
+            if let Err(e) = family.apply(&family.default_knobs(), &knobs) {
+                problems.push(format!(
+                    "action {:?}: {} cannot be applied: {e}",
+                    a.id,
+                    format_knobs(&knobs)
+                ));
+            }
+        }
+        problems
+    }
+
+    /// All hardware profiles, sorted by file name.
+    pub fn hardware(&self) -> &[HardwareProfile] {
+        &self.hardware
+    }
+
+    /// A hardware profile by name or alias (case-insensitive).
+    pub fn hardware_profile(&self, name: &str) -> Option<&HardwareProfile> {
+        HardwareProfile::find(&self.hardware, name)
+    }
+}
+
+fn validate_action(path: &Path, i: usize, a: &Action) -> Result<(), KnowledgeError> {
+    let field = |f: &str| format!("action[{i}] ({}).{f}", a.id);
+    let err = |f: &str, m: String| Err(KnowledgeError::invalid(path, field(f), m));
+    let id_ok = !a.id.is_empty()
+        && a.id
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !id_ok {
+        return err(
+            "id",
+            "must be non-empty lowercase letters, digits, `-` or `_`".into(),
+        );
+    }
+    if a.title.trim().is_empty() {
+        return err("title", "must not be empty".into());
+    }
+    if a.rationale.trim().is_empty() {
+        return err("rationale", "must not be empty".into());
+    }
+    if a.kinds.is_empty() {
+        return err("kinds", "must list at least one task kind".into());
+    }
+    if !(1..=5).contains(&a.difficulty) {
+        return err("difficulty", format!("{} is outside 1..=5", a.difficulty));
+    }
+    let ratings = [
+        ("impacts.memory_bandwidth", a.impacts.memory_bandwidth),
+        ("impacts.register_pressure", a.impacts.register_pressure),
+        (
+            "impacts.compute_intensity_and_hw_fit",
+            a.impacts.compute_intensity_and_hw_fit,
+        ),
+    ];
+    for (f, r) in ratings {
+        if !(0.0..=10.0).contains(&r) {
+            return err(f, format!("{r} is outside 0..=10"));
+        }
+    }
+    if !(a.expected_factor.is_finite() && a.expected_factor > 0.0) {
+        return err("expected_factor", "must be a positive number".into());
+    }
+    if a.requires.iter().any(|r| r == &a.id) {
+        return err("requires", "an action cannot require itself".into());
+    }
+    Ok(())
+}
+
+/// The id (and file) of an action on a `requires` cycle, if there is one.
+fn find_cycle<'a>(actions: &'a [Action], origin: &'a [PathBuf]) -> Option<(&'a str, &'a Path)> {
+    // 0 = unvisited, 1 = on the current path, 2 = done.
+    fn visit(i: usize, actions: &[Action], state: &mut [u8]) -> bool {
+        match state[i] {
+            1 => return true,
+            2 => return false,
+            _ => {}
+        }
+        state[i] = 1;
+        for r in &actions[i].requires {
+            if let Some(j) = actions.iter().position(|a| &a.id == r) {
+                if visit(j, actions, state) {
+                    return true;
+                }
+            }
+        }
+        state[i] = 2;
+        false
+    }
+    let mut state = vec![0u8; actions.len()];
+    (0..actions.len())
+        .find(|&i| visit(i, actions, &mut state))
+        .map(|i| (actions[i].id.as_str(), origin[i].as_path()))
+}

@@ -1,0 +1,241 @@
+//! The shipped action catalog and hardware profiles, and the loader's checks on bad files.
+
+mod common;
+
+use common::{family, repo_root, KINDS};
+use ksearch_knowledge::{Catalog, DeviceKind, HardwareProfile};
+use std::path::Path;
+
+fn builtin() -> Catalog {
+    Catalog::load(&repo_root().join("knowledge")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn builtin_catalog_loads_through_the_asset_locator() {
+    let located = Catalog::builtin().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(located.actions(), builtin().actions());
+}
+
+#[test]
+fn each_kind_has_a_meaningful_tree() {
+    let c = builtin();
+    for kind in KINDS {
+        let actions = c.for_kind(kind);
+        assert!(
+            (6..=14).contains(&actions.len()),
+            "{kind}: {} actions",
+            actions.len()
+        );
+        assert!(actions.iter().all(|a| a.applies_to(kind)));
+        // Some actions are roots, some are children: the tree has depth.
+        let roots = actions.iter().filter(|a| a.requires.is_empty()).count();
+        assert!(roots >= 3 && roots < actions.len(), "{kind}: {roots} roots");
+        // Priors differ, so the selection policy has something to rank.
+        let factors: std::collections::BTreeSet<u64> = actions
+            .iter()
+            .map(|a| (a.expected_factor * 100.0) as u64)
+            .collect();
+        assert!(factors.len() >= 3, "{kind}: priors are all alike");
+    }
+    assert!(c.for_kind("no-such-kind").is_empty());
+    assert!(KINDS.iter().all(|k| c.kinds().contains(k)));
+}
+
+#[test]
+fn every_action_fits_the_family_of_each_kind_it_lists() {
+    let c = builtin();
+    for kind in KINDS {
+        let f = family(kind);
+        let problems = c.check_family(kind, &f);
+        assert!(problems.is_empty(), "{kind}:\n{}", problems.join("\n"));
+        for a in c.for_kind(kind) {
+            assert!(!a.knobs.is_empty(), "{}: sets no knob", a.id);
+            // Applying the action (after its requirements) to the defaults changes the kernel.
+            let knobs = c.cumulative_knobs(&a.id);
+            let applied = f.apply(&f.default_knobs(), &knobs).unwrap();
+            assert_ne!(applied, f.default_knobs(), "{}: no effect on {kind}", a.id);
+            assert_ne!(
+                f.render(&applied).unwrap(),
+                f.render(&f.default_knobs()).unwrap(),
+                "{}: same source on {kind}",
+                a.id
+            );
+        }
+    }
+}
+
+#[test]
+fn requirements_chain_knobs() {
+    let c = builtin();
+    let k = c.cumulative_knobs("scan-state-blocking");
+    assert_eq!(k["loop_order"], "t_inner".into());
+    assert_eq!(k["n_block"], 8i64.into());
+    let children: Vec<&str> = c
+        .dependents("attention", "attn-query-block")
+        .iter()
+        .map(|a| a.id.as_str())
+        .collect();
+    assert!(children.contains(&"attn-k-transpose"), "{children:?}");
+}
+
+#[test]
+fn hardware_profiles_load_and_resolve_by_name_or_alias() {
+    let c = builtin();
+    for name in ["generic-x86-cpu", "h100", "h200"] {
+        let p = c
+            .hardware_profile(name)
+            .unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!(p.name, name);
+        assert!(!p.source.is_empty());
+        assert!(p.peak_flops("f32").unwrap() > 0.0);
+    }
+    let h200 = c.hardware_profile("nvidia h200").unwrap();
+    assert_eq!(h200.name, "h200");
+    assert_eq!(h200.kind, DeviceKind::Gpu);
+    assert_eq!(h200.parallelism.simd_width, 32);
+    // Same compute die, faster memory: the H200's ridge point sits lower.
+    let h100 = c.hardware_profile("h100").unwrap();
+    assert!(h200.ridge_point("bf16").unwrap() < h100.ridge_point("bf16").unwrap());
+    assert!(h200.memory.bandwidth_gbs > h100.memory.bandwidth_gbs);
+    let cpu = c.hardware_profile("generic-x86-cpu").unwrap();
+    assert_eq!(cpu.kind, DeviceKind::Cpu);
+    assert!(c.hardware_profile("tpu-v9").is_none());
+}
+
+/// A knowledge dir with one actions file and the given hardware files.
+fn pack(actions: &str, hardware: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("actions")).unwrap();
+    std::fs::create_dir_all(dir.path().join("hardware")).unwrap();
+    std::fs::write(dir.path().join("actions/a.toml"), actions).unwrap();
+    for (name, text) in hardware {
+        std::fs::write(dir.path().join("hardware").join(name), text).unwrap();
+    }
+    dir
+}
+
+const ACTION: &str = r#"
+[[action]]
+id = "one"
+title = "One"
+rationale = "why"
+kinds = ["softmax"]
+difficulty = 2
+impacts = { memory_bandwidth = 1, register_pressure = 2, compute_intensity_and_hw_fit = 3 }
+expected_factor = 1.5
+knobs = { simd = true }
+"#;
+
+fn second(id: &str, requires: &str) -> String {
+    ACTION
+        .replace("id = \"one\"", &format!("id = \"{id}\""))
+        .replace("knobs = {", &format!("requires = [{requires}]\nknobs = {{"))
+}
+
+fn err(dir: &Path) -> String {
+    match Catalog::load(dir) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("expected an error"),
+    }
+}
+
+#[test]
+fn catalog_errors_name_the_file_and_the_field() {
+    let ok = pack(&format!("{ACTION}{}", second("two", "\"one\"")), &[]);
+    let c = Catalog::load(ok.path()).unwrap();
+    assert_eq!(c.actions().len(), 2);
+    assert_eq!(c.cumulative_knobs("two").len(), 1);
+
+    let e = err(pack(&format!("{ACTION}{ACTION}"), &[]).path());
+    assert!(
+        e.contains("a.toml") && e.contains("action[1].id") && e.contains("already defined"),
+        "{e}"
+    );
+
+    let e = err(pack(&format!("{ACTION}{}", second("two", "\"nope\"")), &[]).path());
+    assert!(
+        e.contains("action \"two\".requires") && e.contains("nope"),
+        "{e}"
+    );
+
+    let cyc = format!("{}{}", second("x", "\"y\""), second("y", "\"x\""));
+    let e = err(pack(&cyc, &[]).path());
+    assert!(e.contains("cycle"), "{e}");
+
+    let e = err(pack(&ACTION.replace("difficulty = 2", "difficulty = 9"), &[]).path());
+    assert!(e.contains("action[0] (one).difficulty"), "{e}");
+
+    let e = err(pack(
+        &ACTION.replace("register_pressure = 2", "register_pressure = 12"),
+        &[],
+    )
+    .path());
+    assert!(e.contains("impacts.register_pressure"), "{e}");
+
+    let e = err(pack(&ACTION.replace("rationale", "rationle"), &[]).path());
+    assert!(e.contains("a.toml") && e.contains("rationle"), "{e}");
+
+    // A requirement must cover every kind of the action that needs it.
+    let mixed = format!(
+        "{ACTION}{}",
+        second("two", "\"one\"").replace(
+            "kinds = [\"softmax\"]",
+            "kinds = [\"softmax\", \"attention\"]"
+        )
+    );
+    let e = err(pack(&mixed, &[]).path());
+    assert!(e.contains("does not apply to kind \"attention\""), "{e}");
+}
+
+const HW: &str = r#"
+name = "toy"
+title = "Toy"
+kind = "cpu"
+source = ["made up for a test"]
+[memory]
+bandwidth_gbs = 10.0
+[peak_tflops]
+f32 = 0.1
+[parallelism]
+compute_units = 2
+simd_width = 8
+"#;
+
+#[test]
+fn new_hardware_files_are_picked_up_and_checked() {
+    let dir = pack(
+        ACTION,
+        &[
+            ("toy.toml", HW),
+            ("other.toml", &HW.replace("\"toy\"", "\"other\"")),
+        ],
+    );
+    let profiles = HardwareProfile::load_all(&dir.path().join("hardware")).unwrap();
+    let names: Vec<&str> = profiles.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["other", "toy"]);
+    assert!(HardwareProfile::find(&profiles, "TOY").is_some());
+
+    let e = err(pack(ACTION, &[("wrong.toml", HW)]).path());
+    assert!(e.contains("wrong.toml") && e.contains("`name`"), "{e}");
+    let e = err(pack(
+        ACTION,
+        &[(
+            "toy.toml",
+            &HW.replace("source = [\"made up for a test\"]", "source = []"),
+        )],
+    )
+    .path());
+    assert!(e.contains("`source`"), "{e}");
+    let e = err(pack(
+        ACTION,
+        &[("toy.toml", &HW.replace("f32 = 0.1", "f32 = -1.0"))],
+    )
+    .path());
+    assert!(e.contains("peak_tflops.f32"), "{e}");
+    let e = err(pack(
+        ACTION,
+        &[("toy.toml", &HW.replace("kind = \"cpu\"", "kind = \"fpga\""))],
+    )
+    .path());
+    assert!(e.contains("toy.toml"), "{e}");
+}
