@@ -85,7 +85,11 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
             "status: finished — {}",
             sum["stop_reason"].as_str().unwrap_or("?")
         )?,
-        None => writeln!(s, "status: not finished (running, or interrupted: `ksearch resume {}`)", store.id())?,
+        None => writeln!(
+            s,
+            "status: not finished (running, or interrupted: `ksearch resume {}`)",
+            store.id()
+        )?,
     }
     let candidates = store.candidates()?;
     let evaluations = store.evaluations()?;
@@ -107,7 +111,11 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
         .find(|c| c.kind == CandidateKind::Seed)
         .and_then(|c| score_of(store, c.id).ok().flatten())
         .and_then(|(_, sc)| sc);
-    if let Some(best) = summary.as_ref().and_then(|s| s.get("best")).filter(|b| !b.is_null()) {
+    if let Some(best) = summary
+        .as_ref()
+        .and_then(|s| s.get("best"))
+        .filter(|b| !b.is_null())
+    {
         let score = best["score"].as_f64().unwrap_or(0.0);
         write!(
             s,
@@ -121,7 +129,11 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
             write!(s, " = {:.2}x the seed", score / seed)?;
         }
         writeln!(s)?;
-        if let Some(r) = summary.as_ref().and_then(|s| s.get("recheck")).filter(|r| !r.is_null()) {
+        if let Some(r) = summary
+            .as_ref()
+            .and_then(|s| s.get("recheck"))
+            .filter(|r| !r.is_null())
+        {
             writeln!(
                 s,
                 "re-check on all workloads (fresh process and seed): {}",
@@ -144,7 +156,11 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
     let shown = if all || candidates.len() <= 15 {
         &candidates[..]
     } else {
-        writeln!(s, "  … {} earlier (--all lists them)", candidates.len() - 15)?;
+        writeln!(
+            s,
+            "  … {} earlier (--all lists them)",
+            candidates.len() - 15
+        )?;
         &candidates[candidates.len() - 15..]
     };
     for cand in shown {
@@ -158,7 +174,9 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
             cand.node_id.as_deref().unwrap_or("-"),
             cand.kind.as_str(),
             status,
-            score.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into()),
+            score
+                .map(|v| format!("{v:.3}"))
+                .unwrap_or_else(|| "-".into()),
             cand.proposer_note.chars().take(70).collect::<String>()
         )?;
     }
@@ -187,7 +205,10 @@ pub fn export(args: &ExportArgs) -> Result<u8> {
         .extension()
         .map(|e| e.to_string_lossy().into_owned())
         .unwrap_or_else(|| "txt".into());
-    let out = args.out.clone().unwrap_or_else(|| store.dir().join("export"));
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| store.dir().join("export"));
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let task_name = config
         .task
@@ -231,7 +252,10 @@ pub fn export(args: &ExportArgs) -> Result<u8> {
         config.task, config.backend
     )?;
     if let Some(r) = &recheck {
-        writeln!(readme, "## Re-check (fresh process, fresh seed, all workloads)\n\n```")?;
+        writeln!(
+            readme,
+            "## Re-check (fresh process, fresh seed, all workloads)\n\n```"
+        )?;
         readme.push_str(&render_result(&file, r));
         writeln!(readme, "```\n")?;
     }

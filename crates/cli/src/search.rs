@@ -222,7 +222,17 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
             args.search.rounds
         );
     }
-    drive(store, &task, &backend, &args.search, seed, secret_seed, Some(&seed_source), quiet, args.json)
+    drive(
+        store,
+        &task,
+        &backend,
+        &args.search,
+        seed,
+        secret_seed,
+        Some(&seed_source),
+        quiet,
+        args.json,
+    )
 }
 
 pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
@@ -245,7 +255,11 @@ pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
         .as_ref()
         .and_then(|p| std::fs::read_to_string(p).ok());
     if !quiet {
-        eprintln!("ksearch: resuming run {} ({} rounds)", store.id(), search.rounds);
+        eprintln!(
+            "ksearch: resuming run {} ({} rounds)",
+            store.id(),
+            search.rounds
+        );
     }
     drive(
         store,
@@ -338,7 +352,9 @@ fn drive(
     if json_out {
         println!(
             "{}",
-            serde_json::to_string_pretty(&json!({"run": run_id, "dir": store.dir(), "outcome": outcome}))?
+            serde_json::to_string_pretty(
+                &json!({"run": run_id, "dir": store.dir(), "outcome": outcome})
+            )?
         );
     } else {
         print!("{}", render_outcome(&run_id, &outcome));
