@@ -41,7 +41,9 @@ fn every_builtin_task_loads_and_resolves() {
                 assert!(w.bytes >= out_bytes as f64, "{}/{}", task.name(), w.name);
             }
         }
-        assert_eq!(task.tolerance(DType::F32).rtol, 2e-5);
+        // The f32 default unless the task widens it for long reductions (softmax does).
+        let rtol = task.tolerance(DType::F32).rtol;
+        assert!((2e-5..=1e-4).contains(&rtol), "{}: {rtol}", task.name());
     }
 }
 
@@ -143,7 +145,7 @@ fn resolve_accepts_directories_and_task_files() {
 fn tolerance_table_serializes_as_the_protocol_object() {
     let task = resolve("softmax").unwrap();
     let json = serde_json::to_value(task.tolerance_table()).unwrap();
-    assert_eq!(json["f32"], serde_json::json!({"rtol": 2e-5, "atol": 1e-5}));
+    assert_eq!(json["f32"], serde_json::json!({"rtol": 1e-4, "atol": 1e-5}));
     assert_eq!(
         json["bf16"],
         serde_json::json!({"rtol": 2e-2, "atol": 1e-2})
