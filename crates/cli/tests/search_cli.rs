@@ -1,0 +1,337 @@
+//! `ksearch run`, `resume`, `show` and `export` end to end: a real search on the cpu softmax
+//! task, a run killed with SIGKILL mid-round and resumed, and a snapshot of `show`.
+//!
+//! Like `cli.rs`, these need Python 3 with numpy (`KSEARCH_TEST_PYTHON`, or the managed
+//! environment created once under `target/`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+use serde_json::{json, Value};
+
+use ksearch_search::world_model::{ActionPatch, NodePatch, SolutionRef, WorldModel};
+use ksearch_store::{CandidateKind, NewCandidate, RunConfig, RunStore};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn configure(cmd: &mut std::process::Command) {
+    let cache = std::env::var_os("KSEARCH_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("ksearch-cache"));
+    cmd.env("KSEARCH_CACHE_DIR", cache)
+        .env("KSEARCH_ROOT", workspace_root())
+        .env_remove("RUST_LOG")
+        .current_dir(workspace_root());
+    match std::env::var_os("KSEARCH_TEST_PYTHON") {
+        Some(p) => cmd.env("KSEARCH_PYTHON", p),
+        None => cmd.env_remove("KSEARCH_PYTHON"),
+    };
+}
+
+fn ksearch() -> Command {
+    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("ksearch"));
+    configure(&mut cmd);
+    Command::from_std(cmd)
+}
+
+fn evaluations(db_dir: &Path) -> BTreeMap<i64, (i64, Value)> {
+    let store = RunStore::open(db_dir).unwrap();
+    store
+        .evaluations()
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.id, (e.candidate_id, e.result)))
+        .collect()
+}
+
+#[test]
+fn a_run_killed_mid_round_resumes_without_losing_an_evaluation() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("ksearch"));
+    configure(&mut cmd);
+    cmd.args([
+        "run", "--task", "softmax", "--rounds", "5", "--timing", "quick", "--seed", "5",
+    ])
+    .arg("--runs-dir")
+    .arg(runs.path())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+
+    // Wait until the run has completed a few evaluations, then kill it without warning.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let run_dir = loop {
+        assert!(Instant::now() < deadline, "the run made no progress");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before it was killed"
+        );
+        let dirs: Vec<PathBuf> = std::fs::read_dir(runs.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.join("ksearch.db").is_file())
+            .collect();
+        if let Some(dir) = dirs.first() {
+            if let Ok(store) = RunStore::open(dir) {
+                if store.evaluations().map(|e| e.len()).unwrap_or(0) >= 3 {
+                    break dir.clone();
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // SIGKILL: no destructor, no flush, no clean-up in ksearch.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = evaluations(&run_dir);
+    assert!(before.len() >= 3);
+    assert!(!RunStore::open(&run_dir).unwrap().is_finished().unwrap());
+
+    let out = ksearch()
+        .args(["resume", "--json"])
+        .arg(&run_dir)
+        .timeout(Duration::from_secs(900))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "resume failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(outcome["outcome"]["rounds_used"], 5, "{outcome}");
+
+    // Every evaluation completed before the kill is still there, unchanged.
+    let after = evaluations(&run_dir);
+    for (id, row) in &before {
+        assert_eq!(
+            after.get(id),
+            Some(row),
+            "evaluation {id} was lost or changed"
+        );
+    }
+    // No search candidate was evaluated twice, and every one was evaluated.
+    let store = RunStore::open(&run_dir).unwrap();
+    let mut per_candidate: BTreeMap<i64, usize> = BTreeMap::new();
+    for (_, (cid, _)) in &after {
+        *per_candidate.entry(*cid).or_default() += 1;
+    }
+    for c in store.candidates().unwrap() {
+        if c.kind != CandidateKind::Recheck {
+            assert_eq!(per_candidate.get(&c.id), Some(&1), "candidate {}", c.id);
+        }
+    }
+    // The final tree is valid.
+    let state = store.get_state("engine").unwrap().unwrap();
+    let wm: WorldModel = serde_json::from_value(state["wm"].clone()).unwrap();
+    wm.validate().unwrap();
+    assert!(store.check_integrity().unwrap().is_empty());
+    assert!(store.is_finished().unwrap());
+}
+
+#[test]
+fn run_then_show_and_export_the_best_kernel() {
+    let runs = tempfile::tempdir().unwrap();
+    let out = ksearch()
+        .args([
+            "run", "--task", "softmax", "--rounds", "2", "--timing", "quick", "--json",
+        ])
+        .arg("--runs-dir")
+        .arg(runs.path())
+        .timeout(Duration::from_secs(900))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = v["run"].as_str().unwrap().to_string();
+    assert_eq!(v["outcome"]["rounds_used"], 2);
+    assert_eq!(v["outcome"]["recheck"]["status"], "passed", "{v}");
+
+    let show = ksearch()
+        .args(["show", &id, "--runs-dir"])
+        .arg(runs.path())
+        .output()
+        .unwrap();
+    assert!(show.status.success());
+    let text = String::from_utf8(show.stdout).unwrap();
+    assert!(text.contains("status: finished"), "{text}");
+    assert!(text.contains("world model"), "{text}");
+    assert!(text.contains("seed"), "{text}");
+
+    let export_dir = runs.path().join("exported");
+    let exp = ksearch()
+        .args(["export", &id, "--runs-dir"])
+        .arg(runs.path())
+        .arg("--out")
+        .arg(&export_dir)
+        .output()
+        .unwrap();
+    assert!(
+        exp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&exp.stderr)
+    );
+    let kernel = std::fs::read_to_string(export_dir.join("softmax_cpu.c")).unwrap();
+    assert!(kernel.contains("softmax_f32"));
+    let readme = std::fs::read_to_string(export_dir.join("README.md")).unwrap();
+    assert!(
+        readme.contains("ksearch eval --task softmax --backend cpu --held-out"),
+        "{readme}"
+    );
+    // The exported kernel passes a fresh evaluation on every workload.
+    ksearch()
+        .args([
+            "eval",
+            "--task",
+            "softmax",
+            "--timing",
+            "quick",
+            "--held-out",
+        ])
+        .arg(export_dir.join("softmax_cpu.c"))
+        .timeout(Duration::from_secs(600))
+        .assert()
+        .success();
+}
+
+/// A fixed run built through the store API, so `show` can be snapshot-tested.
+fn fixture_run(dir: &Path) -> PathBuf {
+    let store = RunStore::create_with_id(
+        dir,
+        "20261130-120000-abcd",
+        &RunConfig {
+            task: "softmax".into(),
+            backend: "cpu".into(),
+            strategy: "world-model".into(),
+            proposer: "offline".into(),
+            selection: "calibrated".into(),
+            seed: 42,
+            secret_seed: 7,
+            budgets: json!({"rounds": 2}),
+            flags: json!({}),
+            extra: json!({}),
+            created_at: String::new(),
+            ksearch_version: String::new(),
+        },
+    )
+    .unwrap();
+    let add = |code: &str, kind, round, node: Option<&str>, note: &str| {
+        let source_id = store.put_source(code, "c").unwrap();
+        store
+            .add_candidate(&NewCandidate {
+                source_id,
+                parent_candidate: None,
+                node_id: node.map(str::to_string),
+                round,
+                cycle: round,
+                attempt: 1,
+                sample: 0,
+                kind,
+                proposer_note: note.into(),
+                knobs: Value::Null,
+            })
+            .unwrap()
+    };
+    let seed = add(
+        "seed",
+        CandidateKind::Seed,
+        0,
+        None,
+        "the task's seed kernel",
+    );
+    store
+        .record_evaluation(
+            seed,
+            "passed",
+            Some(0.5),
+            &json!({"status": "passed", "score": 0.5}),
+        )
+        .unwrap();
+    let a = add(
+        "fast",
+        CandidateKind::Attempt,
+        1,
+        Some("n1"),
+        "apply action: threads=true",
+    );
+    store
+        .record_evaluation(
+            a,
+            "passed",
+            Some(2.0),
+            &json!({"status": "passed", "score": 2.0}),
+        )
+        .unwrap();
+    let b = add(
+        "broken",
+        CandidateKind::Attempt,
+        2,
+        Some("n2"),
+        "apply action: lanes=8",
+    );
+    store
+        .record_evaluation(b, "incorrect", None, &json!({"status": "incorrect"}))
+        .unwrap();
+
+    let mut wm = WorldModel::new_root("row softmax", vec![]);
+    let root = wm.root_id().clone();
+    let action = |title: &str| NodePatch {
+        action: Some(ActionPatch {
+            title: Some(title.into()),
+            score: Some(Some(0.6)),
+            ..ActionPatch::default()
+        }),
+        ..NodePatch::default()
+    };
+    let sol = |id: &str, score: f64, round: u32| SolutionRef {
+        solution_id: id.into(),
+        parent_solution_id: None,
+        score,
+        speedup_vs_baseline: Some(score),
+        latency_ms: None,
+        round,
+    };
+    wm.attach_solution(&root, sol("seed-hash", 0.5, 0)).unwrap();
+    let n1 = wm
+        .insert_child(&root, &action("Use every core"), 0)
+        .unwrap();
+    let n2 = wm.insert_child(&root, &action("Vector lanes"), 0).unwrap();
+    wm.begin_cycle(&n1).unwrap();
+    wm.record_attempt(&n1, true).unwrap();
+    wm.attach_solution(&n1, sol("fast-hash", 2.0, 1)).unwrap();
+    wm.begin_cycle(&n2).unwrap();
+    wm.record_attempt(&n2, false).unwrap();
+    wm.mark_too_hard(&n2).unwrap();
+    store
+        .set_state("engine", &json!({"wm": serde_json::to_value(&wm).unwrap()}))
+        .unwrap();
+    store
+        .mark_finished(&json!({"stop_reason": "rounds budget reached (2)",
+                               "best": {"candidate_id": a, "score": 2.0, "node": "n1", "round": 1},
+                               "recheck": {"status": "passed"}}))
+        .unwrap();
+    store.dir().to_path_buf()
+}
+
+#[test]
+fn show_prints_status_best_tree_and_candidates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = fixture_run(tmp.path());
+    let out = ksearch().arg("show").arg(&dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    insta::assert_snapshot!(text);
+}
