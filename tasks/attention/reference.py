@@ -1,4 +1,7 @@
-"""Ground truth and baseline for the attention task (see task.toml)."""
+"""Ground truth and baselines for the attention task (see task.toml)."""
+
+import math
+import os
 
 import numpy as np
 
@@ -35,3 +38,93 @@ def baseline_numpy(inputs, params):
     np.exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)
     return {"out": np.matmul(s, v)}
+
+
+# -- GPU backends -------------------------------------------------------------------------------
+# Called inside the harness (docs/backends.md): inputs arrive as host numpy arrays (bf16 as the
+# float32 values it encodes) and `ksearch_harness.adapters.device` supplies device copies, so a
+# timed call times the device work and not the transfers.
+
+# The float64 `reference` is the truth when it fits in a fraction of a second on the host:
+# at most this many scores (B·H·L²) and FLOPs; larger workloads take the device reference in
+# float32.
+TRUTH_MAX_SCORES = 1 << 24
+TRUTH_MAX_FLOPS = 2e9
+
+
+def _affordable(params):
+    B, H, L, D = (params[n] for n in ("B", "H", "L", "D"))
+    flops = 4 * B * H * L * L * D / (1 + params["causal"])
+    return B * H * L * L <= TRUTH_MAX_SCORES and flops <= TRUTH_MAX_FLOPS
+
+
+def reference_torch(inputs, params):
+    """The cuda backend's reference: attention in float32 with PyTorch on the GPU (what is
+    timed as `reference`), or the float64 host reference when untimed and affordable."""
+    from ksearch_harness.adapters import device
+
+    if not device.timed() and _affordable(params):
+        return reference(inputs, params)
+    import torch
+
+    t = device.torch_inputs(inputs, params)
+    q, k, v = (t[n].float() for n in ("q", "k", "v"))
+    L = q.shape[-2]
+    s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if params["causal"]:
+        s.masked_fill_(torch.triu(torch.ones(L, L, dtype=torch.bool, device=s.device), 1),
+                       float("-inf"))
+    out = torch.matmul(torch.softmax(s, dim=-1), v)
+    return {"out": device.host(out)}
+
+
+def baseline_torch_sdpa(inputs, params):
+    """The cuda backend's baseline: PyTorch's fused scaled_dot_product_attention in the
+    workload's dtype."""
+    import torch.nn.functional as F
+    from ksearch_harness.adapters import device
+
+    t = device.torch_inputs(inputs, params)
+    out = F.scaled_dot_product_attention(t["q"], t["k"], t["v"],
+                                         is_causal=bool(params["causal"]))
+    return {"out": device.host(out)}
+
+
+def _mlx():
+    # MLX's float32 matrix products use TF32 on NVIDIA GPUs unless told otherwise; a truth
+    # needs full float32.
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")
+    import mlx.core as mx
+
+    return mx
+
+
+def reference_mlx(inputs, params):
+    """The mlx backend's reference: attention in float32 with MLX ops (timed as `reference`),
+    or the float64 host reference when untimed and affordable."""
+    from ksearch_harness.adapters import device
+
+    if not device.timed() and _affordable(params):
+        return reference(inputs, params)
+    mx = _mlx()
+    a = device.mlx_inputs(inputs, params)
+    q, k, v = (a[n].astype(mx.float32) for n in ("q", "k", "v"))
+    L = q.shape[-2]
+    s = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if params["causal"]:
+        s = mx.where(mx.triu(mx.ones((L, L), dtype=mx.bool_), k=1), float("-inf"), s)
+    out = mx.softmax(s, axis=-1, precise=True) @ v
+    return {"out": device.host(out)}
+
+
+def baseline_mlx_native(inputs, params):
+    """The mlx backend's baseline: mx.fast.scaled_dot_product_attention (cuDNN's fused
+    attention for f16/bf16 on NVIDIA GPUs, the steel kernel on Apple GPUs)."""
+    from ksearch_harness.adapters import device
+
+    mx = _mlx()
+    a = device.mlx_inputs(inputs, params)
+    out = mx.fast.scaled_dot_product_attention(
+        a["q"], a["k"], a["v"], scale=1.0 / math.sqrt(a["q"].shape[-1]),
+        mask="causal" if params["causal"] else None)
+    return {"out": device.host(out)}

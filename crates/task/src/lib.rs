@@ -104,6 +104,19 @@ impl Task {
             })
     }
 
+    /// The reference function `backend` evaluates against: the backend's own `reference`
+    /// (e.g. a PyTorch one for cuda) or the task's, in the task's reference module.
+    pub fn reference_for(&self, backend: &str) -> Result<ReferenceSpec, TaskError> {
+        let spec = self.backend(backend)?;
+        Ok(ReferenceSpec {
+            module: self.spec.reference.module.clone(),
+            function: spec
+                .reference
+                .clone()
+                .unwrap_or_else(|| self.spec.reference.function.clone()),
+        })
+    }
+
     pub fn backend_names(&self) -> Vec<&str> {
         self.spec.backends.keys().map(String::as_str).collect()
     }

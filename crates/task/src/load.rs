@@ -5,7 +5,7 @@ use crate::error::{SpecError, TaskError};
 use crate::expr::{Expr, ExprError, Num, FUNCTIONS};
 use crate::raw::{RawBackend, RawDist, RawTask, RawTolerance};
 use crate::source_map::{FieldPath, SourceMap};
-use crate::spec::*;
+use crate::spec::{fill_placeholders, placeholders, *};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -261,6 +261,27 @@ impl Checker<'_, '_> {
             ));
         }
 
+        let uses_dtype_param = inputs
+            .iter()
+            .chain(&outputs)
+            .any(|t| t.dtype == DTypeSpec::FromParam);
+        if let Some(d) = axes
+            .iter()
+            .find(|a| a.name == "dtype")
+            .and_then(|a| a.default.as_ref())
+        {
+            if uses_dtype_param && DType::parse(d).is_none() {
+                return Err(self.err(
+                    &root.key("axes").key("dtype").key("default"),
+                    format!(
+                        "`{d}` is not a dtype{} (expected one of {})",
+                        dtype_hint(d),
+                        dtype_list()
+                    ),
+                ));
+            }
+        }
+
         let tolerance = self.tolerance(raw.tolerance)?;
         let roofline = self.roofline(raw.roofline, &axes, has_dtype_axis)?;
         let (reference, module_source) = self.reference(raw.reference)?;
@@ -343,10 +364,30 @@ impl Checker<'_, '_> {
                     ))
                 }
             };
+            let default = match (a.default, ty) {
+                (None, _) => None,
+                (Some(toml::Value::String(v)), AxisType::Str) => Some(v),
+                (Some(other), AxisType::Str) => {
+                    return Err(self.err(
+                        &path.key("default"),
+                        format!(
+                            "expected a string default for str axis `{name}`, found {}",
+                            toml_type(&other)
+                        ),
+                    ))
+                }
+                (Some(_), AxisType::Int) => {
+                    return Err(self.err(
+                        &path.key("default"),
+                        "only str axes take a `default`; every workload binds its int axes",
+                    ))
+                }
+            };
             axes.push(Axis {
                 name,
                 ty,
                 description: a.description,
+                default,
             });
         }
         // Keep declaration order: it is how the author lists dimensions.
@@ -726,7 +767,21 @@ impl Checker<'_, '_> {
                     "missing `entry` (the kernel's symbol name)",
                 )
             })?;
-            if !is_ident(&entry) {
+            // `{axis}` placeholders name str axes; filled with any value the entry must be an
+            // identifier.
+            for p in placeholders(&entry) {
+                if !axes.iter().any(|a| a.name == p && a.ty == AxisType::Str) {
+                    return Err(self.err(
+                        &path.key("entry"),
+                        format!(
+                            "`{{{p}}}` in `{entry}` names no str axis; placeholders are filled \
+                             from a workload's str params (e.g. `{{dtype}}`)"
+                        ),
+                    ));
+                }
+            }
+            let probe = fill_placeholders(&entry, |_| Some("x".to_string()));
+            if !probe.as_deref().is_some_and(is_ident) {
                 return Err(self.err(
                     &path.key("entry"),
                     format!("`{entry}` is not a C identifier"),
@@ -777,14 +832,29 @@ impl Checker<'_, '_> {
                     return Err(self.err(&p, format!("`{arg}` is passed twice")));
                 }
             }
+            // mlx entries return their outputs instead of writing into them.
+            let returns_outputs = name == "mlx";
             for t in inputs.iter().chain(outputs) {
-                if !seen.contains(t.name.as_str()) {
+                let is_output = outputs.iter().any(|o| o.name == t.name);
+                if returns_outputs && is_output {
+                    if seen.contains(t.name.as_str()) {
+                        return Err(self.err(
+                            &path.key("args"),
+                            format!(
+                                "the mlx entry returns its outputs; `{}` cannot be an argument",
+                                t.name
+                            ),
+                        ));
+                    }
+                } else if !seen.contains(t.name.as_str()) {
+                    let what = if returns_outputs {
+                        "every input"
+                    } else {
+                        "every input and output"
+                    };
                     return Err(self.err(
                         &path.key("args"),
-                        format!(
-                            "`args` must pass every input and output; `{}` is missing",
-                            t.name
-                        ),
+                        format!("`args` must pass {what}; `{}` is missing", t.name),
                     ));
                 }
             }
@@ -803,12 +873,25 @@ impl Checker<'_, '_> {
             let language = match (b.language, name.as_str()) {
                 (Some(l), _) => l,
                 (None, "cpu") => "c".to_string(),
+                (None, "cuda") => "cuda".to_string(),
+                (None, "mlx") => "python".to_string(),
                 (None, _) => return Err(self.err(&path.key("language"), "missing `language`")),
             };
-            if name == "cpu" && !matches!(language.as_str(), "c" | "c++") {
+            let language_ok = match name.as_str() {
+                "cpu" => matches!(language.as_str(), "c" | "c++"),
+                "cuda" => language == "cuda",
+                "mlx" => language == "python",
+                _ => true,
+            };
+            if !language_ok {
+                let expected = match name.as_str() {
+                    "cpu" => "compiles \"c\" or \"c++\"",
+                    "cuda" => "compiles \"cuda\"",
+                    _ => "runs \"python\" modules",
+                };
                 return Err(self.err(
                     &path.key("language"),
-                    format!("the cpu backend compiles \"c\" or \"c++\", not `{language}`"),
+                    format!("the {name} backend {expected}, not `{language}`"),
                 ));
             }
             let seed = match b.seed {
@@ -827,16 +910,17 @@ impl Checker<'_, '_> {
                     Some(file)
                 }
             };
-            if let Some(f) = &b.baseline {
+            for (field, f) in [("reference", &b.reference), ("baseline", &b.baseline)] {
+                let Some(f) = f else { continue };
                 if !is_ident(f) {
                     return Err(self.err(
-                        &path.key("baseline"),
+                        &path.key(field),
                         format!("`{f}` is not a Python identifier"),
                     ));
                 }
                 if !python_defines(module_source, f) {
                     return Err(self.err(
-                        &path.key("baseline"),
+                        &path.key(field),
                         format!("{} defines no top-level function `{f}`", reference.module),
                     ));
                 }
@@ -856,6 +940,7 @@ impl Checker<'_, '_> {
                 .forbidden
                 .iter()
                 .chain(std::iter::once(&reference.function))
+                .chain(b.reference.iter())
                 .chain(b.baseline.iter())
             {
                 if !forbidden.contains(f) {
@@ -870,6 +955,7 @@ impl Checker<'_, '_> {
                     signature,
                     language,
                     seed,
+                    reference: b.reference,
                     baseline: b.baseline,
                     forbidden,
                 },
@@ -929,9 +1015,16 @@ impl Checker<'_, '_> {
             let mut params = BTreeMap::new();
             for axis in axes {
                 let p = ppath.key(&axis.name);
-                let value = w.params.get(&axis.name).ok_or_else(|| {
-                    self.err(&p, format!("missing a value for axis `{}`", axis.name))
-                })?;
+                let value = match (w.params.get(&axis.name), &axis.default) {
+                    (Some(v), _) => v,
+                    // The default applies, unlisted (see `Axis::default`).
+                    (None, Some(_)) => continue,
+                    (None, None) => {
+                        return Err(
+                            self.err(&p, format!("missing a value for axis `{}`", axis.name))
+                        )
+                    }
+                };
                 let value = match (axis.ty, value) {
                     (AxisType::Int, toml::Value::Integer(i)) => ParamValue::Int(*i),
                     (AxisType::Str, toml::Value::String(s)) => ParamValue::Str(s.clone()),
@@ -990,6 +1083,28 @@ impl Checker<'_, '_> {
                             ),
                         ));
                     }
+                }
+            }
+            // A placeholder in an entry is filled from the params the request carries, which
+            // do not include defaults: every workload of such a backend must set the axis.
+            for (bname, b) in backends {
+                let applies = w.backends.as_ref().is_none_or(|l| l.contains(bname));
+                if !applies {
+                    continue;
+                }
+                if let Some(p) = b
+                    .entry_placeholders()
+                    .into_iter()
+                    .find(|p| !w.params.contains_key(p))
+                {
+                    return Err(self.err(
+                        &ppath,
+                        format!(
+                            "backend `{bname}` fills `{{{p}}}` in its entry `{}` from each \
+                             workload's params; set `{p}` here",
+                            b.entry
+                        ),
+                    ));
                 }
             }
             out.push(WorkloadSpec {
@@ -1052,7 +1167,11 @@ fn resolve_one(
     let context = format!("in workload `{}` (workloads[{index}])", w.name);
     let param_dtype = match w.params.get("dtype") {
         Some(ParamValue::Str(s)) => DType::parse(s),
-        _ => None,
+        Some(ParamValue::Int(_)) => None,
+        None => spec
+            .axis("dtype")
+            .and_then(|a| a.default.as_deref())
+            .and_then(DType::parse),
     };
     let lookup = |name: &str| -> Option<Num> {
         if name == ELEM_BYTES {

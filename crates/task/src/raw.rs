@@ -35,6 +35,8 @@ pub(crate) struct RawAxis {
     pub description: String,
     #[serde(rename = "type")]
     pub ty: Option<String>,
+    /// The value of a str axis in workloads that leave it out.
+    pub default: Option<toml::Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -99,6 +101,8 @@ pub(crate) struct RawBackend {
     pub signature: Option<String>,
     pub language: Option<String>,
     pub seed: Option<String>,
+    /// This backend's reference function, when it is not the task's `[reference]` one.
+    pub reference: Option<String>,
     pub baseline: Option<String>,
     #[serde(default)]
     pub forbidden: Vec<String>,

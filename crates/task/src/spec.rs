@@ -152,6 +152,11 @@ pub struct Axis {
     #[serde(rename = "type")]
     pub ty: AxisType,
     pub description: String,
+    /// str axes only: the value of workloads that leave the axis out. It applies to shapes,
+    /// `"$dtype"` and `elem_bytes`, but is not listed in those workloads' `params`, so adding
+    /// a defaulted axis leaves the requests of existing workloads unchanged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
 }
 
 /// A tensor's dtype as written: fixed, or `"$dtype"`, the workload's `dtype` parameter.
@@ -209,16 +214,23 @@ pub struct ReferenceSpec {
 /// How one backend calls a kernel.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct BackendSpec {
-    /// The symbol the candidate must export.
+    /// The symbol (cpu, cuda) or Python function (mlx) the candidate must define. It may
+    /// contain `{axis}` placeholders naming str axes (`attention_{dtype}`), filled per
+    /// workload: see [`BackendSpec::entry_for`].
     pub entry: String,
-    /// Call order: input, output and axis names (cpu: tensors as pointers, int axes as int64_t).
+    /// Call order: input, output and axis names (cpu, cuda: tensors as pointers, int axes as
+    /// int64_t; cuda appends the stream). mlx lists inputs and axes only (outputs are
+    /// returned), passed as keyword arguments.
     pub args: Vec<String>,
     /// The prototype shown to proposers.
     pub signature: String,
-    /// Source language: `"c"` (or `"c++"`) for cpu.
+    /// Source language: `"c"` or `"c++"` (cpu), `"cuda"` (cuda), `"python"` (mlx).
     pub language: String,
     /// Absolute path of the seed kernel.
     pub seed: Option<PathBuf>,
+    /// This backend's reference function in the reference module; `None`: the task's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
     /// Function name of the timed baseline in the reference module.
     pub baseline: Option<String>,
     /// Identifiers a candidate must not mention (always includes the reference and baseline
@@ -227,6 +239,21 @@ pub struct BackendSpec {
 }
 
 impl BackendSpec {
+    /// The entry with its `{axis}` placeholders filled from a workload's params
+    /// (`attention_{dtype}` -> `attention_bf16`); `None` when a placeholder names no string
+    /// param of `params` (the loader rejects tasks where that can happen).
+    pub fn entry_for(&self, params: &BTreeMap<String, ParamValue>) -> Option<String> {
+        fill_placeholders(&self.entry, |name| match params.get(name) {
+            Some(ParamValue::Str(s)) => Some(s.clone()),
+            _ => None,
+        })
+    }
+
+    /// The names of the `{axis}` placeholders in the entry, in order.
+    pub fn entry_placeholders(&self) -> Vec<String> {
+        placeholders(&self.entry)
+    }
+
     /// A short label for the baseline, for the protocol's `baseline.name`: the function name
     /// without a leading `baseline_` (`baseline_numpy` → `numpy`).
     pub fn baseline_label(&self) -> Option<&str> {
@@ -293,4 +320,43 @@ pub struct ResolvedWorkload {
     pub outputs: Vec<ResolvedTensor>,
     pub flops: f64,
     pub bytes: f64,
+}
+
+/// `{name}` placeholders of `text`, in order.
+pub(crate) fn placeholders(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        match after.find('}') {
+            Some(close) => {
+                out.push(after[..close].to_string());
+                rest = &after[close + 1..];
+            }
+            None => break,
+        }
+    }
+    out
+}
+
+/// `text` with each `{name}` replaced by `value(name)`; `None` if a name has no value or a
+/// brace is unbalanced.
+pub(crate) fn fill_placeholders(
+    text: &str,
+    value: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(open) = rest.find(['{', '}']) {
+        if rest[open..].starts_with('}') {
+            return None;
+        }
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let close = after.find('}')?;
+        out.push_str(&value(&after[..close])?);
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    Some(out)
 }

@@ -3,6 +3,11 @@
 Everything else (checks, seeds, statistics, verdicts) lives in core.py and is shared, so a new
 backend implements only this interface. Buffers are opaque to the core; it moves data through
 `upload` and `to_host` (numpy arrays in storage dtype, see dtypes.py).
+
+Backends: `cpu` (C/C++ through ctypes), `cuda` (CUDA C++ built by nvcc, called through ctypes on
+PyTorch buffers) and `mlx` (a Python module building `mx.fast.cuda_kernel`/`metal_kernel`
+kernels). The GPU modules import torch or mlx only when an adapter is created, so the harness
+(and the cpu backend) works on machines that have neither.
 """
 
 from __future__ import annotations
@@ -104,10 +109,48 @@ class Adapter(abc.ABC):
         """Backend facts for the result's `environment` (compiler, device name, ...)."""
         return {}
 
+    def roofline(self) -> tuple[float, float]:
+        """(bandwidth in bytes/s, peak FLOP/s) of the device the candidate runs on, measured
+        once per process; the floors of core.py are computed from it. The host's numbers by
+        default; device backends measure their device."""
+        from .. import machine
+        return machine.measure_roofline()
+
+    def roofline_fresh(self) -> tuple[float, float]:
+        """A new measurement, to confirm a time below the floor before it becomes a verdict."""
+        from .. import machine
+        return machine.measure_roofline_fresh()
+
+
+BACKENDS = ("cpu", "cuda", "mlx")
+
 
 def create(request: Request) -> Adapter:
     backend = request.backend
     if backend == "cpu":
         from .cpu import CpuAdapter
         return CpuAdapter(request)
-    raise TaskError(f"backend `{backend}` is not available in this harness (known: cpu)")
+    if backend == "cuda":
+        from .cuda import CudaAdapter
+        return CudaAdapter(request)
+    if backend == "mlx":
+        from .mlx import MlxAdapter
+        return MlxAdapter(request)
+    raise TaskError(f"backend `{backend}` is not available in this harness "
+                    f"(known: {', '.join(BACKENDS)})")
+
+
+def available_backends() -> list[str]:
+    """The backends this machine can run, judged without importing torch or mlx (that takes
+    seconds): cpu always; cuda with PyTorch, nvcc and an NVIDIA GPU; mlx with the mlx package
+    and, off macOS, an NVIDIA GPU."""
+    import importlib.util
+    import sys
+    from .cuda import find_nvcc, visible_gpus
+    out = ["cpu"]
+    gpus = visible_gpus()
+    if importlib.util.find_spec("torch") is not None and find_nvcc() is not None and gpus:
+        out.append("cuda")
+    if importlib.util.find_spec("mlx") is not None and (sys.platform == "darwin" or gpus):
+        out.append("mlx")
+    return out

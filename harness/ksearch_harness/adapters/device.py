@@ -1,0 +1,328 @@
+"""What the GPU backends share, and what task code (reference.py) may use on them.
+
+Task code on a device backend (``reference_torch``, ``baseline_torch_sdpa``, ``reference_mlx``,
+...) is called by core.py with host numpy inputs, like on the cpu backend. Uploading them inside
+a timed call would time PCIe transfers instead of the baseline, so the task asks for device
+copies through this module::
+
+    from ksearch_harness.adapters import device
+    t = device.torch_inputs(inputs, params)     # {name: torch CUDA tensor in the workload dtype}
+    ...
+    return {"out": device.host(result)}         # converted to numpy only when core reads it
+
+During a timed call the tensors handed out are the very device buffers the harness uploaded
+that repetition's inputs into (a registry of uploads, looked up by input name); after the call,
+outside the timed region, the adapter checks that they held exactly the values the task was
+given, so a change in the order of core's steps can never make a reference compute on the wrong
+inputs silently. Outside timed calls (correctness truth, the task sanity check) fresh copies are
+uploaded, so the truth never reads a buffer the candidate can write.
+
+`timed()` tells task code whether it is being timed: a reference may then compute its truth in
+float64 on the host when that is affordable and on the device otherwise.
+
+Nothing here imports torch or mlx at module level.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import dtypes
+from ..protocol import HarnessError, Request, TaskError, TensorSpec
+from . import Adapter
+
+# Positions compared before a registered buffer is handed to a timed reference; the full
+# comparison follows after the call.
+QUICK_SAMPLES = 64
+# Arrays created from host memory go through MLX's managed-memory path; large managed
+# allocations are to be avoided on the CUDA backend, so uploads go in pieces of this size and
+# are joined on the device.
+MLX_UPLOAD_CHUNK_BYTES = 8 << 20
+
+_ACTIVE: "DeviceAdapter | None" = None
+
+
+class LazyOutput(HarnessError):
+    """`lazy_output`: an entry point returned something other than real device arrays (a
+    placeholder that computes when inspected, a subclass, a Python list...)."""
+
+    status = "integrity_violation"
+
+    def __init__(self, message: str):
+        super().__init__(message, "lazy_output")
+
+
+# --------------------------------------------------------------------------------------------
+# Entry symbols
+
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def resolve_entry(symbol: str, params: dict[str, Any]) -> str:
+    """`attention_{dtype}` with params {"dtype": "bf16", ...} -> `attention_bf16`. A placeholder
+    names a string parameter of the workload; anything else is a task error."""
+    def sub(m: re.Match) -> str:
+        value = params.get(m.group(1))
+        if not isinstance(value, str):
+            raise TaskError(f"entry `{symbol}`: the workload has no string parameter "
+                            f"`{m.group(1)}` to fill `{{{m.group(1)}}}` with")
+        return value
+    resolved = _PLACEHOLDER.sub(sub, symbol)
+    if not resolved.isidentifier():
+        raise TaskError(f"entry `{symbol}` resolves to `{resolved}`, which is not an identifier")
+    return resolved
+
+
+# --------------------------------------------------------------------------------------------
+# Task-facing API
+
+
+def backend() -> str | None:
+    """The device backend evaluating right now (`cuda`, `mlx`), or None."""
+    return _ACTIVE.name if _ACTIVE is not None else None
+
+
+def timed() -> bool:
+    """True while the harness times a call (task code should then do only the timed work)."""
+    return _ACTIVE is not None and _ACTIVE.timing
+
+
+def torch_inputs(inputs: dict[str, np.ndarray], params: dict[str, Any]) -> dict[str, Any]:
+    """CUDA tensors holding `inputs`, in the workload's storage dtype (bf16 as bfloat16)."""
+    if _ACTIVE is not None and _ACTIVE.name == "cuda":
+        return _ACTIVE.reference_inputs(inputs, params)
+    return {n: torch_from_host(_encode(x, params), _dtype_name(x, params))
+            for n, x in inputs.items()}
+
+
+def mlx_inputs(inputs: dict[str, np.ndarray], params: dict[str, Any]) -> dict[str, Any]:
+    """MLX arrays holding `inputs`, in the workload's storage dtype."""
+    if _ACTIVE is not None and _ACTIVE.name == "mlx":
+        return _ACTIVE.reference_inputs(inputs, params)
+    return {n: mlx_from_host(_encode(x, params), _dtype_name(x, params))
+            for n, x in inputs.items()}
+
+
+def host(value: Any) -> "HostLater":
+    """Wraps a device result so that core converts it to numpy (float32 or wider) when it reads
+    it, after the timed region; a baseline's result is never converted at all."""
+    return HostLater(value)
+
+
+class HostLater:
+    """A device array that becomes a numpy array only through ``np.asarray``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __array__(self, dtype=None, copy=None):
+        arr = to_numpy(self.value)
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+
+def _dtype_name(x: np.ndarray, params: dict[str, Any]) -> str:
+    name = params.get("dtype")
+    if isinstance(name, str) and name in dtypes.DTYPES:
+        return name
+    return {np.dtype(np.float16): "f16", np.dtype(np.float32): "f32",
+            np.dtype(np.float64): "f64"}.get(x.dtype, "f32")
+
+
+def _encode(x: np.ndarray, params: dict[str, Any]) -> np.ndarray:
+    return np.ascontiguousarray(dtypes.get(_dtype_name(x, params)).encode(x))
+
+
+# --------------------------------------------------------------------------------------------
+# Conversions (torch and mlx imported on first use)
+
+
+_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def torch_dtype(name: str):
+    import torch
+    return {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32,
+            "f64": torch.float64, "i8": torch.int8, "i16": torch.int16, "i32": torch.int32,
+            "i64": torch.int64, "u8": torch.uint8, "u32": torch.int32,
+            "bool": torch.bool}[name]
+
+
+def torch_bits_dtype(itemsize: int):
+    import torch
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[itemsize]
+
+
+def torch_from_host(stored: np.ndarray, dtype_name: str):
+    """A new CUDA tensor holding the storage array `stored` bit for bit."""
+    import torch
+    t = torch.empty(stored.shape, dtype=torch_dtype(dtype_name), device="cuda")
+    torch_upload(t, stored)
+    return t
+
+
+def torch_upload(t, stored: np.ndarray) -> None:
+    """Copies `stored` into tensor `t` bit for bit (bf16 travels as its raw 16 bits). The copy
+    is complete for the host when this returns, so `stored` may be reused."""
+    import torch
+    width = stored.dtype.itemsize
+    src = torch.from_numpy(np.ascontiguousarray(stored).view(_BITS[width]))
+    t.view(torch_bits_dtype(width)).copy_(src)
+
+
+def torch_to_host(t, storage: np.dtype) -> np.ndarray:
+    width = np.dtype(storage).itemsize
+    bits = t.detach().view(torch_bits_dtype(width)).cpu().numpy()
+    return bits.view(storage).copy()
+
+
+def mlx_dtype(name: str):
+    import mlx.core as mx
+    return {"f16": mx.float16, "bf16": mx.bfloat16, "f32": mx.float32, "f64": mx.float32,
+            "i8": mx.int8, "i16": mx.int16, "i32": mx.int32, "i64": mx.int64, "u8": mx.uint8,
+            "u32": mx.uint32, "bool": mx.bool_}[name]
+
+
+def mlx_from_host(stored: np.ndarray, dtype_name: str):
+    """A new, evaluated MLX array holding `stored`; bf16 arrives as raw bits and is
+    reinterpreted on the device."""
+    import mlx.core as mx
+    flat = np.ascontiguousarray(stored).reshape(-1)
+    if dtype_name == "bf16":
+        flat = flat.view(np.uint16)
+    step = max(1, MLX_UPLOAD_CHUNK_BYTES // max(1, flat.dtype.itemsize))
+    pieces = [mx.array(flat[i:i + step]) for i in range(0, max(flat.size, 1), step)]
+    arr = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)
+    if dtype_name == "bf16":
+        arr = mx.view(arr, mx.bfloat16)
+    elif arr.dtype != mlx_dtype(dtype_name):
+        arr = arr.astype(mlx_dtype(dtype_name))
+    arr = arr.reshape(stored.shape)
+    mx.eval(arr)
+    return arr
+
+
+def mlx_to_host(arr, storage: np.dtype) -> np.ndarray:
+    import mlx.core as mx
+    storage = np.dtype(storage)
+    if arr.dtype == mx.bfloat16:
+        return np.array(mx.view(arr, mx.uint16), copy=True).view(storage)
+    return np.array(arr, copy=True).astype(storage, copy=False)
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """A host copy of a torch tensor, an MLX array or anything numpy understands; reduced
+    precision floats are widened to float32 (numpy has no bfloat16)."""
+    if isinstance(value, HostLater):
+        value = value.value
+    module = type(value).__module__ or ""
+    if module.startswith("torch"):
+        import torch
+        t = value.detach()
+        if t.is_floating_point() and t.element_size() < 4:
+            t = t.float()
+        return t.cpu().numpy()
+    if module.startswith("mlx"):
+        import mlx.core as mx
+        if value.dtype in (mx.float16, mx.bfloat16):
+            value = value.astype(mx.float32)
+        return np.array(value, copy=True)
+    return np.asarray(value)
+
+
+# --------------------------------------------------------------------------------------------
+# The adapter side
+
+
+@dataclass
+class _Upload:
+    spec: TensorSpec
+    device: Any  # the buffer's device object at upload time
+    host: np.ndarray  # the storage array it was uploaded from
+
+
+class DeviceAdapter(Adapter):
+    """Shared by the GPU adapters: the registry of input uploads that lets timed reference and
+    baseline calls read the harness's device copies, and the hooks for it."""
+
+    def __init__(self, request: Request):
+        super().__init__(request)
+        self.timing = False
+        self._input_names = {s.name for wl in request.workloads for s in wl.inputs}
+        self._uploads: dict[str, _Upload] = {}
+        self._pending: list[tuple[str, np.ndarray, _Upload]] = []
+        global _ACTIVE
+        _ACTIVE = self
+
+    # Implemented by the backend.
+    def _fresh(self, stored: np.ndarray, spec: TensorSpec) -> Any:
+        raise NotImplementedError
+
+    def note_upload(self, spec: TensorSpec, device_obj: Any, host_arr: np.ndarray) -> None:
+        if spec.name in self._input_names:
+            self._uploads[spec.name] = _Upload(spec, device_obj, host_arr)
+
+    def _specs(self, params: dict[str, Any]) -> dict[str, TensorSpec]:
+        for wl in self.request.workloads:
+            if wl.params == params:
+                return {s.name: s for s in wl.inputs}
+        raise TaskError(f"task code asked for device inputs with params {params}, which match "
+                        f"no workload of the request")
+
+    def reference_inputs(self, inputs: dict[str, np.ndarray], params: dict[str, Any]
+                         ) -> dict[str, Any]:
+        specs = self._specs(dict(params))
+        out = {}
+        for name, x in inputs.items():
+            spec = specs.get(name)
+            if spec is None:
+                raise TaskError(f"`{name}` is not an input of the workload with params {params}")
+            x = np.asarray(x)
+            up = self._uploads.get(name)
+            if self.timing and up is not None and up.spec == spec and _quick_match(up, x):
+                out[name] = up.device
+                self._pending.append((name, x, up))
+            else:
+                out[name] = self._fresh(np.ascontiguousarray(dtypes.get(spec.dtype).encode(x)),
+                                        spec)
+        return out
+
+    def verify_reference_inputs(self) -> None:
+        """Called after each timed call, outside the timed region."""
+        pending, self._pending = self._pending, []
+        for name, x, up in pending:
+            expected = dtypes.get(up.spec.dtype).reference_view(up.host)
+            if not np.array_equal(expected, x, equal_nan=expected.dtype.kind == "f"):
+                raise TaskError(f"harness error: the device copy of input `{name}` handed to a "
+                                f"timed reference call did not hold that call's inputs")
+
+    def timed_region(self, fn: Callable[[], Any]) -> Any:
+        """Runs `fn` with `timing` set (task code may use registered device inputs)."""
+        self.timing = True
+        try:
+            return fn()
+        finally:
+            self.timing = False
+
+
+def _quick_match(up: _Upload, x: np.ndarray) -> bool:
+    if up.host.shape != x.shape:
+        return False
+    n = x.size
+    if n == 0:
+        return True
+    idx = np.unique(np.linspace(0, n - 1, num=min(n, QUICK_SAMPLES)).astype(np.int64))
+    have = dtypes.get(up.spec.dtype).reference_view(up.host.reshape(-1)[idx])
+    return bool(np.array_equal(have, x.reshape(-1)[idx], equal_nan=have.dtype.kind == "f"))
+
+
+def deactivate() -> None:
+    """Forgets the active adapter (tests create several in one process)."""
+    global _ACTIVE
+    _ACTIVE = None

@@ -1,0 +1,373 @@
+"""mlx backend: the candidate is a small Python module that builds its kernels with
+`mx.fast.cuda_kernel` (Linux, NVIDIA) or `mx.fast.metal_kernel` (macOS) and defines the task's
+entry point as a function:
+
+    def attention(*, q, k, v, B, H, L, D, causal):   # inputs as mx.array, int axes as int
+        ...
+        return out                                   # an mx.array, or {output name: mx.array}
+
+The harness imports it in the worker process, after the static checks (static_checks.
+check_python) passed on exactly the bytes it imports. Each call's outputs must be real
+`mx.array` objects (anything else is `lazy_output`); they are evaluated with `mx.eval` followed
+by `mx.synchronize()` inside the timed region, since MLX only builds a graph until then.
+
+Kernel names get a hash of their source and header appended (the builders are wrapped before
+the candidate is imported): MLX before 0.32.1 silently reused the first kernel compiled under a
+name.
+
+The Metal dialect cannot run on our Linux machines: its build path (syntax, static checks,
+dialect detection) is the same code and is tested; loading it on a machine whose MLX runs CUDA
+is a build error that says so.
+
+mlx is imported when the adapter needs the device, never at module import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import platform
+import sys
+import time
+import traceback
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import dtypes, static_checks
+from ..protocol import Entry, Incorrect, Request, TaskError, TensorSpec
+from . import BuildFailed, BuildInfo
+from .device import (DeviceAdapter, LazyOutput, HostLater, mlx_dtype, mlx_from_host,
+                     mlx_to_host, resolve_entry)
+
+BUILDERS = ("cuda_kernel", "metal_kernel")
+KERNEL_HASH_CHARS = 12
+ROOFLINE_COPY_BYTES = 256 << 20
+ROOFLINE_MATMUL_N = 8192
+ROOFLINE_REPEATS = 5
+
+
+def kernel_name(name: str, source: str, header: str = "") -> str:
+    """`name` with a hash of the kernel's code appended, so two different kernels never share
+    a name in MLX's compile cache."""
+    digest = hashlib.sha256((header + "\0" + source).encode()).hexdigest()[:KERNEL_HASH_CHARS]
+    return f"{name}_{digest}"
+
+
+def _hashing_builder(original: Callable[..., Any]) -> Callable[..., Any]:
+    positional = ("name", "input_names", "output_names", "source", "header")
+
+    def builder(*args: Any, **kwargs: Any) -> Any:
+        bound = dict(zip(positional, args))
+        bound.update(kwargs)
+        bound["name"] = kernel_name(str(bound.get("name", "kernel")), str(bound.get("source", "")),
+                                    str(bound.get("header", "") or ""))
+        return original(**bound)
+
+    builder.ksearch_wrapped = True  # type: ignore[attr-defined]
+    builder.__doc__ = original.__doc__
+    return builder
+
+
+def install_hashing_builders(fast_module: Any) -> None:
+    """Wraps `mx.fast.cuda_kernel` / `metal_kernel` in place (once per process)."""
+    for b in BUILDERS:
+        original = getattr(fast_module, b, None)
+        if original is None or getattr(original, "ksearch_wrapped", False):
+            continue
+        setattr(fast_module, b, _hashing_builder(original))
+
+
+def machine_dialect(mx: Any, plat: str = sys.platform) -> str | None:
+    """`cuda` when MLX runs on an NVIDIA GPU here, `metal` on Apple silicon, else None."""
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and getattr(cuda, "is_available", lambda: False)():
+        return "cuda"
+    metal = getattr(mx, "metal", None)
+    if plat == "darwin" and metal is not None and getattr(metal, "is_available", lambda: False)():
+        return "metal"
+    return None
+
+
+def dialect_problem(used: set[str], machine: str | None) -> str | None:
+    """Why a candidate using the builders `used` cannot run on `machine`, or None."""
+    if machine is None:
+        return "MLX sees no GPU on this machine (neither CUDA nor Metal)"
+    if used and machine not in used:
+        other = ", ".join(sorted(used))
+        return (f"the candidate builds only {other} kernels (mx.fast.{other}_kernel), but MLX "
+                f"runs on {machine} here")
+    return None
+
+
+@dataclass
+class MlxBuffer:
+    spec: TensorSpec
+    array: Any = None  # mx.array once uploaded or written
+    host: np.ndarray | None = None  # outputs before the first call: what core uploaded
+
+
+_DEVICE_ROOFLINE: tuple[float, float] | None = None
+
+
+class MlxAdapter(DeviceAdapter):
+    name = "mlx"
+
+    def __init__(self, request: Request):
+        super().__init__(request)
+        self._mx_mod: Any = None
+        self._module: Any = None
+        self._entry: Entry | None = None
+        self._dialects: set[str] = set()
+        self._flush: Any = None
+        self._output_names = {s.name for wl in request.workloads for s in wl.outputs}
+
+    # -- build ---------------------------------------------------------------------------
+
+    def build(self, source: bytes) -> BuildInfo:
+        """Writes the private copy that will be imported and compiles it to bytecode: syntax
+        errors are build errors. Needs neither mlx nor a GPU."""
+        req = self.request
+        assert req.candidate is not None and req.build_dir is not None
+        if req.candidate.language != "python":
+            raise BuildFailed(f"the mlx backend runs Python modules, not "
+                              f"`{req.candidate.language}`")
+        key = hashlib.sha256(source).hexdigest()[:20]
+        os.makedirs(req.build_dir, exist_ok=True)
+        path = os.path.join(req.build_dir, f"candidate_{key}.py")
+        with open(path, "wb") as fh:
+            fh.write(source)
+        text = source.decode("utf-8", "replace")
+        t0 = time.monotonic()
+        version = f"python {platform.python_version()}"
+        try:
+            compile(text, path, "exec", dont_inherit=True)
+        except SyntaxError as e:
+            msg = f"line {e.lineno}: {e.msg}"
+            raise BuildFailed(f"syntax error: {msg}",
+                              BuildInfo(compiler=version, command=["compile", path],
+                                        seconds=time.monotonic() - t0, log=msg,
+                                        artifact=path)) from None
+        self._dialects = static_checks.kernel_dialects(text)
+        return BuildInfo(compiler=version, command=["compile", path],
+                         seconds=time.monotonic() - t0, log="", artifact=path,
+                         extra={"kernel_dialects": sorted(self._dialects),
+                                "mlx": _mlx_version()})
+
+    # -- device --------------------------------------------------------------------------
+
+    def _mx(self) -> Any:
+        if self._mx_mod is None:
+            try:
+                import mlx.core as mx
+            except ImportError as e:
+                raise TaskError(f"the mlx backend needs the mlx package: {e}") from None
+            self._mx_mod = mx
+        return self._mx_mod
+
+    def load(self, build: BuildInfo, entry: Entry) -> None:
+        mx = self._mx()
+        with open(build.artifact, encoding="utf-8", errors="replace") as fh:
+            self._dialects = static_checks.kernel_dialects(fh.read())
+        problem = dialect_problem(self._dialects, machine_dialect(mx))
+        if problem:
+            raise BuildFailed(problem, build)
+        install_hashing_builders(mx.fast)
+        name = "ksearch_candidate_" + os.path.basename(build.artifact)[len("candidate_"):-3]
+        spec = importlib.util.spec_from_file_location(name, build.artifact)
+        if spec is None or spec.loader is None:
+            raise BuildFailed(f"cannot import {build.artifact}", build)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - any failure at import is the candidate's
+            tb = traceback.extract_tb(e.__traceback__)
+            where = next((f" (line {f.lineno})" for f in reversed(tb)
+                          if f.filename == build.artifact), "")
+            raise BuildFailed(f"importing the candidate raised {type(e).__name__}: "
+                              f"{e}{where}", build) from None
+        self._module = module
+        self._entry = entry
+        for wl in self.request.workloads:
+            self._function(resolve_entry(entry.symbol, wl.params), build)
+
+    def _function(self, name: str, build: BuildInfo | None = None) -> Callable[..., Any]:
+        fn = getattr(self._module, name, None)
+        if not isinstance(fn, types.FunctionType):
+            raise BuildFailed(f"the candidate module defines no function `{name}`", build)
+        return fn
+
+    # -- buffers and calls ---------------------------------------------------------------
+
+    def alloc(self, spec: TensorSpec) -> MlxBuffer:
+        return MlxBuffer(spec)
+
+    def upload(self, buf: MlxBuffer, host: np.ndarray) -> None:
+        if buf.spec.name in self._output_names:
+            # MLX outputs are new arrays made by the candidate's kernels; a poisoned output
+            # buffer only has to read back as poison until the first call replaces it.
+            buf.host, buf.array = np.array(host, copy=True), None
+            return
+        buf.array, buf.host = mlx_from_host(host, buf.spec.dtype), None
+        self.note_upload(buf.spec, buf.array, host)
+
+    def to_host(self, buf: MlxBuffer) -> np.ndarray:
+        storage = dtypes.get(buf.spec.dtype).storage
+        if buf.array is None:
+            if buf.host is None:
+                return np.zeros(buf.spec.shape, dtype=storage)
+            return buf.host.copy()
+        return mlx_to_host(buf.array, storage)
+
+    def _fresh(self, stored: np.ndarray, spec: TensorSpec) -> Any:
+        return mlx_from_host(stored, spec.dtype)
+
+    def call(self, inputs, outputs, params) -> None:
+        self.bind(inputs, outputs, params)()
+
+    def bind(self, inputs: dict[str, MlxBuffer], outputs: dict[str, MlxBuffer],
+             params: dict[str, Any]) -> Callable[[], None]:
+        assert self._entry is not None, "load() first"
+        mx = self._mx()
+        symbol = resolve_entry(self._entry.symbol, params)
+        fn = self._function(symbol)
+        names = [a for a in self._entry.args if a not in outputs]
+        for n in names:
+            if n not in inputs and not isinstance(params.get(n), (int, float)):
+                raise TaskError(f"entry argument `{n}` is not an input or numeric parameter")
+
+        def candidate_call() -> None:
+            kwargs = {n: inputs[n].array if n in inputs else params[n] for n in names}
+            result = fn(**kwargs)
+            arrays = self._outputs(result, outputs, symbol)
+            mx.eval(*arrays.values())
+            if not self.timing:
+                mx.synchronize()
+            for n, arr in arrays.items():
+                outputs[n].array, outputs[n].host = arr, None
+
+        candidate_call.ksearch_candidate = True  # type: ignore[attr-defined]
+        return candidate_call
+
+    def _outputs(self, result: Any, outputs: dict[str, MlxBuffer], symbol: str
+                 ) -> dict[str, Any]:
+        mx = self._mx()
+        if type(result) is mx.array and len(outputs) == 1:
+            arrays = {next(iter(outputs)): result}
+        elif type(result) is dict and set(result) == set(outputs):
+            arrays = dict(result)
+        else:
+            shape = "an mx.array" if len(outputs) == 1 else "a dict of mx.array"
+            raise LazyOutput(f"`{symbol}` returned {_describe(result)}; it must return {shape} "
+                             f"keyed by output name ({', '.join(outputs)})")
+        for n, arr in arrays.items():
+            if type(arr) is not mx.array:
+                raise LazyOutput(f"`{symbol}` returned {_describe(arr)} for output `{n}`; "
+                                 f"outputs must be plain mx.array objects")
+            spec = outputs[n].spec
+            if tuple(arr.shape) != tuple(spec.shape) or arr.dtype != mlx_dtype(spec.dtype):
+                raise Incorrect(f"output `{n}` has shape {tuple(arr.shape)} and dtype "
+                                f"{arr.dtype}; expected {tuple(spec.shape)} {spec.dtype}")
+        return arrays
+
+    def synchronize(self) -> None:
+        self._mx().synchronize()
+
+    def flush_cache(self) -> None:
+        mx = self._mx()
+        if self._flush is None:
+            n = max(self.request.timing.flush_bytes, 1 << 20) // 4
+            self._flush = mx.zeros((n,), dtype=mx.int32)
+        # A new array from a read of the old one: every line is read and written.
+        self._flush = self._flush + 1
+        mx.eval(self._flush)
+        mx.synchronize()
+
+    def time_call(self, fn: Callable[[], Any]) -> tuple[int, Any]:
+        mx = self._mx()
+        mx.synchronize()
+        t0 = time.perf_counter_ns()
+        value = self.timed_region(lambda: _evaluated(mx, fn()))
+        mx.synchronize()
+        ns = time.perf_counter_ns() - t0
+        self.verify_reference_inputs()
+        return ns, value
+
+    # -- machine facts -------------------------------------------------------------------
+
+    def roofline(self) -> tuple[float, float]:
+        global _DEVICE_ROOFLINE
+        if _DEVICE_ROOFLINE is None:
+            _DEVICE_ROOFLINE = self.roofline_fresh()
+        return _DEVICE_ROOFLINE
+
+    def roofline_fresh(self) -> tuple[float, float]:
+        """Bandwidth of an elementwise pass (one read and one write per byte) and f16 matrix
+        product throughput, best of a few runs; wall clock around eval + synchronize, so both
+        are lower bounds."""
+        mx = self._mx()
+
+        def best(make: Callable[[], Any]) -> float:
+            mx.eval(make())
+            mx.synchronize()
+            times = []
+            for _ in range(ROOFLINE_REPEATS):
+                t0 = time.perf_counter()
+                mx.eval(make())
+                mx.synchronize()
+                times.append(time.perf_counter() - t0)
+            return max(min(times), 1e-9)
+
+        n = ROOFLINE_COPY_BYTES // 4
+        a = mx.ones((n,), dtype=mx.float32)
+        mx.eval(a)
+        bandwidth = 2 * n * 4 / best(lambda: a + 1)
+        m = ROOFLINE_MATMUL_N
+        x = mx.random.normal((m, m)).astype(mx.float16)
+        y = mx.random.normal((m, m)).astype(mx.float16)
+        mx.eval(x, y)
+        peak = 2 * m ** 3 / best(lambda: x @ y)
+        return bandwidth, peak
+
+    def environment(self) -> dict[str, Any]:
+        env: dict[str, Any] = {"mlx": _mlx_version(), "kernel_dialects": sorted(self._dialects)}
+        if self.request.op == "evaluate":
+            try:
+                mx = self._mx()
+                env["mlx_dialect"] = machine_dialect(mx)
+                info = getattr(mx, "device_info", None)
+                if callable(info):
+                    d = info()
+                    env.update({"gpu": d.get("device_name"),
+                                "gpu_architecture": d.get("architecture")})
+            except (TaskError, RuntimeError, AttributeError):
+                pass
+        return env
+
+
+def _evaluated(mx: Any, value: Any) -> Any:
+    """Forces every MLX array in a task function's result (a dict of arrays, possibly wrapped
+    for a later host copy), so the timed region covers the work and not only the graph."""
+    if isinstance(value, dict):
+        arrays = [v.value if isinstance(v, HostLater) else v for v in value.values()]
+        arrays = [a for a in arrays if type(a) is mx.array]
+        if arrays:
+            mx.eval(*arrays)
+    return value
+
+
+def _describe(value: Any) -> str:
+    t = type(value)
+    return f"an object of type `{t.__module__}.{t.__qualname__}`"
+
+
+def _mlx_version() -> str | None:
+    try:
+        import importlib.metadata
+        return importlib.metadata.version("mlx")
+    except Exception:  # noqa: BLE001 - a version is a courtesy
+        return None
