@@ -38,8 +38,9 @@ TORCH_DT = {"f16": torch.float16, "bf16": torch.bfloat16}
 ISSUE_SHAPES = [(1, 32, 4096, 128), (4, 32, 1024, 128), (1, 32, 4096, 64), (8, 32, 512, 128)]
 HELD_OUT = [(2, 8, 1000, 64), (1, 16, 777, 128), (3, 4, 130, 128), (1, 4, 33, 64), (2, 3, 1, 64)]
 MAIN = (1, 32, 4096, 128)
+MAIN64 = (1, 32, 4096, 64)
 LADDER = ["s0_naive", "s1_tiled", "s2_tiled_exp2", "s3_tiled_kt", "s4_mma", "s5_mma_cpasync", "s6_mma_tile",
-          "s7_causal_skip", "s8_wgmma"]
+          "s7_causal_skip", "s8_wgmma", "s9_wgmma_overlap"]
 
 
 def flops(B, H, L, D, causal):
@@ -295,7 +296,7 @@ def main(argv=None):
         save()
 
     sweep = [n for n in knobs if n not in LADDER]
-    mma_all = ["s4_mma", "s5_mma_cpasync", "s6_mma_tile", "s7_causal_skip", "s8_wgmma"] + sweep
+    mma_all = ["s4_mma", "s5_mma_cpasync", "s6_mma_tile", "s7_causal_skip", "s8_wgmma", "s9_wgmma_overlap"] + sweep
 
     def best(shape, dt, causal):
         cands = [r for r in rows if r["shape"] == shape_name(shape) and r["dtype"] == dt and r["causal"] == causal
@@ -322,16 +323,17 @@ def main(argv=None):
             run_config(shape, dt, causal, list(knobs), [], shape != MAIN)
         save()
         return 0
-    # 1. main shape f16: whole ladder and sweep on cuda, then the pick (and s7) through mlx.
+    # 1. main shapes f16: the whole ladder and sweep on cuda (D=128), the tensor-core sweep (D=64);
+    #    the fastest correct variant per (causal, D) is the pick, measured through mlx too.
     for causal in (0, 1):
         run_config(MAIN, "f16", causal, LADDER + sweep, [], False)
-        picks[causal] = best(MAIN, "f16", causal)
-        names = list(dict.fromkeys([picks[causal]] + args.mlx_extra))
-        run_config(MAIN, "f16", causal, [], names, False)
-    meta["picks"] = {str(c): p for c, p in picks.items()}
+        run_config(MAIN64, "f16", causal, mma_all, [], False)
+        picks[(causal, 128)] = best(MAIN, "f16", causal)
+        picks[(causal, 64)] = best(MAIN64, "f16", causal)
+        run_config(MAIN, "f16", causal, [], list(dict.fromkeys([picks[(causal, 128)]] + args.mlx_extra)), False)
+    meta["picks"] = {f"causal={c},D={d}": p for (c, d), p in picks.items()}
     print(f"\n[picks] {meta['picks']}", flush=True)
     if not args.quick:
-        pick_names = list(dict.fromkeys(list(picks.values()) + args.mlx_extra))
         # 2. every issue shape in f16 and bf16, and the held-out shapes: the picks on both backends.
         todo = [(s, dt) for dt in ("f16", "bf16") for s in ISSUE_SHAPES + HELD_OUT if (s, dt) != (MAIN, "f16")]
         for shape, dt in todo:
@@ -339,11 +341,12 @@ def main(argv=None):
                 if deadline.passed():
                     print(f"[budget] skipped {shape_name(shape)} {dt} c{causal}", flush=True)
                     continue
-                run_config(shape, dt, causal, pick_names, pick_names, shape in HELD_OUT)
+                names = list(dict.fromkeys([picks[(causal, shape[3])]] + args.mlx_extra))
+                run_config(shape, dt, causal, names, names, shape in HELD_OUT)
         # 3. the rest of the mma sweep on the other issue shapes, while the budget lasts.
-        for shape in ISSUE_SHAPES[1:]:
+        for shape in [s for s in ISSUE_SHAPES if s not in (MAIN, MAIN64)]:
             for causal in (0, 1):
-                rest = [n for n in mma_all if n not in pick_names]
+                rest = [n for n in mma_all if n not in (picks[(causal, shape[3])], *args.mlx_extra)]
                 if not deadline.passed():
                     run_config(shape, "f16", causal, rest, [], False)
     save()
@@ -353,7 +356,7 @@ def main(argv=None):
     for causal in (0, 1):
         for r in rows:
             if r["shape"] == shape_name(MAIN) and r["dtype"] == "f16" and r["causal"] == bool(causal) \
-                    and r["impl"] in (picks.get(causal), "mlx_native", "torch_sdpa") and r.get("ms"):
+                    and r["impl"] in (picks.get((causal, 128)), "mlx_native", "torch_sdpa") and r.get("ms"):
                 print(f"  causal={causal} {r['impl']:<18} {r['backend']:<5} {r['ms']:.3f} ms "
                       f"vs_mlx={r.get('vs_mlx')} vs_sdpa={r.get('vs_sdpa')} ok={r['ok']}")
     bad = [r for r in rows if r.get("ms") and not r.get("ok")]

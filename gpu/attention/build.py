@@ -85,6 +85,23 @@ def build_one(nvcc: str, name: str, knobs: dict, fam: Family, out: Path) -> dict
     }
 
 
+def build_probe(nvcc: str, fam: Family, knobs: dict, out: Path) -> int:
+    """The probe launches one warpgroup (128 threads), so it needs a variant whose THREADS is 128."""
+    header, _ = fam.render_mlx(knobs)
+    (out / "wgmma_device.cuh").write_text(header)
+    cmd = [nvcc, "-gencode=arch=compute_90a,code=sm_90a", "-O2", "-std=c++17", f"-I{out}",
+           str(HERE / "probe" / "wgmma_probe.cu"), "-o", str(out / "wgmma_probe")]
+    pip_lib = Path(nvcc).resolve().parent.parent / "lib"
+    if (pip_lib / "libcudart_static.a").exists():
+        cmd[1:1] = ["-L" + str(pip_lib)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    print(f"wgmma_probe            {'ok ' if proc.returncode == 0 else 'ERR'}")
+    if proc.returncode != 0:
+        print(proc.stdout + proc.stderr, file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -92,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", type=Path, default=HERE / "variants.toml")
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--probe", action="store_true", help="also build probe/wgmma_probe.cu against wg_m64n64s2")
     args = ap.parse_args(argv)
     nvcc = find_nvcc(args.nvcc)
     fam = Family.load()
@@ -107,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     merged.update({r["name"]: r for r in results})
     report.write_text(json.dumps(list(merged.values()), indent=1))
     failed = 0
+    if args.probe:
+        failed += build_probe(nvcc, fam, load_variants(args.variants, fam)["wg_m64n64s2"], args.out)
     for r in results:
         worst = max(r["kernels"], key=lambda k: k.get("registers", 0), default={})
         spills = sum(k.get("spill_stores", 0) + k.get("spill_loads", 0) for k in r["kernels"])

@@ -1,8 +1,8 @@
 // Unit probe for the wgmma building blocks of templates/attention.cu.j2 (algo = "wgmma"): one
 // warpgroup computes S = Q K^T (descriptors, K-major, 128B swizzle) and O = P V (P from registers,
 // V MN-major), for D in {64, 128} and BLOCK_N in {64, 128}; the host compares with float math.
-// Build: render a wgmma variant with backend "mlx" (device code only) to wgmma_device.cuh, then
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -I. wgmma_probe.cu -o wgmma_probe
+// Build: python build.py --out <dir> --probe (renders wg_m64n64s2, one warpgroup, as wgmma_device.cuh),
+// then run <dir>/wgmma_probe on the GPU.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cstdio>

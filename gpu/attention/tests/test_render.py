@@ -1,0 +1,121 @@
+"""The attention-fwd family renders, validates knobs, and agrees with itself (no GPU needed)."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+jinja2 = pytest.importorskip("jinja2")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from render import Family, FamilyError, load_variants, variant_id  # noqa: E402
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def fam():
+    return Family.load()
+
+
+@pytest.fixture(scope="module")
+def variants(fam):
+    return load_variants(HERE / "variants.toml", fam)
+
+
+def test_every_named_variant_renders_for_both_backends(fam, variants):
+    assert len(variants) >= 10
+    for name, knobs in variants.items():
+        cuda = fam.render("cuda", knobs)
+        assert 'extern "C" int attention_f16(' in cuda, name
+        assert 'extern "C" int attention_bf16(' in cuda, name
+        header, body = fam.render_mlx(knobs)
+        # NVRTC (MLX) promises no standard headers; the host glue must not leak into the header.
+        for banned in ("#include", 'extern "C"', "int64_t", "uint32_t", "cudaStream_t"):
+            assert banned not in header, (name, banned)
+        assert "q_shape[2]" in body and "::ksa::attn_body<T, HEAD_DIM, CAUSAL>" in body
+        for text in (cuda, header, body):
+            assert "{{" not in text and "{%" not in text, name
+        assert variant_id(knobs) in cuda
+
+
+def test_algorithms_select_distinct_code(fam):
+    srcs = {a: fam.render("cuda", fam.resolve(k)) for a, k in {
+        "naive": {"algo": "naive", "block_m": 128},
+        "tiled": {"algo": "tiled", "block_m": 64, "block_n": 32, "warps": 4},
+        "mma": {"algo": "mma"},
+        "wgmma": {"algo": "wgmma", "block_m": 128, "warps": 8},
+    }.items()}
+    assert "mma.sync.aligned.m16n8k16" in srcs["mma"] and "wgmma" not in srcs["mma"]
+    assert "wgmma.mma_async.sync.aligned.m64n64k16" in srcs["wgmma"]
+    assert "mma.sync.aligned" not in srcs["tiled"] and "mma.sync.aligned" not in srcs["naive"]
+    assert "K_TRANSPOSED" in srcs["tiled"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"algo": "flash"}, "not in domain"),
+    ({"block_n": 48}, "not in domain"),
+    ({"exp2": 1}, "not in domain"),          # an int is not a bool
+    ({"tile": 3}, "unknown knob"),
+    ({"algo": "mma", "block_m": 64, "warps": 8}, "constraint"),             # 8 rows per warp
+    ({"algo": "mma", "cp_async": False, "stages": 2}, "constraint"),
+    ({"algo": "wgmma", "block_m": 128, "warps": 4}, "constraint"),          # 2 warpgroups need 8 warps
+    ({"algo": "mma", "overlap": True}, "constraint"),
+    ({"algo": "mma", "block_m": 128, "warps": 4, "q_in_regs": True}, "constraint"),
+])
+def test_invalid_knobs_are_rejected(fam, overrides, message):
+    with pytest.raises(FamilyError, match=message):
+        fam.resolve(overrides)
+
+
+def _template_smem(source: str, knobs: dict, head_dim: int) -> int:
+    m = re.search(r"constexpr int smem_bytes\(\) \{ return (.*?); \}", source)
+    assert m, "smem_bytes<D>() not found"
+    expr = m.group(1)
+    values = {"BLOCK_M": knobs["block_m"], "BLOCK_N": knobs["block_n"], "D": head_dim,
+              "STAGES": knobs["stages"] if knobs["algo"] in ("mma", "wgmma") else 1}
+    for k, v in values.items():
+        expr = re.sub(rf"\b{k}\b", str(v), expr)
+    assert re.fullmatch(r"[0-9+*() ]+", expr), expr
+    return eval(expr)  # noqa: S307 - digits and arithmetic only, checked above
+
+
+def test_family_smem_formula_matches_the_kernel(fam, variants):
+    # The mlx wrapper sizes dynamic shared memory from family.toml; the cuda launcher from the
+    # template's smem_bytes<D>(). They must agree or one backend under-allocates.
+    for name, knobs in variants.items():
+        src = fam.render("cuda", knobs)
+        for d in fam.head_dims:
+            assert fam.launch(knobs, d)["smem_bytes"] == _template_smem(src, knobs, d), (name, d)
+
+
+def test_grid_covers_every_row(fam):
+    knobs = fam.resolve({"block_m": 128, "warps": 8})
+    assert fam.grid(knobs, 2, 3, 1) == (1, 3, 2)
+    assert fam.grid(knobs, 1, 32, 4096) == (32, 32, 1)
+    assert fam.grid(knobs, 1, 1, 4097) == (33, 1, 1)
+
+
+def test_variant_id_is_stable_and_sensitive(fam):
+    a = fam.resolve({})
+    b = fam.resolve({"block_n": 32})
+    assert variant_id(a) == variant_id(dict(reversed(list(a.items()))))
+    assert variant_id(a) != variant_id(b)
+
+
+def test_minijinja_renders_identically(fam, variants):
+    # The Rust proposer renders with minijinja; the Python tools with jinja2. Same bytes, same
+    # constraint verdicts, or the offline search would compile something nobody measured.
+    minijinja = pytest.importorskip("minijinja")
+    env = minijinja.Environment(
+        templates={p.name: p.read_text() for p in fam.directory.glob("*.j2")},
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+    )
+    for name, knobs in list(variants.items()):
+        ctx = fam._context("cuda", knobs)
+        assert env.render_template(fam.spec["family"]["source"], **ctx) == fam.render("cuda", knobs), name
+        for c in fam.spec["constraints"]:
+            for d in fam.head_dims:
+                cctx = dict(knobs, head_dim=d, **fam.launch(knobs, d))
+                assert bool(env.eval_expr(c["when"], **cctx)) == bool(fam.eval_expr(c["when"], cctx)), (name, c)
