@@ -117,20 +117,40 @@ fn unknown_backend_and_missing_file_are_usage_errors() {
 }
 
 #[test]
-fn the_seed_kernel_passes() {
-    ksearch()
+fn the_seed_kernel_passes_held_out_workloads_included() {
+    let task_dir = workspace_root().join("tasks/softmax");
+    let task = ksearch_task::resolve(&task_dir.to_string_lossy()).unwrap();
+    let held_out: Vec<String> = task
+        .workloads("cpu")
+        .unwrap()
+        .into_iter()
+        .filter(|w| w.held_out)
+        .map(|w| w.name)
+        .collect();
+    assert!(!held_out.is_empty());
+    let out = ksearch()
         .args([
             "eval",
             "--task",
             "softmax",
             "--timing",
             "quick",
+            "--held-out",
             SOFTMAX_SEED,
         ])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("passed"))
-        .stdout(predicate::str::contains("r64c1000"));
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains(": passed"), "{stdout}");
+    for name in &held_out {
+        let row = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name.as_str()))
+            .unwrap_or_else(|| panic!("no row for held-out workload {name}:\n{stdout}"));
+        assert!(row.contains("held-out"), "{row}");
+    }
 }
 
 #[test]

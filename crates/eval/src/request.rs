@@ -156,14 +156,15 @@ impl EvalRequest {
                 }
             )));
         }
-        let reference = &task.spec().reference;
+        // A backend may have its own reference function (e.g. a torch one for cuda).
+        let reference = task.reference_for(backend)?;
         Ok(EvalRequest {
             task: TaskSection {
                 name: task.name().to_string(),
                 dir: task.dir().to_path_buf(),
                 reference: FunctionRef {
-                    module: reference.module.clone(),
-                    function: reference.function.clone(),
+                    module: reference.module,
+                    function: reference.function,
                 },
                 baseline: spec.baseline.as_ref().map(|function| BaselineRef {
                     name: spec.baseline_label().unwrap_or(function).to_string(),
