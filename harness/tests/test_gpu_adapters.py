@@ -1,0 +1,277 @@
+"""Backend selection, lazy imports of the GPU adapters, and the device-side helpers shared by
+them (input registry for timed reference calls, deferred host conversion, escaped-work
+accounting, MLX kernel naming and dialects) - everything that needs neither torch nor mlx."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import driver
+from ksearch_harness import adapters
+from ksearch_harness.adapters import cuda, device, mlx
+from ksearch_harness.protocol import TaskError, TensorSpec, Violation, parse_request
+
+
+def _request(backend: str, workloads: list[dict] | None = None, op: str = "evaluate") -> object:
+    req = driver.softmax_request("/tmp/k.c", "/tmp/b", backend=backend)
+    req["op"] = op
+    if workloads is not None:
+        req["workloads"] = workloads
+        req["task"]["entry"] = {"symbol": "scale", "args": ["x", "y", "n"]}
+    return parse_request(req, op)
+
+
+def test_create_picks_the_adapter_of_the_requested_backend():
+    assert type(adapters.create(_request("cpu"))).__name__ == "CpuAdapter"
+    assert isinstance(adapters.create(_request("cuda")), cuda.CudaAdapter)
+    assert isinstance(adapters.create(_request("mlx")), mlx.MlxAdapter)
+    device.deactivate()
+    with pytest.raises(TaskError, match="known: cpu, cuda, mlx"):
+        adapters.create(_request("rocm"))
+
+
+LAZY_PROBE = """
+import sys
+sys.modules["torch"] = None   # present or not, importing it must not be needed
+sys.modules["mlx"] = None
+sys.modules["mlx.core"] = None
+import ksearch_harness.worker, ksearch_harness.core
+from ksearch_harness import adapters
+from ksearch_harness.adapters import cuda, mlx, device
+from ksearch_harness.protocol import parse_request
+import json
+req = json.loads(sys.argv[1])
+for backend in ("cpu", "cuda", "mlx"):
+    req["backend"] = backend
+    adapters.create(parse_request(req, "build"))
+print(json.dumps({"backends": adapters.available_backends(),
+                  "torch": sys.modules.get("torch") is not None,
+                  "mlx": sys.modules.get("mlx.core") is not None}))
+"""
+
+
+def test_gpu_adapters_import_and_construct_without_torch_or_mlx():
+    req = driver.softmax_request("/tmp/k.c", "/tmp/b", op="build")
+    out = subprocess.run([sys.executable, "-c", LAZY_PROBE, json.dumps(req)],
+                         capture_output=True, text=True, timeout=60,
+                         env={"PYTHONPATH": str(driver.HARNESS_DIR), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    facts = json.loads(out.stdout)
+    assert facts == {"backends": ["cpu"], "torch": False, "mlx": False}
+
+
+def test_a_gpu_evaluation_without_torch_or_mlx_is_a_task_error(monkeypatch):
+    """Where PyTorch (mlx) is missing, the backend says so instead of crashing."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
+    monkeypatch.setitem(sys.modules, "mlx", None)
+    monkeypatch.setitem(sys.modules, "mlx.core", None)
+    try:
+        with pytest.raises(TaskError, match="needs PyTorch"):
+            cuda.CudaAdapter(_request("cuda")).alloc(TensorSpec("x", "f32", (4,)))
+        with pytest.raises(TaskError, match="needs the mlx package"):
+            mlx.MlxAdapter(_request("mlx")).synchronize()
+    finally:
+        device.deactivate()
+
+
+# -- device registry -----------------------------------------------------------------------------
+
+
+class FakeDeviceAdapter(device.DeviceAdapter):
+    """Host arrays stand in for device buffers; enough to exercise the registry."""
+
+    name = "cuda"
+
+    def build(self, source):
+        raise NotImplementedError
+
+    def load(self, build, entry):
+        pass
+
+    def alloc(self, spec):
+        return {"spec": spec, "data": None}
+
+    def upload(self, buf, host):
+        buf["data"] = host.copy()
+        self.note_upload(buf["spec"], buf, host)
+
+    def to_host(self, buf):
+        return buf["data"].copy()
+
+    def call(self, inputs, outputs, params):
+        pass
+
+    def flush_cache(self):
+        pass
+
+    def _fresh(self, stored, spec):
+        return {"spec": spec, "data": stored.copy(), "fresh": True}
+
+
+def _workload(dtype: str, n: int = 8) -> dict:
+    return {"name": f"w{dtype}", "held_out": False, "params": {"n": n, "dtype": dtype},
+            "inputs": [{"name": "x", "dtype": dtype, "shape": [n]}],
+            "outputs": [{"name": "y", "dtype": dtype, "shape": [n]}]}
+
+
+@pytest.fixture
+def fake():
+    req = _request("cuda", [_workload("f16"), _workload("bf16")])
+    adapter = FakeDeviceAdapter(req)
+    yield adapter
+    device.deactivate()
+
+
+def test_timed_reference_calls_get_the_uploaded_buffer(fake):
+    from ksearch_harness import dtypes
+    values = np.linspace(-2, 2, 8)
+    stored = dtypes.get("bf16").encode(values)
+    buf = fake.alloc(TensorSpec("x", "bf16", (8,)))
+    fake.upload(buf, stored)
+    given = {"x": dtypes.get("bf16").reference_view(stored).copy()}  # what reference.py sees
+    params = {"n": 8, "dtype": "bf16"}
+    assert device.backend() == "cuda" and not device.timed()
+    got = fake.reference_inputs(given, params)["x"]
+    assert got.get("fresh") and np.array_equal(got["data"], stored)  # untimed: a fresh copy
+
+    seen = {}
+
+    def timed_reference():
+        seen["timed"] = device.timed()
+        seen["x"] = device.torch_inputs(given, params)["x"]
+
+    fake.timed_region(timed_reference)
+    assert seen["timed"] and seen["x"] is buf  # the candidate-side buffer, no transfer
+    fake.verify_reference_inputs()  # the buffer held exactly these inputs
+
+
+def test_a_stale_registry_entry_is_never_used_silently(fake):
+    from ksearch_harness import dtypes
+    f16 = dtypes.get("f16")
+    buf = fake.alloc(TensorSpec("x", "f16", (8,)))
+    fake.upload(buf, f16.encode(np.arange(8.0)))
+    params = {"n": 8, "dtype": "f16"}
+    # A different input set: the quick sample already disagrees, so a fresh copy is made.
+    other = {"x": np.arange(8.0).astype(np.float16) + np.float16(1)}
+    got = fake.timed_region(lambda: fake.reference_inputs(other, params))["x"]
+    assert got.get("fresh")
+    # Same sampled values but one element changed (a near-duplicate input set): the full
+    # comparison after the timed call catches it.
+    near = {"x": np.arange(8.0).astype(np.float16)}
+    near["x"][3] = 100
+    with np.errstate(all="ignore"):
+        monkey_quick = device._quick_match
+        device._quick_match = lambda up, x: True
+        try:
+            got = fake.timed_region(lambda: fake.reference_inputs(near, params))["x"]
+        finally:
+            device._quick_match = monkey_quick
+    assert got is buf
+    with pytest.raises(TaskError, match="did not hold that call's inputs"):
+        fake.verify_reference_inputs()
+
+
+def test_reference_inputs_must_match_a_workload(fake):
+    with pytest.raises(TaskError, match="match no workload"):
+        fake.reference_inputs({"x": np.zeros(8, np.float16)}, {"n": 9, "dtype": "f16"})
+    with pytest.raises(TaskError, match="not an input"):
+        fake.reference_inputs({"z": np.zeros(8, np.float16)}, {"n": 8, "dtype": "f16"})
+
+
+def test_outputs_are_not_registered(fake):
+    from ksearch_harness import dtypes
+    out = fake.alloc(TensorSpec("y", "f16", (8,)))
+    fake.upload(out, dtypes.get("f16").poison((8,), "a"))
+    assert "y" not in fake._uploads
+
+
+def test_host_later_converts_only_when_read():
+    calls = []
+
+    class Device:
+        def __array__(self, dtype=None, copy=None):
+            calls.append(dtype)
+            return np.arange(3, dtype=np.float32)
+
+    later = device.host(Device())
+    assert calls == []
+    arr = np.asarray(later, dtype=np.float64)
+    assert arr.dtype == np.float64 and arr.tolist() == [0.0, 1.0, 2.0] and len(calls) == 1
+
+
+# -- cuda: escaped work in timed calls -------------------------------------------------------
+
+
+def test_escape_check_needs_a_majority_of_suspicious_timed_calls():
+    a = cuda.CudaAdapter(_request("cuda"))
+    device.deactivate()
+    # Honest: host overhead of tens of microseconds around a 10 us kernel, and one call
+    # where the host thread was preempted for 2 ms.
+    for event_ns, wall_ns in [(10_000, 40_000)] * 6 + [(10_000, 2_000_000)]:
+        a._check_escape(event_ns, wall_ns)
+    # A side stream: ~2 us of work on the harness stream, the device busy for 1.5 ms more.
+    b = cuda.CudaAdapter(_request("cuda"))
+    device.deactivate()
+    b._check_escape(2_000, 1_500_000)
+    b._check_escape(2_000, 1_500_000)
+    with pytest.raises(Violation) as e:
+        b._check_escape(2_000, 1_500_000)
+    assert e.value.violation == "deferred_work"
+    # Long kernels with proportionally long host waits are not suspicious.
+    c = cuda.CudaAdapter(_request("cuda"))
+    device.deactivate()
+    for _ in range(5):
+        c._check_escape(5_000_000, 5_150_000)
+
+
+# -- mlx: kernel names and dialects ---------------------------------------------------------
+
+
+def test_kernel_names_carry_a_hash_of_the_code():
+    a = mlx.kernel_name("attn", "out[0] = 1;")
+    assert a.startswith("attn_") and len(a) == len("attn_") + mlx.KERNEL_HASH_CHARS
+    assert a == mlx.kernel_name("attn", "out[0] = 1;")
+    assert a != mlx.kernel_name("attn", "out[0] = 2;")
+    assert a != mlx.kernel_name("attn", "out[0] = 1;", header="#define X 1")
+
+
+def test_builders_are_wrapped_once_and_rename_kernels():
+    made = []
+
+    def cuda_kernel(name, input_names, output_names, source, header="", **kw):
+        made.append((name, source, kw))
+        return name
+
+    fast = types.SimpleNamespace(cuda_kernel=cuda_kernel)
+    mlx.install_hashing_builders(fast)
+    mlx.install_hashing_builders(fast)  # idempotent
+    name = fast.cuda_kernel("k", ["q"], ["out"], "out[0] = q[0];", shared_memory=64)
+    assert name == mlx.kernel_name("k", "out[0] = q[0];")
+    assert made == [(name, "out[0] = q[0];", {"shared_memory": 64})]
+    name2 = fast.cuda_kernel(name="k", input_names=["q"], output_names=["out"],
+                             source="out[0] = 2 * q[0];")
+    assert name2 != name and name2.startswith("k_")
+    assert not hasattr(fast, "metal_kernel")
+
+
+def _mx(cuda_ok: bool, metal_ok: bool):
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: cuda_ok),
+                                 metal=types.SimpleNamespace(is_available=lambda: metal_ok))
+
+
+def test_machine_dialect_and_mismatches():
+    assert mlx.machine_dialect(_mx(True, False), "linux") == "cuda"
+    assert mlx.machine_dialect(_mx(False, True), "darwin") == "metal"
+    assert mlx.machine_dialect(_mx(False, True), "linux") is None
+    assert mlx.machine_dialect(_mx(False, False), "darwin") is None
+    assert mlx.dialect_problem({"cuda"}, "cuda") is None
+    assert mlx.dialect_problem({"cuda", "metal"}, "metal") is None
+    assert mlx.dialect_problem(set(), "cuda") is None
+    assert "builds only metal kernels" in mlx.dialect_problem({"metal"}, "cuda")
+    assert "no GPU" in mlx.dialect_problem({"cuda"}, None)

@@ -1,0 +1,341 @@
+"""The mlx adapter end to end through core.evaluate, on a numpy stand-in for `mlx.core`.
+
+MLX is not installed in CI and the GPU is not ours to use, so `FakeMx` implements the slice of
+the MLX API the adapter, the device helpers and the candidates below use (arrays with f16/bf16
+/f32 dtypes, eval/synchronize, views, a `fast.cuda_kernel` whose kernels double their input).
+What this proves is the adapter's glue under every check of core.py: uploads and read-back,
+keyword calls, lazy-output and dtype rejection, kernel renaming, dialect checks, the registry
+of device inputs for timed reference calls, and that result caching is still caught. The
+behaviour of real MLX is checked by harness/tests/gpu_smoke.py on the device.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import driver
+from ksearch_harness import dtypes, worker
+from ksearch_harness.adapters import device
+from ksearch_harness.protocol import parse_request
+
+
+class Dtype:
+    def __init__(self, name: str, np_dtype):
+        self.name = name
+        self.np = np.dtype(np_dtype)
+
+    def __repr__(self) -> str:
+        return f"mlx.core.{self.name}"
+
+
+class FakeMx(types.ModuleType):
+    def __init__(self):
+        super().__init__("mlx.core")
+        self.float16 = Dtype("float16", np.float16)
+        self.bfloat16 = Dtype("bfloat16", np.uint16)  # holds raw bits
+        self.float32 = Dtype("float32", np.float32)
+        self.int32 = Dtype("int32", np.int32)
+        self.int64 = Dtype("int64", np.int64)
+        self.int8 = Dtype("int8", np.int8)
+        self.int16 = Dtype("int16", np.int16)
+        self.uint8 = Dtype("uint8", np.uint8)
+        self.uint16 = Dtype("uint16", np.uint16)
+        self.uint32 = Dtype("uint32", np.uint32)
+        self.bool_ = Dtype("bool_", np.bool_)
+        self.evals = 0
+        self.kernel_names: list[str] = []
+        mx = self
+
+        class array:  # noqa: N801 - the real class is mlx.core.array
+            def __init__(self, data, dtype=None):
+                if isinstance(data, array):
+                    data, dtype = data._a, dtype or data.dtype
+                a = np.asarray(data)
+                self.dtype = dtype or mx._from_np(a.dtype)
+                self._a = np.ascontiguousarray(a.astype(self.dtype.np, copy=False))
+
+            @property
+            def shape(self):
+                return tuple(self._a.shape)
+
+            def _values(self):
+                if self.dtype is mx.bfloat16:
+                    return dtypes.get("bf16").decode(self._a).astype(np.float32)
+                return self._a.astype(np.float32)
+
+            def astype(self, dtype):
+                return mx._from_values(self._values(), dtype)
+
+            def reshape(self, shape):
+                return array(self._a.reshape(shape), self.dtype)
+
+            def __mul__(self, k):
+                return mx._from_values(self._values() * k, self.dtype)
+
+            def __add__(self, k):
+                return array(self._a + k, self.dtype)
+
+            def __array__(self, dtype=None, copy=None):
+                if self.dtype is mx.bfloat16:
+                    raise TypeError("numpy has no bfloat16")
+                return self._a if dtype is None else self._a.astype(dtype)
+
+        array.__module__ = "mlx.core"
+        self.array = array
+        self._cls = array  # what the fake's own device-side ops construct
+        self.cuda = types.SimpleNamespace(is_available=lambda: True)
+        self.metal = types.SimpleNamespace(is_available=lambda: False)
+
+        def cuda_kernel(name, input_names, output_names, source, header="", **kw):
+            mx.kernel_names.append(name)
+
+            def run(*, inputs, output_shapes, output_dtypes, **launch):
+                return [mx._from_values(inputs[0]._values() * 2, output_dtypes[0])]
+            return run
+
+        def metal_kernel(*a, **k):
+            raise RuntimeError("[metal_kernel] Only supports the Metal backend")
+
+        self.fast = types.ModuleType("mlx.core.fast")
+        self.fast.cuda_kernel = cuda_kernel
+        self.fast.metal_kernel = metal_kernel
+
+    def _from_np(self, dt):
+        for d in (self.float16, self.float32, self.int32, self.int64, self.int8, self.int16,
+                  self.uint8, self.uint16, self.uint32, self.bool_):
+            if d.np == dt:
+                return d
+        return self.float32
+
+    def _from_values(self, values, dtype):
+        if dtype is self.bfloat16:
+            return self._cls(dtypes.get("bf16").encode(values), self.bfloat16)
+        return self._cls(np.asarray(values).astype(dtype.np), dtype)
+
+    def eval(self, *arrays):
+        self.evals += 1
+
+    def synchronize(self, stream=None):
+        pass
+
+    def zeros(self, shape, dtype=None):
+        return self._cls(np.zeros(shape, (dtype or self.float32).np), dtype or self.float32)
+
+    def concatenate(self, arrays):
+        return self._cls(np.concatenate([a._a for a in arrays]), arrays[0].dtype)
+
+    def view(self, a, dtype):
+        return self._cls(a._a.view(dtype.np), dtype)
+
+
+@pytest.fixture
+def fake_mx(monkeypatch):
+    mx = FakeMx()
+    pkg = types.ModuleType("mlx")
+    pkg.core = mx
+    monkeypatch.setitem(sys.modules, "mlx", pkg)
+    monkeypatch.setitem(sys.modules, "mlx.core", mx)
+    monkeypatch.setitem(sys.modules, "mlx.core.fast", mx.fast)
+    yield mx
+    device.deactivate()
+
+
+REFERENCE = '''
+import numpy as np
+
+
+def reference(inputs, params):
+    return {"y": np.asarray(inputs["x"], dtype=np.float64) * 2}
+
+
+def reference_mlx(inputs, params):
+    from ksearch_harness.adapters import device
+    if not device.timed():
+        return reference(inputs, params)
+    import mlx.core as mx
+    a = device.mlx_inputs(inputs, params)
+    return {"y": device.host(a["x"].astype(mx.float32) * 2)}
+
+
+def baseline_mlx(inputs, params):
+    from ksearch_harness.adapters import device
+    a = device.mlx_inputs(inputs, params)
+    return {"y": device.host(a["x"] * 2)}
+'''
+
+HONEST = '''
+import mlx.core as mx
+
+_KERNEL = mx.fast.cuda_kernel(name="scale", input_names=["x"], output_names=["y"],
+                              source="y[i] = 2 * x[i];")
+
+
+def scale(*, x, n):
+    (y,) = _KERNEL(inputs=[x], output_shapes=[x.shape], output_dtypes=[x.dtype],
+                   grid=(n, 1, 1), threadgroup=(32, 1, 1))
+    return y
+'''
+
+CANDIDATES = {
+    "returns_a_list": '''
+import mlx.core as mx
+
+
+def scale(*, x, n):
+    return [x * 2]
+''',
+    "wrong_dtype": '''
+import mlx.core as mx
+
+
+def scale(*, x, n):
+    return (x * 2).astype(mx.float32)
+''',
+    "caches_by_shape": '''
+import mlx.core as mx
+
+_cache = {}
+
+
+def scale(*, x, n):
+    if x.shape not in _cache:
+        _cache[x.shape] = x * 2
+    return _cache[x.shape]
+''',
+    "metal_only": '''
+import mlx.core as mx
+
+_K = mx.fast.metal_kernel(name="s", input_names=["x"], output_names=["y"], source="y[0]=x[0];")
+
+
+def scale(*, x, n):
+    return x * 2
+''',
+    "raises_at_import": '''
+import mlx.core as mx
+
+LIMIT = 1 // 0
+
+
+def scale(*, x, n):
+    return x * 2
+''',
+    "no_entry": '''
+import mlx.core as mx
+
+
+def scale_wrong_name(*, x, n):
+    return x * 2
+''',
+}
+
+
+def _workload(name: str, dtype: str, n: int, held_out: bool = False) -> dict:
+    return {"name": name, "held_out": held_out, "params": {"n": n, "dtype": dtype},
+            "inputs": [{"name": "x", "dtype": dtype, "shape": [n],
+                        "dist": {"kind": "normal", "mean": 0.0, "std": 1.0}}],
+            "outputs": [{"name": "y", "dtype": dtype, "shape": [n]}],
+            "flops": float(n), "bytes": 4.0 * n}
+
+
+def _evaluate(tmp_path: Path, source: str) -> dict:
+    task = tmp_path / "task"
+    task.mkdir(exist_ok=True)
+    (task / "reference.py").write_text(REFERENCE)
+    cand = tmp_path / "candidate.py"
+    cand.write_text(textwrap.dedent(source))
+    req = {
+        "protocol": 1, "op": "evaluate", "nonce": driver.NONCE,
+        "secret_seed": driver.SECRET_SEED, "backend": "mlx",
+        "task": {"name": "scale", "dir": str(task),
+                 "reference": {"module": "reference.py", "function": "reference_mlx"},
+                 "baseline": {"name": "mlx", "function": "baseline_mlx"},
+                 "entry": {"symbol": "scale", "args": ["x", "n"]},
+                 "forbidden": ["reference", "reference_mlx", "baseline_mlx"]},
+        "candidate": {"path": str(cand), "language": "python"},
+        "build_dir": str(tmp_path / "build"),
+        "workloads": [_workload("f16-64", "f16", 64), _workload("bf16-100", "bf16", 100),
+                      _workload("f16-37", "f16", 37, held_out=True)],
+        "tolerance": {"f16": {"rtol": 2e-3, "atol": 2e-3},
+                      "bf16": {"rtol": 1.6e-2, "atol": 1.6e-2}},
+        "correctness": {"trials": 2},
+        "timing": {"warmup": 1, "min_reps": 3, "max_reps": 4, "target_seconds": 0.001,
+                   "flush_bytes": 1 << 16},
+        "timeout_s": 60,
+    }
+    return worker.execute(parse_request(req, "evaluate"), roofline_override=(1e15, 1e18))
+
+
+def test_honest_candidate_passes_every_check(tmp_path, fake_mx, monkeypatch):
+    verified = []
+    real = device.DeviceAdapter.verify_reference_inputs
+
+    def spy(self):
+        verified.append(len(self._pending))
+        real(self)
+
+    monkeypatch.setattr(device.DeviceAdapter, "verify_reference_inputs", spy)
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", (r["status"], r["message"])
+    assert r["build"]["kernel_dialects"] == ["cuda"]
+    assert r["environment"]["kernel_dialects"] == ["cuda"]
+    # The kernel was built under a name carrying the hash of its source.
+    assert fake_mx.kernel_names and fake_mx.kernel_names[0].startswith("scale_")
+    assert len(fake_mx.kernel_names[0]) == len("scale_") + 12
+    timed = [w for w in r["workloads"] if not w["held_out"]]
+    assert all(len(w["candidate_ns"]) >= 3 and w["baseline_median_ns"] for w in timed)
+    assert r["workloads"][2]["correct"] and "candidate_ns" not in r["workloads"][2]
+    # Timed reference and baseline calls read the registered device inputs (one per call),
+    # and each was checked after its call.
+    assert sum(verified) >= 2 * 3 * len(timed)
+    assert r["score"] is not None
+
+
+@pytest.mark.parametrize("name,status,cls", [
+    ("returns_a_list", "integrity_violation", "lazy_output"),
+    ("wrong_dtype", "incorrect", None),
+    ("caches_by_shape", "integrity_violation", "stale_output"),
+    ("metal_only", "build_error", None),
+    ("raises_at_import", "build_error", None),
+    ("no_entry", "build_error", None),
+])
+def test_broken_and_cheating_candidates(tmp_path, fake_mx, name, status, cls):
+    r = _evaluate(tmp_path, CANDIDATES[name])
+    assert r["status"] == status, (name, r["status"], r["message"])
+    assert (r["violation"] or {}).get("class") == cls, r["violation"]
+    if name == "metal_only":
+        assert "builds only metal kernels" in r["message"]
+    if name == "raises_at_import":
+        assert "ZeroDivisionError" in r["message"] and "line 4" in r["message"]
+    if name == "no_entry":
+        assert "no function `scale`" in r["message"]
+
+
+def test_bf16_round_trips_through_the_device_helpers(fake_mx):
+    stored = dtypes.get("bf16").encode(np.array([1.5, -2.25, 3e-3, 7.0]))
+    arr = device.mlx_from_host(stored, "bf16")
+    assert arr.dtype is fake_mx.bfloat16 and arr.shape == (4,)
+    assert np.array_equal(device.mlx_to_host(arr, np.dtype(np.uint16)), stored)
+    assert np.allclose(device.to_numpy(arr), dtypes.get("bf16").decode(stored))
+
+
+def test_large_uploads_go_in_pieces(fake_mx, monkeypatch):
+    monkeypatch.setattr(device, "MLX_UPLOAD_CHUNK_BYTES", 64)
+    made = []
+    real = fake_mx.array
+
+    def from_host(data, dtype=None):  # arrays made from host memory: the managed path
+        made.append(np.asarray(data).nbytes)
+        return real(data, dtype)
+
+    monkeypatch.setattr(fake_mx, "array", from_host)
+    stored = np.arange(100, dtype=np.float16).reshape(4, 25)
+    arr = device.mlx_from_host(stored, "f16")
+    assert arr.shape == (4, 25) and np.array_equal(np.asarray(arr), stored)
+    assert max(made) <= 64 and sum(made) == stored.nbytes and len(made) == 4
