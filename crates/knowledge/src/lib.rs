@@ -5,6 +5,9 @@
 //!   (`knowledge/hardware/*.toml`).
 //! - [`TemplateFamily`]: a task's parametric kernel templates (`tasks/<name>/templates/`):
 //!   knobs with ordered domains, constraints, minijinja rendering, neighbours and enumeration.
+//! - [`Packs`]: the translation layer (`knowledge/packs/`): code targets, CUDA→target concept
+//!   maps, code patterns, assertions (with adversarial acceptance workloads) and lint rules;
+//!   [`lint`] runs the static checks on candidate code.
 //!
 //! Data only: this crate never talks to an LLM or runs a kernel. `docs/offline-proposer.md`
 //! describes the file formats.
@@ -13,9 +16,13 @@ mod catalog;
 mod error;
 mod files;
 mod hardware;
+pub mod lint;
+pub mod packs;
 pub mod templates;
 
 pub use catalog::{Action, Catalog, Impacts};
 pub use error::{KnowledgeError, TemplateError};
 pub use hardware::{DeviceKind, HardwareProfile, Memory, OnChip, Parallelism};
+pub use lint::{LintFinding, LintTarget, Severity};
+pub use packs::{KnowledgeContext, Packs, Target};
 pub use templates::{format_knobs, Knob, KnobValue, Knobs, Rule, TemplateFamily};
