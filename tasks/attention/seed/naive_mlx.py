@@ -15,7 +15,7 @@ BODY = """
         qr[d] = static_cast<float>(q[row * HEAD_DIM + d]) * scale;
         acc[d] = 0.f;
     }
-    float m = -INFINITY, l = 0.f;
+    float m = __int_as_float(0xff800000), l = 0.f;  // -inf; NVRTC has no <math.h>
     const long end = CAUSAL ? i + 1 : SEQ;
     for (long j = 0; j < end; ++j) {
         float s = 0.f;
