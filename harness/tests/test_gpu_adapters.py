@@ -211,23 +211,23 @@ def test_host_later_converts_only_when_read():
 def test_escape_check_needs_a_majority_of_suspicious_timed_calls():
     a = cuda.CudaAdapter(_request("cuda"))
     device.deactivate()
-    # Honest: host overhead of tens of microseconds around a 10 us kernel, and one call
-    # where the host thread was preempted for 2 ms.
-    for event_ns, wall_ns in [(10_000, 40_000)] * 6 + [(10_000, 2_000_000)]:
-        a._check_escape(event_ns, wall_ns)
+    # Honest: the device is idle microseconds after the stream's end event, except once when
+    # the host thread was preempted for 2 ms between the two synchronizes.
+    for tail_ns in [5_000] * 6 + [2_000_000]:
+        a._check_escape(10_000, tail_ns, 40_000 + tail_ns)
     # A side stream: ~2 us of work on the harness stream, the device busy for 1.5 ms more.
     b = cuda.CudaAdapter(_request("cuda"))
     device.deactivate()
-    b._check_escape(2_000, 1_500_000)
-    b._check_escape(2_000, 1_500_000)
+    b._check_escape(2_000, 1_500_000, 1_530_000)
+    b._check_escape(2_000, 1_500_000, 1_530_000)
     with pytest.raises(Violation) as e:
-        b._check_escape(2_000, 1_500_000)
-    assert e.value.violation == "deferred_work"
-    # Long kernels with proportionally long host waits are not suspicious.
+        b._check_escape(2_000, 1_500_000, 1_530_000)
+    assert e.value.violation == "deferred_work" and "1500.0 us more" in e.value.message
+    # Long kernels on the stream leave no tail.
     c = cuda.CudaAdapter(_request("cuda"))
     device.deactivate()
     for _ in range(5):
-        c._check_escape(5_000_000, 5_150_000)
+        c._check_escape(5_000_000, 8_000, 5_050_000)
 
 
 # -- mlx: kernel names and dialects ---------------------------------------------------------

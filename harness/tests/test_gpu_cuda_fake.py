@@ -315,3 +315,14 @@ def test_a_missing_dtype_entry_point_is_a_build_error(tmp_path, torch):
     r = _evaluate(tmp_path, CANDIDATES["f32_only"])
     assert r["status"] == "build_error"
     assert "does not export `scale_f16`" in r["message"]
+
+
+def test_device_busy_after_the_stream_in_timed_calls_is_deferred_work(tmp_path, torch):
+    """Outputs already final on the stream, yet the device stays busy after each call (a
+    side-stream kernel whose work does not show in the outputs checked): the timed calls'
+    tails give it away."""
+    torch.sync_delay_s = 0.002
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "integrity_violation", (r["status"], r["message"])
+    assert r["violation"]["class"] == "deferred_work"
+    assert "still busy after the harness stream had finished" in r["message"]

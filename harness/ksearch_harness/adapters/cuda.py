@@ -14,9 +14,10 @@ What this adds to the checks of core.py:
 - work that escapes the stream (a side stream, the legacy default stream): after each untimed
   call the outputs are copied on the harness's stream and only that stream is synchronized;
   if a device-wide synchronize then changes them, work ran elsewhere (`deferred_work`). Timed
-  calls cannot afford the copy, so there the CUDA-event time is compared with the host's wall
-  time of the call plus a device-wide synchronize; a large gap in most timed calls is the
-  same verdict.
+  calls cannot afford the copy; there the host measures how long the device stays busy after
+  the end event on the harness stream has completed (the wall time of the device-wide
+  synchronize that follows it). Honest work leaves nothing behind; a long tail in most timed
+  calls is the same verdict.
 - sticky CUDA errors: any CUDA error seen after a candidate call makes the evaluation a
   `runtime_error` and marks the context dead; no CUDA call is made afterwards and the worker
   process ends with its result (ksearch starts a fresh process for the next candidate).
@@ -62,13 +63,11 @@ DEFAULT_ARCH = "sm_90a"
 ARCH_ENV = ("KSEARCH_CUDA_ARCH", "KSEARCH_HARNESS_CUDA_ARCH")
 NVCC_TIMEOUT_MAX_S = 300.0
 
-# Escaped-work detection in timed calls: a call is suspicious when the host's wall time of the
-# call plus a device-wide synchronize exceeds its event time by more than this much...
-ESCAPE_GAP_NS = 200_000
-# ...and more than this multiple of the event time; the verdict needs at least
-# ESCAPE_MIN_CALLS suspicious calls making up more than half of the timed calls, so one
-# preempted host thread never condemns a kernel.
-ESCAPE_GAP_FACTOR = 1.0
+# Escaped-work detection in timed calls: a call is suspicious when the device-wide synchronize
+# after the harness stream's end event still waits this long (an idle device answers in a few
+# microseconds). The verdict needs at least ESCAPE_MIN_CALLS suspicious calls making up more
+# than half of the timed calls, so a preempted host thread never condemns a kernel.
+ESCAPE_TAIL_NS = 100_000
 ESCAPE_MIN_CALLS = 3
 # The L2 flush writes max(this multiple of the L2 size, timing.flush_bytes).
 L2_FLUSH_FACTOR = 2
@@ -619,26 +618,29 @@ class CudaAdapter(DeviceAdapter):
         value = self.timed_region(fn)
         with self._cuda_errors("in a timed call"):
             end.record(self._stream)
+            end.synchronize()
+            stream_done = time.perf_counter_ns()
             torch.cuda.synchronize()
-            wall = time.perf_counter_ns() - wall0
+            tail = time.perf_counter_ns() - stream_done
             ns = int(round(start.elapsed_time(end) * 1e6))
         if getattr(fn, "ksearch_candidate", False):
-            self._check_escape(ns, wall)
+            self._check_escape(ns, tail, time.perf_counter_ns() - wall0)
         self.verify_reference_inputs()
         return ns, value
 
-    def _check_escape(self, event_ns: int, wall_ns: int) -> None:
+    def _check_escape(self, event_ns: int, tail_ns: int, wall_ns: int) -> None:
+        """`tail_ns`: how long the device stayed busy after the harness stream had finished."""
         self._timed_candidate_calls += 1
-        gap = wall_ns - event_ns
-        if gap > max(ESCAPE_GAP_NS, ESCAPE_GAP_FACTOR * event_ns):
+        if tail_ns > ESCAPE_TAIL_NS:
             self._escaped_calls += 1
         if (self._escaped_calls >= ESCAPE_MIN_CALLS
                 and 2 * self._escaped_calls > self._timed_candidate_calls):
             raise Violation("deferred_work", f"in {self._escaped_calls} of "
-                            f"{self._timed_candidate_calls} timed calls the device was busy "
-                            f"long after the work on the harness stream had ended (last: "
-                            f"{event_ns / 1e3:.1f} us on the stream, {wall_ns / 1e3:.1f} us "
-                            f"until the device was idle): work escaped the stream")
+                            f"{self._timed_candidate_calls} timed calls the device was still "
+                            f"busy after the harness stream had finished (last call: "
+                            f"{event_ns / 1e3:.1f} us on the stream, {tail_ns / 1e3:.1f} us "
+                            f"more until the device was idle, {wall_ns / 1e3:.1f} us of wall "
+                            f"time): work escaped the stream")
 
     # -- machine facts -------------------------------------------------------------------
 
