@@ -22,7 +22,6 @@ import argparse
 import ctypes
 import json
 import math
-import os
 import statistics
 import sys
 import time

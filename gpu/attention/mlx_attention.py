@@ -75,13 +75,24 @@ class MlxAttention:
         return out
 
 
+# Fastest correct variant per (causal, head dim) on an H200, B1 H32 L4096 f16
+# (results/r3/bench.json, picks; see docs/gpu-attention.md). Re-measure on other hardware.
+PICKS: dict[tuple[bool, int], dict[str, Any]] = {
+    (False, 128): {"algo": "wgmma", "block_m": 128, "block_n": 128, "warps": 8},
+    (False, 64): {"algo": "wgmma", "block_m": 64, "block_n": 64, "warps": 4},
+    (True, 128): {"algo": "wgmma", "block_m": 64, "block_n": 64, "warps": 4},
+    (True, 64): {"algo": "wgmma", "block_m": 64, "block_n": 64, "warps": 4},
+}
+
 _CACHE: dict[str, MlxAttention] = {}
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, causal: bool = False,
               knobs: dict[str, Any] | None = None) -> mx.array:
-    """Attention forward with the family defaults (or `knobs`), scale 1/sqrt(D)."""
-    key = repr(sorted((knobs or {}).items()))
+    """Attention forward, scale 1/sqrt(D): `knobs`, else the measured pick for (causal, D)."""
+    if knobs is None:
+        knobs = PICKS.get((bool(causal), q.shape[-1]) if q.ndim == 4 else (False, 0), {})
+    key = repr(sorted(knobs.items()))
     impl = _CACHE.get(key)
     if impl is None:
         impl = _CACHE[key] = MlxAttention(knobs)
