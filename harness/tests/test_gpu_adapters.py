@@ -18,6 +18,13 @@ from ksearch_harness.adapters import cuda, device, mlx
 from ksearch_harness.protocol import TaskError, TensorSpec, Violation, parse_request
 
 
+@pytest.fixture(autouse=True)
+def _no_active_adapter():
+    """Adapters register themselves for task code (one per harness process); tests make many."""
+    yield
+    device.deactivate()
+
+
 def _request(backend: str, workloads: list[dict] | None = None, op: str = "evaluate") -> object:
     req = driver.softmax_request("/tmp/k.c", "/tmp/b", backend=backend)
     req["op"] = op

@@ -16,11 +16,20 @@ import pytest
 import driver
 from ksearch_harness.adapters import BuildFailed
 from ksearch_harness.adapters import cuda
+from ksearch_harness.adapters import device
 from ksearch_harness.adapters.device import resolve_entry
 from ksearch_harness.protocol import TaskError, parse_request
 
 REPO = Path(__file__).resolve().parents[2]
 ATTENTION = REPO / "tasks" / "attention"
+
+
+@pytest.fixture(autouse=True)
+def _no_active_adapter():
+    """Adapters register themselves for task code (one per harness process); tests make many."""
+    yield
+    device.deactivate()
+
 
 # `nvcc -Xptxas -v` of CUDA 13.0 (V13.0.88, sm_90a): a templated kernel forced to spill with
 # -maxrregcount=32 and a small kernel reading __constant__ memory.
