@@ -1,4 +1,4 @@
-"""Correctness and timing of the attention-fwd variants on the GPU, against PyTorch SDPA and MLX native.
+"""Correctness and timing of the attention-gpu variants on the GPU, against PyTorch SDPA and MLX native.
 
 Run on the device (the H200), from gpu/attention/:
     python bench.py --build-dir ../../.gpu-build --json results/run.json

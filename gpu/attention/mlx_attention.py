@@ -1,8 +1,8 @@
-"""mlx backend of the attention-fwd family: the same device code as the cuda entry points, built
+"""mlx backend of the attention-gpu family: the same device code as the cuda entry points, built
 with mx.fast.cuda_kernel (header = the rendered device functions, source = the body MLX wraps).
 
     from mlx_attention import MlxAttention
-    attn = MlxAttention({"block_m": 128, "warps": 8})   # knobs; defaults from family.toml
+    attn = MlxAttention({"algo": "wgmma", "block_m": 128, "block_n": 128, "warps": 8, "cp_async": True, "stages": 2})
     out = attn(q, k, v, causal=True)                     # q, k, v: mx.array [B, H, L, D] f16/bf16
 
 The kernel name carries a hash of header + body, because MLX before 0.32.1 silently reused the
@@ -12,11 +12,12 @@ first kernel compiled under a name, and a search compiles many bodies.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
-from render import Family, FamilyError
+from render import Family, FamilyError, load_variants
 
 _DTYPES = {mx.float16: "f16", mx.bfloat16: "bf16"}
 
@@ -75,23 +76,31 @@ class MlxAttention:
         return out
 
 
-# Fastest correct variant per (causal, head dim) on an H200, B1 H32 L4096 f16
-# (results/r3/bench.json, picks; see docs/gpu-attention.md). Re-measure on other hardware.
-PICKS: dict[tuple[bool, int], dict[str, Any]] = {
-    (False, 128): {"algo": "wgmma", "block_m": 128, "block_n": 128, "warps": 8},
-    (False, 64): {"algo": "wgmma", "block_m": 64, "block_n": 64, "warps": 4},
-    (True, 128): {"algo": "wgmma", "block_m": 64, "block_n": 64, "warps": 4},
-    (True, 64): {"algo": "wgmma", "block_m": 64, "block_n": 64, "warps": 4},
+# Fastest correct variant per (causal, head dim) on an H200, B1 H32 L4096 f16: names in
+# variants.toml (results/r3/bench.json, meta.picks; docs/gpu-attention.md). Re-measure elsewhere.
+PICKS: dict[tuple[bool, int], str] = {
+    (False, 128): "wg_m128n128s2",
+    (False, 64): "wg_m64n64s2",
+    (True, 128): "wg_m64n64s2",
+    (True, 64): "wg_m64n64s2",
 }
 
 _CACHE: dict[str, MlxAttention] = {}
+_VARIANTS: dict[str, dict[str, Any]] = {}
+
+
+def _named_variants() -> dict[str, dict[str, Any]]:
+    if not _VARIANTS:
+        _VARIANTS.update(load_variants(Path(__file__).resolve().parent / "variants.toml", Family.load()))
+    return _VARIANTS
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, causal: bool = False,
               knobs: dict[str, Any] | None = None) -> mx.array:
     """Attention forward, scale 1/sqrt(D): `knobs`, else the measured pick for (causal, D)."""
     if knobs is None:
-        knobs = PICKS.get((bool(causal), q.shape[-1]) if q.ndim == 4 else (False, 0), {})
+        pick = PICKS.get((bool(causal), q.shape[-1] if q.ndim == 4 else 0), PICKS[(bool(causal), 128)])
+        knobs = _named_variants()[pick]
     key = repr(sorted(knobs.items()))
     impl = _CACHE.get(key)
     if impl is None:

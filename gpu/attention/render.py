@@ -1,4 +1,4 @@
-"""Render the attention-fwd template family (templates/family.toml) for the cuda and mlx backends.
+"""Render the attention-gpu template family (templates/family.toml + gpu.toml) for the cuda and mlx backends.
 
 Library:
     fam = Family.load()                       # templates/ next to this file
@@ -6,7 +6,7 @@ Library:
     src = fam.render("cuda", knobs)           # extern "C" attention_f16 / attention_bf16
     hdr, body = fam.render_mlx(knobs)         # header and body for mx.fast.cuda_kernel
 CLI:
-    python render.py --backend cuda --set algo=mma --set stages=2 -o attn.cu
+    python render.py --backend cuda --set algo=mma --set cp_async=true --set stages=2 -o attn.cu
     python render.py --variants variants.toml --list
 
 Only jinja2 is needed; the templates and expressions stay inside the subset that minijinja (the
@@ -55,26 +55,47 @@ def variant_id(knobs: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:10]
 
 
+def _fmt_value(v: Any) -> str:
+    # Same text as the Rust side's knob_summary: bools lower-case, strings quoted.
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return str(v)
+
+
+def knob_summary(knobs: dict[str, Any]) -> str:
+    return " ".join(f"{k}={_fmt_value(knobs[k])}" for k in sorted(knobs))
+
+
 @dataclass
 class Family:
-    spec: dict[str, Any]
+    spec: dict[str, Any]  # family.toml (the shared format of docs/offline-proposer.md)
+    gpu: dict[str, Any]   # gpu.toml (launch formulas and backend metadata)
     directory: Path
 
     @classmethod
     def load(cls, directory: Path = TEMPLATES) -> "Family":
         with open(directory / "family.toml", "rb") as f:
-            return cls(tomllib.load(f), directory)
+            spec = tomllib.load(f)
+        with open(directory / "gpu.toml", "rb") as f:
+            gpu = tomllib.load(f)
+        return cls(spec, gpu, directory)
 
     @property
     def knob_names(self) -> list[str]:
-        return list(self.spec["knobs"].keys())
+        return [k["name"] for k in self.spec["knob"]]
 
     @property
     def head_dims(self) -> list[int]:
-        return list(self.spec["family"]["head_dims"])
+        return list(self.gpu["backends"]["head_dims"])
+
+    def domain(self, name: str) -> list[Any]:
+        knob = next(k for k in self.spec["knob"] if k["name"] == name)
+        return [False, True] if knob.get("type") == "bool" else list(knob["values"])
 
     def defaults(self) -> dict[str, Any]:
-        return {name: k["default"] for name, k in self.spec["knobs"].items()}
+        return {k["name"]: k["default"] for k in self.spec["knob"]}
 
     def eval_expr(self, expr: str, ctx: dict[str, Any]) -> Any:
         # Compiling a Jinja expression costs about a millisecond; callers on a hot path (the mlx
@@ -88,22 +109,21 @@ class Family:
         """Threads per block and dynamic shared-memory bytes for one head dim."""
         ctx = dict(knobs, head_dim=head_dim)
         return {
-            "threads": int(self.eval_expr(self.spec["launch"]["threads"], ctx)),
-            "smem_bytes": int(self.eval_expr(self.spec["launch"]["smem_bytes"], ctx)),
+            "threads": int(self.eval_expr(self.gpu["launch"]["threads"], ctx)),
+            "smem_bytes": int(self.eval_expr(self.gpu["launch"]["smem_bytes"], ctx)),
         }
 
     def grid(self, knobs: dict[str, Any], B: int, H: int, L: int) -> tuple[int, int, int]:
         ctx = dict(knobs, B=B, H=H, L=L)
-        gx, gy, gz = (int(self.eval_expr(e, ctx)) for e in self.spec["launch"]["grid"])
+        gx, gy, gz = (int(self.eval_expr(e, ctx)) for e in self.gpu["launch"]["grid"])
         return gx, gy, gz
 
     def violations(self, knobs: dict[str, Any]) -> list[str]:
-        out = []
-        for d in self.head_dims:
-            ctx = dict(knobs, head_dim=d, **self.launch(knobs, d))
-            for c in self.spec.get("constraints", []):
-                if not self.eval_expr(c["when"], ctx):
-                    out.append(f"head_dim={d}: {c['when']} ({c['why']})")
+        out = [f"{c['expr']} ({c.get('message', '')})" for c in self.spec.get("constraint", [])
+               if not self.eval_expr(c["expr"], knobs)]
+        for f in self.spec.get("forbid", []):
+            if all(knobs.get(k) == v for k, v in f["knobs"].items()):
+                out.append(f"forbidden {f['knobs']} ({f.get('message', '')})")
         return out
 
     def resolve(self, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +134,7 @@ class Family:
         knobs = self.defaults()
         knobs.update(overrides)
         for name, value in knobs.items():
-            domain = self.spec["knobs"][name]["domain"]
+            domain = self.domain(name)
             # bool is an int in Python; keep true/false and 0/1 apart.
             if not any(value == d and type(value) is type(d) for d in domain):
                 raise FamilyError(f"knob {name}={value!r} not in domain {domain}")
@@ -127,20 +147,20 @@ class Family:
         return dict(
             knobs,
             backend=backend,
-            variant_id=variant_id(knobs),
-            head_dims=self.head_dims,
+            knob_summary=knob_summary(knobs),
+            family=self.spec["family"]["name"],
             threads=self.launch(knobs, self.head_dims[0])["threads"],
         )
 
     def render(self, backend: str, knobs: dict[str, Any]) -> str:
-        if backend not in self.spec["family"]["backends"]:
-            raise FamilyError(f"backend {backend!r} not in {self.spec['family']['backends']}")
-        tmpl = _env(self.directory).get_template(self.spec["family"]["source"])
+        if backend not in self.gpu["backends"]["names"]:
+            raise FamilyError(f"backend {backend!r} not in {self.gpu['backends']['names']}")
+        tmpl = _env(self.directory).get_template(self.spec["family"]["entry"])
         return tmpl.render(**self._context(backend, knobs))
 
     def render_mlx(self, knobs: dict[str, Any]) -> tuple[str, str]:
         header = self.render("mlx", knobs)
-        body = _env(self.directory).get_template(self.spec["family"]["mlx_body"])
+        body = _env(self.directory).get_template(self.gpu["backends"]["mlx_body"])
         return header, body.render(**self._context("mlx", knobs))
 
 

@@ -1,4 +1,4 @@
-"""The attention-fwd family renders, validates knobs, and agrees with itself (no GPU needed)."""
+"""The attention-gpu family renders, validates knobs, and agrees with itself (no GPU needed)."""
 
 import re
 import sys
@@ -9,7 +9,7 @@ import pytest
 jinja2 = pytest.importorskip("jinja2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from render import Family, FamilyError, load_variants, variant_id  # noqa: E402
+from render import Family, FamilyError, knob_summary, load_variants, variant_id  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def test_every_named_variant_renders_for_both_backends(fam, variants):
         assert "q_shape[2]" in body and "::ksa::attn_body<T, HEAD_DIM, CAUSAL>" in body
         for text in (cuda, header, body):
             assert "{{" not in text and "{%" not in text, name
-        assert variant_id(knobs) in cuda
+        assert knob_summary(knobs) in cuda
 
 
 def test_algorithms_select_distinct_code(fam):
@@ -45,7 +45,7 @@ def test_algorithms_select_distinct_code(fam):
         "naive": {"algo": "naive", "block_m": 128},
         "tiled": {"algo": "tiled", "block_m": 64, "block_n": 32, "warps": 4},
         "mma": {"algo": "mma"},
-        "wgmma": {"algo": "wgmma", "block_m": 128, "warps": 8},
+        "wgmma": {"algo": "wgmma", "block_m": 128, "warps": 8, "cp_async": True, "stages": 2},
     }.items()}
     assert "mma.sync.aligned.m16n8k16" in srcs["mma"] and "wgmma" not in srcs["mma"]
     assert "wgmma.mma_async.sync.aligned.m64n64k16" in srcs["wgmma"]
@@ -63,6 +63,9 @@ def test_algorithms_select_distinct_code(fam):
     ({"algo": "wgmma", "block_m": 128, "warps": 4}, "constraint"),          # 2 warpgroups need 8 warps
     ({"algo": "mma", "overlap": True}, "constraint"),
     ({"algo": "mma", "block_m": 128, "warps": 4, "q_in_regs": True}, "constraint"),
+    ({"k_transposed": True}, "constraint"),                               # naive ignores it
+    ({"algo": "naive", "warps": 8}, "constraint"),
+    ({"algo": "wgmma", "block_m": 64, "warps": 4}, "constraint"),           # wgmma needs cp.async
 ])
 def test_invalid_knobs_are_rejected(fam, overrides, message):
     with pytest.raises(FamilyError, match=message):
@@ -91,7 +94,7 @@ def test_family_smem_formula_matches_the_kernel(fam, variants):
 
 
 def test_grid_covers_every_row(fam):
-    knobs = fam.resolve({"block_m": 128, "warps": 8})
+    knobs = fam.resolve({"algo": "mma", "block_m": 128, "warps": 8})
     assert fam.grid(knobs, 2, 3, 1) == (1, 3, 2)
     assert fam.grid(knobs, 1, 32, 4096) == (32, 32, 1)
     assert fam.grid(knobs, 1, 1, 4097) == (33, 1, 1)
@@ -99,23 +102,63 @@ def test_grid_covers_every_row(fam):
 
 def test_variant_id_is_stable_and_sensitive(fam):
     a = fam.resolve({})
-    b = fam.resolve({"block_n": 32})
+    b = fam.resolve({"block_m": 64})
     assert variant_id(a) == variant_id(dict(reversed(list(a.items()))))
     assert variant_id(a) != variant_id(b)
 
 
+def test_family_file_follows_the_shared_schema(fam):
+    # crates/knowledge loads family.toml with deny_unknown_fields; mirror its rules here so a
+    # stray key is caught without building Rust (docs/offline-proposer.md).
+    spec = fam.spec
+    assert set(spec) <= {"family", "knob", "constraint", "forbid"}
+    assert set(spec["family"]) <= {"name", "description", "entry"}
+    assert (fam.directory / spec["family"]["entry"]).is_file()
+    reserved = {"knobs", "knob_summary", "family", "true", "false", "none", "and", "or", "not", "in",
+                "is", "if", "else", "loop"}
+    space = 1
+    for k in spec["knob"]:
+        assert set(k) <= {"name", "description", "values", "type", "default"}, k["name"]
+        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k["name"]) and k["name"] not in reserved
+        assert ("values" in k) != (k.get("type") == "bool"), k["name"]
+        assert k["default"] in fam.domain(k["name"]), k["name"]
+        space *= len(fam.domain(k["name"]))
+    for c in spec.get("constraint", []):
+        assert set(c) <= {"expr", "message"}
+    assert space <= 100_000
+    # The defaults are the naive kernel, satisfy every rule, and render.
+    d = fam.resolve({})
+    assert d["algo"] == "naive" and fam.violations(d) == []
+    assert 'extern "C" int attention_f16(' in fam.render("cuda", d)
+
+
 def test_minijinja_renders_identically(fam, variants):
-    # The Rust proposer renders with minijinja; the Python tools with jinja2. Same bytes, same
-    # constraint verdicts, or the offline search would compile something nobody measured.
+    # The Rust proposer renders with minijinja, strict undefined, and only the knobs,
+    # knob_summary and family in the context (so the template falls back to the cuda backend);
+    # the Python tools use jinja2. Same bytes and same constraint verdicts, or the offline search
+    # would compile something nobody measured.
     minijinja = pytest.importorskip("minijinja")
     env = minijinja.Environment(
         templates={p.name: p.read_text() for p in fam.directory.glob("*.j2")},
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined_behavior="strict",
     )
-    for name, knobs in list(variants.items()):
-        ctx = fam._context("cuda", knobs)
-        assert env.render_template(fam.spec["family"]["source"], **ctx) == fam.render("cuda", knobs), name
-        for c in fam.spec["constraints"]:
-            for d in fam.head_dims:
-                cctx = dict(knobs, head_dim=d, **fam.launch(knobs, d))
-                assert bool(env.eval_expr(c["when"], **cctx)) == bool(fam.eval_expr(c["when"], cctx)), (name, c)
+    for name, knobs in list(variants.items()) + [("defaults", fam.resolve({}))]:
+        rust_ctx = dict(knobs, knobs=knobs, knob_summary=knob_summary(knobs), family=fam.spec["family"]["name"])
+        assert env.render_template(fam.spec["family"]["entry"], **rust_ctx) == fam.render("cuda", knobs), name
+        ctx = fam._context("mlx", knobs)
+        assert env.render_template(fam.spec["family"]["entry"], **ctx) == fam.render_mlx(knobs)[0], name
+        for c in fam.spec["constraint"]:
+            assert bool(env.eval_expr(c["expr"], **knobs)) == bool(fam.eval_expr(c["expr"], knobs)), (name, c)
+
+
+def test_mlx_default_picks_name_measured_variants(fam, variants):
+    # mlx_attention.attention() without knobs runs PICKS[(causal, D)]; read the literal without
+    # importing mlx (not installable here) and check every pick is a valid named variant.
+    import ast
+
+    tree = ast.parse((HERE / "mlx_attention.py").read_text())
+    picks = next(ast.literal_eval(n.value) for n in ast.walk(tree)
+                 if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "PICKS")
+    assert {(c, d) for c in (False, True) for d in fam.head_dims} == set(picks)
+    for name in picks.values():
+        assert name in variants and variants[name]["algo"] == "wgmma"
