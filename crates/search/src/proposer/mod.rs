@@ -5,7 +5,9 @@
 //! The [`offline`] proposer answers from the knowledge pack's action catalog and the task's
 //! template family; LLM-backed proposers answer from prompts. The engine never knows which.
 
+pub mod llm;
 pub mod offline;
+pub mod prompts;
 
 use std::collections::BTreeSet;
 

@@ -1,0 +1,816 @@
+//! The LLM-backed proposer: every step of the loop is one chat call with a rendered prompt
+//! (see [`super::prompts`]), and the reply is read leniently.
+//!
+//! - JSON (world-model init and edits) may come fenced or bare, surrounded by prose; the
+//!   balanced-brace scan prefers the object that has the key the step needs (`ops`).
+//! - Code comes from a fenced block tagged with the target's language, else from the only
+//!   fenced block of the reply.
+//! - A reply that cannot be used is a [`ProposerError::Unusable`] with the reason; the reason
+//!   is also remembered and shown in the next code prompt, so the model learns what was wrong.
+//!   A spent budget is [`ProposerError::Budget`], which stops the run cleanly.
+//!
+//! Every call, failed ones included, becomes a `ksearch_store::Exchange` that
+//! [`Proposer::drain_exchanges`] hands to the engine for the run store.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::Value;
+
+use ksearch_llm::{ChatProvider, ChatRequest, Client, LlmError};
+use ksearch_store::Exchange;
+
+use super::prompts::{
+    tree_path, ActionView, AttemptText, PromptContext, PromptInputs, PromptRole, PromptSet,
+    RenderedPrompt,
+};
+use super::{
+    CodeRequest, CycleReport, Proposal, Proposer, ProposerError, ProposerUsage, Step, TaskBrief,
+};
+use crate::world_model::{ActionPatch, Edit, NodeId, NodePatch, PatchOp, WorldModel};
+
+/// Characters of the compact world model in code prompts and in edit prompts.
+const WM_CHARS_CODE: usize = 12_000;
+const WM_CHARS_EDIT: usize = 6_000;
+/// Frontier lines in edit prompts.
+const FRONTIER_LINES: usize = 10;
+/// Nodes the initial world model may have (the per-edit cap does not apply to it).
+const MAX_INIT_NODES: usize = 12;
+/// Role tag of every code-writing call. One tag for all four code steps keeps a lenient
+/// replay in step even when measurements (and so the step sequence) differ between runs.
+pub const CODE_ROLE_TAG: &str = "code";
+
+/// Settings of the proposer.
+#[derive(Clone, Debug, Default)]
+pub struct LlmSettings {
+    /// Output token limit per call; `None` leaves it to the provider.
+    pub max_output_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    /// Sent as the request seed (mixed with round and sample) for providers that honour it.
+    pub seed: Option<u64>,
+    /// Init calls before falling back to a one-action tree.
+    pub init_attempts: u32,
+}
+
+impl LlmSettings {
+    pub fn new() -> Self {
+        Self {
+            init_attempts: 2,
+            ..Self::default()
+        }
+    }
+}
+
+pub struct LlmProposer {
+    provider: Arc<dyn ChatProvider>,
+    client: Option<Arc<Client>>,
+    prompts: PromptSet,
+    inputs: PromptInputs,
+    settings: LlmSettings,
+    exchanges: Mutex<Vec<Exchange>>,
+    /// Spending of this session (used when no client is attached).
+    tally: Mutex<ProposerUsage>,
+    /// Spending of earlier sessions of the run (resume).
+    prior: ProposerUsage,
+    /// Why the last code replies could not be used; shown in the next code prompt.
+    pending: Mutex<Vec<String>>,
+}
+
+impl LlmProposer {
+    /// `provider` answers the calls (normally a [`ksearch_llm::Recorder`] around a [`Client`]);
+    /// `inputs` is the per-run part of every prompt.
+    pub fn new(
+        provider: Arc<dyn ChatProvider>,
+        prompts: PromptSet,
+        inputs: PromptInputs,
+        settings: LlmSettings,
+    ) -> Self {
+        Self {
+            provider,
+            client: None,
+            prompts,
+            inputs,
+            settings,
+            exchanges: Mutex::new(Vec::new()),
+            tally: Mutex::new(ProposerUsage::default()),
+            prior: ProposerUsage::default(),
+            pending: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Takes token and cost totals from `client` (the one inside `provider`).
+    pub fn with_client(mut self, client: Arc<Client>) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// Spending of earlier sessions of this run, added to [`Proposer::usage`].
+    pub fn with_prior_usage(mut self, prior: ProposerUsage) -> Self {
+        self.prior = prior;
+        self
+    }
+
+    pub fn inputs(&self) -> &PromptInputs {
+        &self.inputs
+    }
+
+    /// Renders the prompt for `role`; also used by tests and `ksearch knowledge show`.
+    pub fn render(
+        &self,
+        role: PromptRole,
+        ctx: &PromptContext,
+    ) -> Result<RenderedPrompt, ProposerError> {
+        self.prompts
+            .render(role, ctx)
+            .map_err(|e| ProposerError::Setup(e.to_string()))
+    }
+
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        // Only bookkeeping happens under these locks.
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One chat call; records the exchange whatever happens.
+    fn call(
+        &self,
+        role: PromptRole,
+        prompt: &RenderedPrompt,
+        seed_salt: u64,
+    ) -> Result<String, ProposerError> {
+        let tag = if role.writes_code() {
+            CODE_ROLE_TAG
+        } else {
+            role.tag()
+        };
+        let mut req = ChatRequest::new(tag, prompt.user.clone()).with_system(prompt.system.clone());
+        if let Some(n) = self.settings.max_output_tokens {
+            req = req.with_max_tokens(n);
+        }
+        if let Some(t) = self.settings.temperature {
+            req = req.with_temperature(t);
+        }
+        if let Some(s) = self.settings.seed {
+            req = req.with_seed(s ^ seed_salt.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        }
+        let started = Instant::now();
+        let result = self.provider.complete(&req);
+        let prompt_text = format!("## SYSTEM\n{}\n## USER\n{}", prompt.system, prompt.user);
+        let mut x = Exchange {
+            role: role.tag().to_string(),
+            prompt: prompt_text,
+            response: String::new(),
+            model: self.provider.model().to_string(),
+            provider: self.provider.name().to_string(),
+            input_tokens: 0,
+            output_tokens: 0,
+            cost_usd: 0.0,
+            latency_ms: started.elapsed().as_millis() as u64,
+            error: None,
+            cached: false,
+        };
+        let out = match result {
+            Ok(resp) => {
+                x.response = resp.text.clone();
+                x.model = resp.model.clone();
+                x.latency_ms = resp.latency_ms.max(x.latency_ms);
+                x.cached = resp.cached;
+                // A cache hit spends nothing; its recorded usage belongs to the first call.
+                if !resp.cached {
+                    x.input_tokens = resp.usage.input_tokens;
+                    x.output_tokens = resp.usage.output_tokens;
+                    x.cost_usd = resp.cost_usd;
+                }
+                let mut t = Self::lock(&self.tally);
+                t.calls += 1;
+                t.input_tokens += x.input_tokens;
+                t.output_tokens += x.output_tokens;
+                t.cost_usd += x.cost_usd;
+                Ok(resp.text)
+            }
+            Err(e) => {
+                x.error = Some(e.to_string());
+                Err(match e.last() {
+                    LlmError::BudgetExhausted { reason } => ProposerError::Budget(reason.clone()),
+                    _ => ProposerError::Unusable(format!("the model call failed: {e}")),
+                })
+            }
+        };
+        Self::lock(&self.exchanges).push(x);
+        out
+    }
+
+    fn edit_context(&self, wm: &WorldModel, round: u32) -> PromptContext {
+        let mut ctx = PromptContext::new(&self.inputs);
+        ctx.world_model = Some(wm.compact_json(WM_CHARS_EDIT));
+        ctx.frontier = Some(wm.frontier_listing(FRONTIER_LINES)).filter(|s| !s.trim().is_empty());
+        ctx.tree_path = Some(tree_path(wm, wm.active_leaf_id()));
+        ctx.round = round;
+        ctx
+    }
+
+    /// Asks for an edit and parses it; `None` when the reply holds an empty op list.
+    fn ask_edit(
+        &self,
+        role: PromptRole,
+        ctx: &PromptContext,
+    ) -> Result<Option<Edit>, ProposerError> {
+        let prompt = self.render(role, ctx)?;
+        let text = self.call(role, &prompt, u64::from(ctx.round))?;
+        let value = extract_json(&text, "ops").ok_or_else(|| {
+            ProposerError::Unusable(format!(
+                "{}: the reply holds no JSON object{}",
+                role.tag(),
+                excerpt_note(&text)
+            ))
+        })?;
+        let edit = Edit::from_json_value(&value).map_err(|errors| {
+            ProposerError::Unusable(format!(
+                "{}: the edit does not parse: {}",
+                role.tag(),
+                errors
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))
+        })?;
+        Ok((!edit.ops.is_empty()).then_some(edit))
+    }
+
+    fn fallback_world_model(&self, task: &TaskBrief, why: &str) -> WorldModel {
+        let mut wm = WorldModel::new_root(
+            format!(
+                "{} (The model's initial plan could not be used: {why})",
+                task.description.trim()
+            ),
+            vec!["What limits a straightforward kernel on this device?".into()],
+        );
+        let root = wm.root_id().clone();
+        let node = NodePatch {
+            label: Some("first-kernel".into()),
+            decision: Some(Some("first kernel".into())),
+            choice: Some(Some("straightforward, correct implementation".into())),
+            overall_rating: Some(5.0),
+            confidence: Some(0.3),
+            action: Some(ActionPatch {
+                title: Some("Write a correct, reasonably fast kernel for the task".into()),
+                description: Some(
+                    "One pass over the data where possible, vectorisable inner loops.".into(),
+                ),
+                difficulty: Some(2.0),
+                score: Some(Some(0.6)),
+                ..ActionPatch::default()
+            }),
+            ..NodePatch::default()
+        };
+        // A fixed, valid patch on a fresh root cannot be rejected.
+        let _ = wm.insert_child(&root, &node, 0);
+        wm
+    }
+
+    /// Builds the initial world model from an init reply.
+    fn world_model_from(&self, value: &Value) -> Result<WorldModel, String> {
+        let summary = value
+            .get("kernel_summary")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        let questions: Vec<String> = value
+            .get("open_questions")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|q| q.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let ops = match value.get("ops") {
+            Some(ops) => ops.clone(),
+            None => return Err("the reply has no `ops` list of initial actions".into()),
+        };
+        let edit = Edit::from_json_value(&serde_json::json!({ "ops": ops })).map_err(|errs| {
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        })?;
+        let mut wm = WorldModel::new_root(summary, questions);
+        let root = wm.root_id().clone();
+        // Initial nodes are inserted as system operations: the per-edit cap of 3 is for
+        // later edits, a first plan may hold more. Parents are "root" or earlier labels.
+        let mut labels: Vec<(String, NodeId)> = Vec::new();
+        let mut rest: Vec<PatchOp> = Vec::new();
+        let mut errors: Vec<String> = Vec::new();
+        let mut inserted = 0usize;
+        for (i, op) in edit.ops.into_iter().enumerate() {
+            match op {
+                PatchOp::Insert {
+                    parent_id, node, ..
+                } => {
+                    if inserted >= MAX_INIT_NODES {
+                        errors.push(format!("op {i}: more than {MAX_INIT_NODES} initial nodes"));
+                        continue;
+                    }
+                    let parent = if parent_id == root || parent_id.as_str().is_empty() {
+                        Some(root.clone())
+                    } else {
+                        labels
+                            .iter()
+                            .find(|(l, _)| l == parent_id.as_str())
+                            .map(|(_, id)| id.clone())
+                            .or_else(|| wm.node(&parent_id).map(|n| n.id.clone()))
+                    };
+                    let Some(parent) = parent else {
+                        errors.push(format!("op {i}: unknown parent `{parent_id}`"));
+                        continue;
+                    };
+                    match wm.insert_child(&parent, &node, 0) {
+                        Ok(id) => {
+                            inserted += 1;
+                            if let Some(l) = &node.label {
+                                labels.push((l.clone(), id));
+                            }
+                        }
+                        Err(e) => errors.push(format!("op {i}: {e}")),
+                    }
+                }
+                other => rest.push(other),
+            }
+        }
+        if !rest.is_empty() {
+            // Updates (e.g. notes on the root) go through the validated path.
+            if let Err(errs) = wm.apply_edit(
+                &Edit {
+                    ops: rest,
+                    active_leaf_id: None,
+                },
+                0,
+            ) {
+                errors.extend(errs.iter().map(|e| e.to_string()));
+            }
+        }
+        if wm.frontier().is_empty() {
+            let mut why = "the initial tree has no executable action".to_string();
+            if !errors.is_empty() {
+                why.push_str(&format!(" ({})", errors.join("; ")));
+            }
+            return Err(why);
+        }
+        Ok(wm)
+    }
+
+    fn code_role(step: Step) -> PromptRole {
+        match step {
+            Step::SpecAction => PromptRole::CodeSpecAction,
+            Step::BaseAction => PromptRole::CodeBaseAction,
+            Step::Debug => PromptRole::Debug,
+            Step::Improve => PromptRole::Improve,
+        }
+    }
+
+    fn remember(&self, reason: &str) {
+        let mut p = Self::lock(&self.pending);
+        p.push(reason.to_string());
+        // Only the most recent few matter to the next prompt.
+        let n = p.len();
+        if n > 3 {
+            p.drain(..n - 3);
+        }
+    }
+}
+
+impl Proposer for LlmProposer {
+    fn name(&self) -> &str {
+        "llm"
+    }
+
+    fn init_world_model(&self, task: &TaskBrief) -> Result<WorldModel, ProposerError> {
+        let mut ctx = PromptContext::new(&self.inputs);
+        let mut last_problem = String::new();
+        for attempt in 0..self.settings.init_attempts.max(1) {
+            ctx.attempt = attempt + 1;
+            let prompt = self.render(PromptRole::WmInit, &ctx)?;
+            let text = match self.call(PromptRole::WmInit, &prompt, u64::from(attempt)) {
+                Ok(t) => t,
+                // Without budget there is no point in asking again; the first code call will
+                // stop the run cleanly.
+                Err(ProposerError::Budget(reason)) => {
+                    return Ok(self.fallback_world_model(task, &format!("budget: {reason}")))
+                }
+                Err(e) => {
+                    last_problem = e.to_string();
+                    ctx.feedback = vec![last_problem.clone()];
+                    continue;
+                }
+            };
+            let parsed = extract_json(&text, "ops")
+                .ok_or_else(|| format!("the reply holds no JSON object{}", excerpt_note(&text)))
+                .and_then(|v| self.world_model_from(&v));
+            match parsed {
+                Ok(wm) => return Ok(wm),
+                Err(why) => {
+                    last_problem = why;
+                    ctx.feedback = vec![format!(
+                        "your previous reply could not be used: {last_problem}"
+                    )];
+                }
+            }
+        }
+        Ok(self.fallback_world_model(task, &last_problem))
+    }
+
+    fn propose(
+        &self,
+        wm: &WorldModel,
+        round: u32,
+        feedback: &[String],
+    ) -> Result<Option<Edit>, ProposerError> {
+        let mut ctx = self.edit_context(wm, round);
+        ctx.requirements.push(
+            "Leave at least one executable open action with priority score above 0.5: concrete, \
+             one step, no hard-coded shape."
+                .into(),
+        );
+        if let Some(best) = wm.best_closed() {
+            let has_child = wm
+                .children(&best.id)
+                .iter()
+                .any(|c| c.is_open() && c.is_action());
+            if !has_child {
+                ctx.requirements.push(format!(
+                    "The best solved node {} (score {:.3}) has no open child: insert at least one \
+                     action under it that continues from its kernel.",
+                    best.id,
+                    best.solution().map(|s| s.score).unwrap_or(0.0)
+                ));
+            }
+        }
+        ctx.feedback = feedback
+            .iter()
+            .map(|f| format!("the edit was rejected: {f}"))
+            .collect();
+        self.ask_edit(PromptRole::Propose, &ctx)
+    }
+
+    fn write_code(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
+        let role = Self::code_role(req.step);
+        let mut ctx = PromptContext::new(&self.inputs);
+        ctx.round = req.round;
+        ctx.attempt = req.attempt;
+        ctx.sample = req.sample;
+        ctx.action = Some(ActionView::of(req.node));
+        if self.inputs.level.has_spec() {
+            ctx.world_model = Some(req.wm.compact_json(WM_CHARS_CODE));
+        }
+        ctx.base = req.base.map(AttemptText::of);
+        ctx.current = req.last.map(AttemptText::of);
+        ctx.best = req.cycle_best.map(AttemptText::of);
+        // Improve prompts start from the cycle's best; without one (only after a resume with a
+        // lost candidate) fall back to the base.
+        if role == PromptRole::Improve && ctx.best.is_none() {
+            ctx.best = ctx.base.clone();
+        }
+        if role == PromptRole::CodeBaseAction && ctx.base.is_none() {
+            return Err(ProposerError::Unusable(
+                "base+action step without a base solution".into(),
+            ));
+        }
+        ctx.feedback = Self::lock(&self.pending).clone();
+        let prompt = self.render(role, &ctx)?;
+        let salt =
+            (u64::from(req.round) << 32) | (u64::from(req.attempt) << 16) | u64::from(req.sample);
+        let text = self.call(role, &prompt, salt).inspect_err(|e| {
+            if let ProposerError::Unusable(why) = e {
+                self.remember(why);
+            }
+        })?;
+        let source = extract_code(&text, &self.inputs.fence_tags).map_err(|why| {
+            let why = format!("{}: {why}", role.tag());
+            self.remember(&why);
+            ProposerError::Unusable(why)
+        })?;
+        let entry = &self.inputs.task.entry;
+        if !entry.is_empty() && !mentions_identifier(&source, entry) {
+            let why = format!(
+                "{}: the code does not define the entry point `{entry}` ({})",
+                role.tag(),
+                self.inputs.task.signature
+            );
+            self.remember(&why);
+            return Err(ProposerError::Unusable(why));
+        }
+        Self::lock(&self.pending).clear();
+        let title = req
+            .action
+            .title
+            .lines()
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(120)
+            .collect::<String>();
+        Ok(Proposal {
+            source,
+            knobs: None,
+            note: format!("{}: {title}", role.tag()),
+        })
+    }
+
+    fn refine(
+        &self,
+        wm: &WorldModel,
+        report: &CycleReport<'_>,
+    ) -> Result<Option<Edit>, ProposerError> {
+        let Some(best) = report.best else {
+            return Ok(None);
+        };
+        let mut ctx = self.edit_context(wm, report.round);
+        ctx.tree_path = Some(tree_path(wm, report.node_id));
+        ctx.action = wm.node(report.node_id).map(ActionView::of);
+        ctx.best = Some(AttemptText::of(best));
+        ctx.base = report.base.map(AttemptText::of);
+        ctx.attempt = report.attempts;
+        ctx.feedback = report
+            .feedback
+            .iter()
+            .map(|f| format!("the edit was rejected: {f}"))
+            .collect();
+        self.ask_edit(PromptRole::Refine, &ctx)
+    }
+
+    fn too_hard(
+        &self,
+        wm: &WorldModel,
+        report: &CycleReport<'_>,
+    ) -> Result<Option<Edit>, ProposerError> {
+        let mut ctx = self.edit_context(wm, report.round);
+        ctx.tree_path = Some(tree_path(wm, report.node_id));
+        ctx.action = wm.node(report.node_id).map(ActionView::of);
+        ctx.current = report.last.map(AttemptText::of);
+        ctx.attempt = report.attempts;
+        self.ask_edit(PromptRole::TooHard, &ctx)
+    }
+
+    fn usage(&self) -> ProposerUsage {
+        let now = match &self.client {
+            Some(c) => {
+                let t = c.totals();
+                ProposerUsage {
+                    calls: t.calls,
+                    input_tokens: t.input_tokens,
+                    output_tokens: t.output_tokens,
+                    cost_usd: t.cost_usd,
+                }
+            }
+            None => *Self::lock(&self.tally),
+        };
+        ProposerUsage {
+            calls: now.calls + self.prior.calls,
+            input_tokens: now.input_tokens + self.prior.input_tokens,
+            output_tokens: now.output_tokens + self.prior.output_tokens,
+            cost_usd: now.cost_usd + self.prior.cost_usd,
+        }
+    }
+
+    fn drain_exchanges(&self) -> Vec<Exchange> {
+        std::mem::take(&mut *Self::lock(&self.exchanges))
+    }
+}
+
+fn excerpt_note(text: &str) -> String {
+    let t = text.trim();
+    if t.is_empty() {
+        return " (the reply is empty)".into();
+    }
+    let head: String = t.chars().take(160).collect();
+    format!(
+        " (reply starts: {:?}{})",
+        head,
+        if t.chars().count() > 160 { "…" } else { "" }
+    )
+}
+
+/// Whether `ident` occurs in `source` as a whole identifier.
+fn mentions_identifier(source: &str, ident: &str) -> bool {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    source.match_indices(ident).any(|(i, _)| {
+        let before = source[..i].chars().next_back();
+        let after = source[i + ident.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
+}
+
+/// A fenced code block: its info-string tag (lower-cased, possibly empty) and body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub tag: String,
+    pub body: String,
+}
+
+/// Every fenced block of `text` (``` or ~~~ fences, any indentation of the opening line).
+/// An unclosed last fence runs to the end of the text (replies cut by the token limit).
+pub fn fenced_blocks(text: &str) -> Vec<Fence> {
+    let mut out = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let trimmed = line.trim_start();
+        let marker = if trimmed.starts_with("```") {
+            "```"
+        } else if trimmed.starts_with("~~~") {
+            "~~~"
+        } else {
+            continue;
+        };
+        let info = trimmed[3..].trim_start_matches(['`', '~']).trim();
+        let tag = info
+            .split(|c: char| c.is_whitespace() || c == '{' || c == ',')
+            .next()
+            .unwrap_or("")
+            .trim_start_matches('.')
+            .to_ascii_lowercase();
+        let mut body = Vec::new();
+        for l in lines.by_ref() {
+            if l.trim_start().starts_with(marker)
+                && l.trim().trim_start_matches(['`', '~']).is_empty()
+            {
+                break;
+            }
+            body.push(l);
+        }
+        out.push(Fence {
+            tag,
+            body: body.join("\n"),
+        });
+    }
+    out
+}
+
+/// The kernel source in a code reply: the longest block tagged with one of `tags` (the first
+/// tag is the target's own), else the only fenced block. Errors say what was wrong.
+pub fn extract_code(text: &str, tags: &[String]) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("the reply is empty".into());
+    }
+    let blocks = fenced_blocks(text);
+    let tagged: Vec<&Fence> = blocks
+        .iter()
+        .filter(|b| tags.iter().any(|t| t.eq_ignore_ascii_case(&b.tag)))
+        .collect();
+    let chosen = if let Some(b) = tagged.iter().max_by_key(|b| b.body.len()) {
+        Some(*b)
+    } else if blocks.len() == 1 {
+        blocks.first()
+    } else {
+        None
+    };
+    let want = tags.first().map(String::as_str).unwrap_or("code");
+    match chosen {
+        Some(b) if b.body.trim().is_empty() => Err(format!("the ```{want} block is empty")),
+        Some(b) => Ok(format!("{}\n", b.body.trim_end())),
+        None if blocks.is_empty() => Err(format!(
+            "the reply has no fenced code block; put the whole file in one ```{want} block"
+        )),
+        None => Err(format!(
+            "the reply has {} fenced blocks and none is tagged `{want}`; send exactly one ```{want} block",
+            blocks.len()
+        )),
+    }
+}
+
+/// The JSON object in a reply: fenced `json` blocks first, then the whole text, then every
+/// balanced `{…}` span (strings and escapes respected). Among the objects that parse, the
+/// first one with key `prefer` wins, else the first one.
+pub fn extract_json(text: &str, prefer: &str) -> Option<Value> {
+    let mut found: Vec<Value> = Vec::new();
+    let consider = |s: &str, found: &mut Vec<Value>| {
+        if let Ok(v) = serde_json::from_str::<Value>(s.trim()) {
+            if v.is_object() || v.is_array() {
+                found.push(v);
+            }
+        }
+    };
+    for b in fenced_blocks(text) {
+        if b.tag.is_empty() || b.tag == "json" || b.tag == "jsonc" {
+            consider(&b.body, &mut found);
+        }
+    }
+    consider(text, &mut found);
+    let bytes = text.as_bytes();
+    let mut seen = BTreeSet::new();
+    for start in text.match_indices('{').map(|(i, _)| i) {
+        if let Some(end) = balanced_end(bytes, start) {
+            if seen.insert((start, end)) {
+                consider(&text[start..=end], &mut found);
+            }
+        }
+    }
+    let preferred = found
+        .iter()
+        .position(|v| v.get(prefer).is_some())
+        .or_else(|| found.iter().position(Value::is_object));
+    preferred.map(|i| found.swap_remove(i))
+}
+
+/// Index of the `}` closing the `{` at `start`, skipping braces inside JSON strings.
+fn balanced_end(bytes: &[u8], start: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut in_str = false;
+    let mut escaped = false;
+    for (i, &b) in bytes.iter().enumerate().skip(start) {
+        if in_str {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_str = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tags(t: &[&str]) -> Vec<String> {
+        t.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn code_comes_from_the_tagged_block() {
+        let reply = "Here is a sketch:\n```text\nnot code\n```\nand the kernel:\n```c\nint f(void) { return 1; }\n```\n";
+        assert_eq!(
+            extract_code(reply, &tags(&["c"])).unwrap(),
+            "int f(void) { return 1; }\n"
+        );
+        // The only block counts even without a tag; an unclosed fence runs to the end.
+        assert_eq!(extract_code("```\nx\n```", &tags(&["c"])).unwrap(), "x\n");
+        assert_eq!(
+            extract_code("intro\n```C\ny\n", &tags(&["c"])).unwrap(),
+            "y\n"
+        );
+        // The longest of several tagged blocks (a snippet, then the file).
+        let two = "```c\nsnippet\n```\n```c\nthe whole file\n```";
+        assert_eq!(
+            extract_code(two, &tags(&["c"])).unwrap(),
+            "the whole file\n"
+        );
+        let e = extract_code("no code at all", &tags(&["c"])).unwrap_err();
+        assert!(e.contains("no fenced code block"), "{e}");
+        let e = extract_code("```py\na\n```\n```js\nb\n```", &tags(&["c"])).unwrap_err();
+        assert!(e.contains("none is tagged `c`"), "{e}");
+        assert!(extract_code("  \n", &tags(&["c"]))
+            .unwrap_err()
+            .contains("empty"));
+        assert!(extract_code("```c\n\n```", &tags(&["c"]))
+            .unwrap_err()
+            .contains("empty"));
+    }
+
+    #[test]
+    fn json_is_found_fenced_bare_or_in_prose() {
+        let v = extract_json("```json\n{\"ops\": []}\n```", "ops").unwrap();
+        assert_eq!(v["ops"], serde_json::json!([]));
+        let v = extract_json("{\"ops\": [1]}", "ops").unwrap();
+        assert_eq!(v["ops"][0], 1);
+        // Prose around it, braces inside strings, and an inner object without `ops` first.
+        let text = "Plan: {\"note\": \"a } b\"} then the edit {\"ops\": [{\"op\": \"delete\", \"node_id\": \"n1\"}], \"x\": \"{\"} done";
+        let v = extract_json(text, "ops").unwrap();
+        assert_eq!(v["ops"][0]["node_id"], "n1");
+        // A trailing comma in the outer object: its inner objects parse, the edit does not.
+        let broken = "{\"ops\": [{\"op\": \"delete\", \"node_id\": \"n1\"},]}";
+        let v = extract_json(broken, "ops").unwrap();
+        assert!(v.get("ops").is_none());
+        assert!(extract_json("no json here", "ops").is_none());
+        assert!(extract_json("", "ops").is_none());
+    }
+
+    #[test]
+    fn identifiers_are_matched_whole() {
+        assert!(mentions_identifier("void softmax_f32(int)", "softmax_f32"));
+        assert!(!mentions_identifier(
+            "void softmax_f32x(int)",
+            "softmax_f32"
+        ));
+        assert!(!mentions_identifier(
+            "void my_softmax_f32(int)",
+            "softmax_f32"
+        ));
+    }
+}
