@@ -56,6 +56,12 @@ pub(crate) mod exit {
 }
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, which turns `ksearch tasks | head` into a panic on the next print.
+    // Dying quietly of SIGPIPE, as other command-line tools do, is what users expect.
+    // SAFETY: called before any other thread exists; restores the default disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     logging::init(cli.verbose, cli.quiet);
     let result = match cli.command {

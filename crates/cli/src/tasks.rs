@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use ksearch_eval::report::{Align, Table};
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 #[derive(Debug, Args)]
 pub struct TasksArgs {
@@ -22,25 +23,43 @@ struct TaskRow {
     backends: Vec<String>,
     workloads: usize,
     held_out: usize,
+    /// Workloads can be limited to some backends, so each backend has its own counts.
+    per_backend: BTreeMap<String, Counts>,
+}
+
+#[derive(Debug, Serialize)]
+struct Counts {
+    workloads: usize,
+    held_out: usize,
 }
 
 pub fn run(args: &TasksArgs) -> Result<u8> {
     let tasks = ksearch_task::builtin::list().context("cannot load the built-in tasks")?;
-    let rows: Vec<TaskRow> = tasks
-        .iter()
-        .map(|t| {
-            let spec = t.spec();
-            TaskRow {
-                name: t.name().to_string(),
-                kind: t.kind().to_string(),
-                dir: t.dir().display().to_string(),
-                description: spec.description.trim().to_string(),
-                backends: t.backend_names().iter().map(|s| s.to_string()).collect(),
-                workloads: spec.workloads.len(),
-                held_out: spec.workloads.iter().filter(|w| w.held_out).count(),
-            }
-        })
-        .collect();
+    let mut rows = Vec::new();
+    for t in &tasks {
+        let spec = t.spec();
+        let mut per_backend = BTreeMap::new();
+        for b in t.backend_names() {
+            let workloads = t.workloads(b)?;
+            per_backend.insert(
+                b.to_string(),
+                Counts {
+                    workloads: workloads.len(),
+                    held_out: workloads.iter().filter(|w| w.held_out).count(),
+                },
+            );
+        }
+        rows.push(TaskRow {
+            name: t.name().to_string(),
+            kind: t.kind().to_string(),
+            dir: t.dir().display().to_string(),
+            description: spec.description.trim().to_string(),
+            backends: t.backend_names().iter().map(|s| s.to_string()).collect(),
+            workloads: spec.workloads.len(),
+            held_out: spec.workloads.iter().filter(|w| w.held_out).count(),
+            per_backend,
+        });
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(exit::OK);
@@ -48,8 +67,7 @@ pub fn run(args: &TasksArgs) -> Result<u8> {
     let mut table = Table::new(&[
         ("task", Align::Left),
         ("kind", Align::Left),
-        ("backends", Align::Left),
-        ("workloads", Align::Right),
+        ("workloads per backend (held-out)", Align::Left),
         ("description", Align::Left),
     ]);
     for r in &rows {
@@ -57,8 +75,11 @@ pub fn run(args: &TasksArgs) -> Result<u8> {
         table.row(vec![
             r.name.clone(),
             r.kind.clone(),
-            r.backends.join(","),
-            format!("{} ({} held-out)", r.workloads, r.held_out),
+            r.per_backend
+                .iter()
+                .map(|(b, c)| format!("{b} {} ({})", c.workloads, c.held_out))
+                .collect::<Vec<_>>()
+                .join(", "),
             summary,
         ]);
     }

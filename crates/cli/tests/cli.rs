@@ -78,6 +78,26 @@ fn tasks_lists_the_builtin_tasks() {
         .as_array()
         .unwrap()
         .contains(&Value::from("cpu")));
+    let cpu = &attention["per_backend"]["cpu"];
+    assert!(cpu["held_out"].as_u64().unwrap() > 0);
+    assert!(cpu["workloads"].as_u64().unwrap() <= attention["workloads"].as_u64().unwrap());
+}
+
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let bin = assert_cmd::cargo::cargo_bin("ksearch");
+    let mut child = std::process::Command::new(bin)
+        .args(["tasks", "--json"])
+        .env("KSEARCH_ROOT", workspace_root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end before the output is written, as `| head -0` would.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[test]
