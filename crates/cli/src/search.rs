@@ -70,11 +70,11 @@ pub struct SearchOptions {
     pub samples: u32,
 
     /// Rounds without improvement that end a cycle (the original's window W).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub stagnation_window: u32,
 
     /// Attempts per cycle at most (0: unlimited, as in the original K-Search).
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 4)]
     pub cycle_cap: u32,
 
     /// Difficulty cap for `--selection ksearch`.

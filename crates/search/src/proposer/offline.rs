@@ -225,6 +225,13 @@ pub fn knobs_from(v: Option<&Value>) -> Option<Knobs> {
     v.and_then(|v| serde_json::from_value(v.clone()).ok())
 }
 
+fn action_knobs(knobs: &std::collections::BTreeMap<String, Value>) -> Result<Knobs, ProposerError> {
+    knobs_from(Some(&Value::Object(
+        knobs.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+    )))
+    .ok_or_else(|| ProposerError::Unusable("action knobs are not a knob setting".into()))
+}
+
 fn knobs_to_value(k: &Knobs) -> Value {
     serde_json::to_value(k).unwrap_or(Value::Null)
 }
@@ -325,20 +332,25 @@ impl Proposer for OfflineProposer {
     }
 
     fn write_code(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
-        let fixed: Knobs = knobs_from(Some(&Value::Object(
-            req.action
-                .knobs
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        )))
-        .ok_or_else(|| ProposerError::Unusable("action knobs are not a knob setting".into()))?;
+        let own = action_knobs(&req.action.knobs)?;
         let base = self.base_knobs(req.base);
         let first = self
             .family
-            .apply(&base, &fixed)
+            .apply(&base, &own)
             .map_err(|e| ProposerError::Unusable(format!("action knobs: {e}")))?;
-        // Keep whatever the repair kept of the action's own knobs fixed from here on.
+        // Debug and improve moves keep the knobs of every action on the node's path: those
+        // choices were measured and kept by earlier cycles (or are what this cycle tests), so
+        // only the remaining knobs are explored. The action's own knobs win over an ancestor's.
+        let mut fixed = Knobs::new();
+        let mut path = req.wm.path_to_root(&req.node.id).unwrap_or_default();
+        path.reverse();
+        for id in &path {
+            if let Some(a) = req.wm.node(id).and_then(|n| n.action.as_ref()) {
+                fixed.extend(action_knobs(&a.knobs)?);
+            }
+        }
+        fixed.extend(own);
+        // Keep only what the repair in `apply` left in place.
         let fixed: Knobs = fixed
             .into_iter()
             .filter(|(k, v)| first.get(k) == Some(v))
