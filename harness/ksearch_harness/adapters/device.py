@@ -182,8 +182,15 @@ def torch_to_host(t, storage: np.dtype) -> np.ndarray:
     return bits.view(storage).copy()
 
 
-def mlx_dtype(name: str):
+def _import_mlx():
+    import os
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")  # see MlxAdapter._mx
     import mlx.core as mx
+    return mx
+
+
+def mlx_dtype(name: str):
+    mx = _import_mlx()
     return {"f16": mx.float16, "bf16": mx.bfloat16, "f32": mx.float32, "f64": mx.float32,
             "i8": mx.int8, "i16": mx.int16, "i32": mx.int32, "i64": mx.int64, "u8": mx.uint8,
             "u32": mx.uint32, "bool": mx.bool_}[name]
@@ -192,7 +199,7 @@ def mlx_dtype(name: str):
 def mlx_from_host(stored: np.ndarray, dtype_name: str):
     """A new, evaluated MLX array holding `stored`; bf16 arrives as raw bits and is
     reinterpreted on the device."""
-    import mlx.core as mx
+    mx = _import_mlx()
     flat = np.ascontiguousarray(stored).reshape(-1)
     if dtype_name == "bf16":
         flat = flat.view(np.uint16)
@@ -209,7 +216,7 @@ def mlx_from_host(stored: np.ndarray, dtype_name: str):
 
 
 def mlx_to_host(arr, storage: np.dtype) -> np.ndarray:
-    import mlx.core as mx
+    mx = _import_mlx()
     storage = np.dtype(storage)
     if arr.dtype == mx.bfloat16:
         return np.array(mx.view(arr, mx.uint16), copy=True).view(storage)
@@ -223,7 +230,6 @@ def to_numpy(value: Any) -> np.ndarray:
         value = value.value
     module = type(value).__module__ or ""
     if module.startswith("torch"):
-        import torch
         t = value.detach()
         if t.is_floating_point() and t.element_size() < 4:
             t = t.float()

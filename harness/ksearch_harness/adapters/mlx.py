@@ -161,6 +161,9 @@ class MlxAdapter(DeviceAdapter):
 
     def _mx(self) -> Any:
         if self._mx_mod is None:
+            # float32 means float32 (MLX uses TF32 for float32 matmuls on NVIDIA GPUs unless
+            # told otherwise): references, baselines and candidates alike.
+            os.environ.setdefault("MLX_ENABLE_TF32", "0")
             try:
                 import mlx.core as mx
             except ImportError as e:

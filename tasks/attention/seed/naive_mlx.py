@@ -19,7 +19,8 @@ BODY = """
     const long end = CAUSAL ? i + 1 : SEQ;
     for (long j = 0; j < end; ++j) {
         float s = 0.f;
-        for (int d = 0; d < HEAD_DIM; ++d) s += qr[d] * static_cast<float>(k[(head + j) * HEAD_DIM + d]);
+        for (int d = 0; d < HEAD_DIM; ++d)
+            s += qr[d] * static_cast<float>(k[(head + j) * HEAD_DIM + d]);
         const float m_new = fmaxf(m, s);
         const float c = __expf(m - m_new);
         const float p = __expf(s - m_new);
