@@ -103,8 +103,25 @@ impl CandidateEvaluator for HarnessEvaluator {
                 TimingPreset::Standard,
             ),
         };
-        let req = EvalRequest::from_task(&self.task, &self.backend, &path, set, seed, preset)
+        let mut req = EvalRequest::from_task(&self.task, &self.backend, &path, set, seed, preset)
             .map_err(|e| EvalFailure(e.to_string()))?;
+        if purpose == Purpose::Acceptance {
+            // The knowledge packs' assertions add adversarial workloads (large logits, ragged
+            // tails, extreme decays) that a winner must also pass; they are never searched on.
+            match ksearch_knowledge::Packs::builtin() {
+                Ok(packs) => {
+                    let extra = packs.acceptance_workloads(&self.task, &self.backend);
+                    for why in &extra.skipped {
+                        tracing::warn!("assertion workload left out: {why}");
+                    }
+                    for w in &extra.workloads {
+                        let v = serde_json::to_value(w).map_err(|e| EvalFailure(e.to_string()))?;
+                        req.workloads.push(v);
+                    }
+                }
+                Err(e) => tracing::warn!("no assertion workloads (knowledge packs: {e})"),
+            }
+        }
         let result = self
             .evaluator
             .evaluate(&req)

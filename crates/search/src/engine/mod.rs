@@ -185,7 +185,16 @@ pub struct Engine<'a> {
     task: TaskBrief,
     progress: &'a dyn ProgressSink,
     started: Instant,
+    /// Static checks run on each proposal before it is evaluated; a non-empty list of
+    /// messages rejects it as `lint_failed` without a harness run.
+    lint: Option<&'a Lint>,
 }
+
+/// A lint hook: source in, blocking findings out (empty = fine).
+pub type Lint = dyn Fn(&str) -> Vec<String> + Sync;
+
+/// Status of a proposal rejected by the lint hook.
+pub const LINT_FAILED: &str = "lint_failed";
 
 impl<'a> Engine<'a> {
     pub fn new(
@@ -206,6 +215,38 @@ impl<'a> Engine<'a> {
             task,
             progress,
             started: Instant::now(),
+            lint: None,
+        }
+    }
+
+    /// Runs `lint` on every proposal before it is evaluated (see [`Lint`]).
+    pub fn with_lint(mut self, lint: &'a Lint) -> Self {
+        self.lint = Some(lint);
+        self
+    }
+
+    /// Records a lint rejection as the candidate's evaluation, or returns `None` when the
+    /// source passes the hook.
+    fn lint_candidate(&self, id: i64, source: &str) -> Result<Option<OutcomeSummary>, EngineError> {
+        let Some(lint) = self.lint else {
+            return Ok(None);
+        };
+        let findings = lint(source);
+        if findings.is_empty() {
+            return Ok(None);
+        }
+        let result = json!({"status": LINT_FAILED, "lint": findings});
+        self.store()
+            .record_evaluation(id, LINT_FAILED, None, &result)?;
+        Ok(Some(lint_summary(&result)))
+    }
+
+    /// The summary of a stored result; lint rejections are not harness results.
+    fn summarize_stored(&self, result: &Value) -> OutcomeSummary {
+        if result["status"] == LINT_FAILED {
+            lint_summary(result)
+        } else {
+            self.evaluator.summarize(result)
         }
     }
 
@@ -724,7 +765,7 @@ impl<'a> Engine<'a> {
                 {
                     return Ok(SampleResult {
                         candidate: Some(row.id),
-                        summary: self.evaluator.summarize(&ev.result),
+                        summary: self.summarize_stored(&ev.result),
                     });
                 }
                 let src = self
@@ -765,6 +806,12 @@ impl<'a> Engine<'a> {
                 (id, proposal.source)
             }
         };
+        if let Some(summary) = self.lint_candidate(id, &source)? {
+            return Ok(SampleResult {
+                candidate: Some(id),
+                summary,
+            });
+        }
         let summary = self.evaluate_candidate(id, &source, Purpose::Search)?;
         Ok(SampleResult {
             candidate: Some(id),
@@ -811,7 +858,7 @@ impl<'a> Engine<'a> {
             if let Some(prev) = self.previous_evaluation(source)? {
                 let mut result = prev.clone();
                 result["reused_from_candidate"] = prev["__candidate"].clone();
-                let summary = self.evaluator.summarize(&result);
+                let summary = self.summarize_stored(&result);
                 self.store()
                     .record_evaluation(id, &summary.status, summary.score, &result)?;
                 return Ok(summary);
@@ -868,7 +915,7 @@ impl<'a> Engine<'a> {
         let source = store.source(&c.source_id)?;
         let outcome = store
             .evaluation_for(id)?
-            .map(|e| self.evaluator.summarize(&e.result))
+            .map(|e| self.summarize_stored(&e.result))
             .unwrap_or_default();
         Ok(Some(AttemptView {
             candidate_id: id,
@@ -1085,6 +1132,30 @@ impl<'a> Engine<'a> {
             serde_json::to_value(&outcome).map_err(|e| EngineError::State(e.to_string()))?;
         self.store().mark_finished(&summary)?;
         Ok(outcome)
+    }
+}
+
+/// What the proposer is told about a lint rejection.
+fn lint_summary(result: &Value) -> OutcomeSummary {
+    let findings: Vec<String> = result["lint"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    OutcomeSummary {
+        status: LINT_FAILED.into(),
+        message: format!(
+            "rejected by static checks before compiling:\n{}",
+            findings
+                .iter()
+                .map(|f| format!("- {f}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+        ..OutcomeSummary::default()
     }
 }
 

@@ -1,0 +1,525 @@
+//! The LLM proposer inside the cycle engine, against a scripted in-process chat provider and a
+//! fake evaluator: unusable replies become failed attempts whose reason reaches the next
+//! prompt, every call is stored as an exchange, usage adds up, a spent budget stops the run
+//! cleanly, and the lint hook rejects proposals before evaluation.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+
+use ksearch_llm::{
+    Budget, ChatProvider, ChatRequest, ChatResponse, Client, ClientConfig, LlmError, PriceTable,
+    RetryPolicy, Usage,
+};
+use ksearch_search::engine::{
+    CandidateEvaluator, Engine, EngineConfig, EvalFailure, Evaluation, NoProgress, Purpose,
+};
+use ksearch_search::proposer::llm::{LlmProposer, LlmSettings, CODE_ROLE_TAG};
+use ksearch_search::proposer::prompts::{ContextLevel, PromptInputs, PromptSet, TaskView};
+use ksearch_search::proposer::{OutcomeSummary, Proposer, TaskBrief};
+use ksearch_search::selection::KSearchPolicy;
+use ksearch_search::world_model::WorldModel;
+use ksearch_store::{CandidateKind, RunConfig, RunStore};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Sources look like `score=1.5;...` (passes with that score) or anything else (incorrect).
+struct FakeEvaluator {
+    calls: AtomicUsize,
+}
+
+impl CandidateEvaluator for FakeEvaluator {
+    fn evaluate(&self, source: &str, _purpose: Purpose) -> Result<Evaluation, EvalFailure> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let head = source.trim().split(';').next().unwrap_or("");
+        let result = match head.strip_prefix("score=") {
+            Some(s) => json!({"status": "passed", "score": s.parse::<f64>().unwrap_or(1.0)}),
+            None => json!({"status": "incorrect", "message": "wrong answer on r64c1000"}),
+        };
+        Ok(Evaluation {
+            summary: self.summarize(&result),
+            result,
+        })
+    }
+
+    fn summarize(&self, result: &Value) -> OutcomeSummary {
+        let passed = result["status"] == "passed";
+        OutcomeSummary {
+            status: result["status"].as_str().unwrap_or("").to_string(),
+            passed,
+            score: result["score"].as_f64().filter(|_| passed),
+            message: result["message"].as_str().unwrap_or("").to_string(),
+            ..OutcomeSummary::default()
+        }
+    }
+}
+
+type Reply = Result<String, LlmError>;
+
+/// Answers by role tag from per-role queues (then a default per role); records every request.
+struct ScriptedLlm {
+    queues: Mutex<Vec<(String, VecDeque<Reply>)>>,
+    seen: Mutex<Vec<ChatRequest>>,
+}
+
+impl ScriptedLlm {
+    fn new(script: Vec<(&str, Vec<Reply>)>) -> Self {
+        Self {
+            queues: Mutex::new(
+                script
+                    .into_iter()
+                    .map(|(r, q)| (r.to_string(), q.into()))
+                    .collect(),
+            ),
+            seen: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn seen(&self) -> Vec<ChatRequest> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn default_reply(role: &str) -> String {
+    match role {
+        "wm-init" => init_reply(),
+        CODE_ROLE_TAG => "```c\nscore=1.1;kern\n```".into(),
+        _ => "{\"ops\": []}".into(),
+    }
+}
+
+fn init_reply() -> String {
+    let v = json!({
+        "kernel_summary": "fake kernel",
+        "open_questions": ["q"],
+        "ops": [
+            {"op": "insert", "parent_id": "root",
+             "node": {"label": "a", "decision": "plan", "choice": "a",
+                      "action": {"title": "action a", "difficulty": 2, "score": 0.9}}},
+            {"op": "insert", "parent_id": "root",
+             "node": {"label": "b", "action": {"title": "action b", "difficulty": 2, "score": 0.6}}},
+            {"op": "insert", "parent_id": "a",
+             "node": {"label": "a-deeper", "action": {"title": "deeper a", "score": 0.5}}},
+            {"op": "insert", "parent_id": "root",
+             "node": {"label": "c", "action": {"title": "action c", "difficulty": 3, "score": 0.4}}}
+        ]
+    });
+    format!("Here is my plan.\n```json\n{v:#}\n```\nGood luck.")
+}
+
+impl ChatProvider for ScriptedLlm {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    fn model(&self) -> &str {
+        "test-model"
+    }
+    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        self.seen.lock().unwrap().push(req.clone());
+        let next = {
+            let mut q = self.queues.lock().unwrap();
+            q.iter_mut()
+                .find(|(r, _)| *r == req.role_tag)
+                .and_then(|(_, q)| q.pop_front())
+        };
+        let text = next.unwrap_or_else(|| Ok(default_reply(&req.role_tag)))?;
+        Ok(ChatResponse {
+            text,
+            model: "test-model".into(),
+            usage: Usage {
+                input_tokens: 100,
+                output_tokens: 20,
+                estimated: false,
+            },
+            cost_usd: 0.0,
+            latency_ms: 1,
+            cached: false,
+            attempts: 1,
+            stop_reason: Some("stop".into()),
+        })
+    }
+}
+
+fn inputs() -> PromptInputs {
+    PromptInputs {
+        level: ContextLevel::Spec,
+        task: TaskView {
+            name: "fake".into(),
+            kind: "softmax".into(),
+            backend: "cpu".into(),
+            language: "c".into(),
+            signature: "void kern(float* x)".into(),
+            entry: "kern".into(),
+            fence_tag: "c".into(),
+            target: "cpu".into(),
+            target_title: "CPU kernel in C".into(),
+        },
+        spec: Some("A fake task.".into()),
+        device: None,
+        knowledge: None,
+        code_format: "- One ```c block.".into(),
+        fence_tags: vec!["c".into()],
+    }
+}
+
+fn prompts() -> PromptSet {
+    PromptSet::load(&root().join("knowledge/prompts")).unwrap()
+}
+
+fn store(dir: &Path) -> RunStore {
+    RunStore::create(
+        dir,
+        &RunConfig {
+            task: "fake".into(),
+            backend: "cpu".into(),
+            strategy: "world-model".into(),
+            proposer: "llm".into(),
+            selection: "ksearch".into(),
+            seed: 7,
+            secret_seed: 11,
+            budgets: json!({}),
+            flags: json!({}),
+            extra: json!({}),
+            created_at: String::new(),
+            ksearch_version: String::new(),
+        },
+    )
+    .unwrap()
+}
+
+fn cfg(rounds: u32) -> EngineConfig {
+    EngineConfig {
+        rounds,
+        samples: 1,
+        stagnation_window: 2,
+        cycle_cap: 3,
+        recheck: false,
+        ..EngineConfig::default()
+    }
+}
+
+fn brief() -> TaskBrief {
+    TaskBrief {
+        name: "fake".into(),
+        kind: "softmax".into(),
+        description: "A fake task.".into(),
+        backend: "cpu".into(),
+        signature: "void kern(float* x)".into(),
+        language: "c".into(),
+    }
+}
+
+fn code(body: &str) -> Reply {
+    Ok(format!("```c\n{body}\n```"))
+}
+
+fn user_prompt(req: &ChatRequest) -> &str {
+    &req.messages[0].content
+}
+
+#[test]
+fn unusable_replies_are_failed_attempts_and_every_call_is_stored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llm = Arc::new(ScriptedLlm::new(vec![
+        ("wm-init", vec![Ok("I would start with a plan.".into())]),
+        (
+            CODE_ROLE_TAG,
+            vec![
+                Ok("Sure, here is the idea without any code.".into()),
+                code("fail;kern"),
+                Err(LlmError::Http {
+                    provider: "scripted".into(),
+                    status: 500,
+                    message: "upstream broke".into(),
+                    retry_after: None,
+                }),
+                code("score=1.5;kern"),
+                code("score=1.4;kern;other"),
+                Ok("```c\nvoid wrong_name(void) {}\n```".into()),
+                code("score=2.0;kern"),
+            ],
+        ),
+        (
+            "wm-refine",
+            vec![Ok(
+                "Updating.\n{\"ops\": [{\"op\": \"insert_node\", \"parent_id\": \"n2\", \
+                 \"node\": {\"node_id\": \"next\", \"action\": {\"title\": \"follow-up\", \
+                 \"difficulty_1_to_5\": 2, \"score_0_to_1\": 0.95}}}]}"
+                    .into(),
+            )],
+        ),
+        ("wm-propose", vec![Ok("{not json at all".into())]),
+    ]));
+    let proposer = LlmProposer::new(llm.clone(), prompts(), inputs(), LlmSettings::new());
+    let eval = FakeEvaluator {
+        calls: AtomicUsize::new(0),
+    };
+    let policy = KSearchPolicy::default();
+    let engine = Engine::new(
+        cfg(8),
+        store(tmp.path()),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    let out = engine.run(Some("score=1;kern")).unwrap();
+    let store = engine.into_store();
+    assert_eq!(out.rounds_used, 8);
+
+    let seen = llm.seen();
+    // The first init reply had no JSON: a second init call carried the reason.
+    let inits: Vec<&ChatRequest> = seen.iter().filter(|r| r.role_tag == "wm-init").collect();
+    assert_eq!(inits.len(), 2);
+    assert!(
+        user_prompt(inits[1]).contains("no JSON object"),
+        "{}",
+        user_prompt(inits[1])
+    );
+    let state = store.get_state("engine").unwrap().unwrap();
+    let wm: WorldModel = serde_json::from_value(state["wm"].clone()).unwrap();
+    assert_eq!(wm.kernel_summary(), "fake kernel");
+    // Four initial nodes, one of them under another node's label: the cap of 3 per edit does
+    // not apply to the first tree.
+    let deeper = wm
+        .nodes()
+        .iter()
+        .find(|n| n.label.as_deref() == Some("a-deeper"))
+        .unwrap();
+    let a = wm
+        .nodes()
+        .iter()
+        .find(|n| n.label.as_deref() == Some("a"))
+        .unwrap();
+    assert_eq!(deeper.parent.as_ref(), Some(&a.id));
+    // The refine reply (original dialect, with prose) inserted a child under the solved node.
+    assert!(
+        wm.nodes()
+            .iter()
+            .any(|n| n.label.as_deref() == Some("next")),
+        "{}",
+        wm.render_tree()
+    );
+
+    // Every call is an exchange in the store, failed ones with their error.
+    let xs = store.exchanges().unwrap();
+    assert_eq!(xs.len(), seen.len());
+    let failed: Vec<_> = xs.iter().filter(|x| x.exchange.error.is_some()).collect();
+    assert_eq!(failed.len(), 1);
+    assert!(failed[0].exchange.error.as_deref().unwrap().contains("500"));
+    assert!(xs.iter().all(|x| x.exchange.prompt.contains("## USER")));
+    assert!(xs
+        .iter()
+        .any(|x| x.exchange.role == "code-spec-action" || x.exchange.role == "code-base-action"));
+    // Usage: 120 tokens per answered call, nothing for the failed one.
+    let answered = (seen.len() - 1) as u64;
+    let usage = proposer.usage();
+    assert_eq!(usage.calls, answered);
+    assert_eq!(usage.input_tokens, 100 * answered);
+    assert_eq!(usage.output_tokens, 20 * answered);
+    let totals = store.usage_totals().unwrap();
+    assert_eq!(totals.input_tokens, usage.input_tokens);
+    assert_eq!(totals.output_tokens, usage.output_tokens);
+
+    // The reason a code reply was unusable reaches the next code prompt.
+    let codes: Vec<&ChatRequest> = seen
+        .iter()
+        .filter(|r| r.role_tag == CODE_ROLE_TAG)
+        .collect();
+    assert!(
+        user_prompt(codes[1]).contains("no fenced code block"),
+        "{}",
+        user_prompt(codes[1])
+    );
+    assert!(user_prompt(codes[3]).contains("the model call failed"));
+    assert!(
+        !user_prompt(codes[4]).contains("the model call failed"),
+        "cleared after a good reply"
+    );
+    assert!(user_prompt(codes[6]).contains("does not define the entry point `kern`"));
+    // The failing kernel ended the first cycle: its log reaches the too-hard prompt.
+    let too_hard = seen.iter().find(|r| r.role_tag == "wm-too-hard").unwrap();
+    assert!(user_prompt(too_hard).contains("wrong answer on r64c1000"));
+    assert!(user_prompt(too_hard).contains("fail;kern"));
+
+    // Unusable replies left no candidate; the others were evaluated in order.
+    let sources: Vec<String> = store
+        .candidates()
+        .unwrap()
+        .iter()
+        .filter(|c| c.kind == CandidateKind::Attempt)
+        .map(|c| store.source(&c.source_id).unwrap())
+        .collect();
+    assert_eq!(
+        sources,
+        vec![
+            "fail;kern\n",
+            "score=1.5;kern\n",
+            "score=1.4;kern;other\n",
+            "score=2.0;kern\n",
+            "score=1.1;kern\n"
+        ]
+    );
+    assert_eq!(
+        out.failed,
+        1 + 3 + 0,
+        "one incorrect kernel and three unusable replies"
+    );
+    let events = store.events_after(0).unwrap();
+    let proposer_errors = events.iter().filter(|e| e.kind == "proposer_error").count();
+    assert!(proposer_errors >= 4, "{events:?}");
+}
+
+#[test]
+fn an_unusable_first_plan_falls_back_to_one_action() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llm = Arc::new(ScriptedLlm::new(vec![(
+        "wm-init",
+        vec![
+            Ok("".into()),
+            Ok("{\"kernel_summary\": \"x\", \"ops\": []}".into()),
+        ],
+    )]));
+    let proposer = LlmProposer::new(llm.clone(), prompts(), inputs(), LlmSettings::new());
+    let wm = proposer.init_world_model(&brief()).unwrap();
+    assert_eq!(wm.frontier().len(), 1);
+    assert!(
+        wm.kernel_summary().contains("could not be used"),
+        "{}",
+        wm.kernel_summary()
+    );
+    assert!(
+        wm.kernel_summary().contains("no executable action"),
+        "{}",
+        wm.kernel_summary()
+    );
+    let xs = proposer.drain_exchanges();
+    assert_eq!(xs.len(), 2);
+    assert!(proposer.drain_exchanges().is_empty(), "drained once");
+}
+
+#[test]
+fn a_spent_budget_stops_the_run_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llm: Arc<dyn ChatProvider> = Arc::new(ScriptedLlm::new(vec![]));
+    let client = Arc::new(
+        Client::new(
+            llm,
+            ClientConfig {
+                retry: RetryPolicy {
+                    max_attempts: 1,
+                    ..RetryPolicy::default()
+                },
+                max_in_flight: 1,
+                budget: Budget {
+                    max_tokens: Some(1500),
+                    max_cost_usd: None,
+                },
+                cache_dir: None,
+                prices: PriceTable::builtin(),
+            },
+        )
+        .unwrap(),
+    );
+    let proposer = LlmProposer::new(client.clone(), prompts(), inputs(), LlmSettings::new())
+        .with_client(client.clone());
+    let eval = FakeEvaluator {
+        calls: AtomicUsize::new(0),
+    };
+    let policy = KSearchPolicy::default();
+    let engine = Engine::new(
+        cfg(50),
+        store(tmp.path()),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    let out = engine.run(Some("score=1;kern")).unwrap();
+    assert!(out.stop_reason.contains("budget"), "{}", out.stop_reason);
+    assert!(out.rounds_used < 50);
+    let store = engine.into_store();
+    // The refused call is stored too, and spending never passed the limit by more than one
+    // call's worth.
+    let xs = store.exchanges().unwrap();
+    assert!(xs.iter().any(|x| x
+        .exchange
+        .error
+        .as_deref()
+        .is_some_and(|e| e.contains("budget"))));
+    let usage = proposer.usage();
+    assert_eq!(
+        usage.input_tokens + usage.output_tokens,
+        client.totals().tokens()
+    );
+    assert!(client.totals().tokens() <= 1500 + 120);
+}
+
+#[test]
+fn the_lint_hook_rejects_before_evaluation_and_tells_the_next_prompt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llm = Arc::new(ScriptedLlm::new(vec![(
+        CODE_ROLE_TAG,
+        vec![
+            code("score=3;kern(); __syncthreads();"),
+            code("score=1.5;kern"),
+        ],
+    )]));
+    let proposer = LlmProposer::new(llm.clone(), prompts(), inputs(), LlmSettings::new());
+    let eval = FakeEvaluator {
+        calls: AtomicUsize::new(0),
+    };
+    let policy = KSearchPolicy::default();
+    let lint = |src: &str| -> Vec<String> {
+        if src.contains("__syncthreads") {
+            vec!["error [gpu-identifiers-in-c] line 1: `__syncthreads` is GPU code".into()]
+        } else {
+            Vec::new()
+        }
+    };
+    let engine = Engine::new(
+        cfg(2),
+        store(tmp.path()),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    )
+    .with_lint(&lint);
+    engine.run(Some("score=1;kern")).unwrap();
+    let store = engine.into_store();
+    // Seed and the second proposal were evaluated; the linted one was not.
+    assert_eq!(eval.calls.load(Ordering::SeqCst), 2);
+    let attempts: Vec<_> = store
+        .candidates()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.kind == CandidateKind::Attempt)
+        .collect();
+    let ev = store.evaluation_for(attempts[0].id).unwrap().unwrap();
+    assert_eq!(ev.status, "lint_failed");
+    assert_eq!(
+        ev.result["lint"][0],
+        "error [gpu-identifiers-in-c] line 1: `__syncthreads` is GPU code"
+    );
+    let codes: Vec<ChatRequest> = llm
+        .seen()
+        .into_iter()
+        .filter(|r| r.role_tag == CODE_ROLE_TAG)
+        .collect();
+    let second = user_prompt(&codes[1]);
+    assert!(second.contains("Status: lint_failed"), "{second}");
+    assert!(
+        second.contains("rejected by static checks before compiling"),
+        "{second}"
+    );
+    assert!(second.contains("`__syncthreads` is GPU code"), "{second}");
+}
