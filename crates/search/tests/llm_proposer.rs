@@ -367,8 +367,7 @@ fn unusable_replies_are_failed_attempts_and_every_call_is_stored() {
         ]
     );
     assert_eq!(
-        out.failed,
-        1 + 3 + 0,
+        out.failed, 4,
         "one incorrect kernel and three unusable replies"
     );
     let events = store.events_after(0).unwrap();
@@ -378,7 +377,6 @@ fn unusable_replies_are_failed_attempts_and_every_call_is_stored() {
 
 #[test]
 fn an_unusable_first_plan_falls_back_to_one_action() {
-    let tmp = tempfile::tempdir().unwrap();
     let llm = Arc::new(ScriptedLlm::new(vec![(
         "wm-init",
         vec![
