@@ -147,10 +147,17 @@ def available_backends() -> list[str]:
     import importlib.util
     import sys
     from .cuda import find_nvcc, visible_gpus
+
+    def installed(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a broken or blocked package counts as absent
+            return False
+
     out = ["cpu"]
     gpus = visible_gpus()
-    if importlib.util.find_spec("torch") is not None and find_nvcc() is not None and gpus:
+    if installed("torch") and find_nvcc() is not None and gpus:
         out.append("cuda")
-    if importlib.util.find_spec("mlx") is not None and (sys.platform == "darwin" or gpus):
+    if installed("mlx") and (sys.platform == "darwin" or gpus):
         out.append("mlx")
     return out
