@@ -292,7 +292,7 @@ class Evaluation:
         info = _build(self.adapter, source, out)
 
         # Measured before the candidate is loaded, so it cannot disturb the measurement.
-        self.bandwidth, self.peak = self.roofline_override or machine.measure_roofline()
+        self.bandwidth, self.peak = self.roofline_override or self.adapter.roofline()
         out.data["environment"].update({"mem_bandwidth_gbs": self.bandwidth / 1e9,
                                         "peak_gflops": self.peak / 1e9})
         # The independent wall clock for the timer check starts before any candidate code
@@ -717,7 +717,8 @@ class Evaluation:
             if not suspects or self.roofline_override is not None:
                 break
             if attempt < ROOFLINE_REMEASURE:
-                bw, peak = machine.measure_roofline_fresh()
+                assert self.adapter is not None
+                bw, peak = self.adapter.roofline_fresh()
                 self.bandwidth, self.peak = max(self.bandwidth, bw), max(self.peak, peak)
         if suspects:
             wl, median, floor = suspects[0]

@@ -69,6 +69,11 @@ def _safe(fn, *args) -> Any:
         return f"error: {type(e).__name__}: {e}"
 
 
+def _backends() -> list[str]:
+    from .adapters import available_backends
+    return available_backends()
+
+
 def collect() -> dict[str, Any]:
     cc = shlex.split(os.environ.get("CC") or "cc")
     cxx = shlex.split(os.environ.get("CXX") or "c++")
@@ -85,7 +90,7 @@ def collect() -> dict[str, Any]:
         "cpu_model": _safe(machine.cpu_model),
         "cores": _safe(machine.cores),
         "gpus": _safe(_gpus),
-        "backends": ["cpu"],
+        "backends": _safe(_backends),
     }
 
 

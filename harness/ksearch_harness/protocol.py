@@ -10,6 +10,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import secrets
 import sys
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ STATUSES = (
 VIOLATION_CLASSES = (
     "output_not_written", "input_mutated", "stale_output", "deferred_work", "phase_dependent",
     "precision", "shape_specialisation", "reference_call", "forbidden_call", "timer_tampering",
-    "nondeterministic", "impossible_time", "result_channel",
+    "nondeterministic", "impossible_time", "result_channel", "lazy_output",
 )
 DTYPE_NAMES = ("f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u32", "bool")
 DIST_KINDS = ("normal", "uniform", "rand_int", "randint", "custom")
@@ -234,6 +235,12 @@ def _identifier(v: str) -> str | None:
     return None if v.isidentifier() else f"`{v}` is not an identifier"
 
 
+def _entry_symbol(v: str) -> str | None:
+    """An identifier, possibly with `{param}` placeholders filled per workload."""
+    return None if re.sub(r"\{\w+\}", "x", v).isidentifier() else \
+        f"`{v}` is not an identifier (placeholders: `{{name}}`)"
+
+
 def decode_request(raw: bytes) -> dict:
     """The request bytes as a JSON object (TaskError if they are not one)."""
     try:
@@ -367,7 +374,7 @@ def _parse_task(t: _Fields, require_entry: bool, require_reference: bool) -> Tas
         for i, a in enumerate(args):
             if not isinstance(a, str) or not a:
                 raise TaskError(f"task.entry.args[{i}]: expected a non-empty string")
-        entry = Entry(e.get("symbol", str, check=_identifier), tuple(args))
+        entry = Entry(e.get("symbol", str, check=_entry_symbol), tuple(args))
     forbidden = t.get("forbidden", list, [])
     for i, ident in enumerate(forbidden):
         if not isinstance(ident, str) or not ident:
@@ -429,6 +436,10 @@ def _parse_workload(w: _Fields) -> Workload:
 
 def _check_entry_args(entry: Entry, workloads: tuple[Workload, ...]) -> None:
     for w in workloads:
+        for name in re.findall(r"\{(\w+)\}", entry.symbol):
+            if not isinstance(w.params.get(name), str):
+                raise TaskError(f"task.entry.symbol: `{{{name}}}` needs a string parameter "
+                                f"`{name}` in workload `{w.name}`")
         tensors = {t.name for t in w.inputs + w.outputs}
         for a in entry.args:
             if a in tensors:
