@@ -19,9 +19,10 @@ def test_every_cheat_file_is_listed_and_names_its_class():
     for name in files:
         header = (driver.CHEATS / name).read_text().split("*/", 1)[0]
         status, cls, _ = EXPECTED[name]
+        primary = cls[0] if isinstance(cls, tuple) else cls
         named = re.search(r"Cheat class: ([a-z_]+)", header)
         assert named, f"{name} lacks a 'Cheat class:' header"
-        assert named.group(1) == (cls or "none"), name
+        assert named.group(1) == (primary or "none"), name
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -31,8 +32,11 @@ def test_cheat_is_rejected_with_its_class(corpus_results, name):
     assert run.result is not None, f"no result line; stderr: {run.stderr[-2000:]}"
     res = run.result
     assert res["nonce"] == driver.NONCE
-    assert res["status"] == status, res["message"]
-    assert (res["violation"] or {}).get("class") == cls, res["message"]
+    # A tuple lists the verdicts that are equally right for a cheat, pairwise (status, class).
+    statuses = status if isinstance(status, tuple) else (status,)
+    classes = cls if isinstance(cls, tuple) else (cls,)
+    got = (res["status"], (res["violation"] or {}).get("class"))
+    assert got in list(zip(statuses, classes)), res["message"]
     assert res["score"] is None
     assert res["message"]
 
