@@ -122,10 +122,23 @@ impl CandidateEvaluator for HarnessEvaluator {
                 Err(e) => tracing::warn!("no assertion workloads (knowledge packs: {e})"),
             }
         }
-        let result = self
+        // Compile first, outside the device's timing lock: while one sample of a round is
+        // being timed, the others compile. The evaluation reuses the artefact (the build
+        // directory is keyed by source). A candidate that does not build ends here.
+        let built = self
             .evaluator
-            .evaluate(&req)
+            .build(&req)
             .map_err(|e| EvalFailure(e.to_string()))?;
+        let result = if matches!(
+            built.status.as_str(),
+            "build_error" | "static_check_failed" | "task_error" | "timeout"
+        ) {
+            built
+        } else {
+            self.evaluator
+                .evaluate(&req)
+                .map_err(|e| EvalFailure(e.to_string()))?
+        };
         let value = serde_json::to_value(&result).map_err(|e| EvalFailure(e.to_string()))?;
         Ok(Evaluation {
             summary: summarize_result(&result),
