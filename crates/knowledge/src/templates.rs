@@ -319,12 +319,14 @@ impl TemplateFamily {
                     ))
                 }
                 (None, Some("bool")) => vec![KnobValue::Bool(false), KnobValue::Bool(true)],
-                (None, Some(other)) => return Err(invalid(
-                    field("type"),
-                    format!(
+                (None, Some(other)) => {
+                    return Err(invalid(
+                        field("type"),
+                        format!(
                         "unknown type {other:?}; the only type is \"bool\" (else list `values`)"
                     ),
-                )),
+                    ))
+                }
                 (None, None) => {
                     return Err(invalid(
                         field("values"),

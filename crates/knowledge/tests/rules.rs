@@ -253,3 +253,21 @@ fn a_templates_dir_without_family_toml_is_an_error() {
     let e = TemplateFamily::load(dir.path()).unwrap_err().to_string();
     assert!(e.contains("family.toml"), "{e}");
 }
+
+#[test]
+fn families_and_catalogs_can_be_shared_across_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<TemplateFamily>();
+    shareable::<ksearch_knowledge::Catalog>();
+    // And a shared family renders from several threads at once.
+    let f = toy();
+    std::thread::scope(|s| {
+        for w in [1i64, 2, 4, 8] {
+            let f = &f;
+            s.spawn(move || {
+                let src = f.render(&Knobs::from([knob("width", w)])).unwrap();
+                assert!(src.contains(&format!("int x = {w};")));
+            });
+        }
+    });
+}
