@@ -4,6 +4,7 @@
 mod doctor;
 mod eval;
 mod inspect;
+mod knowledge;
 mod logging;
 mod search;
 mod tasks;
@@ -36,13 +37,15 @@ enum Command {
     /// Check what this machine offers (Python, numpy, compilers, torch, mlx, GPUs).
     Doctor(doctor::DoctorArgs),
     /// Search for a fast kernel: the world-model-guided K-Search loop.
-    Run(search::RunArgs),
+    Run(Box<search::RunArgs>),
     /// Continue a run that was interrupted (or raise a finished run's round budget).
     Resume(search::ResumeArgs),
     /// Print a run: status, best result, the world-model tree, candidates.
     Show(inspect::ShowArgs),
     /// Write a run's best kernel and a README of its numbers.
     Export(inspect::ExportArgs),
+    /// Knowledge packs: what prompts receive per target, static checks, targets and devices.
+    Knowledge(knowledge::KnowledgeArgs),
 }
 
 /// Exit codes shared by all commands.
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         Command::Resume(args) => search::resume(&args, cli.quiet),
         Command::Show(args) => inspect::show(&args),
         Command::Export(args) => inspect::export(&args),
+        Command::Knowledge(args) => knowledge::run(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

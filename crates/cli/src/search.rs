@@ -12,14 +12,23 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use ksearch_eval::{fresh_secret_seed, Evaluator, EvaluatorConfig, TimingPreset};
+use ksearch_knowledge::lint::{self as knowledge_lint, LintTarget};
 use ksearch_knowledge::Catalog;
+use ksearch_knowledge::Packs;
+use ksearch_llm::{
+    AnthropicConfig, Budget, ChatProvider, Client, ClientConfig, CommandConfig, OpenAiConfig,
+    PriceTable, ProviderConfig, Recorder, ReplayConfig, ReplayMode, RetryPolicy,
+};
 use ksearch_search::engine::evaluation::HarnessEvaluator;
 use ksearch_search::engine::{Engine, EngineConfig, Progress, ProgressSink, RunOutcome};
+use ksearch_search::proposer::llm::{LlmProposer, LlmSettings};
 use ksearch_search::proposer::offline::OfflineProposer;
-use ksearch_search::proposer::{Proposer, TaskBrief};
+use ksearch_search::proposer::prompts::{ContextLevel, PromptInputs, PromptSet};
+use ksearch_search::proposer::{Proposer, ProposerUsage, TaskBrief};
 use ksearch_search::selection::{CalibratedPolicy, KSearchPolicy, SelectionPolicy};
 use ksearch_store::{RunConfig, RunStore};
 use ksearch_task::Task;
+use std::sync::Arc;
 
 use crate::exit;
 
@@ -35,6 +44,38 @@ pub enum Strategy {
 pub enum ProposerKind {
     /// Built-in, no network: the action catalog and the task's template family.
     Offline,
+    /// An OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, OpenRouter, …).
+    Openai,
+    /// The Anthropic Messages API.
+    Anthropic,
+    /// A program of yours: prompt on stdin, reply on stdout (`--command`).
+    Command,
+    /// Replies from a recorded transcript (`--transcript`), no network.
+    Replay,
+}
+
+impl ProposerKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ProposerKind::Offline => "offline",
+            ProposerKind::Openai => "openai",
+            ProposerKind::Anthropic => "anthropic",
+            ProposerKind::Command => "command",
+            ProposerKind::Replay => "replay",
+        }
+    }
+}
+
+/// How a replay matches calls to recorded replies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplayModeArg {
+    /// The next recorded reply of the same role (code, wm-init, …), whatever the prompt:
+    /// prompts carry measured times, which differ from run to run.
+    #[default]
+    Lenient,
+    /// Records in file order, each prompt hashing exactly as recorded.
+    Strict,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -100,6 +141,101 @@ pub struct SearchOptions {
     /// Do not re-check the winner in a fresh process on all workloads (held-out included).
     #[arg(long)]
     pub no_recheck: bool,
+
+    /// Model name for LLM proposers (required for openai and anthropic).
+    #[arg(long, help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub model: Option<String>,
+
+    /// Base URL of the API (openai: up to `/v1`; anthropic: the host root).
+    #[arg(long, value_name = "URL", help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub base_url: Option<String>,
+
+    /// Environment variable holding the API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY;
+    /// "" sends none). Keys are only ever read from the environment.
+    #[arg(long, value_name = "VAR", help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+
+    /// Program and arguments of the command proposer, e.g. "my-agent --print".
+    #[arg(long, value_name = "\"PROG ARGS\"", help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub command: Option<String>,
+
+    /// Transcript to replay (`runs/<id>/transcript.jsonl` of an earlier run).
+    #[arg(long, value_name = "FILE", help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub transcript: Option<PathBuf>,
+
+    /// How a replay matches calls to recorded replies.
+    #[arg(long, value_enum, default_value_t = ReplayModeArg::Lenient, help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub replay_mode: ReplayModeArg,
+
+    /// How much the prompts carry: none (signature only), spec (+ task spec and world model),
+    /// full (+ hardware profile, concept maps, patterns, assertions).
+    #[arg(long, value_name = "LEVEL", default_value = "full", value_parser = parse_context, help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub context: ContextLevel,
+
+    /// Hardware profile for the prompts (name or alias in knowledge/hardware); default: the
+    /// target's.
+    #[arg(long, value_name = "NAME", help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub hardware: Option<String>,
+
+    /// Extra price table (TOML, as knowledge/prices.toml); its entries win.
+    #[arg(long, value_name = "FILE", help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub price_table: Option<PathBuf>,
+
+    /// Seconds one LLM call may take (each retry gets a fresh limit).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 600.0,
+        help_heading = "LLM proposers"
+    )]
+    #[serde(default = "default_llm_timeout")]
+    pub llm_timeout: f64,
+
+    /// LLM calls in flight at most.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256), help_heading = "LLM proposers")]
+    #[serde(default = "default_llm_concurrency")]
+    pub llm_concurrency: u32,
+
+    /// Output token limit per LLM call (default: the provider's).
+    #[arg(long, value_name = "N", help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub max_output_tokens: Option<u32>,
+
+    /// Sampling temperature of LLM calls (default: the provider's).
+    #[arg(long, help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub temperature: Option<f32>,
+
+    /// Do not answer repeated prompts from the response cache.
+    #[arg(long, help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub no_llm_cache: bool,
+
+    /// Skip the knowledge packs' static checks before compiling.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_lint: bool,
+}
+
+fn default_llm_timeout() -> f64 {
+    600.0
+}
+
+fn default_llm_concurrency() -> u32 {
+    4
+}
+
+fn parse_context(s: &str) -> Result<ContextLevel, String> {
+    s.parse()
 }
 
 #[derive(Debug, Args)]
@@ -202,7 +338,7 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
         task: args.task.clone(),
         backend: backend.clone(),
         strategy: "world-model".into(),
-        proposer: "offline".into(),
+        proposer: args.search.proposer.as_str().into(),
         selection: format!("{:?}", args.search.selection).to_lowercase(),
         seed,
         secret_seed,
@@ -216,10 +352,16 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
     let store = RunStore::create(&args.runs_dir, &config).context("cannot create the run")?;
     if !quiet {
         eprintln!(
-            "ksearch: run {} — task {}, backend {backend}, {} rounds, proposer offline, seed {seed}",
+            "ksearch: run {} — task {}, backend {backend}, {} rounds, proposer {}{}, seed {seed}",
             store.id(),
             task.name(),
-            args.search.rounds
+            args.search.rounds,
+            args.search.proposer.as_str(),
+            args.search
+                .model
+                .as_deref()
+                .map(|m| format!(" ({m}, context {})", args.search.context))
+                .unwrap_or_default()
         );
     }
     drive(
@@ -288,11 +430,26 @@ fn drive(
 ) -> Result<u8> {
     let spec = task.backend(backend)?;
     let catalog = Catalog::builtin().context("cannot load the knowledge pack")?;
+    let packs = Packs::builtin().context("cannot load the knowledge packs")?;
     let proposer: Box<dyn Proposer> = match opts.proposer {
         ProposerKind::Offline => Box::new(
             OfflineProposer::for_task(task.dir(), task.kind(), &catalog, seed)
                 .map_err(|e| anyhow::anyhow!("{e}"))?,
         ),
+        _ => Box::new(llm_proposer(&store, task, backend, opts, seed, &packs)?),
+    };
+    let lint_target: Option<LintTarget> = if opts.no_lint {
+        None
+    } else {
+        packs
+            .target_for_backend(backend)
+            .and_then(|t| packs.lint_target(&t.name))
+    };
+    let lint = move |source: &str| -> Vec<String> {
+        lint_target
+            .as_ref()
+            .map(|t| knowledge_lint::errors(&knowledge_lint::lint(t, source)))
+            .unwrap_or_default()
     };
     let policy: Box<dyn SelectionPolicy + Sync> = match opts.selection {
         Selection::Calibrated => Box::new(CalibratedPolicy::default()),
@@ -339,7 +496,8 @@ fn drive(
         policy.as_ref(),
         brief,
         &progress,
-    );
+    )
+    .with_lint(&lint);
     let outcome = engine.run(seed_source);
     progress.finish();
     let store = engine.into_store();
@@ -364,6 +522,198 @@ fn drive(
     } else {
         exit::REJECTED
     })
+}
+
+/// Splits `--command` into argv: whitespace separates, single and double quotes group, a
+/// backslash escapes the next character (outside single quotes). No shell is involved.
+fn split_command(line: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut quote: Option<char> = None;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some('\''), c) => cur.push(c),
+            (_, '\\') => {
+                in_word = true;
+                match chars.next() {
+                    Some(n) => cur.push(n),
+                    None => bail!("--command ends with a lone backslash"),
+                }
+            }
+            (Some(_), c) => cur.push(c),
+            (None, '\'' | '"') => {
+                in_word = true;
+                quote = Some(c);
+            }
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    out.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            (None, c) => {
+                in_word = true;
+                cur.push(c);
+            }
+        }
+    }
+    if quote.is_some() {
+        bail!("--command has an unclosed quote: {line}");
+    }
+    if in_word {
+        out.push(cur);
+    }
+    if out.is_empty() {
+        bail!("--command is empty");
+    }
+    Ok(out)
+}
+
+/// The provider configuration the options describe. Keys are not part of it: providers read
+/// them from the environment variable named by `--api-key-env` when they are built.
+fn provider_config(opts: &SearchOptions) -> Result<ProviderConfig> {
+    let model = || {
+        opts.model
+            .clone()
+            .with_context(|| format!("--proposer {} needs --model NAME", opts.proposer.as_str()))
+    };
+    Ok(match opts.proposer {
+        ProposerKind::Offline => bail!("the offline proposer has no provider"),
+        ProposerKind::Openai => {
+            let mut c = OpenAiConfig {
+                model: model()?,
+                timeout_s: opts.llm_timeout,
+                ..OpenAiConfig::default()
+            };
+            if let Some(u) = &opts.base_url {
+                c.base_url = u.clone();
+            }
+            if let Some(k) = &opts.api_key_env {
+                c.api_key_env = k.clone();
+            }
+            ProviderConfig::Openai(c)
+        }
+        ProposerKind::Anthropic => {
+            let mut c = AnthropicConfig {
+                model: model()?,
+                timeout_s: opts.llm_timeout,
+                ..AnthropicConfig::default()
+            };
+            if let Some(u) = &opts.base_url {
+                c.base_url = u.clone();
+            }
+            if let Some(k) = &opts.api_key_env {
+                c.api_key_env = k.clone();
+            }
+            if let Some(n) = opts.max_output_tokens {
+                c.default_max_tokens = n;
+            }
+            ProviderConfig::Anthropic(c)
+        }
+        ProposerKind::Command => {
+            let line = opts
+                .command
+                .as_deref()
+                .context("--proposer command needs --command \"PROG ARGS\"")?;
+            let mut c = CommandConfig {
+                argv: split_command(line)?,
+                timeout_s: opts.llm_timeout,
+                ..CommandConfig::default()
+            };
+            if let Some(m) = &opts.model {
+                c.model = m.clone();
+            }
+            ProviderConfig::Command(c)
+        }
+        ProposerKind::Replay => ProviderConfig::Replay(ReplayConfig {
+            transcript: opts
+                .transcript
+                .clone()
+                .context("--proposer replay needs --transcript FILE")?,
+            mode: match opts.replay_mode {
+                ReplayModeArg::Lenient => ReplayMode::Lenient,
+                ReplayModeArg::Strict => ReplayMode::Strict,
+            },
+        }),
+    })
+}
+
+/// An LLM proposer for the run in `store`: provider → client (retries, accounting, budget,
+/// cache) → recorder (`<run>/transcript.jsonl`). Spending of earlier sessions of the run (a
+/// resume) counts against the budgets.
+fn llm_proposer(
+    store: &RunStore,
+    task: &Task,
+    backend: &str,
+    opts: &SearchOptions,
+    seed: u64,
+    packs: &Packs,
+) -> Result<LlmProposer> {
+    if !(opts.llm_timeout.is_finite() && opts.llm_timeout > 0.0) {
+        bail!("--llm-timeout must be a positive number of seconds");
+    }
+    let provider = provider_config(opts)?
+        .build()
+        .context("cannot set up the LLM provider")?;
+    let mut prices = PriceTable::builtin();
+    if let Some(path) = &opts.price_table {
+        prices = prices.with_overrides(
+            PriceTable::load(path)
+                .with_context(|| format!("cannot read the price table {}", path.display()))?,
+        );
+    }
+    let spent = store
+        .usage_totals()
+        .context("cannot read the run's LLM usage")?;
+    let prior = ProposerUsage {
+        calls: spent.calls,
+        input_tokens: spent.input_tokens,
+        output_tokens: spent.output_tokens,
+        cost_usd: spent.cost_usd,
+    };
+    let replay = opts.proposer == ProposerKind::Replay;
+    let client = Arc::new(
+        Client::new(
+            provider,
+            ClientConfig {
+                retry: RetryPolicy::default(),
+                max_in_flight: opts.llm_concurrency as usize,
+                budget: Budget {
+                    max_tokens: opts
+                        .max_tokens
+                        .map(|m| m.saturating_sub(prior.input_tokens + prior.output_tokens)),
+                    max_cost_usd: opts.max_cost.map(|c| (c - prior.cost_usd).max(0.0)),
+                },
+                cache_dir: (!opts.no_llm_cache && !replay)
+                    .then(|| ksearch_assets::cache_dir().join("llm")),
+                prices,
+            },
+        )
+        .context("cannot set up the LLM client")?,
+    );
+    let recorder = Recorder::create(client.clone(), store.dir().join("transcript.jsonl"))
+        .context("cannot open the run's transcript")?;
+    let prompts = PromptSet::builtin().context("cannot load the prompt templates")?;
+    let inputs =
+        PromptInputs::for_task(task, backend, packs, opts.hardware.as_deref(), opts.context)
+            .context("cannot prepare the prompts")?;
+    let provider: Arc<dyn ChatProvider> = Arc::new(recorder);
+    Ok(LlmProposer::new(
+        provider,
+        prompts,
+        inputs,
+        LlmSettings {
+            max_output_tokens: opts.max_output_tokens,
+            temperature: opts.temperature,
+            seed: Some(seed),
+            ..LlmSettings::new()
+        },
+    )
+    .with_client(client)
+    .with_prior_usage(prior))
 }
 
 fn render_outcome(run_id: &str, o: &RunOutcome) -> String {
