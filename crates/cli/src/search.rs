@@ -815,3 +815,73 @@ impl ProgressSink for ProgressDisplay {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        search: SearchOptions,
+    }
+
+    #[test]
+    fn commands_split_like_a_shell_without_one() {
+        assert_eq!(
+            split_command(r#"my-agent --print  'two words' "a \"q\"" x\ y"#).unwrap(),
+            vec!["my-agent", "--print", "two words", "a \"q\"", "x y"]
+        );
+        assert!(split_command("   ").is_err());
+        assert!(split_command("agent 'open").is_err());
+    }
+
+    #[test]
+    fn options_of_runs_made_before_llm_flags_still_load() {
+        // The flags an older ksearch stored: none of the LLM options.
+        let old = json!({"strategy": "world-model", "proposer": "offline", "selection": "calibrated",
+                         "rounds": 3, "samples": 1, "stagnation_window": 3, "cycle_cap": 4,
+                         "max_difficulty": 4, "max_wall_time": null, "max_tokens": null,
+                         "max_cost": null, "timing": "quick", "no_recheck": false});
+        let opts: SearchOptions = serde_json::from_value(old).unwrap();
+        assert_eq!(opts.context, ContextLevel::Full);
+        assert_eq!(opts.llm_concurrency, 4);
+        assert_eq!(opts.llm_timeout, 600.0);
+        assert!(!opts.no_lint && opts.model.is_none());
+    }
+
+    #[test]
+    fn llm_options_round_trip_through_the_run_config_without_the_key() {
+        let cli = Cli::parse_from([
+            "x",
+            "--proposer",
+            "openai",
+            "--model",
+            "m",
+            "--base-url",
+            "http://h/v1",
+            "--api-key-env",
+            "MY_KEY",
+            "--context",
+            "spec",
+            "--llm-timeout",
+            "5",
+        ]);
+        let stored = serde_json::to_value(&cli.search).unwrap();
+        assert_eq!(stored["api_key_env"], "MY_KEY");
+        assert_eq!(stored["context"], "spec");
+        let back: SearchOptions = serde_json::from_value(stored).unwrap();
+        match provider_config(&back).unwrap() {
+            ProviderConfig::Openai(c) => {
+                assert_eq!(
+                    (c.model.as_str(), c.base_url.as_str()),
+                    ("m", "http://h/v1")
+                );
+                assert_eq!(c.api_key_env, "MY_KEY");
+                assert_eq!(c.timeout_s, 5.0);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

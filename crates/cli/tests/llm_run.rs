@@ -660,6 +660,17 @@ fn an_llm_run_survives_a_flaky_server_and_replays_from_its_transcript() {
     assert_ne!(replay_dir, dir);
     let replayed = RunStore::open(&replay_dir).unwrap();
     assert_eq!(attempt_sources(&replayed), sources);
+    let replayed_statuses: Vec<String> = replayed
+        .candidates()
+        .unwrap()
+        .iter()
+        .filter(|c| c.kind == CandidateKind::Attempt)
+        .map(|c| replayed.evaluation_for(c.id).unwrap().unwrap().status)
+        .collect();
+    assert_eq!(replayed_statuses, statuses);
+    assert_eq!(replay_report["outcome"]["passed"], outcome["passed"]);
+    assert_eq!(replay_report["outcome"]["failed"], outcome["failed"]);
+    assert_eq!(replay_report["outcome"]["cycles"], outcome["cycles"]);
     let replay_totals = replayed.usage_totals().unwrap();
     assert_eq!(replay_totals.calls, totals.calls);
     assert_eq!(replay_totals.input_tokens, totals.input_tokens);
