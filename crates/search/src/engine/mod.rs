@@ -717,7 +717,9 @@ impl<'a> Engine<'a> {
                 };
             }
         }
-        c.last = round_best.map(|(id, _)| id).or(last_id);
+        // A round whose samples all failed before producing code keeps the previous attempt as
+        // the one the next debug step sees.
+        c.last = round_best.map(|(id, _)| id).or(last_id).or(c.last);
         c.consumed += 1;
         state.rounds_used = round;
 
