@@ -1,5 +1,10 @@
 //! The action catalog (`knowledge/actions/*.toml`): optimisation ideas the offline proposer
 //! turns into world-model nodes, each tied to the knob values that implement it.
+//!
+//! An action applies to task kinds and to backends: the same kind has a C family on `cpu` and
+//! a CUDA family on `cuda`, with different knobs, so an action names the backends whose
+//! families it was written for (`backends`, `["cpu"]` when left out: the catalog started with
+//! the C families only).
 
 use crate::error::KnowledgeError;
 use crate::files::{read_toml, toml_files};
@@ -28,6 +33,9 @@ pub struct Action {
     pub rationale: String,
     /// Task kinds the action applies to (`softmax`, `attention`, `selective-scan`, …).
     pub kinds: Vec<String>,
+    /// Backends whose template families the action's knobs belong to; `["cpu"]` when omitted.
+    #[serde(default = "default_backends")]
+    pub backends: Vec<String>,
     /// 1 (trivial) ..= 5 (hard).
     pub difficulty: u8,
     pub impacts: Impacts,
@@ -41,9 +49,19 @@ pub struct Action {
     pub requires: Vec<String>,
 }
 
+fn default_backends() -> Vec<String> {
+    vec!["cpu".to_string()]
+}
+
 impl Action {
+    /// Whether the action applies to `kind` on some backend.
     pub fn applies_to(&self, kind: &str) -> bool {
         self.kinds.iter().any(|k| k == kind)
+    }
+
+    /// Whether the action applies to `kind` on `backend`.
+    pub fn applies_to_backend(&self, kind: &str, backend: &str) -> bool {
+        self.applies_to(kind) && self.backends.iter().any(|b| b == backend)
     }
 }
 
@@ -107,6 +125,15 @@ impl Catalog {
                         ),
                     ));
                 }
+                if let Some(b) = a.backends.iter().find(|b| !req.backends.contains(b)) {
+                    return Err(KnowledgeError::invalid(
+                        path,
+                        field,
+                        format!(
+                            "{r:?} does not apply to backend {b:?}, so it cannot come first there"
+                        ),
+                    ));
+                }
             }
         }
         if let Some((id, path)) = find_cycle(&actions, &origin) {
@@ -143,9 +170,30 @@ impl Catalog {
         self.actions.iter().find(|a| a.id == id)
     }
 
-    /// The actions that apply to `kind`, in catalog order.
+    /// The actions that apply to `kind` on any backend, in catalog order.
     pub fn for_kind(&self, kind: &str) -> Vec<&Action> {
         self.actions.iter().filter(|a| a.applies_to(kind)).collect()
+    }
+
+    /// The actions that apply to `kind` on `backend`, in catalog order: what the offline
+    /// proposer of a run on that backend works with.
+    pub fn for_kind_on(&self, kind: &str, backend: &str) -> Vec<&Action> {
+        self.actions
+            .iter()
+            .filter(|a| a.applies_to_backend(kind, backend))
+            .collect()
+    }
+
+    /// Every (kind, backend) pair some action applies to.
+    pub fn kind_backends(&self) -> BTreeSet<(&str, &str)> {
+        self.actions
+            .iter()
+            .flat_map(|a| {
+                a.kinds
+                    .iter()
+                    .flat_map(|k| a.backends.iter().map(move |b| (k.as_str(), b.as_str())))
+            })
+            .collect()
     }
 
     /// Every kind some action applies to.
@@ -185,12 +233,12 @@ impl Catalog {
         }
     }
 
-    /// Checks that every action of `kind` names knobs and values that `family` has and that
-    /// the action (with its requirements) can be applied to the defaults. Returns one line
-    /// per problem.
-    pub fn check_family(&self, kind: &str, family: &TemplateFamily) -> Vec<String> {
+    /// Checks that every action of `kind` on `backend` names knobs and values that `family`
+    /// has and that the action (with its requirements) can be applied to the defaults. Returns
+    /// one line per problem.
+    pub fn check_family(&self, kind: &str, backend: &str, family: &TemplateFamily) -> Vec<String> {
         let mut problems = Vec::new();
-        for a in self.for_kind(kind) {
+        for a in self.for_kind_on(kind, backend) {
             for (name, value) in &a.knobs {
                 match family.knob(name) {
                     None => problems.push(format!(
@@ -250,6 +298,12 @@ fn validate_action(path: &Path, i: usize, a: &Action) -> Result<(), KnowledgeErr
     }
     if a.kinds.is_empty() {
         return err("kinds", "must list at least one task kind".into());
+    }
+    if a.backends.is_empty() {
+        return err(
+            "backends",
+            "must list at least one backend (leave it out for cpu)".into(),
+        );
     }
     if !(1..=5).contains(&a.difficulty) {
         return err("difficulty", format!("{} is outside 1..=5", a.difficulty));

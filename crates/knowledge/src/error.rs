@@ -68,6 +68,12 @@ pub enum TemplateError {
         rule: String,
         knobs: String,
     },
+    #[error("family `{family}` does not render for target `{target}` (targets: {known})")]
+    UnknownTarget {
+        family: String,
+        target: String,
+        known: String,
+    },
     #[error("family `{family}`: no valid combination keeps {fixed}")]
     Unsatisfiable { family: String, fixed: String },
     #[error(

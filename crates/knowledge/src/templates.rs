@@ -1,9 +1,16 @@
-//! Parametric kernel template families (`tasks/<name>/templates/`).
+//! Parametric kernel template families (`tasks/<name>/templates/`, and per backend
+//! `tasks/<name>/templates-<backend>/`).
 //!
 //! A family is a `family.toml` that declares knobs (each with an ordered domain and a default)
 //! and constraints between them, plus minijinja templates rendered with one value per knob.
 //! The offline proposer walks this space: `default_knobs` is a plain kernel, `neighbours`
 //! moves one knob one step, `apply` jumps to the values an action names.
+//!
+//! A task can ship one family per backend (C for `cpu`, CUDA C++ for `cuda`, a Python module
+//! for `mlx`); [`TemplateFamily::load_for`] picks the backend's. A family may borrow templates
+//! from a sibling directory (`include_dirs`), so two backends can share one device-code
+//! template, and may render for several code targets (`targets`, e.g. `mlx-cuda` and
+//! `mlx-metal`): templates and constraints see the chosen one as `target`.
 
 use crate::error::{KnowledgeError, TemplateError};
 use crate::files::{read_text, read_toml};
@@ -17,6 +24,14 @@ use std::path::{Path, PathBuf};
 /// The file inside `templates/` that declares a family.
 pub const FAMILY_FILE: &str = "family.toml";
 
+/// The directory of a task's backend-independent family (the cpu backend's, by history).
+pub const TEMPLATES_DIR: &str = "templates";
+
+/// The directory of a task's family for `backend`: `templates-<backend>`.
+pub fn backend_templates_dir(backend: &str) -> String {
+    format!("{TEMPLATES_DIR}-{backend}")
+}
+
 /// Families larger than this are refused: `enumerate` and the repair in `apply` walk the whole
 /// space, and the search is meant to explore it, not sample a sliver of it.
 pub const MAX_SPACE: u64 = 100_000;
@@ -27,6 +42,7 @@ const RESERVED: &[&str] = &[
     "knobs",
     "knob_summary",
     "family",
+    "target",
     "true",
     "false",
     "none",
@@ -205,6 +221,17 @@ struct RawHeader {
     description: String,
     #[serde(default = "default_entry")]
     entry: String,
+    /// Sibling directories (relative to this one, inside the task) whose templates this family
+    /// may include, registered under their path relative to that directory.
+    #[serde(default)]
+    include_dirs: Vec<String>,
+    /// Code targets (knowledge-pack target names) the family renders for; the first is the
+    /// default. Templates and constraints see the chosen one as `target`.
+    #[serde(default)]
+    targets: Vec<String>,
+    /// Backends the family serves; empty: any backend without a family of its own.
+    #[serde(default)]
+    backends: Vec<String>,
 }
 
 fn default_entry() -> String {
@@ -248,6 +275,10 @@ pub struct TemplateFamily {
     entry: String,
     knobs: Vec<Knob>,
     rules: Vec<Rule>,
+    targets: Vec<String>,
+    /// Index into `targets` of the target renders are for (0 when there are none).
+    target: usize,
+    backends: Vec<String>,
     env: Environment<'static>,
 }
 
@@ -259,6 +290,9 @@ impl fmt::Debug for TemplateFamily {
             .field("entry", &self.entry)
             .field("knobs", &self.knobs)
             .field("rules", &self.rules)
+            .field("targets", &self.targets)
+            .field("target", &self.target())
+            .field("backends", &self.backends)
             .finish()
     }
 }
@@ -267,20 +301,57 @@ impl TemplateFamily {
     /// Loads `task_dir/templates/family.toml` and the templates beside it. `Ok(None)` when the
     /// task has no `templates/` directory.
     pub fn load(task_dir: &Path) -> Result<Option<TemplateFamily>, KnowledgeError> {
-        let dir = task_dir.join("templates");
+        Self::load_dir(&task_dir.join(TEMPLATES_DIR))
+    }
+
+    /// The family that writes kernels for `backend`: `task_dir/templates-<backend>/` when the
+    /// task has one, else `task_dir/templates/` unless that family lists other `backends`.
+    /// `Ok(None)` when neither applies.
+    pub fn load_for(
+        task_dir: &Path,
+        backend: &str,
+    ) -> Result<Option<TemplateFamily>, KnowledgeError> {
+        let own = task_dir.join(backend_templates_dir(backend));
+        if own.is_dir() {
+            let family = Self::load_dir(&own)?;
+            if let Some(f) = &family {
+                if !f.serves(backend) {
+                    return Err(KnowledgeError::invalid(
+                        own.join(FAMILY_FILE),
+                        "family.backends",
+                        format!("the family in {} does not list `{backend}`", own.display()),
+                    ));
+                }
+            }
+            return Ok(family);
+        }
+        match Self::load(task_dir)? {
+            Some(f) if f.serves(backend) => Ok(Some(f)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Loads the family declared by `dir/family.toml`. `Ok(None)` when `dir` does not exist.
+    pub fn load_dir(dir: &Path) -> Result<Option<TemplateFamily>, KnowledgeError> {
         if !dir.is_dir() {
             return Ok(None);
         }
         let path = dir.join(FAMILY_FILE);
         if !path.is_file() {
             return Err(KnowledgeError::invalid(
-                &dir,
+                dir,
                 FAMILY_FILE,
-                "a templates/ directory needs a family.toml that declares its knobs",
+                "a templates directory needs a family.toml that declares its knobs",
             ));
         }
         let raw: RawFamilyFile = read_toml(&path)?;
-        Self::from_raw(raw, dir, &path).map(Some)
+        Self::from_raw(raw, dir.to_path_buf(), &path).map(Some)
+    }
+
+    /// Whether this family writes kernels for `backend` (a family that lists no backends
+    /// serves any).
+    pub fn serves(&self, backend: &str) -> bool {
+        self.backends.is_empty() || self.backends.iter().any(|b| b == backend)
     }
 
     fn from_raw(raw: RawFamilyFile, dir: PathBuf, path: &Path) -> Result<Self, KnowledgeError> {
@@ -383,6 +454,15 @@ impl TemplateFamily {
             ));
         }
 
+        for (i, t) in raw.family.targets.iter().enumerate() {
+            if t.trim().is_empty() || raw.family.targets[..i].contains(t) {
+                return Err(invalid(
+                    format!("family.targets[{i}]"),
+                    format!("{t:?} is empty or listed twice"),
+                ));
+            }
+        }
+
         let env = environment().map_err(|e| KnowledgeError::Template {
             path: path.to_path_buf(),
             source: Box::new(e),
@@ -394,6 +474,9 @@ impl TemplateFamily {
             entry: raw.family.entry,
             knobs,
             rules: Vec::new(),
+            targets: raw.family.targets,
+            target: 0,
+            backends: raw.family.backends,
             env,
         };
 
@@ -407,6 +490,7 @@ impl TemplateFamily {
                 .undeclared_variables(false)
                 .into_iter()
                 .filter(|v| family.knob(v).is_none())
+                .filter(|v| v != "target" || family.targets.is_empty())
                 .collect();
             unknown.sort();
             if !unknown.is_empty() {
@@ -447,34 +531,69 @@ impl TemplateFamily {
             });
         }
 
-        family.add_templates(path)?;
+        family.add_templates(path, &raw.family.include_dirs)?;
 
+        // The defaults are the search's starting point under every target.
         let defaults = family.default_knobs();
-        {
-            let checker = family
-                .checker()
-                .map_err(|e| invalid("constraint".into(), e))?;
-            if let Err(e) = checker.check(&family, &defaults) {
+        for t in 0..family.targets.len().max(1) {
+            family.target = t;
+            let under = family
+                .target()
+                .map(|t| format!(" (target {t})"))
+                .unwrap_or_default();
+            {
+                let checker = family
+                    .checker()
+                    .map_err(|e| invalid("constraint".into(), e))?;
+                if let Err(e) = checker.check(&family, &defaults) {
+                    return Err(invalid(
+                        "knob.default".into(),
+                        format!("the defaults break a rule{under}: {e}"),
+                    ));
+                }
+            }
+            if let Err(e) = family.render(&defaults) {
                 return Err(invalid(
-                    "knob.default".into(),
-                    format!("the defaults break a rule: {e}"),
+                    family.entry.clone(),
+                    format!("the defaults do not render{under}: {e}"),
                 ));
             }
         }
-        if let Err(e) = family.render(&defaults) {
-            return Err(invalid(
-                family.entry.clone(),
-                format!("the defaults do not render: {e}"),
-            ));
-        }
+        family.target = 0;
         Ok(family)
     }
 
     /// Every `*.j2` file in the templates directory (and its subdirectories) is registered under
-    /// its relative path, so the entry template can include or import the others.
-    fn add_templates(&mut self, path: &Path) -> Result<(), KnowledgeError> {
+    /// its relative path, so the entry template can include or import the others; so is every
+    /// `*.j2` file of the `include_dirs`, which must lie inside the task directory.
+    fn add_templates(
+        &mut self,
+        path: &Path,
+        include_dirs: &[String],
+    ) -> Result<(), KnowledgeError> {
         let mut files = Vec::new();
         collect_templates(&self.dir, &self.dir, &mut files)?;
+        for (i, rel) in include_dirs.iter().enumerate() {
+            let field = format!("family.include_dirs[{i}]");
+            let dir = self
+                .included_dir(rel)
+                .map_err(|m| KnowledgeError::invalid(path, &field, m))?;
+            let mut more = Vec::new();
+            collect_templates(&dir, &dir, &mut more)?;
+            for (name, file) in more {
+                if files.iter().any(|(n, _)| *n == name) {
+                    return Err(KnowledgeError::invalid(
+                        path,
+                        &field,
+                        format!(
+                            "template {name:?} of {} clashes with one already registered",
+                            dir.display()
+                        ),
+                    ));
+                }
+                files.push((name, file));
+            }
+        }
         files.sort();
         if !files.iter().any(|(name, _)| *name == self.entry) {
             return Err(KnowledgeError::invalid(
@@ -499,6 +618,30 @@ impl TemplateFamily {
         Ok(())
     }
 
+    /// `rel` resolved against the family directory; it must be a directory inside the task
+    /// (the family directory's parent), so a family cannot read templates from anywhere.
+    fn included_dir(&self, rel: &str) -> Result<PathBuf, String> {
+        let rel_path = Path::new(rel);
+        if rel.is_empty() || rel_path.is_absolute() {
+            return Err(format!("{rel:?} must be a relative path"));
+        }
+        let dir = self.dir.join(rel_path);
+        let task = self.dir.parent().and_then(|p| p.canonicalize().ok());
+        let (Some(task), Ok(canonical)) = (task, dir.canonicalize()) else {
+            return Err(format!("{} is not a directory", dir.display()));
+        };
+        if !canonical.is_dir() {
+            return Err(format!("{} is not a directory", dir.display()));
+        }
+        if !canonical.starts_with(&task) || canonical == task {
+            return Err(format!(
+                "{rel:?} leaves the task directory {}",
+                task.display()
+            ));
+        }
+        Ok(canonical)
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -519,6 +662,42 @@ impl TemplateFamily {
 
     pub fn knobs(&self) -> &[Knob] {
         &self.knobs
+    }
+
+    /// The code targets the family renders for (empty: one, unnamed).
+    pub fn targets(&self) -> &[String] {
+        &self.targets
+    }
+
+    /// The target renders are for: the first of `targets` unless [`Self::with_target`] chose
+    /// another; `None` when the family declares no targets.
+    pub fn target(&self) -> Option<&str> {
+        self.targets.get(self.target).map(String::as_str)
+    }
+
+    /// The same family rendering for `target`. Constraints may depend on the target, so the
+    /// valid settings (and the neighbours) can differ from the default target's.
+    pub fn with_target(mut self, target: &str) -> Result<Self, TemplateError> {
+        match self.targets.iter().position(|t| t == target) {
+            Some(i) => {
+                self.target = i;
+                Ok(self)
+            }
+            None => Err(TemplateError::UnknownTarget {
+                family: self.name.clone(),
+                target: target.to_string(),
+                known: if self.targets.is_empty() {
+                    "none declared".to_string()
+                } else {
+                    self.targets.join(", ")
+                },
+            }),
+        }
+    }
+
+    /// The backends the family declares it serves (empty: any).
+    pub fn backends(&self) -> &[String] {
+        &self.backends
     }
 
     pub fn knob(&self, name: &str) -> Option<&Knob> {
@@ -625,6 +804,9 @@ impl TemplateFamily {
             Value::from("knob_summary"),
             Value::from(format_knobs(knobs)),
         );
+        if let Some(t) = self.target() {
+            ctx.insert(Value::from("target"), Value::from(t));
+        }
         Value::from(ctx)
     }
 

@@ -2,8 +2,8 @@
 
 mod common;
 
-use common::{family, repo_root, KINDS};
-use ksearch_knowledge::{Catalog, DeviceKind, HardwareProfile};
+use common::{repo_root, task_dir, KINDS};
+use ksearch_knowledge::{Catalog, DeviceKind, HardwareProfile, TemplateFamily};
 use std::path::Path;
 
 fn builtin() -> Catalog {
@@ -16,52 +16,109 @@ fn builtin_catalog_loads_through_the_asset_locator() {
     assert_eq!(located.actions(), builtin().actions());
 }
 
+/// Every (kind, backend) the catalog has actions for, with the task family they must fit:
+/// the C families on cpu, the attention task's CUDA and MLX families on cuda and mlx.
+fn scopes(c: &Catalog) -> Vec<(String, String, TemplateFamily)> {
+    let pairs = c.kind_backends();
+    for kind in KINDS {
+        assert!(pairs.contains(&(*kind, "cpu")), "{kind} has no cpu actions");
+    }
+    for backend in ["cuda", "mlx"] {
+        assert!(
+            pairs.contains(&("attention", backend)),
+            "attention has no {backend} actions"
+        );
+    }
+    pairs
+        .into_iter()
+        .map(|(kind, backend)| {
+            let f = TemplateFamily::load_for(&task_dir(kind), backend)
+                .unwrap_or_else(|e| panic!("{kind}/{backend}: {e}"))
+                .unwrap_or_else(|| panic!("{kind} has actions for {backend} but no family"));
+            (kind.to_string(), backend.to_string(), f)
+        })
+        .collect()
+}
+
 #[test]
 fn each_kind_has_a_meaningful_tree() {
     let c = builtin();
-    for kind in KINDS {
-        let actions = c.for_kind(kind);
+    for (kind, backend, _) in scopes(&c) {
+        let actions = c.for_kind_on(&kind, &backend);
         assert!(
             (6..=14).contains(&actions.len()),
-            "{kind}: {} actions",
+            "{kind}/{backend}: {} actions",
             actions.len()
         );
-        assert!(actions.iter().all(|a| a.applies_to(kind)));
+        assert!(actions
+            .iter()
+            .all(|a| a.applies_to_backend(&kind, &backend)));
         // Some actions are roots, some are children: the tree has depth.
         let roots = actions.iter().filter(|a| a.requires.is_empty()).count();
-        assert!(roots >= 3 && roots < actions.len(), "{kind}: {roots} roots");
+        assert!(
+            roots >= 3 && roots < actions.len(),
+            "{kind}/{backend}: {roots} roots"
+        );
         // Priors differ, so the selection policy has something to rank.
         let factors: std::collections::BTreeSet<u64> = actions
             .iter()
             .map(|a| (a.expected_factor * 100.0) as u64)
             .collect();
-        assert!(factors.len() >= 3, "{kind}: priors are all alike");
+        assert!(factors.len() >= 3, "{kind}/{backend}: priors are all alike");
     }
     assert!(c.for_kind("no-such-kind").is_empty());
     assert!(KINDS.iter().all(|k| c.kinds().contains(k)));
+    // Actions written for the C families never reach a GPU run, and the reverse.
+    assert!(c
+        .for_kind_on("attention", "cuda")
+        .iter()
+        .all(|a| !c.for_kind_on("attention", "cpu").contains(a)));
 }
 
 #[test]
-fn every_action_fits_the_family_of_each_kind_it_lists() {
+fn every_action_fits_the_family_of_each_kind_and_backend_it_lists() {
     let c = builtin();
-    for kind in KINDS {
-        let f = family(kind);
-        let problems = c.check_family(kind, &f);
-        assert!(problems.is_empty(), "{kind}:\n{}", problems.join("\n"));
-        for a in c.for_kind(kind) {
+    for (kind, backend, f) in scopes(&c) {
+        let problems = c.check_family(&kind, &backend, &f);
+        assert!(
+            problems.is_empty(),
+            "{kind}/{backend}:\n{}",
+            problems.join("\n")
+        );
+        for a in c.for_kind_on(&kind, &backend) {
             assert!(!a.knobs.is_empty(), "{}: sets no knob", a.id);
             // Applying the action (after its requirements) to the defaults changes the kernel.
             let knobs = c.cumulative_knobs(&a.id);
             let applied = f.apply(&f.default_knobs(), &knobs).unwrap();
-            assert_ne!(applied, f.default_knobs(), "{}: no effect on {kind}", a.id);
+            assert_ne!(
+                applied,
+                f.default_knobs(),
+                "{}: no effect on {kind}/{backend}",
+                a.id
+            );
             assert_ne!(
                 f.render(&applied).unwrap(),
                 f.render(&f.default_knobs()).unwrap(),
-                "{}: same source on {kind}",
+                "{}: same source on {kind}/{backend}",
                 a.id
             );
         }
     }
+}
+
+#[test]
+fn a_family_missing_an_actions_knob_is_reported_per_backend() {
+    // The GPU actions name knobs the C family lacks: checked against it, each is a problem.
+    let c = builtin();
+    let cpu = TemplateFamily::load_for(&task_dir("attention"), "cpu")
+        .unwrap()
+        .unwrap();
+    let problems = c.check_family("attention", "cuda", &cpu);
+    assert!(
+        problems.iter().any(|p| p.contains("has no knob `algo`")),
+        "{problems:?}"
+    );
+    assert!(c.check_family("attention", "cpu", &cpu).is_empty());
 }
 
 #[test]

@@ -1,0 +1,321 @@
+//! The attention task's GPU template families (`tasks/attention/templates-cuda/`,
+//! `templates-mlx/`): per-backend lookup, the two families in step, every valid setting renders
+//! a complete candidate, the named variants of `gpu/attention/variants.toml` are valid, and the
+//! rendered code passes the knowledge packs' lint for its target (cuda, mlx-cuda, mlx-metal).
+//! Building the CUDA sources with nvcc is `crates/eval/tests/gpu_templates.rs`.
+
+mod common;
+
+use common::{repo_root, sample, task_dir};
+use ksearch_knowledge::lint::{self, Severity};
+use ksearch_knowledge::{KnobValue, Knobs, Packs, TemplateFamily};
+use std::collections::BTreeSet;
+
+fn gpu_family(backend: &str) -> TemplateFamily {
+    match TemplateFamily::load_for(&task_dir("attention"), backend) {
+        Ok(Some(f)) => f,
+        Ok(None) => panic!("tasks/attention has no family for {backend}"),
+        Err(e) => panic!("tasks/attention ({backend}): {e}"),
+    }
+}
+
+/// `gpu/attention/variants.toml`: name and the full knob setting of each measured variant.
+fn variants() -> Vec<(String, Knobs)> {
+    let path = repo_root().join("gpu/attention/variants.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let doc: toml::Table = toml::from_str(&text).unwrap();
+    let mut out = Vec::new();
+    for v in doc["variant"].as_array().unwrap() {
+        let t = v.as_table().unwrap();
+        let mut knobs = Knobs::new();
+        for (k, val) in t {
+            let value = match val {
+                toml::Value::Boolean(b) => KnobValue::Bool(*b),
+                toml::Value::Integer(i) => KnobValue::Int(*i),
+                toml::Value::String(s) => KnobValue::Str(s.clone()),
+                other => panic!("{k}: unexpected {other}"),
+            };
+            if k != "name" && k != "note" {
+                knobs.insert(k.clone(), value);
+            }
+        }
+        out.push((t["name"].as_str().unwrap().to_string(), knobs));
+    }
+    out
+}
+
+/// The knob setting of the mlx family for a cuda setting: everything but `min_blocks`.
+fn for_mlx(knobs: &Knobs) -> Knobs {
+    knobs
+        .iter()
+        .filter(|(k, _)| k.as_str() != "min_blocks")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The text between `namespace ksa {` and `}  // namespace ksa`, both included.
+fn device_code(src: &str) -> &str {
+    let start = src.find("namespace ksa {").expect("no namespace ksa");
+    let end = src
+        .find("}  // namespace ksa")
+        .expect("no end of namespace ksa");
+    &src[start..end + "}  // namespace ksa".len()]
+}
+
+#[test]
+fn each_backend_finds_its_own_family() {
+    let dir = task_dir("attention");
+    let cuda = gpu_family("cuda");
+    assert_eq!(cuda.name(), "attention-cuda");
+    assert!(cuda.dir().ends_with("templates-cuda"));
+    assert!(cuda.targets().is_empty() && cuda.target().is_none());
+    let mlx = gpu_family("mlx");
+    assert_eq!(mlx.name(), "attention-mlx");
+    assert_eq!(mlx.target(), Some("mlx-cuda"));
+    // cpu has no templates-cpu/: the task's templates/ (the C family) serves it.
+    let cpu = TemplateFamily::load_for(&dir, "cpu").unwrap().unwrap();
+    assert_eq!(cpu.name(), "attention");
+    assert_eq!(
+        cpu.dir(),
+        TemplateFamily::load(&dir).unwrap().unwrap().dir()
+    );
+    // Each GPU family declares the one backend it writes for.
+    assert!(cuda.serves("cuda") && !cuda.serves("mlx") && !cuda.serves("cpu"));
+    assert!(mlx.serves("mlx") && !mlx.serves("cuda"));
+}
+
+#[test]
+fn the_mlx_family_has_the_cuda_knobs_but_min_blocks() {
+    let cuda = gpu_family("cuda");
+    let mlx = gpu_family("mlx");
+    let names = |f: &TemplateFamily| -> Vec<String> {
+        f.knobs().iter().map(|k| k.name().to_string()).collect()
+    };
+    let mut expected = names(&cuda);
+    expected.retain(|n| n != "min_blocks");
+    assert_eq!(names(&mlx), expected);
+    for k in mlx.knobs() {
+        let c = cuda.knob(k.name()).unwrap();
+        assert_eq!(k.values(), c.values(), "{}", k.name());
+        assert_eq!(k.default_value(), c.default_value(), "{}", k.name());
+    }
+    // Same rules, plus the one that confines mlx-metal to the naive kernel.
+    let rules = |f: &TemplateFamily| -> Vec<String> {
+        f.rules().iter().map(|r| format!("{r:?}")).collect()
+    };
+    let (c, m) = (rules(&cuda), rules(&mlx));
+    assert_eq!(m.len(), c.len() + 1);
+    assert_eq!(&m[..c.len()], &c[..]);
+    assert!(m[c.len()].contains("mlx-metal"), "{}", m[c.len()]);
+    // Every valid mlx-cuda setting is a valid cuda setting with min_blocks at its default,
+    // and the reverse: one search space on both backends.
+    let cuda_valid: BTreeSet<Knobs> = cuda
+        .enumerate()
+        .into_iter()
+        .filter(|k| k["min_blocks"] == KnobValue::Int(1))
+        .map(|k| for_mlx(&k))
+        .collect();
+    let mlx_valid: BTreeSet<Knobs> = mlx.enumerate().into_iter().collect();
+    assert_eq!(cuda_valid, mlx_valid);
+    assert!(mlx_valid.len() > 500, "{}", mlx_valid.len());
+}
+
+#[test]
+fn the_named_variants_are_valid_and_start_from_naive() {
+    let cuda = gpu_family("cuda");
+    let mlx = gpu_family("mlx");
+    let vs = variants();
+    assert!(vs.len() >= 20, "{}", vs.len());
+    for (name, knobs) in &vs {
+        assert_eq!(
+            knobs.len(),
+            cuda.knobs().len(),
+            "{name} spells out every knob"
+        );
+        assert!(cuda.is_valid(knobs), "{name}: {:?}", cuda.validate(knobs));
+        assert!(mlx.is_valid(&for_mlx(knobs)), "{name}");
+    }
+    let (first, knobs) = &vs[0];
+    assert_eq!(first, "s0_naive");
+    assert_eq!(knobs, &cuda.default_knobs());
+    // Every algorithm of the family is measured.
+    let algos: BTreeSet<&KnobValue> = vs.iter().map(|(_, k)| &k["algo"]).collect();
+    assert_eq!(algos.len(), cuda.knob("algo").unwrap().values().len());
+}
+
+#[test]
+fn every_valid_setting_renders_a_complete_candidate() {
+    let cuda = gpu_family("cuda");
+    let mut sources = BTreeSet::new();
+    for knobs in cuda.enumerate() {
+        let src = cuda.render(&knobs).unwrap();
+        assert!(src.contains("extern \"C\" int attention_f16(const void* q, const void* k, const void* v, void* out, int64_t B, int64_t H,"));
+        assert!(src.contains("extern \"C\" int attention_bf16("));
+        assert!(src.contains(&ksearch_knowledge::format_knobs(&knobs)));
+        assert!(!src.contains("{{") && !src.contains("{%"));
+        sources.insert(src);
+    }
+    // Distinct settings are distinct kernels (the constraints pin every ignored knob).
+    assert_eq!(sources.len(), cuda.enumerate().len());
+
+    let mlx = gpu_family("mlx");
+    for knobs in mlx.enumerate() {
+        let src = mlx.render(&knobs).unwrap();
+        assert!(src.contains("def attention(*, q, k, v, B, H, L, D, causal):"));
+        assert!(src.contains("mx.fast.cuda_kernel(") && !src.contains("metal_kernel"));
+        assert!(src.contains("::ksa::attn_body<T, HEAD_DIM, CAUSAL>"));
+        // NVRTC promises no standard header and the host glue stays out of the header.
+        let header = device_code(&src);
+        for banned in ["#include", "extern \"C\"", "int64_t", "cudaStream_t"] {
+            assert!(!header.contains(banned), "{banned} in the mlx header");
+        }
+    }
+}
+
+#[test]
+fn both_backends_run_the_same_device_code() {
+    let cuda = gpu_family("cuda");
+    let mlx = gpu_family("mlx");
+    for (name, knobs) in variants() {
+        let c = cuda.render(&knobs).unwrap();
+        let m = mlx.render(&for_mlx(&knobs)).unwrap();
+        assert_eq!(device_code(&c), device_code(&m), "{name}");
+        // The mlx module sizes dynamic shared memory as the cuda launcher does: from
+        // ksa::smem_bytes<D>(), which the SMEM table must reproduce.
+        for d in [64, 128] {
+            let table = m
+                .lines()
+                .find_map(|l| l.trim().strip_prefix(&format!("{d}: ")))
+                .unwrap_or_else(|| panic!("{name}: no SMEM entry for {d}"));
+            let bytes: i64 = table.trim_end_matches(',').parse().unwrap();
+            assert_eq!(bytes, template_smem(&c, &knobs, d), "{name} D={d}");
+        }
+    }
+}
+
+/// Evaluates the template's `smem_bytes<D>()` (sums of products of the tile constants).
+fn template_smem(src: &str, knobs: &Knobs, d: i64) -> i64 {
+    let line = src
+        .lines()
+        .find(|l| l.starts_with("constexpr int smem_bytes() { return "))
+        .expect("smem_bytes<D>() not found");
+    let expr = line
+        .trim_start_matches("constexpr int smem_bytes() { return ")
+        .trim_end_matches("; }");
+    let int = |k: &str| match &knobs[k] {
+        KnobValue::Int(i) => *i,
+        other => panic!("{k} = {other}"),
+    };
+    let tensor_core = matches!(&knobs["algo"], KnobValue::Str(a) if a == "mma" || a == "wgmma");
+    let stages = if tensor_core { int("stages") } else { 1 };
+    let spaced = expr.replace('(', " ( ").replace(')', " ) ");
+    let tokens: Vec<String> = spaced
+        .split_whitespace()
+        .map(|t| match t {
+            "BLOCK_M" => int("block_m").to_string(),
+            "BLOCK_N" => int("block_n").to_string(),
+            "STAGES" => stages.to_string(),
+            "D" => d.to_string(),
+            other => other.to_string(),
+        })
+        .collect();
+    eval_arith(&tokens.join(" "))
+}
+
+/// `+`, `*` and parentheses over integers: all `smem_bytes` uses.
+fn eval_arith(s: &str) -> i64 {
+    fn sum(t: &[&str], i: &mut usize) -> i64 {
+        let mut v = product(t, i);
+        while *i < t.len() && t[*i] == "+" {
+            *i += 1;
+            v += product(t, i);
+        }
+        v
+    }
+    fn product(t: &[&str], i: &mut usize) -> i64 {
+        let mut v = atom(t, i);
+        while *i < t.len() && t[*i] == "*" {
+            *i += 1;
+            v *= atom(t, i);
+        }
+        v
+    }
+    fn atom(t: &[&str], i: &mut usize) -> i64 {
+        let tok = t[*i];
+        *i += 1;
+        if tok == "(" {
+            let v = sum(t, i);
+            assert_eq!(t[*i], ")");
+            *i += 1;
+            v
+        } else {
+            tok.parse()
+                .unwrap_or_else(|_| panic!("unexpected token {tok:?}"))
+        }
+    }
+    let spaced = s.replace('(', " ( ").replace(')', " ) ");
+    let tokens: Vec<&str> = spaced.split_whitespace().collect();
+    let mut i = 0;
+    let v = sum(&tokens, &mut i);
+    assert_eq!(i, tokens.len(), "{s}");
+    v
+}
+
+#[test]
+fn the_metal_target_renders_the_naive_kernel_only() {
+    let mlx = gpu_family("mlx").with_target("mlx-metal").unwrap();
+    assert_eq!(mlx.target(), Some("mlx-metal"));
+    let all = mlx.enumerate();
+    assert!(!all.is_empty());
+    assert!(all
+        .iter()
+        .all(|k| k["algo"] == KnobValue::Str("naive".into())));
+    let src = mlx.render(&mlx.default_knobs()).unwrap();
+    assert!(src.contains("mx.fast.metal_kernel(") && !src.contains("cuda_kernel"));
+    assert!(src.contains("thread_position_in_grid") && !src.contains("threadIdx"));
+    let wgmma = Knobs::from([("algo".to_string(), KnobValue::Str("wgmma".into()))]);
+    assert!(mlx.apply(&mlx.default_knobs(), &wgmma).is_err());
+    let err = gpu_family("mlx")
+        .with_target("metal")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("mlx-cuda, mlx-metal"), "{err}");
+    assert!(gpu_family("cuda").with_target("mlx-cuda").is_err());
+}
+
+fn lint_errors(packs: &Packs, target: &str, src: &str) -> Vec<String> {
+    let t = packs
+        .lint_target(target)
+        .unwrap_or_else(|| panic!("no lint target {target}"));
+    lint::lint(&t, src)
+        .into_iter()
+        .filter(|f| f.severity == Severity::Error)
+        .map(|f| format!("{f:?}"))
+        .collect()
+}
+
+#[test]
+fn rendered_code_passes_the_lint_of_its_target() {
+    // What `ksearch knowledge lint --target T` and the run's lint hook check: a proposal
+    // with a lint error is never evaluated, so the offline search would stall on it.
+    let packs = Packs::load(&repo_root().join("knowledge")).unwrap();
+    let cuda = gpu_family("cuda");
+    for knobs in sample(&cuda, 40, 7) {
+        let src = cuda.render(&knobs).unwrap();
+        let errors = lint_errors(&packs, "cuda", &src);
+        assert!(errors.is_empty(), "cuda {knobs:?}: {errors:?}");
+    }
+    let mlx = gpu_family("mlx");
+    for knobs in sample(&mlx, 40, 7) {
+        let src = mlx.render(&knobs).unwrap();
+        let errors = lint_errors(&packs, "mlx-cuda", &src);
+        assert!(errors.is_empty(), "mlx-cuda {knobs:?}: {errors:?}");
+    }
+    let metal = gpu_family("mlx").with_target("mlx-metal").unwrap();
+    for knobs in metal.enumerate() {
+        let src = metal.render(&knobs).unwrap();
+        let t = packs.lint_target("mlx-metal").unwrap();
+        let findings = lint::lint(&t, &src);
+        assert!(findings.is_empty(), "mlx-metal {knobs:?}: {findings:?}");
+    }
+}
