@@ -1,0 +1,97 @@
+"""Builds a rendered variant of the selective-scan device code for the CPU emulation
+(cuda_emu.h + driver.cpp, compiled by a C++20 compiler) and runs its kernels on numpy arrays.
+Used by gpu/mamba/tests; needs g++ (or $CXX) with <barrier> (GCC >= 11)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+_DTYPES = {np.float16: 0, np.float32: 2}
+_CACHE = Path(tempfile.gettempdir()) / "ksm-emu"
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++")
+
+
+class EmuVariant:
+    """One rendered variant, compiled for the CPU."""
+
+    def __init__(self, device_code: str, fused: bool, decode: bool):
+        cxx = compiler()
+        if cxx is None:
+            raise RuntimeError("no C++ compiler (g++ or $CXX)")
+        key = hashlib.sha256((device_code + f"|{fused}|{decode}|").encode()
+                             + (HERE / "cuda_emu.h").read_bytes()
+                             + (HERE / "driver.cpp").read_bytes()).hexdigest()[:16]
+        _CACHE.mkdir(exist_ok=True)
+        lib = _CACHE / f"ksm_{key}.so"
+        if not lib.exists():
+            src = _CACHE / f"ksm_{key}.cuh"
+            src.write_text(device_code)
+            tmp = _CACHE / f"ksm_{key}.{os.getpid()}.so"
+            cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
+                   f"-DKSM_FUSED={int(fused)}", f"-DKSM_DECODE={int(decode)}",
+                   "-include", str(HERE / "cuda_emu.h"), "-include", str(src),
+                   str(HERE / "driver.cpp"), "-o", str(tmp)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"emulation build failed:\n{proc.stderr[-4000:]}")
+            tmp.replace(lib)
+        self.lib = ctypes.CDLL(str(lib))
+        self.decode_available = decode
+
+    def scan(self, inp: dict, *, dtype=np.float32, channel_last=False, has_z=True,
+             softplus=True, with_state=False):
+        """(y, h_last or None): the kernels run on copies of `inp` cast to `dtype` (u, delta,
+        B, C, z, y); A, D, delta_bias and the state stay float32."""
+        io = {k: np.ascontiguousarray(inp[k], dtype=dtype) for k in ("u", "delta", "B", "C", "z")}
+        f32 = {k: np.ascontiguousarray(inp[k], dtype=np.float32) for k in ("A", "D", "delta_bias")}
+        if channel_last:
+            batch, L, dim = io["u"].shape
+        else:
+            batch, dim, L = io["u"].shape
+        N = f32["A"].shape[1]
+        y = np.full(io["u"].shape, np.nan, dtype=dtype)
+        h0 = np.ascontiguousarray(inp["h0"], dtype=np.float32) if "h0" in inp else None
+        h_last = np.full((batch, dim, N), np.nan, dtype=np.float32) if with_state else None
+        ptr = lambda a: None if a is None else a.ctypes.data_as(ctypes.c_void_p)
+        fn = self.lib.emu_scan
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 11 + [ctypes.c_longlong] * 4 + [ctypes.c_int] * 3
+        rc = fn(_DTYPES[dtype], ptr(io["u"]), ptr(io["delta"]), ptr(f32["A"]), ptr(io["B"]),
+                ptr(io["C"]), ptr(f32["D"]), ptr(io["z"]), ptr(f32["delta_bias"]), ptr(y),
+                ptr(h0), ptr(h_last), batch, dim, L, N, int(has_z), int(softplus),
+                int(channel_last))
+        if rc != 0:
+            raise RuntimeError(f"emu_scan returned {rc}")
+        return y, h_last
+
+    def decode(self, inp: dict, *, dtype=np.float32, has_z=True, softplus=True):
+        """One step: inp holds u, delta, z [batch, dim], B, C [batch, N], A, D, delta_bias, h0."""
+        io = {k: np.ascontiguousarray(inp[k], dtype=dtype) for k in ("u", "delta", "B", "C", "z")}
+        f32 = {k: np.ascontiguousarray(inp[k], dtype=np.float32)
+               for k in ("A", "D", "delta_bias", "h0")}
+        batch, dim = io["u"].shape
+        N = f32["A"].shape[1]
+        y = np.full((batch, dim), np.nan, dtype=dtype)
+        h = np.full((batch, dim, N), np.nan, dtype=np.float32)
+        ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)
+        fn = self.lib.emu_decode
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 11 + [ctypes.c_longlong] * 3 + [ctypes.c_int] * 2
+        rc = fn(_DTYPES[dtype], ptr(io["u"]), ptr(io["delta"]), ptr(f32["A"]), ptr(io["B"]),
+                ptr(io["C"]), ptr(f32["D"]), ptr(io["z"]), ptr(f32["delta_bias"]), ptr(y),
+                ptr(f32["h0"]), ptr(h), batch, dim, N, int(has_z), int(softplus))
+        if rc != 0:
+            raise RuntimeError(f"emu_decode returned {rc}")
+        return y, h
