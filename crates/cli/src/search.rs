@@ -280,28 +280,65 @@ pub struct ResumeArgs {
     pub json: bool,
 }
 
-/// Picks the backend the machine offers for the task: a GPU backend when a GPU and the
-/// backend's toolchain are present, else the CPU.
+/// Picks the backend for the task from what this machine can run, as the harness probe reports
+/// it (`backends`: cpu always; cuda with PyTorch, nvcc and an NVIDIA GPU; mlx with MLX and a
+/// GPU): a GPU backend first, else the CPU.
 pub fn default_backend(task: &Task) -> Result<String> {
-    let names = task.backend_names();
-    let has_gpu = std::process::Command::new("nvidia-smi")
-        .arg("-L")
-        .output()
-        .map(|o| o.status.success() && !o.stdout.is_empty())
-        .unwrap_or(false);
-    if has_gpu && names.contains(&"cuda") {
-        return Ok("cuda".into());
-    }
-    if cfg!(target_os = "macos") && names.contains(&"mlx") {
-        return Ok("mlx".into());
-    }
-    if names.contains(&"cpu") {
-        return Ok("cpu".into());
-    }
-    names
-        .first()
-        .map(|s| s.to_string())
+    let available = probed_backends();
+    pick_backend(&task.backend_names(), &available, &["cuda", "mlx", "cpu"])
         .with_context(|| format!("task {} has no backend", task.name()))
+}
+
+/// The backends the harness says this machine can run; just `cpu` when the probe fails (the
+/// evaluation that follows will say what is wrong with the set-up).
+pub fn probed_backends() -> Vec<String> {
+    let config = EvaluatorConfig {
+        verify_harness: false,
+        ..EvaluatorConfig::default()
+    };
+    let probe = Evaluator::new(config).and_then(|e| e.probe());
+    match probe {
+        Ok(v) => backends_of_probe(&v),
+        Err(e) => {
+            tracing::warn!("the harness probe failed, assuming only the cpu backend: {e}");
+            vec!["cpu".to_string()]
+        }
+    }
+}
+
+/// `backends` of a probe answer (nested under `probe`, or flat).
+pub fn backends_of_probe(answer: &serde_json::Value) -> Vec<String> {
+    let probe = answer.get("probe").unwrap_or(answer);
+    let listed: Vec<String> = probe
+        .get("backends")
+        .and_then(serde_json::Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|b| b.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    if listed.is_empty() {
+        vec!["cpu".to_string()]
+    } else {
+        listed
+    }
+}
+
+/// The first backend of `preference` that the task declares and the machine can run; else the
+/// task's first backend in `preference`, else its first backend at all (so the error comes
+/// from the evaluation, which names what is missing).
+pub fn pick_backend(
+    task_backends: &[&str],
+    available: &[String],
+    preference: &[&str],
+) -> Option<String> {
+    preference
+        .iter()
+        .find(|b| task_backends.contains(b) && available.iter().any(|a| a == *b))
+        .or_else(|| preference.iter().find(|b| task_backends.contains(b)))
+        .or(task_backends.first())
+        .map(|b| b.to_string())
 }
 
 pub fn open_run(runs_dir: &Path, run: &str) -> Result<RunStore> {
@@ -433,8 +470,15 @@ fn drive(
     let packs = Packs::builtin().context("cannot load the knowledge packs")?;
     let proposer: Box<dyn Proposer> = match opts.proposer {
         ProposerKind::Offline => Box::new(
-            OfflineProposer::for_task(task.dir(), task.kind(), &catalog, seed)
-                .map_err(|e| anyhow::anyhow!("{e}"))?,
+            OfflineProposer::for_task(
+                task.dir(),
+                task.kind(),
+                backend,
+                packs.target_for_backend(backend).map(|t| t.name.as_str()),
+                &catalog,
+                seed,
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
         ),
         _ => Box::new(llm_proposer(&store, task, backend, opts, seed, &packs)?),
     };
@@ -825,6 +869,55 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         search: SearchOptions,
+    }
+
+    #[test]
+    fn the_default_backend_is_the_first_gpu_backend_the_probe_lists() {
+        let order = ["cuda", "mlx", "cpu"];
+        let avail =
+            |names: &[&str]| -> Vec<String> { names.iter().map(|s| s.to_string()).collect() };
+        let all = ["cpu", "cuda", "mlx"];
+        assert_eq!(
+            pick_backend(&all, &avail(&["cpu", "cuda", "mlx"]), &order).unwrap(),
+            "cuda"
+        );
+        assert_eq!(
+            pick_backend(&all, &avail(&["cpu", "mlx"]), &order).unwrap(),
+            "mlx"
+        );
+        assert_eq!(pick_backend(&all, &avail(&["cpu"]), &order).unwrap(), "cpu");
+        // A cpu-only task stays on cpu on a GPU machine.
+        assert_eq!(
+            pick_backend(&["cpu"], &avail(&["cpu", "cuda"]), &order).unwrap(),
+            "cpu"
+        );
+        // Nothing runnable: the task's preferred backend, so the evaluation explains what is
+        // missing.
+        assert_eq!(
+            pick_backend(&["mlx", "cuda"], &avail(&["cpu"]), &order).unwrap(),
+            "cuda"
+        );
+        assert_eq!(
+            pick_backend(&["tpu"], &avail(&["cpu"]), &order).unwrap(),
+            "tpu"
+        );
+        assert!(pick_backend(&[], &avail(&["cpu"]), &order).is_none());
+    }
+
+    #[test]
+    fn probe_answers_give_their_backend_list() {
+        let nested = json!({"protocol": 1, "probe": {"backends": ["cpu", "cuda"]}});
+        assert_eq!(backends_of_probe(&nested), ["cpu", "cuda"]);
+        assert_eq!(
+            backends_of_probe(&json!({"backends": ["cpu", "mlx"]})),
+            ["cpu", "mlx"]
+        );
+        // An answer without the list (an old harness, an error string) means cpu only.
+        assert_eq!(
+            backends_of_probe(&json!({"probe": {"backends": "error: x"}})),
+            ["cpu"]
+        );
+        assert_eq!(backends_of_probe(&json!({})), ["cpu"]);
     }
 
     #[test]

@@ -44,26 +44,41 @@ impl OfflineProposer {
         }
     }
 
-    /// Loads the template family of the task in `task_dir` and the catalog actions for `kind`.
+    /// Loads the template family that writes kernels for `backend` in `task_dir` (its
+    /// `templates-<backend>/`, else `templates/`) and the catalog actions for `kind` on that
+    /// backend. `target` is the code target the run writes for (a knowledge-pack target such as
+    /// `mlx-metal`); a family that renders for several targets renders for that one.
     pub fn for_task(
         task_dir: &std::path::Path,
         kind: &str,
+        backend: &str,
+        target: Option<&str>,
         catalog: &Catalog,
         seed: u64,
     ) -> Result<Self, ProposerError> {
-        let family = TemplateFamily::load(task_dir)
+        let mut family = TemplateFamily::load_for(task_dir, backend)
             .map_err(|e| ProposerError::Setup(e.to_string()))?
             .ok_or_else(|| {
                 ProposerError::Setup(format!(
                     "the offline proposer needs a template family, and the task in {} has none \
-                     (add templates/family.toml, see docs/offline-proposer.md)",
+                     for backend `{backend}` (add templates-{backend}/family.toml, see \
+                     docs/offline-proposer.md)",
                     task_dir.display()
                 ))
             })?;
-        let actions: Vec<CatalogAction> = catalog.for_kind(kind).into_iter().cloned().collect();
+        if let Some(t) = target.filter(|_| !family.targets().is_empty()) {
+            family = family
+                .with_target(t)
+                .map_err(|e| ProposerError::Setup(e.to_string()))?;
+        }
+        let actions: Vec<CatalogAction> = catalog
+            .for_kind_on(kind, backend)
+            .into_iter()
+            .cloned()
+            .collect();
         if actions.is_empty() {
             return Err(ProposerError::Setup(format!(
-                "the action catalog has no action for task kind `{kind}`"
+                "the action catalog has no action for task kind `{kind}` on backend `{backend}`"
             )));
         }
         Ok(Self::new(family, actions, seed))
@@ -468,5 +483,78 @@ impl Proposer for OfflineProposer {
             }],
             active_leaf_id: None,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn attention_dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tasks/attention")
+    }
+
+    fn catalog() -> Catalog {
+        Catalog::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../knowledge")).unwrap()
+    }
+
+    #[test]
+    fn each_backend_gets_its_family_and_its_actions() {
+        let c = catalog();
+        let dir = attention_dir();
+        let cpu = OfflineProposer::for_task(&dir, "attention", "cpu", Some("cpu"), &c, 1).unwrap();
+        assert_eq!(cpu.family().name(), "attention");
+        let cuda =
+            OfflineProposer::for_task(&dir, "attention", "cuda", Some("cuda"), &c, 1).unwrap();
+        assert_eq!(cuda.family().name(), "attention-cuda");
+        assert!(cuda
+            .actions
+            .iter()
+            .all(|a| a.backends.contains(&"cuda".into())));
+        assert!(cuda.actions.iter().any(|a| a.id == "gpu-attn-wgmma"));
+        assert!(!cuda.actions.iter().any(|a| a.id == "attn-query-block"));
+        // Every GPU action's knobs exist in the family it is applied to.
+        for a in &cuda.actions {
+            assert!(
+                a.knobs.keys().all(|k| cuda.family().knob(k).is_some()),
+                "{}",
+                a.id
+            );
+        }
+        let mlx =
+            OfflineProposer::for_task(&dir, "attention", "mlx", Some("mlx-cuda"), &c, 1).unwrap();
+        assert_eq!(mlx.family().target(), Some("mlx-cuda"));
+        assert!(!mlx.actions.iter().any(|a| a.id == "gpu-attn-min-blocks"));
+        let metal =
+            OfflineProposer::for_task(&dir, "attention", "mlx", Some("mlx-metal"), &c, 1).unwrap();
+        assert_eq!(metal.family().target(), Some("mlx-metal"));
+        let src = metal
+            .family()
+            .render(&metal.family().default_knobs())
+            .unwrap();
+        assert!(src.contains("metal_kernel"));
+        // A family that renders for named targets refuses one it does not know.
+        let err = OfflineProposer::for_task(&dir, "attention", "mlx", Some("cpu"), &c, 1)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("mlx-metal"), "{err}");
+    }
+
+    #[test]
+    fn a_backend_without_family_or_actions_is_a_setup_error() {
+        let c = catalog();
+        let empty = tempfile::tempdir().unwrap();
+        let err = OfflineProposer::for_task(empty.path(), "attention", "cuda", None, &c, 1)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("templates-cuda"), "{err}");
+        // The C family serves any backend without its own, but the catalog has no actions
+        // for softmax on cuda.
+        let softmax = attention_dir().join("../softmax");
+        let err = OfflineProposer::for_task(&softmax, "softmax", "cuda", None, &c, 1)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("on backend `cuda`"), "{err}");
     }
 }
