@@ -131,14 +131,23 @@ pub struct RunOutcome {
     pub best: Option<BestRef>,
     /// The fresh-process, fresh-seed re-check of the winner (all workloads).
     pub recheck: Option<Value>,
+    /// The seed kernel re-measured under the same conditions as the winner's re-check, so the
+    /// two can be compared directly.
+    #[serde(default)]
+    pub seed_recheck_score: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BestRef {
     pub candidate_id: i64,
+    /// The score measured during the search (on the shown workloads).
     pub score: f64,
     pub node: Option<String>,
     pub round: u32,
+    /// The score of the final re-check (every workload, fresh process and seed): the number to
+    /// trust, since the search's maximum over noisy measurements is biased upwards.
+    #[serde(default)]
+    pub rechecked_score: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -391,6 +400,7 @@ impl<'a> Engine<'a> {
                 score,
                 node: Some(root.to_string()),
                 round: 0,
+                rechecked_score: None,
             });
         }
         let state = EngineState {
@@ -694,6 +704,7 @@ impl<'a> Engine<'a> {
                     score,
                     node: Some(c.node.to_string()),
                     round,
+                    rechecked_score: None,
                 });
             }
             if c.best.is_none_or(|(_, s)| score > s) {
@@ -1109,6 +1120,7 @@ impl<'a> Engine<'a> {
                         score,
                         node: row.as_ref().and_then(|r| r.node_id.clone()),
                         round: row.map(|r| r.round).unwrap_or(0),
+                        rechecked_score: summary.score,
                     });
                     break;
                 }
@@ -1120,7 +1132,16 @@ impl<'a> Engine<'a> {
                 best = None;
             }
         }
+        let mut seed_recheck_score = None;
+        if let (Some(b), Some(seed)) = (&best, state.seed_candidate) {
+            seed_recheck_score = if b.candidate_id == seed {
+                b.rechecked_score
+            } else {
+                self.recheck_seed(seed, &state)?
+            };
+        }
         let outcome = RunOutcome {
+            seed_recheck_score,
             stop_reason,
             rounds_used: state.rounds_used,
             cycles: state.cycles,
@@ -1162,6 +1183,30 @@ fn lint_summary(result: &Value) -> OutcomeSummary {
 }
 
 /// The score the cycle must beat for the second streak: the parent's solution score.
+impl Engine<'_> {
+    /// Re-measures the seed exactly as the winner was re-checked.
+    fn recheck_seed(&self, seed: i64, state: &EngineState) -> Result<Option<f64>, EngineError> {
+        let Some(view) = self.attempt_view(seed)? else {
+            return Ok(None);
+        };
+        let rid = self.record_candidate(
+            &Proposal {
+                source: view.source.clone(),
+                knobs: None,
+                note: format!("re-check of the seed (candidate {seed}) for comparison"),
+            },
+            None,
+            state.rounds_used,
+            state.cycles,
+            0,
+            0,
+            CandidateKind::Recheck,
+        )?;
+        let summary = self.evaluate_candidate(rid, &view.source, Purpose::Acceptance)?;
+        Ok(summary.score.filter(|_| summary.passed))
+    }
+}
+
 fn cycle_base_score(c: &CycleState, wm: &WorldModel) -> Option<f64> {
     let parent = wm.node(&c.node)?.parent.clone()?;
     wm.node(&parent)?.solution().map(|s| s.score)
