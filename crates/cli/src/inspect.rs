@@ -129,6 +129,18 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
             write!(s, " = {:.2}x the seed", score / seed)?;
         }
         writeln!(s)?;
+        let seed_re = summary
+            .as_ref()
+            .and_then(|s| s["seed_recheck_score"].as_f64());
+        if let (Some(b), Some(seed)) = (best["rechecked_score"].as_f64(), seed_re) {
+            if seed > 0.0 {
+                writeln!(
+                    s,
+                    "re-measured on all workloads: {b:.3} vs the seed's {seed:.3} = {:.2}x faster than the seed",
+                    b / seed
+                )?;
+            }
+        }
         if let Some(r) = summary
             .as_ref()
             .and_then(|s| s.get("recheck"))
