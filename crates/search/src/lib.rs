@@ -3,9 +3,9 @@
 //! - [`world_model`]: the typed world model (a tree of optimisation decisions), the patch
 //!   language a proposer uses to edit it, and the text/JSON projections put into prompts.
 //! - [`selection`]: policies that pick the next open action from the world model's frontier.
-//!
 //! - [`engine`]: the K-Search cycle engine (rounds, cycles, stagnation, budgets, resume).
-//! - [`proposer`]: the `Proposer` interface and the offline proposer.
+//! - [`proposer`]: the `Proposer` interface, the offline proposer (action catalog + template
+//!   families) and the LLM proposer (prompt templates over `ksearch-llm` providers).
 //!
 //! This crate never knows which backend runs a kernel: evaluation goes through
 //! [`engine::CandidateEvaluator`].
