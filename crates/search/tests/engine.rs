@@ -167,6 +167,18 @@ fn brief() -> TaskBrief {
     }
 }
 
+/// An engine with the original selection policy and no progress display.
+fn new_engine<'a>(
+    cfg: EngineConfig,
+    store: RunStore,
+    proposer: &'a ScriptedProposer,
+    eval: &'a FakeEvaluator,
+) -> Engine<'a> {
+    static POLICY: std::sync::LazyLock<KSearchPolicy> =
+        std::sync::LazyLock::new(KSearchPolicy::default);
+    Engine::new(cfg, store, proposer, eval, &*POLICY, brief(), &NoProgress)
+}
+
 fn final_wm(store: &RunStore) -> WorldModel {
     let state = store.get_state("engine").unwrap().unwrap();
     serde_json::from_value(state["wm"].clone()).unwrap()
@@ -183,16 +195,7 @@ fn a_cycle_that_never_passes_lasts_one_window_and_marks_the_node_too_hard() {
         })
     });
     let eval = FakeEvaluator::new(None);
-    let policy = KSearchPolicy::default();
-    let engine = Engine::new(
-        cfg(4, 0),
-        store(tmp.path()),
-        &proposer,
-        &eval,
-        &policy,
-        brief(),
-        &NoProgress,
-    );
+    let engine = new_engine(cfg(4, 0), store(tmp.path()), &proposer, &eval);
     let out = engine.run(Some("score=1;seed")).unwrap();
     let store = engine.into_store();
     let wm = final_wm(&store);
@@ -225,16 +228,7 @@ fn the_seed_counts_as_the_result_when_nothing_beats_it() {
     let tmp = tempfile::tempdir().unwrap();
     let proposer = ScriptedProposer::new(|_, _, _| Ok("score=0.5".into()));
     let eval = FakeEvaluator::new(None);
-    let policy = KSearchPolicy::default();
-    let engine = Engine::new(
-        cfg(5, 0),
-        store(tmp.path()),
-        &proposer,
-        &eval,
-        &policy,
-        brief(),
-        &NoProgress,
-    );
+    let engine = new_engine(cfg(5, 0), store(tmp.path()), &proposer, &eval);
     let out = engine.run(Some("score=3;seed")).unwrap();
     let best = out.best.unwrap();
     assert_eq!(best.score, 3.0);
@@ -251,16 +245,7 @@ fn improving_attempts_keep_a_cycle_going_until_the_cap_then_refine_runs() {
     let proposer =
         ScriptedProposer::new(|_, round, _| Ok(format!("score={}", 1.0 + f64::from(round))));
     let eval = FakeEvaluator::new(None);
-    let policy = KSearchPolicy::default();
-    let engine = Engine::new(
-        cfg(6, 4),
-        store(tmp.path()),
-        &proposer,
-        &eval,
-        &policy,
-        brief(),
-        &NoProgress,
-    );
+    let engine = new_engine(cfg(6, 4), store(tmp.path()), &proposer, &eval);
     engine.run(Some("score=1;seed")).unwrap();
     let store = engine.into_store();
     let wm = final_wm(&store);
@@ -294,16 +279,7 @@ fn a_proposer_failure_is_a_failed_attempt_not_an_aborted_run() {
         }
     });
     let eval = FakeEvaluator::new(None);
-    let policy = KSearchPolicy::default();
-    let engine = Engine::new(
-        cfg(3, 0),
-        store(tmp.path()),
-        &proposer,
-        &eval,
-        &policy,
-        brief(),
-        &NoProgress,
-    );
+    let engine = new_engine(cfg(3, 0), store(tmp.path()), &proposer, &eval);
     let out = engine.run(Some("score=1;seed")).unwrap();
     assert_eq!(out.rounds_used, 3);
     assert_eq!(out.failed, 1);
@@ -321,16 +297,7 @@ fn a_token_budget_stops_the_run_cleanly() {
         }
     });
     let eval = FakeEvaluator::new(None);
-    let policy = KSearchPolicy::default();
-    let engine = Engine::new(
-        cfg(10, 0),
-        store(tmp.path()),
-        &proposer,
-        &eval,
-        &policy,
-        brief(),
-        &NoProgress,
-    );
+    let engine = new_engine(cfg(10, 0), store(tmp.path()), &proposer, &eval);
     let out = engine.run(None).unwrap();
     assert!(
         out.stop_reason.contains("max tokens"),
@@ -354,16 +321,7 @@ fn resuming_after_an_interruption_never_redoes_a_completed_evaluation() {
     // First session: the evaluator breaks down on its 5th call (seed + 3 attempts done).
     let proposer = ScriptedProposer::new(script);
     let broken = FakeEvaluator::new(Some(5));
-    let policy = KSearchPolicy::default();
-    let engine = Engine::new(
-        cfg(8, 0),
-        store(tmp.path()),
-        &proposer,
-        &broken,
-        &policy,
-        brief(),
-        &NoProgress,
-    );
+    let engine = new_engine(cfg(8, 0), store(tmp.path()), &proposer, &broken);
     let err = engine.run(Some("score=1;seed")).unwrap_err();
     assert!(matches!(err, EngineError::Evaluator(_)), "{err}");
     let dir = engine.into_store().dir().to_path_buf();
@@ -373,15 +331,7 @@ fn resuming_after_an_interruption_never_redoes_a_completed_evaluation() {
     // Second session on the reopened store.
     let proposer = ScriptedProposer::new(script);
     let eval = FakeEvaluator::new(None);
-    let engine = Engine::new(
-        cfg(8, 0),
-        RunStore::open(&dir).unwrap(),
-        &proposer,
-        &eval,
-        &policy,
-        brief(),
-        &NoProgress,
-    );
+    let engine = new_engine(cfg(8, 0), RunStore::open(&dir).unwrap(), &proposer, &eval);
     let out = engine.run(Some("score=1;seed")).unwrap();
     assert_eq!(out.rounds_used, 8);
     let store = engine.into_store();
@@ -412,37 +362,12 @@ fn a_finished_run_refuses_to_resume_without_more_rounds() {
     let tmp = tempfile::tempdir().unwrap();
     let proposer = ScriptedProposer::new(|_, _, _| Ok("score=2".into()));
     let eval = FakeEvaluator::new(None);
-    let policy = KSearchPolicy::default();
-    let engine = Engine::new(
-        cfg(2, 0),
-        store(tmp.path()),
-        &proposer,
-        &eval,
-        &policy,
-        brief(),
-        &NoProgress,
-    );
+    let engine = new_engine(cfg(2, 0), store(tmp.path()), &proposer, &eval);
     engine.run(None).unwrap();
     let dir = engine.into_store().dir().to_path_buf();
-    let engine = Engine::new(
-        cfg(2, 0),
-        RunStore::open(&dir).unwrap(),
-        &proposer,
-        &eval,
-        &policy,
-        brief(),
-        &NoProgress,
-    );
+    let engine = new_engine(cfg(2, 0), RunStore::open(&dir).unwrap(), &proposer, &eval);
     assert!(matches!(engine.run(None), Err(EngineError::Finished(_))));
     // More rounds continue it.
-    let engine = Engine::new(
-        cfg(4, 0),
-        RunStore::open(&dir).unwrap(),
-        &proposer,
-        &eval,
-        &policy,
-        brief(),
-        &NoProgress,
-    );
+    let engine = new_engine(cfg(4, 0), RunStore::open(&dir).unwrap(), &proposer, &eval);
     assert_eq!(engine.run(None).unwrap().rounds_used, 4);
 }
