@@ -4,48 +4,19 @@ against trivial outputs, and the seed kernel against the reference through ctype
 Run: /work/main/.venv/bin/python -m pytest tasks
 """
 
-import ctypes
-import importlib.util
 import math
 import pathlib
 import shutil
-import subprocess
-import tomllib
 
 import numpy as np
 import pytest
 
+from task_testing import TaskUnderTest
+
 HERE = pathlib.Path(__file__).resolve().parent
-TASK = tomllib.loads((HERE / "task.toml").read_text())
-
-
-def _load_reference():
-    spec = importlib.util.spec_from_file_location("attention_reference", HERE / "reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ref = _load_reference()
-TOL = TASK["tolerance"]["f32"]
-
-
-def make_inputs(params, seed):
-    """Inputs drawn as the harness would: each input's `dist` from task.toml."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for t in TASK["inputs"]:
-        shape = tuple(params[dim] for dim in t["shape"])
-        d = t["dist"]
-        assert d["kind"] == "normal"
-        out[t["name"]] = rng.normal(d["mean"], d["std"], size=shape).astype(np.float32)
-    return out
-
-
-def passes(out, expected):
-    scale = np.max(np.abs(expected))
-    err = np.abs(out.astype(np.float64) - expected.astype(np.float64))
-    return bool(np.all(err <= TOL["atol"] * scale + TOL["rtol"] * np.abs(expected)))
+T = TaskUnderTest(HERE)
+TASK, ref = T.spec, T.ref
+make_inputs, passes = T.make_inputs, T.passes
 
 
 def loop_attention(q, k, v, causal):
@@ -115,21 +86,8 @@ def test_baseline_does_not_mutate_inputs():
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
 @pytest.mark.parametrize("causal", [0, 1])
 def test_seed_kernel_matches_reference(tmp_path, causal):
-    cpu = TASK["backends"]["cpu"]
-    lib_path = tmp_path / "seed.so"
-    subprocess.run(
-        ["cc", "-O3", "-march=native", "-shared", "-fPIC", "-std=c11",
-         str(HERE / cpu["seed"]), "-o", str(lib_path), "-lm"],
-        check=True,
-    )
-    fn = getattr(ctypes.CDLL(str(lib_path)), cpu["entry"])
-    fn.restype = None
     # An odd length, so a kernel that assumes blocks of 16 would show it.
     params = {"B": 2, "H": 2, "L": 37, "D": 24, "causal": causal}
     inputs = make_inputs(params, seed=13)
-    out = np.full(inputs["q"].shape, np.nan, dtype=np.float32)
-    arrays = {**inputs, "out": out}
-    # The cpu convention: tensors as pointers, int axes as int64_t, in `args` order.
-    fn.argtypes = [ctypes.c_void_p if a in arrays else ctypes.c_int64 for a in cpu["args"]]
-    fn(*[arrays[a].ctypes.data if a in arrays else params[a] for a in cpu["args"]])
+    out = T.run_seed(tmp_path, inputs, "out", params)
     assert passes(out, ref.reference(inputs, params)["out"])
