@@ -1,0 +1,584 @@
+"""The Mamba benchmark behind `ksearch bench mamba`: prefill and decode tokens/s of mamba-370m
+for three implementations on the same weights,
+
+- ksearch: mlx-lm's model with its per-token scan loop replaced by our scan (mamba_model.py);
+  the whole forward (any number of tokens, from a cache) is one mx.compile'd function;
+- mlx-lm: the stock model (its Python loop over tokens), driven as mlx_lm.generate drives it
+  (prompt in pieces of 2048 tokens, the cache evaluated after each);
+- mambapy: alxndrTL's mamba.py (`mambapy.mamba`, PyTorch; parallel scan for prefill, its cached
+  `step` for decode), with our embedding and tied head around it.
+
+Before timing anything it checks that our logits equal stock mlx-lm's on the same weights and
+tokens (a prompt, then single-token steps through the cache) within the f16 tolerance, and
+refuses to report (exit code 3) otherwise. Prefill tok/s = L / (time to the last position's
+logits, cache included); decode tok/s = tokens / time of greedy single-token steps after a
+warm-up. With --kernel-only it also times the scan alone per layer against its memory floor.
+
+Writes one JSON object (schema "ksearch-bench-mamba/1") to --out or stdout; progress goes to
+stderr. `ksearch bench mamba` renders it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+import mamba_model as mm  # noqa: E402
+
+SCHEMA = "ksearch-bench-mamba/1"
+IMPLS = ("ksearch", "mlx-lm", "mambapy")
+# Largest |ours - stock| over max|stock| accepted for the logits, per compared position. Stock
+# mlx-lm runs the scan and its state in f16; over 48 layers its logits drift from a float32 run
+# by 3e-3..7e-3 of their largest magnitude (random weights, measured on CPU), and ours by about
+# the same, so twice the sum of those is the f16 tolerance of the whole model.
+CHECK_TOL = 2e-2
+# Fraction of positions whose argmax must agree.
+CHECK_ARGMAX = 0.9
+# Bytes the fused scan must move per token and layer at d_inner 2048, N 16, f16: u, delta, z, y
+# (2 bytes x 2048 each) and B, C (2 bytes x 16 each).
+TARGETS = {"prefill_512": 50_000, "prefill_4096": 100_000, "decode": 300}
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def sync():
+    mx.synchronize()
+
+
+def scan_bytes_per_token(d_inner: int, n: int, elem: int = 2) -> int:
+    return elem * (4 * d_inner + 2 * n)
+
+
+# --------------------------------------------------------------------------------------------
+# Check
+
+
+def check_logits(stock, ours_forward, vocab: int, prompt: int, steps: int, seed: int) -> dict:
+    """Stock mlx-lm through its cache against our compiled forward through ours: every prompt
+    position's logits, then `steps` single-token steps fed the same tokens."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, size=(1, prompt + steps))
+    worst, agree, count, scale = 0.0, 0, 0, 0.0
+    cache = stock.make_cache()
+    state = None
+    for k in range(steps + 1):
+        tok = mx.array(tokens[:, :prompt] if k == 0 else tokens[:, prompt + k - 1:prompt + k])
+        ref = stock(tok, cache=cache).astype(mx.float32)
+        got, state = ours_forward(tok, state, all_positions=True)
+        got = got.astype(mx.float32)
+        mx.eval(ref, got)
+        m = float(mx.abs(ref).max())
+        diff = mx.abs(got - ref).max(axis=-1) / m
+        worst = max(worst, float(diff.max()))
+        scale = max(scale, m)
+        agree += int((mx.argmax(got, -1) == mx.argmax(ref, -1)).sum())
+        count += got.shape[1]
+    return {"passed": worst <= CHECK_TOL and agree >= CHECK_ARGMAX * count,
+            "prompt_tokens": prompt, "decode_steps": steps, "positions": count,
+            "max_rel_diff": worst, "tolerance": CHECK_TOL, "argmax_agreement": agree / count,
+            "argmax_required": CHECK_ARGMAX, "max_abs_logit": scale}
+
+
+# --------------------------------------------------------------------------------------------
+# ksearch: our model, one compiled forward
+
+
+class OursForward:
+    """forward(tokens, state) -> (logits, state) over our patched model; state is (conv
+    states, ssm states) per layer or None. The function is mx.compile'd (one trace per token
+    count) unless compile is off or tracing fails, in which case it runs eagerly."""
+
+    def __init__(self, model, compile: bool = True):
+        self.model = model
+        self.args = model.args
+        self._fns = {}
+        self.compile = compile
+        self.compile_error = None
+
+    def _fn(self, all_positions: bool):
+        key = all_positions
+        if key in self._fns:
+            return self._fns[key]
+        model = self.model
+        layers = model.backbone.layers
+
+        def forward(tokens, conv_states, ssm_states):
+            x = model.backbone.embeddings(tokens)
+            new_conv, new_ssm = [], []
+            for layer, conv, ssm in zip(layers, conv_states, ssm_states):
+                out, (conv2, ssm2) = layer.mixer._process_sequence(layer.norm(x), conv, ssm)
+                x = x + out
+                new_conv.append(conv2)
+                new_ssm.append(ssm2)
+            if not all_positions:
+                x = x[:, -1:]
+            x = model.backbone.norm_f(x)
+            return model.backbone.embeddings.as_linear(x), new_conv, new_ssm
+
+        fn = mx.compile(forward) if self.compile else forward
+        self._fns[key] = fn
+        return fn
+
+    def initial_state(self, batch: int = 1):
+        a = self.args
+        dtype = self.model.backbone.embeddings.weight.dtype
+        conv = [mx.zeros((batch, a.conv_kernel - 1, a.intermediate_size), dtype=dtype)
+                for _ in range(a.num_hidden_layers)]
+        ssm = [mx.zeros((batch, a.intermediate_size, a.state_size), dtype=mx.float32)
+               for _ in range(a.num_hidden_layers)]
+        return conv, ssm
+
+    def __call__(self, tokens, state=None, all_positions=False):
+        conv, ssm = state if state is not None else self.initial_state(tokens.shape[0])
+        try:
+            logits, conv, ssm = self._fn(all_positions)(tokens, conv, ssm)
+        except Exception as e:  # mx.compile could not trace it: say so and run eagerly
+            if not self.compile:
+                raise
+            self.compile_error = f"{type(e).__name__}: {e}"
+            log(f"mx.compile failed ({self.compile_error}); running uncompiled")
+            self.compile = False
+            self._fns.clear()
+            logits, conv, ssm = self._fn(all_positions)(tokens, conv, ssm)
+        if not all_positions:
+            logits = logits[:, -1]
+        return logits, (conv, ssm)
+
+
+# --------------------------------------------------------------------------------------------
+# Timing (MLX)
+
+
+def time_prefill_ours(fwd: OursForward, L: int, vocab: int, reps: int, step: int, seed: int):
+    rng = np.random.default_rng(seed + L)
+    tokens = mx.array(rng.integers(0, vocab, size=(1, L)))
+    mx.eval(tokens)
+
+    def once():
+        state = None
+        logits = None
+        for s in range(0, L, step):
+            logits, state = fwd(tokens[:, s:s + step], state)
+            if s + step < L:
+                mx.eval(state)
+        mx.eval(logits, state)
+        return logits
+
+    once()  # warm-up: kernel JIT, compile traces, CUDA graphs
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        once()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return L / statistics.median(times), times
+
+
+def time_prefill_stock(model, L: int, vocab: int, step: int, seed: int):
+    rng = np.random.default_rng(seed + L)
+    tokens = mx.array(rng.integers(0, vocab, size=(1, L)))
+    mx.eval(tokens)
+    sync()
+    t0 = time.perf_counter()
+    cache = model.make_cache()
+    mm.prefill(model, tokens, cache, step)
+    sync()
+    dt = time.perf_counter() - t0
+    return L / dt, [dt]
+
+
+def time_decode_ours(fwd: OursForward, vocab: int, prompt: int, warmup: int, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    logits, state = fwd(mx.array(rng.integers(0, vocab, size=(1, prompt))))
+    tok = mx.argmax(logits, axis=-1)[:, None]
+    mx.eval(tok, state)
+    for _ in range(warmup):
+        logits, state = fwd(tok, state)
+        tok = mx.argmax(logits, axis=-1)[:, None]
+        mx.eval(tok, state)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        logits, state = fwd(tok, state)
+        tok = mx.argmax(logits, axis=-1)[:, None]
+        mx.eval(tok, state)
+    sync()
+    return n / (time.perf_counter() - t0)
+
+
+def time_decode_stock(model, vocab: int, prompt: int, warmup: int, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    cache = model.make_cache()
+    logits = mm.prefill(model, mx.array(rng.integers(0, vocab, size=(1, prompt))), cache)
+    tok = mx.argmax(logits, axis=-1)[:, None]
+    mx.eval(tok)
+
+    def step(tok):
+        logits = mm.logits_last(model, tok, cache)
+        tok = mx.argmax(logits, axis=-1)[:, None]
+        mx.eval(tok, [c.state[0] for c in cache])
+        return tok
+
+    for _ in range(warmup):
+        tok = step(tok)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tok = step(tok)
+    sync()
+    return n / (time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------
+# mambapy (PyTorch)
+
+
+def mambapy_model(stock, device: str):
+    """mambapy.mamba.Mamba with stock's weights, plus the embedding, final norm and tied head
+    (mambapy.lm is not used: its generate re-runs the whole sequence per token)."""
+    import torch
+    from mambapy.mamba import Mamba, MambaConfig, RMSNorm
+
+    a = stock.args
+    cfg = MambaConfig(d_model=a.hidden_size, n_layers=a.num_hidden_layers,
+                      dt_rank=int(a.time_step_rank), d_state=a.state_size,
+                      expand_factor=a.intermediate_size // a.hidden_size, d_conv=a.conv_kernel,
+                      bias=a.use_bias, conv_bias=a.use_conv_bias, pscan=True)
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(a.vocab_size, a.hidden_size)
+            self.mamba = Mamba(cfg)
+            self.norm_f = RMSNorm(a.hidden_size, 1e-5)
+
+        def head(self, x):
+            return torch.nn.functional.linear(self.norm_f(x), self.embedding.weight)
+
+        def forward(self, tokens):
+            return self.head(self.mamba(self.embedding(tokens))[:, -1])
+
+        def step(self, token, caches):
+            x, caches = self.mamba.step(self.embedding(token), caches)
+            return self.head(x), caches
+
+    lm = LM()
+    t = lambda v: torch.from_numpy(np.array(v.astype(mx.float32)))
+    bb = stock.backbone
+    state = {"embedding.weight": t(bb.embeddings.weight), "norm_f.weight": t(bb.norm_f.weight)}
+    for i, layer in enumerate(bb.layers):
+        p, mix = f"mamba.layers.{i}.", layer.mixer
+        state[p + "norm.weight"] = t(layer.norm.weight)
+        for name in ("in_proj", "x_proj", "out_proj", "dt_proj"):
+            state[p + f"mixer.{name}.weight"] = t(getattr(mix, name).weight)
+        state[p + "mixer.dt_proj.bias"] = t(mix.dt_proj.bias)
+        # MLX keeps a depthwise conv weight as [out, K, 1]; PyTorch as [out, 1, K].
+        state[p + "mixer.conv1d.weight"] = t(mix.conv1d.weight).permute(0, 2, 1).contiguous()
+        if a.use_conv_bias:
+            state[p + "mixer.conv1d.bias"] = t(mix.conv1d.bias)
+        state[p + "mixer.A_log"] = t(mix.A_log)
+        state[p + "mixer.D"] = t(mix.D)
+    missing, unexpected = lm.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"mambapy weight mapping: missing {missing}, unexpected {unexpected}")
+    return lm.to(device).eval()
+
+
+def _torch_ctx(device: str):
+    import contextlib
+
+    import torch
+
+    if device == "cuda":
+        # Weights stay float32 and matrix products run in f16, as mambapy's README suggests
+        # for mixed precision; its scan promotes to float32 by itself.
+        return torch.autocast(device_type="cuda", dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def _tsync(device: str):
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_prefill_mambapy(lm, device: str, L: int, vocab: int, reps: int, seed: int):
+    import torch
+
+    rng = np.random.default_rng(seed + L)
+    tokens = torch.from_numpy(rng.integers(0, vocab, size=(1, L))).to(device)
+    times = []
+    with torch.no_grad(), _torch_ctx(device):
+        lm(tokens[:, :min(L, 64)])
+        for _ in range(reps):
+            _tsync(device)
+            t0 = time.perf_counter()
+            lm(tokens)
+            _tsync(device)
+            times.append(time.perf_counter() - t0)
+    return L / statistics.median(times), times
+
+
+def time_decode_mambapy(lm, device: str, vocab: int, prompt: int, warmup: int, n: int,
+                        seed: int):
+    import torch
+
+    a = lm.mamba.config
+    rng = np.random.default_rng(seed)
+    caches = [(None, torch.zeros(1, a.d_inner, a.d_conv - 1, device=device))
+              for _ in range(a.n_layers)]
+    with torch.no_grad(), _torch_ctx(device):
+        logits = None
+        for t in rng.integers(0, vocab, size=prompt):
+            logits, caches = lm.step(torch.tensor([int(t)], device=device), caches)
+        tok = logits.argmax(-1)
+        for _ in range(warmup):
+            logits, caches = lm.step(tok, caches)
+            tok = logits.argmax(-1)
+        _tsync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            logits, caches = lm.step(tok, caches)
+            tok = logits.argmax(-1)
+        _tsync(device)
+    return n / (time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------
+# The scan alone
+
+
+def measure_bandwidth() -> float:
+    """GB/s of an elementwise pass over 512 MiB (read + write), best of 5."""
+    n = (512 << 20) // 2
+    x = mx.random.normal((n,)).astype(mx.float16)
+    mx.eval(x)
+    best = math.inf
+    for _ in range(5):
+        sync()
+        t0 = time.perf_counter()
+        mx.eval(x + 1)
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n * 2 / best / 1e9
+
+
+def kernel_only(scan, d_inner: int, n: int, lengths: list[int], bandwidth: float, reps: int = 20):
+    """Per layer: the scan on random inputs of mamba-370m's shapes, `reps` calls chained in one
+    evaluation (per-eval overhead amortised), against bytes / bandwidth."""
+    rows = []
+    rng = mx.random
+    for L in lengths:
+        shp = (1, L, d_inner)
+        x, z = rng.normal(shp).astype(mx.float16), rng.normal(shp).astype(mx.float16)
+        dt = (rng.normal(shp) - 2.0).astype(mx.float16)
+        B, C = rng.normal((1, L, n)).astype(mx.float16), rng.normal((1, L, n)).astype(mx.float16)
+        A = -mx.exp(rng.uniform(math.log(0.5), math.log(16.0), (d_inner, n)))
+        D, bias = rng.normal((d_inner,)), rng.uniform(-0.5, 0.5, (d_inner,))
+        mx.eval(x, z, dt, B, C, A, D, bias)
+        call = lambda: scan(x, dt, A, B, C, D, z, bias, None)
+        mx.eval(call())
+        sync()
+        t0 = time.perf_counter()
+        mx.eval([call()[0] for _ in range(reps)])
+        sync()
+        per = (time.perf_counter() - t0) / reps
+        moved = L * scan_bytes_per_token(d_inner, n)
+        floor = moved / (bandwidth * 1e9)
+        rows.append({"L": L, "us_per_layer": per * 1e6, "floor_us": floor * 1e6,
+                     "bytes": moved, "fraction_of_floor": floor / per})
+        log(f"scan alone L={L}: {per * 1e6:.1f} us/layer (floor {floor * 1e6:.1f} us)")
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def versions() -> dict[str, Any]:
+    out = {"python": platform.python_version(), "mlx": mx.__version__,
+           "mlx_device": str(mx.default_device()), "cuda": bool(mx.cuda.is_available())}
+    for mod in ("mlx_lm", "mambapy", "torch"):
+        try:
+            from importlib.metadata import version
+
+            out[mod] = version(mod.replace("_", "-"))
+        except Exception:
+            out[mod] = None
+    try:
+        info = mx.device_info()
+        out["gpu"] = info.get("device_name")
+        out["gpu_architecture"] = info.get("architecture")
+    except Exception:
+        pass
+    return out
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--kernel", type=Path, help="an mlx candidate module (the task's entry, or "
+                     "the family's state API) to use as our scan")
+    src.add_argument("--variant", help="a named setting of gpu/mamba/variants.toml")
+    src.add_argument("--knobs", help="family knobs as JSON")
+    ap.add_argument("--weights", type=Path, help="a local mamba-*-hf directory (config.json, "
+                    "*.safetensors); random weights otherwise")
+    ap.add_argument("--config", choices=("370m", "tiny"), default="370m",
+                    help="model shape for random weights (tiny: 2 layers, for tests)")
+    ap.add_argument("--lengths", default="512,1024,2048,4096")
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--decode-warmup", type=int, default=8)
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--prefill-step", type=int, default=2048,
+                    help="prompt piece size for the MLX models (mlx_lm.generate's default)")
+    ap.add_argument("--stock-budget", type=float, default=120.0,
+                    help="skip a stock mlx-lm length whose estimated time exceeds this (s)")
+    ap.add_argument("--check-prompt", type=int, default=64)
+    ap.add_argument("--check-steps", type=int, default=8)
+    ap.add_argument("--kernel-only", action="store_true", help="also time the scan alone")
+    ap.add_argument("--channel-first", action="store_true",
+                    help="hand our kernels the task's [batch, dim, L] layout (transposes)")
+    ap.add_argument("--ops-scan", action="store_true",
+                    help="use the MLX-ops scan even where our kernels could run")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    impls = [x for x in args.impls.split(",") if x]
+    unknown = set(impls) - set(IMPLS)
+    if unknown:
+        print(f"unknown implementations {sorted(unknown)} (known: {', '.join(IMPLS)})",
+              file=sys.stderr)
+        return 2
+    config = mm.MAMBA_370M if args.config == "370m" else mm.TINY
+    knobs = json.loads(args.knobs) if args.knobs else None
+    log(f"building the model ({'weights ' + str(args.weights) if args.weights else 'random weights'})")
+    stock = mm.build_stock(config, args.weights, seed=args.seed)
+    scan, kernel_info = mm.choose_scan(args.kernel, knobs, args.variant,
+                                       channel_last=not args.channel_first,
+                                       force_ops=args.ops_scan)
+    ours = mm.patched_copy(stock, scan)
+    fwd = OursForward(ours, compile=not args.no_compile)
+    a = stock.args
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "model": {"name": "mamba-370m" if args.config == "370m" and not args.weights else
+                  (args.weights.name if args.weights else "tiny"),
+                  "d_model": a.hidden_size, "n_layer": a.num_hidden_layers,
+                  "vocab": a.vocab_size, "d_inner": a.intermediate_size,
+                  "d_state": a.state_size, "dtype": "float16",
+                  "weights": str(args.weights) if args.weights else f"random (seed {args.seed})"},
+        "versions": versions(),
+        "kernel": {**kernel_info, "scan": scan.name if hasattr(scan, "name") else str(scan),
+                   "channel_last": not args.channel_first},
+        "lengths": lengths,
+        "decode_tokens": args.decode_tokens,
+        "targets": TARGETS,
+        "rows": [],
+    }
+    log("checking our logits against stock mlx-lm")
+    check = check_logits(stock, fwd, a.vocab_size, args.check_prompt, args.check_steps,
+                         args.seed)
+    check["compiled"] = fwd.compile
+    result["check"] = check
+    log(f"check: max rel diff {check['max_rel_diff']:.2e} (tol {CHECK_TOL}), argmax "
+        f"{check['argmax_agreement']:.3f} -> {'passed' if check['passed'] else 'FAILED'}")
+    if not check["passed"]:
+        emit(result, args.out)
+        return 3
+    for impl in impls:
+        row: dict[str, Any] = {"impl": impl, "prefill_tok_s": {}, "decode_tok_s": None,
+                               "skipped": {}, "notes": []}
+        result["rows"].append(row)
+        try:
+            run_impl(impl, row, stock, fwd, args, lengths)
+        except Exception as e:  # a broken or missing implementation is reported, not fatal
+            row["error"] = f"{type(e).__name__}: {e}"
+            log(f"{impl}: {row['error']}")
+    result["kernel"]["compiled"] = fwd.compile
+    if fwd.compile_error:
+        result["kernel"]["compile_error"] = fwd.compile_error
+    if args.kernel_only:
+        bw = measure_bandwidth()
+        result["bandwidth_gbs"] = bw
+        result["kernel_only"] = kernel_only(scan, a.intermediate_size, a.state_size, lengths, bw)
+    emit(result, args.out)
+    return 0
+
+
+def run_impl(impl: str, row: dict, stock, fwd: OursForward, args, lengths: list[int]) -> None:
+    vocab = stock.args.vocab_size
+    if impl == "ksearch":
+        for L in lengths:
+            tps, times = time_prefill_ours(fwd, L, vocab, args.reps, args.prefill_step, args.seed)
+            row["prefill_tok_s"][str(L)] = tps
+            log(f"ksearch prefill L={L}: {tps:,.0f} tok/s")
+        row["decode_tok_s"] = time_decode_ours(fwd, vocab, 16, args.decode_warmup,
+                                               args.decode_tokens, args.seed)
+        row["notes"].append("one mx.compile'd forward; prompt in pieces of "
+                            f"{args.prefill_step}" if fwd.compile else "uncompiled")
+    elif impl == "mlx-lm":
+        time_prefill_stock(stock, 16, vocab, args.prefill_step, args.seed)  # warm-up
+        rate = None
+        for L in lengths:
+            if rate is not None and L / rate > args.stock_budget:
+                row["skipped"][str(L)] = f"estimated {L / rate:.0f} s > budget {args.stock_budget:.0f} s"
+                continue
+            rate, _ = time_prefill_stock(stock, L, vocab, args.prefill_step, args.seed)
+            row["prefill_tok_s"][str(L)] = rate
+            log(f"mlx-lm prefill L={L}: {rate:,.1f} tok/s")
+        row["decode_tok_s"] = time_decode_stock(stock, vocab, 16, args.decode_warmup,
+                                                args.decode_tokens, args.seed)
+        row["notes"].append("one run per length (its per-token loop); prompt in pieces of "
+                            f"{args.prefill_step}")
+    elif impl == "mambapy":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        lm = mambapy_model(stock, device)
+        for L in lengths:
+            tps, _ = time_prefill_mambapy(lm, device, L, vocab, max(1, args.reps - 1), args.seed)
+            row["prefill_tok_s"][str(L)] = tps
+            log(f"mambapy prefill L={L}: {tps:,.0f} tok/s")
+        row["decode_tok_s"] = time_decode_mambapy(lm, device, vocab, 16, args.decode_warmup,
+                                                  args.decode_tokens, args.seed)
+        row["notes"].append(f"torch {torch.__version__} on {device}"
+                            + (", f16 autocast" if device == "cuda" else ", float32"))
+    log(f"{impl} decode: {row['decode_tok_s']:,.1f} tok/s")
+
+
+def emit(result: dict, out: Path | None) -> None:
+    text = json.dumps(result, indent=1)
+    if out is None:
+        print(text)
+    else:
+        out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,343 @@
+"""mlx-lm's Mamba with its per-token scan loop replaced by ours.
+
+mlx-lm's `MambaBlock._process_sequence` runs `ssm_step` once per token (about ten MLX ops per
+token and layer). `KsMambaBlock` subclasses it and replaces only that method: the projections,
+the convolution and the cache layout are mlx-lm's, and one scan call covers the whole sequence.
+The scan is chosen when the model is built (`choose_scan`):
+
+- on a CUDA device, the selective-scan mlx family's kernels (tasks/selective-scan/templates-mlx,
+  rendered with `knobs`) or a candidate module (`--kernel FILE`): `KernelScan`;
+- anywhere else (MLX on CPU, Metal), `MlxOpsScan`: the same chunked scan written with MLX ops,
+  which is what the CPU tests run.
+
+The SSM state in the cache is float32 (mlx-lm keeps it in the activation dtype); A, D and the
+dt bias enter the scan in float32. `mamba_module()` imports `mlx_lm.models.mamba` without
+running `mlx_lm/__init__.py`, which would import transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+import tempfile
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+
+HERE = Path(__file__).resolve().parent
+
+# mamba-370m (state-spaces/mamba-370m; the HF config of mamba-370m-hf).
+MAMBA_370M = dict(model_type="mamba", vocab_size=50280, hidden_size=1024, intermediate_size=2048,
+                  state_size=16, num_hidden_layers=48, conv_kernel=4, use_bias=False,
+                  use_conv_bias=True, time_step_rank=64, tie_word_embeddings=True)
+# A model small enough for CPU tests that keeps every code path (softplus, z gate, conv cache).
+TINY = dict(MAMBA_370M, vocab_size=256, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, time_step_rank=4)
+
+# The family setting used when no kernel is given (names in variants.toml).
+DEFAULT_VARIANT = "chunked_fused"
+
+
+def mamba_module():
+    """mlx_lm.models.mamba, imported without executing mlx_lm/__init__.py (which pulls in
+    transformers through mlx_lm.generate)."""
+    if "mlx_lm" not in sys.modules:
+        spec = importlib.util.find_spec("mlx_lm")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("mlx-lm is not installed (pip install mlx-lm)")
+        pkg = types.ModuleType("mlx_lm")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        pkg.__spec__ = spec
+        sys.modules["mlx_lm"] = pkg
+    return importlib.import_module("mlx_lm.models.mamba")
+
+
+def _silu(x):
+    return x * mx.sigmoid(x)
+
+
+# --------------------------------------------------------------------------------------------
+# Scans: (x, dt, A, B, C, D, z, dt_bias, h0) -> (y, h_last)
+#   x, dt (before bias and softplus), z: [batch, T, dim] (channel-last, as mlx-lm has them);
+#   B, C: [batch, T, N]; A: [dim, N] float32; D, dt_bias: [dim]; h0: [batch, dim, N] or None.
+#   y = (sum_n h C + D x) * silu(z) in x's dtype; h_last float32.
+
+
+class MlxOpsScan:
+    """The chunked scan with MLX ops (float32): within each chunk of `chunk` steps the pairs
+    (exp(dt A), dt B x) are combined by a log-depth (Hillis-Steele) scan, vectorised over all
+    chunks at once; the state is then carried from chunk to chunk, as the GPU kernel does."""
+
+    name = "mlx-ops"
+
+    def __init__(self, chunk: int = 64):
+        self.chunk = chunk
+
+    def __call__(self, x, dt, A, B, C, D, z, dt_bias, h0=None):
+        f = mx.float32
+        batch, T, dim = x.shape
+        N = A.shape[1]
+        u = x.astype(f)
+        dt = nn.softplus(dt.astype(f) + dt_bias.astype(f))
+        chunk = min(self.chunk, T)
+        n_chunks = -(-T // chunk)
+        pad = n_chunks * chunk - T
+        Bf, Cf = B.astype(f), C.astype(f)
+        if pad:
+            # Padded steps have dt = 0: the identity pair (1, 0).
+            dt = mx.pad(dt, [(0, 0), (0, pad), (0, 0)])
+            u = mx.pad(u, [(0, 0), (0, pad), (0, 0)])
+            Bf = mx.pad(Bf, [(0, 0), (0, pad), (0, 0)])
+            Cf = mx.pad(Cf, [(0, 0), (0, pad), (0, 0)])
+        shape = (batch, n_chunks, chunk)
+        dt_c = dt.reshape(*shape, dim)
+        a = mx.exp(dt_c[..., None] * A.astype(f))                                  # [b, c, t, d, n]
+        b = (dt_c * u.reshape(*shape, dim))[..., None] * Bf.reshape(*shape, 1, N)
+        s = 1
+        while s < chunk:
+            widths = [(0, 0), (0, 0), (s, 0), (0, 0), (0, 0)]
+            b = a * mx.pad(b[:, :, :-s], widths) + b
+            a = a * mx.pad(a[:, :, :-s], widths, constant_values=1.0)
+            s *= 2
+        h = mx.zeros((batch, dim, N), dtype=f) if h0 is None else h0.astype(f)
+        carries = []
+        for c in range(n_chunks):
+            carries.append(h)
+            h = a[:, c, -1] * h + b[:, c, -1]
+        states = a * mx.stack(carries, axis=1)[:, :, None] + b                 # [b, c, t, d, n]
+        y = (states * Cf.reshape(*shape, 1, N)).sum(-1).reshape(batch, n_chunks * chunk, dim)
+        y = y[:, :T] + D.astype(f) * x.astype(f)
+        y = y * _silu(z.astype(f))
+        return y.astype(x.dtype), h
+
+
+def load_module(path: Path, name: str | None = None):
+    """Imports a kernel module (a rendered family module or a search candidate) from a file."""
+    name = name or f"ksm_kernel_{abs(hash(str(path))):x}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def render_module(knobs: dict[str, Any] | None = None, variant: str | None = None):
+    """The selective-scan mlx family rendered with `knobs` (or a named variant), imported."""
+    sys.path.insert(0, str(HERE))
+    try:
+        from render import Family, load_variants
+    finally:
+        sys.path.remove(str(HERE))
+    if knobs is None:
+        knobs = load_variants()[variant or DEFAULT_VARIANT]
+    fam = Family("mlx")
+    source = fam.render(knobs)
+    tmp = Path(tempfile.mkdtemp(prefix="ksm-mlx-")) / "scan_mlx.py"
+    tmp.write_text(source)
+    return load_module(tmp), fam.resolve(knobs)
+
+
+class KernelScan:
+    """A kernel module with the state API of the mlx family (`selective_scan_state`, and
+    `decode_step` for single tokens). `channel_last=False` hands the kernels the task's layout
+    ([batch, dim, T]) through transposes instead."""
+
+    def __init__(self, module, channel_last: bool = True, name: str = "kernel"):
+        self.module = module
+        self.channel_last = channel_last
+        self.name = name
+        self.decode = getattr(module, "decode_step", None)
+
+    def __call__(self, x, dt, A, B, C, D, z, dt_bias, h0=None):
+        batch, T, dim = x.shape
+        N = A.shape[1]
+        if T == 1 and self.decode is not None and N <= 32 and N & (N - 1) == 0:
+            if h0 is None:
+                h0 = mx.zeros((batch, dim, N), dtype=mx.float32)
+            y, h = self.decode(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, z[:, 0], dt_bias, h0)
+            return y[:, None], h
+        if self.channel_last:
+            return self.module.selective_scan_state(x, dt, A, B, C, D, z, dt_bias, h0,
+                                                    channel_last=True)
+        t = lambda v: mx.swapaxes(v, 1, 2)
+        y, h = self.module.selective_scan_state(t(x), t(dt), A, t(B), t(C), D, t(z), dt_bias, h0,
+                                                channel_last=False)
+        return t(y), h
+
+
+class TaskEntryScan:
+    """A candidate that only has the task's entry point (`selective_scan`, [batch, dim, L], state
+    starting at zero). The kernel computes y from a zero state; the effect of a non-zero h0 on y
+    and the final state follow in closed form with MLX ops: with cs_t = sum_{s<=t} dt_s A,
+    h_t = exp(cs_t) h0 + (the kernel's zero-state h_t), and every exp(cs_t - cs_s) <= 1."""
+
+    def __init__(self, module, name: str = "candidate"):
+        self.entry = module.selective_scan
+        self.name = name
+
+    def __call__(self, x, dt, A, B, C, D, z, dt_bias, h0=None):
+        f = mx.float32
+        batch, T, dim = x.shape
+        N = A.shape[1]
+        t = lambda v: mx.swapaxes(v, 1, 2)
+        y = self.entry(u=t(x), delta=t(dt), A=A.astype(f), B=t(B), C=t(C), D=D.astype(f),
+                       z=t(z), delta_bias=dt_bias.astype(f), batch=batch, dim=dim, L=T, N=N,
+                       has_z=1, softplus=1)
+        y = t(y)
+        dtf = nn.softplus(dt.astype(f) + dt_bias.astype(f))                       # [b, T, d]
+        cs = mx.cumsum(dtf[..., None] * A.astype(f), axis=1)                      # [b, T, d, n]
+        contrib = (dtf * x.astype(f))[..., None] * B.astype(f)[:, :, None, :]     # [b, T, d, n]
+        h_last = (mx.exp(cs[:, -1:] - cs) * contrib).sum(1)
+        if h0 is not None:
+            h0 = h0.astype(f)
+            h_last = h_last + mx.exp(cs[:, -1]) * h0
+            extra = (mx.exp(cs) * h0[:, None] * C.astype(f)[:, :, None, :]).sum(-1)
+            y = (y.astype(f) + extra * _silu(z.astype(f))).astype(x.dtype)
+        return y, h_last
+
+
+def choose_scan(kernel: Path | None = None, knobs: dict[str, Any] | None = None,
+                variant: str | None = None, channel_last: bool = True, force_ops: bool = False):
+    """(scan, description): our kernels on a CUDA device, the MLX-ops scan elsewhere."""
+    if kernel is not None:
+        module = load_module(Path(kernel))
+        if hasattr(module, "selective_scan_state"):
+            return KernelScan(module, channel_last, name=f"file:{kernel}"), {"source": str(kernel), "api": "state"}
+        if hasattr(module, "selective_scan"):
+            return TaskEntryScan(module, name=f"file:{kernel}"), {"source": str(kernel), "api": "task-entry"}
+        raise ImportError(f"{kernel} defines neither selective_scan_state nor selective_scan")
+    if force_ops or not mx.cuda.is_available():
+        return MlxOpsScan(), {"source": "mlx-ops", "api": "ops"}
+    module, full = render_module(knobs, variant)
+    return KernelScan(module, channel_last, name="family"), {"source": "family", "knobs": full,
+                                                              "api": "state"}
+
+
+# --------------------------------------------------------------------------------------------
+# The model
+
+
+def make_block_class():
+    mamba = mamba_module()
+
+    class KsMambaBlock(mamba.MambaBlock):
+        """mlx-lm's MambaBlock whose sequence loop is one scan call (the rest is theirs)."""
+
+        ks_scan: Callable = None
+
+        def _process_sequence(self, x, conv_cache, state_cache):
+            xz = self.in_proj(x)
+            x, z = xz.split(indices_or_sections=2, axis=-1)
+            K = self.conv_kernel_size
+            if conv_cache is not None:
+                x_full = mx.concatenate([conv_cache, x], axis=1)
+            else:
+                x_full = mx.pad(x, [(0, 0), (K - 1, 0), (0, 0)])
+            new_conv_cache = x_full[:, -(K - 1):, :]
+            x = nn.silu(self.conv1d(x_full))
+            A = -mx.exp(self.A_log.astype(mx.float32))
+            delta, B, C = mx.split(self.x_proj(x), [self.time_step_rank,
+                                                   self.time_step_rank + self.ssm_state_size],
+                                   axis=-1)
+            if self.use_bcdt_rms:
+                eps = self.args.mixer_rms_eps
+                delta = mx.fast.rms_norm(delta, weight=None, eps=eps)
+                B = mx.fast.rms_norm(B, weight=None, eps=eps)
+                C = mx.fast.rms_norm(C, weight=None, eps=eps)
+            # dt_proj without its bias: the bias and softplus happen inside the scan (f32).
+            dt = delta @ self.dt_proj.weight.T
+            y, state = self.ks_scan(x, dt, A, B, C, self.D, z, self.dt_proj.bias, state_cache)
+            return self.out_proj(y), (new_conv_cache, state)
+
+    return KsMambaBlock
+
+
+def build_stock(config: dict | None = None, weights: Path | None = None, seed: int = 0,
+                dtype=mx.float16):
+    """mlx-lm's Model: random weights (mlx-lm's initialisation, seeded) or a local directory
+    with config.json and *.safetensors (a mamba-*-hf checkout)."""
+    mamba = mamba_module()
+    if weights is not None:
+        weights = Path(weights)
+        config = json.loads((weights / "config.json").read_text())
+        args = mamba.ModelArgs.from_dict(config)
+        model = mamba.Model(args)
+        tensors = {}
+        for f in sorted(weights.glob("*.safetensors")):
+            tensors.update(mx.load(str(f)))
+        if not tensors:
+            raise FileNotFoundError(f"no *.safetensors in {weights}")
+        tensors = model.sanitize(tensors)
+        if args.tie_word_embeddings:
+            tensors.pop("lm_head.weight", None)
+        model.load_weights(list(tensors.items()))
+    else:
+        args = mamba.ModelArgs.from_dict(dict(config or MAMBA_370M))
+        mx.random.seed(seed)
+        model = mamba.Model(args)
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model
+
+
+def patched_copy(stock, scan):
+    """A second mlx-lm Model sharing `stock`'s weight arrays, whose blocks use `scan`."""
+    mamba = mamba_module()
+    block_cls = make_block_class()
+    model = mamba.Model(stock.args)
+    model.update(stock.parameters())
+    for layer in model.backbone.layers:
+        layer.mixer.__class__ = block_cls
+        layer.mixer.ks_scan = scan
+    return model
+
+
+def logits_last(model, tokens, cache):
+    """The forward pass with the head applied to the last position only (what generation
+    needs; the other positions' logits would be a [T, vocab] product nobody reads)."""
+    h = model.backbone(tokens, cache)
+    return model.backbone.embeddings.as_linear(h[:, -1:])[:, 0]
+
+
+def prefill(model, tokens, cache, step: int = 2048):
+    """Processes the prompt in pieces of `step` tokens, evaluating the cache after each, as
+    mlx_lm.generate does (prefill_step_size); returns the last position's logits."""
+    T = tokens.shape[1]
+    start = 0
+    while T - start > step:
+        model.backbone(tokens[:, start:start + step], cache)
+        mx.eval([c.state[0] for c in cache])
+        start += step
+    logits = logits_last(model, tokens[:, start:], cache)
+    mx.eval(logits, [c.state[0] for c in cache])
+    return logits
+
+
+def cache_arrays(cache):
+    return [c[0] for c in cache], [c[1] for c in cache]
+
+
+def make_decode_step(model, compile: bool = True):
+    """step(token [batch, 1], conv_states, ssm_states) -> (logits, conv_states, ssm_states) for
+    our model, the whole 48-layer step as one function so that mx.compile can trace it once
+    (one graph per token instead of ~15 Python-dispatched ops per layer)."""
+    layers = model.backbone.layers
+
+    def step(token, conv_states, ssm_states):
+        x = model.backbone.embeddings(token)
+        new_conv, new_ssm = [], []
+        for layer, conv, ssm in zip(layers, conv_states, ssm_states):
+            out, (conv2, ssm2) = layer.mixer._process_sequence(layer.norm(x), conv, ssm)
+            x = x + out
+            new_conv.append(conv2)
+            new_ssm.append(ssm2)
+        x = model.backbone.norm_f(x)
+        return model.backbone.embeddings.as_linear(x)[:, -1], new_conv, new_ssm
+
+    return mx.compile(step) if compile else step
