@@ -46,6 +46,7 @@ class Family:
                                      "description": k["description"]}
         self.constraints = [(c["expr"], c["message"]) for c in spec.get("constraint", [])]
         self._env = None
+        self._rules = None
 
     def env(self):
         if self._env is None:
@@ -71,8 +72,10 @@ class Family:
             if value not in domain or type(value) is not type(domain[0]):
                 raise FamilyError(f"{name}={value!r} is outside its domain {domain}")
             full[name] = value
-        for expr, message in self.constraints:
-            if not self.env().compile_expression(expr)(**full):
+        if self._rules is None:
+            self._rules = [(self.env().compile_expression(e), e, m) for e, m in self.constraints]
+        for rule, expr, message in self._rules:
+            if not rule(**full):
                 raise FamilyError(f"{message} ({expr})")
         return full
 

@@ -1,9 +1,14 @@
-// Host side of the CPU emulation (see cuda_emu.h): the rendered ksm device code is force-included
-// after cuda_emu.h, and these entry points launch its kernels the way the cuda entry points
+// Host side of the CPU emulation (see cuda_emu.h). emu.py writes one translation unit in which
+// every variant's rendered ksm device code and this file are included inside a namespace of
+// their own; these entry points launch the variant's kernels the way the cuda entry points
 // (scan.cu.j2) and the mlx module (scan_mlx.py.j2) do: same ScanArgs, layouts, launch plan,
-// NMAX dispatch and epilogue pass. KSM_FUSED says whether the variant fuses the epilogue,
-// KSM_DECODE whether it was rendered for mlx-cuda (with the decode kernel).
-// dtype: 0 = f16, 1 = bf16, 2 = f32 (the f32 instantiation makes tight checks possible).
+// NMAX dispatch and epilogue pass. KSM_TAG names the variant's exported functions, KSM_FUSED
+// says whether it fuses the epilogue, KSM_DECODE whether it was rendered for mlx-cuda (with the
+// decode kernel). dtype: 0 = f16, 2 = f32 (the f32 instantiation allows tight checks); bf16
+// differs from f16 only in the two conversions, which the emulation cannot check anyway.
+
+#define KSM_CAT(a, b) a##b
+#define KSM_NAME(a, b) KSM_CAT(a, b)
 
 template <typename T>
 static void fill(ksm::ScanArgs<T>& p, const void* u, const void* delta, const void* A,
@@ -51,7 +56,7 @@ static int scan(const void* u, const void* delta, const void* A, const void* B, 
   return 0;
 }
 
-extern "C" int emu_scan(int dtype, const void* u, const void* delta, const void* A,
+extern "C" int KSM_NAME(emu_scan_, KSM_TAG)(int dtype, const void* u, const void* delta, const void* A,
                         const void* B, const void* C, const void* D, const void* z,
                         const void* delta_bias, void* y, const float* h0, float* h_last,
                         long long batch, long long dim, long long L, long long N, int has_z,
@@ -60,9 +65,6 @@ extern "C" int emu_scan(int dtype, const void* u, const void* delta, const void*
     case 0:
       return scan<__half>(u, delta, A, B, C, D, z, delta_bias, y, h0, h_last, batch, dim, L, N,
                           has_z, softplus, channel_last);
-    case 1:
-      return scan<__nv_bfloat16>(u, delta, A, B, C, D, z, delta_bias, y, h0, h_last, batch, dim,
-                                 L, N, has_z, softplus, channel_last);
     case 2:
       return scan<float>(u, delta, A, B, C, D, z, delta_bias, y, h0, h_last, batch, dim, L, N,
                          has_z, softplus, channel_last);
@@ -70,7 +72,7 @@ extern "C" int emu_scan(int dtype, const void* u, const void* delta, const void*
   return 2;
 }
 
-extern "C" int emu_threads() { return ksm::THREADS; }
+extern "C" int KSM_NAME(emu_threads_, KSM_TAG)() { return ksm::THREADS; }
 
 #if KSM_DECODE
 template <typename T, int NS>
@@ -88,7 +90,7 @@ static int decode_ns(const void* u, const void* delta, const void* A, const void
   return 0;
 }
 
-extern "C" int emu_decode(int dtype, const void* u, const void* delta, const void* A,
+extern "C" int KSM_NAME(emu_decode_, KSM_TAG)(int dtype, const void* u, const void* delta, const void* A,
                           const void* B, const void* C, const void* D, const void* z,
                           const void* delta_bias, void* y, const float* h0, float* h_last,
                           long long batch, long long dim, long long N, int has_z, int softplus) {
@@ -108,3 +110,5 @@ extern "C" int emu_decode(int dtype, const void* u, const void* delta, const voi
   return 1;
 }
 #endif
+#undef KSM_CAT
+#undef KSM_NAME

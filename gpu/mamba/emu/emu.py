@@ -1,6 +1,6 @@
 """Builds a rendered variant of the selective-scan device code for the CPU emulation
 (cuda_emu.h + driver.cpp, compiled by a C++20 compiler) and runs its kernels on numpy arrays.
-Used by gpu/mamba/tests; needs g++ (or $CXX) with <barrier> (GCC >= 11)."""
+Used by gpu/mamba/tests; needs g++ (or $CXX) with C++20 and <ucontext.h> (Linux, glibc)."""
 
 from __future__ import annotations
 
@@ -23,32 +23,50 @@ def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++")
 
 
-class EmuVariant:
-    """One rendered variant, compiled for the CPU."""
+def build_many(variants: list[tuple[str, bool, bool]]) -> list["EmuVariant"]:
+    """Compiles (device code, fused, decode) variants into one library (one compiler run: the
+    headers are parsed once) and returns a handle per variant."""
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (g++ or $CXX)")
+    parts = ['#include "cuda_emu.h"']
+    for i, (code, fused, decode) in enumerate(variants):
+        parts.append(f"#define KSM_TAG v{i}\n#define KSM_FUSED {int(fused)}\n"
+                     f"#define KSM_DECODE {int(decode)}\nnamespace v{i} {{\n{code}\n"
+                     f'#include "driver.cpp"\n}}\n#undef KSM_TAG\n#undef KSM_FUSED\n#undef KSM_DECODE')
+    unit = "\n".join(parts) + "\n"
+    key = hashlib.sha256(unit.encode() + (HERE / "cuda_emu.h").read_bytes()
+                         + (HERE / "driver.cpp").read_bytes()).hexdigest()[:16]
+    _CACHE.mkdir(exist_ok=True)
+    lib = _CACHE / f"ksm_{key}.so"
+    if not lib.exists():
+        src = _CACHE / f"ksm_{key}.cpp"
+        src.write_text(unit)
+        tmp = _CACHE / f"ksm_{key}.{os.getpid()}.so"
+        cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-I", str(HERE), str(src),
+               "-o", str(tmp)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"emulation build failed:\n{proc.stderr[-4000:]}")
+        tmp.replace(lib)
+    handle = ctypes.CDLL(str(lib))
+    return [EmuVariant(handle, f"v{i}", decode) for i, (_, _, decode) in enumerate(variants)]
 
-    def __init__(self, device_code: str, fused: bool, decode: bool):
-        cxx = compiler()
-        if cxx is None:
-            raise RuntimeError("no C++ compiler (g++ or $CXX)")
-        key = hashlib.sha256((device_code + f"|{fused}|{decode}|").encode()
-                             + (HERE / "cuda_emu.h").read_bytes()
-                             + (HERE / "driver.cpp").read_bytes()).hexdigest()[:16]
-        _CACHE.mkdir(exist_ok=True)
-        lib = _CACHE / f"ksm_{key}.so"
-        if not lib.exists():
-            src = _CACHE / f"ksm_{key}.cuh"
-            src.write_text(device_code)
-            tmp = _CACHE / f"ksm_{key}.{os.getpid()}.so"
-            cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
-                   f"-DKSM_FUSED={int(fused)}", f"-DKSM_DECODE={int(decode)}",
-                   "-include", str(HERE / "cuda_emu.h"), "-include", str(src),
-                   str(HERE / "driver.cpp"), "-o", str(tmp)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"emulation build failed:\n{proc.stderr[-4000:]}")
-            tmp.replace(lib)
-        self.lib = ctypes.CDLL(str(lib))
+
+class EmuVariant:
+    """One rendered variant inside a library built by build_many."""
+
+    def __init__(self, lib, tag: str, decode: bool):
+        self.lib = lib
+        self.tag = tag
         self.decode_available = decode
+
+    @classmethod
+    def build(cls, device_code: str, fused: bool, decode: bool) -> "EmuVariant":
+        return build_many([(device_code, fused, decode)])[0]
+
+    def _fn(self, name):
+        return getattr(self.lib, f"{name}_{self.tag}")
 
     def scan(self, inp: dict, *, dtype=np.float32, channel_last=False, has_z=True,
              softplus=True, with_state=False):
@@ -65,7 +83,7 @@ class EmuVariant:
         h0 = np.ascontiguousarray(inp["h0"], dtype=np.float32) if "h0" in inp else None
         h_last = np.full((batch, dim, N), np.nan, dtype=np.float32) if with_state else None
         ptr = lambda a: None if a is None else a.ctypes.data_as(ctypes.c_void_p)
-        fn = self.lib.emu_scan
+        fn = self._fn("emu_scan")
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 11 + [ctypes.c_longlong] * 4 + [ctypes.c_int] * 3
         rc = fn(_DTYPES[dtype], ptr(io["u"]), ptr(io["delta"]), ptr(f32["A"]), ptr(io["B"]),
@@ -86,7 +104,7 @@ class EmuVariant:
         y = np.full((batch, dim), np.nan, dtype=dtype)
         h = np.full((batch, dim, N), np.nan, dtype=np.float32)
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)
-        fn = self.lib.emu_decode
+        fn = self._fn("emu_decode")
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 11 + [ctypes.c_longlong] * 3 + [ctypes.c_int] * 2
         rc = fn(_DTYPES[dtype], ptr(io["u"]), ptr(io["delta"]), ptr(f32["A"]), ptr(io["B"]),

@@ -1,0 +1,13 @@
+"""CPU tests of gpu/mamba and the selective-scan GPU families. Optional packages (jinja2, mlx,
+mlx-lm, torch, mambapy, a C++20 compiler) are skipped with a reason when absent:
+run `python -m pytest gpu/mamba/tests -rs` to see which."""
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MAMBA = HERE.parent
+REPO = MAMBA.parents[1]
+for p in (MAMBA, MAMBA / "emu", REPO / "harness"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
