@@ -1,6 +1,7 @@
 //! ksearch-cli: the `ksearch` binary. Argument parsing and wiring only; the work happens in the
 //! library crates (see docs/ARCHITECTURE.md and docs/cli.md).
 
+mod bench;
 mod doctor;
 mod eval;
 mod inspect;
@@ -46,6 +47,8 @@ enum Command {
     Export(inspect::ExportArgs),
     /// Knowledge packs: what prompts receive per target, static checks, targets and devices.
     Knowledge(knowledge::KnowledgeArgs),
+    /// Time a GPU kernel against PyTorch SDPA and MLX native on the task's workloads.
+    Bench(Box<bench::BenchArgs>),
 }
 
 /// Exit codes shared by all commands.
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         Command::Show(args) => inspect::show(&args),
         Command::Export(args) => inspect::export(&args),
         Command::Knowledge(args) => knowledge::run(&args),
+        Command::Bench(args) => bench::run(&args, cli.quiet),
     };
     match result {
         Ok(code) => ExitCode::from(code),

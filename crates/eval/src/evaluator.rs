@@ -62,7 +62,7 @@ pub struct Evaluator {
 /// Timing locks, one per device, shared by every evaluator in the process. Two timed runs on
 /// one device compete for its caches, memory bandwidth and clocks, so each would measure the
 /// other; builds and everything else may run in parallel.
-fn device_lock(key: &str) -> Arc<Mutex<()>> {
+pub(crate) fn device_lock(key: &str) -> Arc<Mutex<()>> {
     static LOCKS: OnceLock<Mutex<HashMap<String, Arc<Mutex<()>>>>> = OnceLock::new();
     let mut map = LOCKS
         .get_or_init(Default::default)
@@ -210,19 +210,39 @@ impl Evaluator {
             .map_err(|e| EvalError::Request(format!("cannot encode the request: {e}")))?;
         let span = tracing::info_span!("harness", op, candidate = %req.candidate.path.display());
         let _enter = span.enter();
-        let outcome = harness::run(&Invocation {
-            python: &self.python,
-            harness_dir: &self.harness_dir,
+        let outcome = self.run_module(
+            harness::HARNESS_MODULE,
             op,
-            request: &request,
-            cwd: &build_dir,
-            timeout: req.timeout + self.config.kill_grace,
-            knobs: &self.config.knobs,
-            tail_bytes: self.config.tail_bytes,
-        })?;
+            &request,
+            &build_dir,
+            req.timeout,
+        )?;
         let result = interpret(outcome, &nonce, req.timeout)?;
         tracing::info!(status = %result.status, wall_s = result.wall_seconds, "harness done");
         Ok(result)
+    }
+
+    /// Runs `python -m <module> <op>` on `request` in `cwd`, killed `timeout` plus the grace
+    /// period after it started.
+    pub(crate) fn run_module(
+        &self,
+        module: &str,
+        op: &str,
+        request: &[u8],
+        cwd: &Path,
+        timeout: Duration,
+    ) -> Result<Outcome> {
+        harness::run(&Invocation {
+            python: &self.python,
+            harness_dir: &self.harness_dir,
+            module,
+            op,
+            request,
+            cwd,
+            timeout: timeout + self.config.kill_grace,
+            knobs: &self.config.knobs,
+            tail_bytes: self.config.tail_bytes,
+        })
     }
 
     /// Runs the harness `probe` op: what the machine offers (interpreter, numpy, torch, mlx,
@@ -236,6 +256,7 @@ impl Evaluator {
         let outcome = harness::run(&Invocation {
             python: &self.python,
             harness_dir: &self.harness_dir,
+            module: harness::HARNESS_MODULE,
             op: "probe",
             request: &request,
             cwd: &self.work_dir,

@@ -23,7 +23,9 @@ pub const RESULT_FD: i32 = 3;
 
 /// Variables passed through from our environment. Everything else is dropped: the ksearch
 /// process holds LLM API keys that candidate code must never see. `LD_LIBRARY_PATH` and
-/// `CUDA_HOME` are here because CUDA toolkits outside the default paths are found through them.
+/// `CUDA_HOME` are here because CUDA toolkits outside the default paths are found through them;
+/// `KSEARCH_CUDA_ARCH` is the cuda backend's documented architecture override (its
+/// `KSEARCH_HARNESS_CUDA_ARCH` spelling passes as a knob), no secret.
 const PASSED_THROUGH: &[&str] = &[
     "PATH",
     "HOME",
@@ -34,7 +36,11 @@ const PASSED_THROUGH: &[&str] = &[
     "CUDA_VISIBLE_DEVICES",
     "LD_LIBRARY_PATH",
     "CUDA_HOME",
+    "KSEARCH_CUDA_ARCH",
 ];
+
+/// The Python package the protocol ops run from (`python -m ksearch_harness <op>`).
+pub const HARNESS_MODULE: &str = "ksearch_harness";
 
 /// Prefix of the harness's own tuning knobs, which are passed through.
 pub const KNOB_PREFIX: &str = "KSEARCH_HARNESS_";
@@ -52,6 +58,9 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 pub struct Invocation<'a> {
     pub python: &'a Path,
     pub harness_dir: &'a Path,
+    /// The module run with `python -m`: [`HARNESS_MODULE`] for the protocol ops, a module of
+    /// the harness package for tools outside the protocol (`ksearch_harness.bench`).
+    pub module: &'a str,
     pub op: &'a str,
     pub request: &'a [u8],
     pub cwd: &'a Path,
@@ -138,7 +147,7 @@ pub fn run(inv: &Invocation<'_>) -> Result<Outcome> {
     let write_raw = result_write.as_raw_fd();
 
     let mut cmd = Command::new(inv.python);
-    cmd.args(["-m", "ksearch_harness", inv.op, "--result-fd"])
+    cmd.args(["-m", inv.module, inv.op, "--result-fd"])
         .arg(RESULT_FD.to_string())
         .env_clear()
         .envs(child_env(inv.harness_dir, inv.knobs, std::env::vars_os()))
@@ -419,6 +428,8 @@ mod tests {
             ("KSEARCH_HARNESS_FLUSH", "0"),
             ("PYTHONPATH", "/site/extra"),
             ("CUDA_VISIBLE_DEVICES", "1"),
+            ("KSEARCH_CUDA_ARCH", "sm_90a"),
+            ("KSEARCH_HARNESS_CUDA_ARCH", "90a"),
         ]
         .map(|(k, v)| (OsString::from(k), OsString::from(v)));
         let knobs = vec![("KSEARCH_HARNESS_MODE".to_string(), "x".to_string())];
@@ -430,6 +441,8 @@ mod tests {
         };
         assert_eq!(get("PATH").as_deref(), Some("/usr/bin"));
         assert_eq!(get("CUDA_VISIBLE_DEVICES").as_deref(), Some("1"));
+        assert_eq!(get("KSEARCH_CUDA_ARCH").as_deref(), Some("sm_90a"));
+        assert_eq!(get("KSEARCH_HARNESS_CUDA_ARCH").as_deref(), Some("90a"));
         assert_eq!(get("KSEARCH_HARNESS_FLUSH").as_deref(), Some("0"));
         assert_eq!(get("KSEARCH_HARNESS_MODE").as_deref(), Some("x"));
         assert_eq!(get("PYTHONPATH").as_deref(), Some("/h:/site/extra"));

@@ -3,8 +3,10 @@
 //! It owns the Python environment the harness runs in ([`harness_env`]), spawning one harness
 //! process per operation in its own process group with a scrubbed environment and a private
 //! result channel ([`harness`]), the JSON protocol types ([`protocol`]), the [`Evaluator`] the
-//! search calls, and plain-text result tables ([`report`]). It does not know who asks.
+//! search calls, plain-text result tables ([`report`]), and the `ksearch bench` measurement of a
+//! kernel against native implementations ([`bench`]). It does not know who asks.
 
+pub mod bench;
 pub mod error;
 pub mod evaluator;
 pub mod harness;
@@ -13,9 +15,11 @@ pub mod protocol;
 pub mod report;
 pub mod request;
 
+pub use bench::{BenchRequest, BenchResult, BenchSettings, BenchWorkload, Measurement};
 pub use error::EvalError;
 pub use evaluator::{Evaluator, EvaluatorConfig};
 pub use protocol::{EvalResult, Status, Violation, ViolationClass, WorkloadResult};
 pub use request::{
-    fresh_secret_seed, EvalRequest, TimingPreset, WorkloadSet, DEFAULT_TIMEOUT, DEFAULT_TRIALS,
+    default_timeout, device_for, fresh_secret_seed, is_gpu_backend, EvalRequest, TimingPreset,
+    WorkloadSet, DEFAULT_TIMEOUT, DEFAULT_TRIALS, GPU_DEFAULT_TIMEOUT,
 };

@@ -93,8 +93,44 @@ impl FromStr for TimingPreset {
     }
 }
 
-/// Default wall-clock limit of one evaluation, build included.
+/// Default wall-clock limit of one evaluation on the cpu backend, build included.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Default limit on a GPU backend. nvcc alone takes 5-60 s per candidate, and the workloads
+/// are large: at L = 4096 a naive attention kernel takes ~70 ms a call, inputs of 16 M elements
+/// are drawn on the host for every trial and repetition, and correctness runs a float32 device
+/// reference.
+pub const GPU_DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The backends that run on a GPU.
+pub const GPU_BACKENDS: &[&str] = &["cuda", "mlx"];
+
+pub fn is_gpu_backend(backend: &str) -> bool {
+    GPU_BACKENDS.contains(&backend)
+}
+
+/// The default wall-clock limit of one evaluation on `backend`.
+pub fn default_timeout(backend: &str) -> Duration {
+    if is_gpu_backend(backend) {
+        GPU_DEFAULT_TIMEOUT
+    } else {
+        DEFAULT_TIMEOUT
+    }
+}
+
+/// The device whose timing lock an evaluation on `backend` takes: `gpu:<id>` on the GPU
+/// backends, where `<id>` is the first entry of `CUDA_VISIBLE_DEVICES` (`visible_devices`),
+/// the device PyTorch and MLX call 0, or `0` when unset; `None` on the cpu. cuda and mlx
+/// evaluations of one GPU share the lock: they would disturb each other's timings as much.
+pub fn device_for(backend: &str, visible_devices: Option<&str>) -> Option<String> {
+    if !is_gpu_backend(backend) {
+        return None;
+    }
+    let first = visible_devices
+        .and_then(|v| v.split(',').map(str::trim).find(|s| !s.is_empty()))
+        .unwrap_or("0");
+    Some(format!("gpu:{first}"))
+}
 
 /// Default number of correctness trials (each with fresh inputs from a derived seed).
 pub const DEFAULT_TRIALS: u32 = 3;
@@ -177,7 +213,10 @@ impl EvalRequest {
                 forbidden: spec.forbidden.clone(),
             },
             backend: backend.to_string(),
-            device: None,
+            device: device_for(
+                backend,
+                std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+            ),
             candidate: CandidateSection {
                 path,
                 language: spec.language.clone(),
@@ -202,14 +241,15 @@ impl EvalRequest {
             },
             timing: preset.config(),
             secret_seed,
-            timeout: DEFAULT_TIMEOUT,
+            timeout: default_timeout(backend),
         })
     }
 
-    /// The key of the per-device timing lock.
+    /// The key of the per-device timing lock: the device when there is one (so every backend
+    /// timing on one GPU queues behind the same lock), else the backend.
     pub fn device_key(&self) -> String {
         match &self.device {
-            Some(d) => format!("{}:{d}", self.backend),
+            Some(d) => d.clone(),
             None => self.backend.clone(),
         }
     }
@@ -354,6 +394,61 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("/no/such/kernel.c"), "{err}");
+    }
+
+    #[test]
+    fn gpu_requests_get_a_longer_timeout_and_a_per_gpu_device() {
+        let task = attention();
+        let seed = task.backend("cuda").unwrap().seed.clone().unwrap();
+        let req = EvalRequest::from_task(
+            &task,
+            "cuda",
+            &seed,
+            WorkloadSet::Search,
+            1,
+            TimingPreset::Quick,
+        )
+        .unwrap();
+        assert_eq!(req.timeout, GPU_DEFAULT_TIMEOUT);
+        assert!(req.timeout > DEFAULT_TIMEOUT);
+        assert!(req.device.as_deref().unwrap().starts_with("gpu:"));
+        assert_eq!(req.device_key(), req.device.clone().unwrap());
+        assert_eq!(req.workloads[0]["params"]["dtype"], "f16");
+        assert_eq!(
+            req.to_wire("build", "n", Path::new("/b"))["timeout_s"],
+            600.0
+        );
+
+        let cpu_seed = task.backend("cpu").unwrap().seed.clone().unwrap();
+        let cpu = EvalRequest::from_task(
+            &task,
+            "cpu",
+            &cpu_seed,
+            WorkloadSet::Search,
+            1,
+            TimingPreset::Quick,
+        )
+        .unwrap();
+        assert_eq!(cpu.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(cpu.device, None);
+        assert_eq!(cpu.device_key(), "cpu");
+    }
+
+    #[test]
+    fn the_gpu_is_the_first_visible_device() {
+        assert_eq!(device_for("cpu", Some("3")), None);
+        assert_eq!(device_for("cuda", None).unwrap(), "gpu:0");
+        assert_eq!(device_for("cuda", Some("2,3")).unwrap(), "gpu:2");
+        assert_eq!(device_for("mlx", Some(" 1 ")).unwrap(), "gpu:1");
+        assert_eq!(device_for("cuda", Some("")).unwrap(), "gpu:0");
+        assert_eq!(
+            device_for("cuda", Some("GPU-8f3a,GPU-11")).unwrap(),
+            "gpu:GPU-8f3a"
+        );
+        // Both GPU backends share one lock per GPU.
+        assert_eq!(device_for("cuda", Some("1")), device_for("mlx", Some("1")));
+        assert_eq!(default_timeout("mlx"), GPU_DEFAULT_TIMEOUT);
+        assert_eq!(default_timeout("cpu"), DEFAULT_TIMEOUT);
     }
 
     #[test]
