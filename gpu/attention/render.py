@@ -1,10 +1,16 @@
-"""Render the attention-gpu template family (templates/family.toml + gpu.toml) for the cuda and mlx backends.
+"""Render the attention task's GPU template families with jinja2, outside ksearch.
+
+The families live with the task: tasks/attention/templates-cuda/ (family.toml, attention.cu.j2,
+device.cuh.j2) and tasks/attention/templates-mlx/ (the candidate module; it includes the cuda
+family's device code). ksearch renders them in Rust (minijinja); this module is for the tools
+here (build.py, bench.py, mlx_attention.py) and reads gpu.toml beside it for the launch formulas.
 
 Library:
-    fam = Family.load()                       # templates/ next to this file
+    fam = Family.load()                       # the cuda family's knobs, gpu.toml
     knobs = fam.resolve({"algo": "mma", "block_n": 64})   # defaults filled, domains and constraints checked
     src = fam.render("cuda", knobs)           # extern "C" attention_f16 / attention_bf16
     hdr, body = fam.render_mlx(knobs)         # header and body for mx.fast.cuda_kernel
+    module = fam.render_module(knobs)         # the mlx backend's candidate module (target mlx-cuda)
 CLI:
     python render.py --backend cuda --set algo=mma --set cp_async=true --set stages=2 -o attn.cu
     python render.py --variants variants.toml --list
@@ -28,7 +34,10 @@ from typing import Any
 import jinja2
 
 HERE = Path(__file__).resolve().parent
-TEMPLATES = HERE / "templates"
+TASK = HERE.parents[1] / "tasks" / "attention"
+TEMPLATES = TASK / "templates-cuda"
+MLX_TEMPLATES = TASK / "templates-mlx"
+GPU_TOML = HERE / "gpu.toml"
 
 
 _EXPR_CACHE: dict[str, Any] = {}
@@ -38,9 +47,9 @@ class FamilyError(ValueError):
     """A knob value outside its domain, an unknown knob, or a violated constraint."""
 
 
-def _env(loader_dir: Path | None = None) -> jinja2.Environment:
+def _env(*loader_dirs: Path) -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(loader_dir)) if loader_dir else None,
+        loader=jinja2.FileSystemLoader([str(d) for d in loader_dirs]) if loader_dirs else None,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -70,17 +79,22 @@ def knob_summary(knobs: dict[str, Any]) -> str:
 
 @dataclass
 class Family:
-    spec: dict[str, Any]  # family.toml (the shared format of docs/offline-proposer.md)
+    spec: dict[str, Any]  # templates-cuda/family.toml (the shared format of docs/offline-proposer.md)
     gpu: dict[str, Any]   # gpu.toml (launch formulas and backend metadata)
     directory: Path
+    mlx_directory: Path = MLX_TEMPLATES
 
     @classmethod
     def load(cls, directory: Path = TEMPLATES) -> "Family":
         with open(directory / "family.toml", "rb") as f:
             spec = tomllib.load(f)
-        with open(directory / "gpu.toml", "rb") as f:
+        with open(GPU_TOML, "rb") as f:
             gpu = tomllib.load(f)
         return cls(spec, gpu, directory)
+
+    def mlx_spec(self) -> dict[str, Any]:
+        with open(self.mlx_directory / "family.toml", "rb") as f:
+            return tomllib.load(f)
 
     @property
     def knob_names(self) -> list[str]:
@@ -143,25 +157,44 @@ class Family:
             raise FamilyError("constraint(s) violated: " + "; ".join(bad))
         return knobs
 
-    def _context(self, backend: str, knobs: dict[str, Any]) -> dict[str, Any]:
-        return dict(
-            knobs,
-            backend=backend,
-            knob_summary=knob_summary(knobs),
-            family=self.spec["family"]["name"],
-            threads=self.launch(knobs, self.head_dims[0])["threads"],
-        )
+    def _context(self, backend: str, knobs: dict[str, Any], target: str | None = None
+                 ) -> dict[str, Any]:
+        """What ksearch's renderer gives a template: the knobs, `knobs`, `knob_summary` and
+        `family` (plus `target` for the mlx family). The mlx family has no min_blocks."""
+        if backend == "mlx":
+            knobs = {k: v for k, v in knobs.items() if k != "min_blocks"}
+            name = self.mlx_spec()["family"]["name"]
+        else:
+            name = self.spec["family"]["name"]
+        ctx = dict(knobs, knobs=dict(knobs), knob_summary=knob_summary(knobs), family=name)
+        if backend == "mlx":
+            ctx["target"] = target or "mlx-cuda"
+        return ctx
+
+    def _env(self) -> jinja2.Environment:
+        return _env(self.directory, self.mlx_directory)
 
     def render(self, backend: str, knobs: dict[str, Any]) -> str:
+        """cuda: the candidate .cu file; mlx: the candidate module (see render_module)."""
         if backend not in self.gpu["backends"]["names"]:
             raise FamilyError(f"backend {backend!r} not in {self.gpu['backends']['names']}")
-        tmpl = _env(self.directory).get_template(self.spec["family"]["entry"])
+        if backend == "mlx":
+            return self.render_module(knobs)
+        tmpl = self._env().get_template(self.spec["family"]["entry"])
         return tmpl.render(**self._context(backend, knobs))
 
+    def render_module(self, knobs: dict[str, Any], target: str = "mlx-cuda") -> str:
+        """The mlx backend's candidate module, as ksearch renders it."""
+        tmpl = self._env().get_template(self.mlx_spec()["family"]["entry"])
+        return tmpl.render(**self._context("mlx", knobs, target))
+
     def render_mlx(self, knobs: dict[str, Any]) -> tuple[str, str]:
-        header = self.render("mlx", knobs)
-        body = _env(self.directory).get_template(self.gpu["backends"]["mlx_body"])
-        return header, body.render(**self._context("mlx", knobs))
+        """The device code (the `header` of mx.fast.cuda_kernel) and the body MLX wraps."""
+        env = self._env()
+        ctx = self._context("mlx", knobs)
+        header = env.get_template(self.gpu["backends"]["mlx_header"]).render(**ctx)
+        body = env.get_template(self.gpu["backends"]["mlx_body"]).render(**ctx)
+        return header, body
 
 
 def load_variants(path: Path, fam: Family) -> dict[str, dict[str, Any]]:
@@ -215,11 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 key, _, val = item.partition("=")
                 overrides[key] = _parse_value(val)
             knobs = fam.resolve(overrides)
-        if args.backend == "mlx":
-            header, body = fam.render_mlx(knobs)
-            text = header + "\n// ---- body ----\n" + body
-        else:
-            text = fam.render("cuda", knobs)
+        text = fam.render(args.backend, knobs)
     except FamilyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

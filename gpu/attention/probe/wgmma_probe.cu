@@ -1,4 +1,4 @@
-// Unit probe for the wgmma building blocks of templates/attention.cu.j2 (algo = "wgmma"): one
+// Unit probe for the wgmma building blocks of tasks/attention/templates-cuda/device.cuh.j2 (algo = "wgmma"): one
 // warpgroup computes S = Q K^T (descriptors, K-major, 128B swizzle) and O = P V (P from registers,
 // V MN-major), for D in {64, 128} and BLOCK_N in {64, 128}; the host compares with float math.
 // Build: python build.py --out <dir> --probe (renders wg_m64n64s2, one warpgroup, as wgmma_device.cuh),

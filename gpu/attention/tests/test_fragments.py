@@ -1,6 +1,6 @@
 """Model check of the mma path's fragment bookkeeping, on the CPU.
 
-The mma kernel in templates/attention.cu.j2 addresses shared memory for ldmatrix with
+The mma kernel in tasks/attention/templates-cuda/device.cuh.j2 addresses shared memory for ldmatrix with
 per-lane row/column offsets and re-packs the S accumulators into A fragments for P V. This
 test replays exactly those formulas against the PTX ISA's documented register layouts of
 ldmatrix (.x4, with and without .trans) and mma.m16n8k16, and checks that one warp's tile

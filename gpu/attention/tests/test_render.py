@@ -1,4 +1,6 @@
-"""The attention-gpu family renders, validates knobs, and agrees with itself (no GPU needed)."""
+"""The attention task's GPU families (tasks/attention/templates-cuda, templates-mlx) render with
+jinja2, validate knobs, and agree with themselves and with minijinja (no GPU needed). ksearch's
+own checks of the families are crates/knowledge/tests/gpu_families.rs."""
 
 import re
 import sys
@@ -35,7 +37,11 @@ def test_every_named_variant_renders_for_both_backends(fam, variants):
         for banned in ("#include", 'extern "C"', "int64_t", "uint32_t", "cudaStream_t"):
             assert banned not in header, (name, banned)
         assert "q_shape[2]" in body and "::ksa::attn_body<T, HEAD_DIM, CAUSAL>" in body
-        for text in (cuda, header, body):
+        module = fam.render("mlx", knobs)
+        assert header in module and body in module, name
+        assert header in cuda, name  # one device code for both backends
+        compile(module, name, "exec")
+        for text in (cuda, header, body, module):
             assert "{{" not in text and "{%" not in text, name
         assert knob_summary(knobs) in cuda
 
@@ -112,10 +118,12 @@ def test_family_file_follows_the_shared_schema(fam):
     # stray key is caught without building Rust (docs/offline-proposer.md).
     spec = fam.spec
     assert set(spec) <= {"family", "knob", "constraint", "forbid"}
-    assert set(spec["family"]) <= {"name", "description", "entry"}
+    assert set(spec["family"]) <= {"name", "description", "entry", "include_dirs", "targets",
+                                   "backends"}
     assert (fam.directory / spec["family"]["entry"]).is_file()
-    reserved = {"knobs", "knob_summary", "family", "true", "false", "none", "and", "or", "not", "in",
-                "is", "if", "else", "loop"}
+    assert spec["family"]["backends"] == ["cuda"]
+    reserved = {"knobs", "knob_summary", "family", "target", "true", "false", "none", "and", "or",
+                "not", "in", "is", "if", "else", "loop"}
     space = 1
     for k in spec["knob"]:
         assert set(k) <= {"name", "description", "values", "type", "default"}, k["name"]
@@ -133,20 +141,23 @@ def test_family_file_follows_the_shared_schema(fam):
 
 
 def test_minijinja_renders_identically(fam, variants):
-    # The Rust proposer renders with minijinja, strict undefined, and only the knobs,
-    # knob_summary and family in the context (so the template falls back to the cuda backend);
-    # the Python tools use jinja2. Same bytes and same constraint verdicts, or the offline search
-    # would compile something nobody measured.
+    # ksearch renders with minijinja, strict undefined, and only the knobs, knobs,
+    # knob_summary, family (and target) in the context; the Python tools use jinja2. Same bytes
+    # and same constraint verdicts, or the offline search would compile something nobody
+    # measured.
     minijinja = pytest.importorskip("minijinja")
+    templates = {p.name: p.read_text() for d in (fam.directory, fam.mlx_directory)
+                 for p in d.glob("*.j2")}
     env = minijinja.Environment(
-        templates={p.name: p.read_text() for p in fam.directory.glob("*.j2")},
+        templates=templates,
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined_behavior="strict",
     )
+    mlx_entry = fam.mlx_spec()["family"]["entry"]
     for name, knobs in list(variants.items()) + [("defaults", fam.resolve({}))]:
-        rust_ctx = dict(knobs, knobs=knobs, knob_summary=knob_summary(knobs), family=fam.spec["family"]["name"])
-        assert env.render_template(fam.spec["family"]["entry"], **rust_ctx) == fam.render("cuda", knobs), name
+        ctx = fam._context("cuda", knobs)
+        assert env.render_template(fam.spec["family"]["entry"], **ctx) == fam.render("cuda", knobs), name
         ctx = fam._context("mlx", knobs)
-        assert env.render_template(fam.spec["family"]["entry"], **ctx) == fam.render_mlx(knobs)[0], name
+        assert env.render_template(mlx_entry, **ctx) == fam.render("mlx", knobs), name
         for c in fam.spec["constraint"]:
             assert bool(env.eval_expr(c["expr"], **knobs)) == bool(fam.eval_expr(c["expr"], knobs)), (name, c)
 
