@@ -73,10 +73,12 @@ def scan_bytes_per_token(d_inner: int, n: int, elem: int = 2) -> int:
 
 def check_logits(stock, ours_forward, vocab: int, prompt: int, steps: int, seed: int) -> dict:
     """Stock mlx-lm through its cache against our compiled forward through ours: every prompt
-    position's logits, then `steps` single-token steps fed the same tokens."""
+    position's logits, then `steps` single-token steps fed the same tokens; after each call also
+    every layer's SSM state (with random weights the D x skip dominates the logits, so a state
+    carried wrongly shows in the states first)."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, vocab, size=(1, prompt + steps))
-    worst, agree, count, scale = 0.0, 0, 0, 0.0
+    worst, worst_state, agree, count, scale = 0.0, 0.0, 0, 0, 0.0
     cache = stock.make_cache()
     state = None
     for k in range(steps + 1):
@@ -84,17 +86,22 @@ def check_logits(stock, ours_forward, vocab: int, prompt: int, steps: int, seed:
         ref = stock(tok, cache=cache).astype(mx.float32)
         got, state = ours_forward(tok, state, all_positions=True)
         got = got.astype(mx.float32)
-        mx.eval(ref, got)
+        mx.eval(ref, got, state)
         m = float(mx.abs(ref).max())
         diff = mx.abs(got - ref).max(axis=-1) / m
         worst = max(worst, float(diff.max()))
         scale = max(scale, m)
         agree += int((mx.argmax(got, -1) == mx.argmax(ref, -1)).sum())
         count += got.shape[1]
-    return {"passed": worst <= CHECK_TOL and agree >= CHECK_ARGMAX * count,
+        for c, h in zip(cache, state[1]):
+            want = c[1].astype(mx.float32)
+            worst_state = max(worst_state, float(mx.abs(h - want).max() / mx.abs(want).max()))
+    return {"passed": worst <= CHECK_TOL and worst_state <= CHECK_TOL
+            and agree >= CHECK_ARGMAX * count,
             "prompt_tokens": prompt, "decode_steps": steps, "positions": count,
-            "max_rel_diff": worst, "tolerance": CHECK_TOL, "argmax_agreement": agree / count,
-            "argmax_required": CHECK_ARGMAX, "max_abs_logit": scale}
+            "max_rel_diff": worst, "max_state_rel_diff": worst_state, "tolerance": CHECK_TOL,
+            "argmax_agreement": agree / count, "argmax_required": CHECK_ARGMAX,
+            "max_abs_logit": scale}
 
 
 # --------------------------------------------------------------------------------------------
@@ -506,7 +513,8 @@ def main(argv=None) -> int:
                          args.seed)
     check["compiled"] = fwd.compile
     result["check"] = check
-    log(f"check: max rel diff {check['max_rel_diff']:.2e} (tol {CHECK_TOL}), argmax "
+    log(f"check: logits max rel diff {check['max_rel_diff']:.2e}, states "
+        f"{check['max_state_rel_diff']:.2e} (tol {CHECK_TOL}), argmax "
         f"{check['argmax_agreement']:.3f} -> {'passed' if check['passed'] else 'FAILED'}")
     if not check["passed"]:
         emit(result, args.out)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import math
 import sys
 import tempfile
 import types
@@ -281,9 +282,22 @@ def build_stock(config: dict | None = None, weights: Path | None = None, seed: i
         args = mamba.ModelArgs.from_dict(dict(config or MAMBA_370M))
         mx.random.seed(seed)
         model = mamba.Model(args)
+        init_dt_bias(model)
     model.set_dtype(dtype)
     mx.eval(model.parameters())
     return model
+
+
+def init_dt_bias(model, dt_min: float = 1e-3, dt_max: float = 0.1):
+    """Mamba's initialisation of the dt bias (mamba_ssm and mamba.py do this; mlx-lm's Linear
+    default does not): softplus(bias) log-uniform in [dt_min, dt_max], so random weights give
+    states that remember tens to thousands of steps, as trained models have, instead of
+    forgetting within a step or two (softplus(~0) = 0.7 with A = -1..-16)."""
+    for layer in model.backbone.layers:
+        dt_proj = layer.mixer.dt_proj
+        dim = dt_proj.bias.shape[0]
+        dt = mx.exp(mx.random.uniform(math.log(dt_min), math.log(dt_max), (dim,)))
+        dt_proj.bias = dt + mx.log(-mx.expm1(-dt))  # the inverse of softplus
 
 
 def patched_copy(stock, scan):

@@ -55,9 +55,10 @@ def make_A(rng, shape, params):
 def make_delta(rng, shape, params):
     """Pre-softplus step sizes around -2 (dt ~ 0.02..0.7 after softplus); without softplus,
     small positive steps, since a negative dt would make the recurrence grow. GPU workloads
-    may ask for a `decay` regime: "near0" (dt ~ 2..4.5, every exp(dt A) below 0.37: the state
-    forgets at once) or "near1" (dt ~ 1e-3, exp(dt A) above 0.98: the state carries over
-    thousands of steps, so a scan that drops or reorders a chunk's carry shows)."""
+    may ask for a `decay` regime: "near0" (dt ~ 1.7..4.5, every exp(dt A) below 0.45, most
+    below 0.01: the state forgets at once) or "near1" (dt ~ 1e-3, every exp(dt A) above 0.75,
+    most above 0.98: the state carries over thousands of steps, so a scan that drops or
+    reorders a chunk's carry shows)."""
     regime = params.get("decay", "mixed")
     if regime == "near0":
         return rng.uniform(2.0, 4.0, size=shape).astype(np.float32)

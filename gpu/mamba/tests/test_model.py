@@ -1,0 +1,142 @@
+"""mlx-lm's Mamba with our scan (mamba_model.py), on MLX's CPU backend with a tiny config: the
+chunked MLX-ops scan against the float64 recurrence (odd lengths, extreme decays, a state in and
+out), the patched model against stock mlx-lm (prefill and step-by-step decode through the cache,
+and our compiled forward), a candidate with only the task's entry point, and the bench's logits
+check refusing a broken scan. Needs mlx and mlx-lm (mambapy and torch for the last test)."""
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core", reason="needs mlx (pip install 'mlx[cpu]==0.32.4')")
+# find_spec, not an import: importing mlx_lm runs its __init__, which pulls in transformers.
+if importlib.util.find_spec("mlx_lm") is None:
+    pytest.skip("needs mlx-lm (pip install --no-deps mlx-lm==0.32.2)", allow_module_level=True)
+
+import bench  # noqa: E402
+import mamba_model as mm  # noqa: E402
+from scan_ref import make_inputs, scan_ref  # noqa: E402
+
+
+def to_mx(inp, keys=("u", "delta", "A", "B", "C", "D", "z", "delta_bias")):
+    return [mx.array(inp[k]) for k in keys]
+
+
+@pytest.mark.parametrize("L,chunk,regime", [(1, 64, "mixed"), (77, 16, "mixed"),
+                                            (130, 64, "near1"), (65, 8, "near0"),
+                                            (200, 200, "mixed")])
+def test_ops_scan_equals_the_recurrence(L, chunk, regime):
+    rng = np.random.default_rng(L)
+    inp = make_inputs(rng, 2, 5, L, 16, regime=regime, channel_last=True, with_h0=True)
+    scan = mm.MlxOpsScan(chunk=chunk)
+    for h0 in (None, mx.array(inp["h0"])):
+        y, h = scan(*to_mx(inp), h0)
+        want = dict(inp) if h0 is not None else {k: v for k, v in inp.items() if k != "h0"}
+        wy, wh = scan_ref(**want, channel_last=True)
+        scale = np.abs(wy).max()
+        assert np.abs(np.array(y) - wy).max() <= 2e-5 * scale
+        assert np.abs(np.array(h) - wh).max() <= 2e-5 * max(1.0, np.abs(wh).max())
+
+
+def test_task_entry_candidate_gets_state_in_closed_form():
+    """A candidate with only `selective_scan` (zero state, [batch, dim, L]) still serves the
+    model: y from a non-zero h0 and the final state follow from cumulative log-decays."""
+    ops = mm.MlxOpsScan()
+
+    class Candidate:
+        @staticmethod
+        def selective_scan(*, u, delta, A, B, C, D, z, delta_bias, batch, dim, L, N, has_z,
+                           softplus):
+            t = lambda v: mx.swapaxes(v, 1, 2)
+            y, _ = ops(t(u), t(delta), A, t(B), t(C), D, t(z), delta_bias, None)
+            return t(y)
+
+    scan = mm.TaskEntryScan(Candidate)
+    rng = np.random.default_rng(5)
+    inp = make_inputs(rng, 1, 6, 90, 16, channel_last=True, with_h0=True)
+    y, h = scan(*to_mx(inp), mx.array(inp["h0"]))
+    wy, wh = scan_ref(**inp, channel_last=True)
+    assert np.abs(np.array(y) - wy).max() <= 1e-4 * np.abs(wy).max()
+    assert np.abs(np.array(h) - wh).max() <= 1e-4 * np.abs(wh).max()
+
+
+@pytest.fixture(scope="module")
+def models():
+    stock = mm.build_stock(mm.TINY, seed=1, dtype=mx.float32)
+    ours = mm.patched_copy(stock, mm.MlxOpsScan(chunk=16))
+    return stock, ours
+
+
+def rel(a, b):
+    return float(mx.abs(a - b).max() / mx.abs(b).max())
+
+
+def test_patched_model_matches_stock_mlx_lm(models):
+    stock, ours = models
+    # Stock is untouched: its blocks keep mlx-lm's class, ours share its weight arrays.
+    assert type(stock.backbone.layers[0].mixer).__name__ == "MambaBlock"
+    assert type(ours.backbone.layers[0].mixer).__name__ == "KsMambaBlock"
+    assert ours.backbone.layers[0].mixer.in_proj.weight is stock.backbone.layers[0].mixer.in_proj.weight
+    tokens = mx.array(np.random.default_rng(0).integers(0, 256, (1, 45)))
+    cs, co = stock.make_cache(), ours.make_cache()
+    assert rel(ours(tokens, cache=co), stock(tokens, cache=cs)) < 1e-5
+    assert co[0][1].dtype == mx.float32 and co[0][1].shape == (1, 128, 16)
+    for t in (3, 200, 17, 5):
+        tok = mx.array([[t]])
+        assert rel(ours(tok, cache=co), stock(tok, cache=cs)) < 1e-5
+    # A prompt in two pieces (the state crosses the boundary) equals one piece.
+    c1, c2 = ours.make_cache(), ours.make_cache()
+    whole = ours(tokens, cache=c1)
+    ours(tokens[:, :20], cache=c2)
+    assert rel(ours(tokens[:, 20:], cache=c2), whole[:, 20:]) < 1e-5
+
+
+def test_compiled_forward_matches_and_check_passes(models):
+    stock, ours = models
+    fwd = bench.OursForward(ours)
+    check = bench.check_logits(stock, fwd, 256, prompt=24, steps=4, seed=3)
+    assert check["passed"] and check["max_rel_diff"] < 1e-4 and fwd.compile
+    assert check["positions"] == 24 + 4 and check["argmax_agreement"] == 1.0
+
+
+def test_check_refuses_a_broken_scan(models):
+    stock, _ = models
+    ops = mm.MlxOpsScan(chunk=16)
+
+    def forgetful(x, dt, A, B, C, D, z, bias, h0=None):
+        # Drops the state carried into each call: right for a fresh prompt, wrong afterwards.
+        return ops(x, dt, A, B, C, D, z, bias, None)
+
+    broken = mm.patched_copy(stock, forgetful)
+    check = bench.check_logits(stock, bench.OursForward(broken), 256, prompt=24, steps=4, seed=3)
+    assert not check["passed"] and check["max_state_rel_diff"] > bench.CHECK_TOL
+
+
+def test_mlx_lm_package_init_is_not_imported():
+    # mamba_model imports mlx_lm.models.mamba through a bare package: transformers stays out
+    # (CI may install mlx-lm without its dependencies).
+    code = ("import sys, mamba_model as mm; mm.mamba_module(); "
+            "print('mlx_lm.generate' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=mm.HERE, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_mambapy_gets_the_same_weights(models):
+    torch = pytest.importorskip("torch", reason="mambapy needs torch")
+    pytest.importorskip("mambapy", reason="needs mambapy==1.2.0")
+    stock, _ = models
+    lm = bench.mambapy_model(stock, "cpu")
+    tokens = np.random.default_rng(2).integers(0, 256, (1, 33))
+    want = stock(mx.array(tokens))[:, -1]
+    with torch.no_grad():
+        got = lm(torch.from_numpy(tokens)).numpy()
+        assert np.abs(got - np.array(want)).max() <= 1e-4 * float(mx.abs(want).max())
+        # Its cached step, fed the same tokens one by one, ends at the same logits.
+        caches = [(None, torch.zeros(1, 128, 3)) for _ in range(2)]
+        for t in tokens[0]:
+            step, caches = lm.step(torch.tensor([int(t)]), caches)
+    assert np.abs(step.numpy() - np.array(want)).max() <= 1e-4 * float(mx.abs(want).max())
