@@ -25,7 +25,8 @@ use crate::search::{open_run, pick_backend, probed_backends};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Built-in task name or task directory.
+    /// Built-in task name or task directory; `mamba` benches the whole Mamba model instead
+    /// (crates/cli/src/bench_mamba.rs).
     #[arg(value_name = "TASK")]
     pub task: String,
 
@@ -75,9 +76,15 @@ pub struct BenchArgs {
     /// Print JSON: the derived numbers per workload plus the harness's raw result.
     #[arg(long)]
     pub json: bool,
+
+    #[command(flatten)]
+    pub mamba: crate::bench_mamba::MambaArgs,
 }
 
 pub fn run(args: &BenchArgs, quiet: bool) -> Result<u8> {
+    if args.task == crate::bench_mamba::TASK {
+        return crate::bench_mamba::run(args, quiet);
+    }
     if !(args.timeout.is_finite() && args.timeout > 0.0) {
         bail!("--timeout must be a positive number of seconds");
     }
@@ -168,7 +175,7 @@ fn default_gpu_backend(task: &Task) -> Result<String> {
 }
 
 /// The task, the best kernel's stored source file and the backend of a finished run.
-fn best_of_run(runs_dir: &Path, run: &str) -> Result<(Task, PathBuf, String)> {
+pub(crate) fn best_of_run(runs_dir: &Path, run: &str) -> Result<(Task, PathBuf, String)> {
     let store = open_run(runs_dir, run)?;
     let summary = store
         .finish_summary()?

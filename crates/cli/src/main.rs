@@ -2,6 +2,7 @@
 //! library crates (see docs/ARCHITECTURE.md and docs/cli.md).
 
 mod bench;
+mod bench_mamba;
 mod doctor;
 mod eval;
 mod inspect;
