@@ -48,6 +48,10 @@ IMPLS = ("ksearch", "mlx-lm", "mambapy")
 # by 3e-3..7e-3 of their largest magnitude (random weights, measured on CPU), and ours by about
 # the same, so twice the sum of those is the f16 tolerance of the whole model.
 CHECK_TOL = 2e-2
+# The same for every layer's SSM state after each call. Stock rounds its state to f16 at every
+# step, so its error grows with the number of steps (1.3e-2 of max|state| after 72 tokens of
+# mamba-370m, random weights, on CPU); a state carried wrongly is off by its whole size.
+CHECK_STATE_TOL = 5e-2
 # Fraction of positions whose argmax must agree.
 CHECK_ARGMAX = 0.9
 # Bytes the fused scan must move per token and layer at d_inner 2048, N 16, f16: u, delta, z, y
@@ -96,10 +100,11 @@ def check_logits(stock, ours_forward, vocab: int, prompt: int, steps: int, seed:
         for c, h in zip(cache, state[1]):
             want = c[1].astype(mx.float32)
             worst_state = max(worst_state, float(mx.abs(h - want).max() / mx.abs(want).max()))
-    return {"passed": worst <= CHECK_TOL and worst_state <= CHECK_TOL
+    return {"passed": worst <= CHECK_TOL and worst_state <= CHECK_STATE_TOL
             and agree >= CHECK_ARGMAX * count,
             "prompt_tokens": prompt, "decode_steps": steps, "positions": count,
             "max_rel_diff": worst, "max_state_rel_diff": worst_state, "tolerance": CHECK_TOL,
+            "state_tolerance": CHECK_STATE_TOL,
             "argmax_agreement": agree / count, "argmax_required": CHECK_ARGMAX,
             "max_abs_logit": scale}
 
@@ -514,7 +519,7 @@ def main(argv=None) -> int:
     check["compiled"] = fwd.compile
     result["check"] = check
     log(f"check: logits max rel diff {check['max_rel_diff']:.2e}, states "
-        f"{check['max_state_rel_diff']:.2e} (tol {CHECK_TOL}), argmax "
+        f"{check['max_state_rel_diff']:.2e} (tol {CHECK_TOL}, {CHECK_STATE_TOL}), argmax "
         f"{check['argmax_agreement']:.3f} -> {'passed' if check['passed'] else 'FAILED'}")
     if not check["passed"]:
         emit(result, args.out)

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Everything of gpu/mamba that needs the H200, in two device calls (the MLX wheels travel in two
+# halves, see ../shared/device/prepare-mlx-cuda.sh, which must have been run here first so that
+# .device-carry/mlx1 and .device-carry/mlx2 exist). Results land in $OUT (at most 8 files).
+#
+#   call 1, carry [".device-carry/mlx1"]:   bash gpu/mamba/device_check.sh 1
+#     stashes the first MLX half; cuda backend: every named variant built with nvcc (ptxas
+#     report), checked against the float64 scan and timed (kernel_cuda.json); compute-sanitizer
+#     memcheck and racecheck on small shapes (sanitizer.log); the seed and picks through the real
+#     harness, held-out workloads and decay regimes included (eval_cuda.json).
+#   call 2, right after, carry [".device-carry/mlx2"]:   bash gpu/mamba/device_check.sh 2
+#     assembles MLX; the whole-model bench: logits check against stock mlx-lm, prefill tok/s at
+#     512..4096 and decode tok/s for ksearch, mlx-lm and mambapy, the scan alone against its
+#     memory floor (bench.json); every variant through MLX (kernel_mlx.json); the bench again with
+#     the variant fastest channel-last at L=4096 (bench_best.json); the mlx seed and pick through
+#     the harness (eval_mlx.json).
+# Each step has its own time limit, cut to what is left of BUDGET_S (default 570 s) so that a
+# call ends inside the 10-minute limit with whatever finished; a step with less than 20 s left
+# is skipped. call${N}.log has the console output of the call.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+OUT=${OUT:-/tmp/ksm-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MLX_ENABLE_TF32=0
+step=${1:?usage: device_check.sh 1|2}
+exec > >(tee -a "$OUT/call$step.log") 2>&1
+
+BUDGET_S=${BUDGET_S:-570}
+run() {  # run LIMIT_S LABEL CMD...: one step, time-limited, never fatal
+  local limit=$1 label=$2
+  shift 2
+  local left=$((BUDGET_S - SECONDS))
+  if [ "$left" -lt 20 ]; then
+    echo "== $label: skipped, ${left}s of the budget left"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $label ($(date +%T), limit ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@"
+  local rc=$?
+  echo "== $label: exit $rc"
+  return 0
+}
+
+if [ "$step" = 1 ]; then
+  bash .device-carry/mlx1/stash.sh
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  export NVCC PATH="$(dirname "$NVCC"):$PATH"
+  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
+  run 200 "cuda variants: build, check, time" \
+    python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --json "$OUT/kernel_cuda.json"
+  SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [ -x "$SAN" ]; then
+    for tool in memcheck racecheck; do
+      run 90 "compute-sanitizer $tool" "$SAN" --tool "$tool" --error-exitcode 9 \
+        python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --checks small \
+        --variants s0_sequential,seq_lanes16_fused,s2_chunked,chunked_fused,s6_vec,ch_t32_i16 \
+        --lengths 513 --reps 1 >>"$OUT/sanitizer.log" 2>&1
+    done
+  else
+    echo "no compute-sanitizer" | tee "$OUT/sanitizer.log"
+  fi
+  run 240 "harness: cuda seed and picks" env PYTHONPATH=harness \
+    python3 gpu/mamba/device_eval.py --backend cuda --process \
+    --variants chunked_fused,s6_vec,seq_lanes16_fused --json "$OUT/eval_cuda.json"
+elif [ "$step" = 2 ]; then
+  # shellcheck disable=SC1091
+  source .device-carry/mlx2/assemble.sh || exit 3
+  run 300 "whole-model bench (default variant)" \
+    python3 gpu/mamba/bench.py --kernel-only --stock-budget 60 --out "$OUT/bench.json"
+  run 120 "mlx variants: check, time" \
+    python3 gpu/mamba/kernel_bench.py --backend mlx --json "$OUT/kernel_mlx.json"
+  best=$(python3 - "$OUT/kernel_mlx.json" <<'PY'
+import json, sys
+try:
+    v = json.load(open(sys.argv[1]))["variants"]
+except Exception:
+    sys.exit(0)
+ok = {n: r["timings"]["4096"]["channel_last"] for n, r in v.items()
+      if r.get("correct") and "4096" in r.get("timings", {})}
+print(min(ok, key=ok.get) if ok else "")
+PY
+)
+  if [ -n "$best" ]; then
+    run 90 "bench with $best" python3 gpu/mamba/bench.py --variant "$best" --impls ksearch \
+      --kernel-only --out "$OUT/bench_best.json"
+  fi
+  run 120 "harness: mlx seed and pick" env PYTHONPATH="harness:${PYTHONPATH:-}" \
+    python3 gpu/mamba/device_eval.py --backend mlx --variants chunked_fused \
+    --json "$OUT/eval_mlx.json"
+else
+  echo "usage: device_check.sh 1|2" >&2
+  exit 2
+fi

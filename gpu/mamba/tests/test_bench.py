@@ -1,0 +1,77 @@
+"""bench.py end to end on MLX's CPU backend with the tiny model: the JSON it writes has the shape
+of the fixture the Rust renderer is snapshot-tested on, a task-entry candidate given with
+--kernel is used, and a candidate whose output is wrong makes it refuse to report (exit 3)."""
+
+import importlib.util
+import json
+
+import pytest
+
+pytest.importorskip("mlx.core", reason="needs mlx (pip install 'mlx[cpu]==0.32.4')")
+if importlib.util.find_spec("mlx_lm") is None:
+    pytest.skip("needs mlx-lm (pip install --no-deps mlx-lm==0.32.2)", allow_module_level=True)
+
+import bench  # noqa: E402
+from conftest import HERE  # noqa: E402
+
+FIXTURE = json.loads((HERE / "fixtures" / "bench_mamba.json").read_text())
+QUICK = ["--config", "tiny", "--lengths", "8,20", "--decode-tokens", "3", "--decode-warmup", "1",
+         "--reps", "1", "--check-prompt", "12", "--check-steps", "2"]
+
+HONEST = '''
+import mlx.core as mx
+import mamba_model
+
+
+def selective_scan(*, u, delta, A, B, C, D, z, delta_bias, batch, dim, L, N, has_z, softplus):
+    t = lambda v: mx.swapaxes(v, 1, 2)
+    y, _ = mamba_model.MlxOpsScan()(t(u), t(delta), A, t(B), t(C), D, t(z), delta_bias, None)
+    return t(y)
+'''
+
+ZEROS = '''
+import mlx.core as mx
+
+
+def selective_scan(*, u, delta, A, B, C, D, z, delta_bias, batch, dim, L, N, has_z, softplus):
+    return mx.zeros(u.shape, dtype=u.dtype)
+'''
+
+
+def keys(d):
+    return set(d) if isinstance(d, dict) else set()
+
+
+def test_json_has_the_fixture_shape(tmp_path):
+    out = tmp_path / "b.json"
+    assert bench.main(QUICK + ["--impls", "ksearch,mlx-lm", "--kernel-only", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["schema"] == FIXTURE["schema"] == bench.SCHEMA
+    assert keys(got) == keys(FIXTURE)
+    for part in ("model", "check", "targets"):
+        assert keys(got[part]) == keys(FIXTURE[part]), part
+    assert keys(got["kernel"]) <= keys(FIXTURE["kernel"]) | {"api", "scan"}
+    assert [r["impl"] for r in got["rows"]] == ["ksearch", "mlx-lm"]
+    for row in got["rows"]:
+        assert keys(row) == keys(FIXTURE["rows"][0])
+        assert set(row["prefill_tok_s"]) == {"8", "20"} and row["decode_tok_s"] > 0
+    assert keys(got["kernel_only"][0]) == keys(FIXTURE["kernel_only"][0])
+    assert got["check"]["passed"] and got["kernel"]["source"] == "mlx-ops"
+
+
+def test_a_task_entry_candidate_is_benched(tmp_path):
+    cand = tmp_path / "cand.py"
+    cand.write_text(HONEST)
+    out = tmp_path / "b.json"
+    assert bench.main(QUICK + ["--impls", "ksearch", "--kernel", str(cand), "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["kernel"]["api"] == "task-entry" and got["check"]["passed"]
+
+
+def test_wrong_logits_are_not_reported(tmp_path):
+    cand = tmp_path / "zeros.py"
+    cand.write_text(ZEROS)
+    out = tmp_path / "b.json"
+    assert bench.main(QUICK + ["--kernel", str(cand), "--out", str(out)]) == 3
+    got = json.loads(out.read_text())
+    assert not got["check"]["passed"] and got["rows"] == []
