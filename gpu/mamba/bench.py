@@ -122,6 +122,7 @@ class OursForward:
         self.model = model
         self.args = model.args
         self._fns = {}
+        self._seen = set()
         self.compile = compile
         self.compile_error = None
 
@@ -160,19 +161,24 @@ class OursForward:
 
     def __call__(self, tokens, state=None, all_positions=False):
         conv, ssm = state if state is not None else self.initial_state(tokens.shape[0])
+        key = (all_positions, tokens.shape)
         try:
-            logits, conv, ssm = self._fn(all_positions)(tokens, conv, ssm)
-        except Exception as e:  # mx.compile could not trace it: say so and run eagerly
+            logits, conv2, ssm2 = self._fn(all_positions)(tokens, conv, ssm)
+            if self.compile and key not in self._seen:
+                # A compiled graph can also fail when it first runs: try each shape once here.
+                mx.eval(logits, conv2, ssm2)
+                self._seen.add(key)
+        except Exception as e:  # mx.compile could not trace or run it: say so, run eagerly
             if not self.compile:
                 raise
             self.compile_error = f"{type(e).__name__}: {e}"
             log(f"mx.compile failed ({self.compile_error}); running uncompiled")
             self.compile = False
             self._fns.clear()
-            logits, conv, ssm = self._fn(all_positions)(tokens, conv, ssm)
+            logits, conv2, ssm2 = self._fn(all_positions)(tokens, conv, ssm)
         if not all_positions:
             logits = logits[:, -1]
-        return logits, (conv, ssm)
+        return logits, (conv2, ssm2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -540,6 +546,12 @@ def main(argv=None) -> int:
         bw = measure_bandwidth()
         result["bandwidth_gbs"] = bw
         result["kernel_only"] = kernel_only(scan, a.intermediate_size, a.state_size, lengths, bw)
+        # How much of our prefill time the scans take (48 of them), i.e. what bounds it.
+        ours = next((r for r in result["rows"] if r["impl"] == "ksearch"), None)
+        for k in result["kernel_only"]:
+            tps = ours["prefill_tok_s"].get(str(k["L"])) if ours else None
+            k["share_of_ksearch_prefill"] = (k["us_per_layer"] * 1e-6 * a.num_hidden_layers
+                                             / (k["L"] / tps)) if tps else None
     emit(result, args.out)
     return 0
 

@@ -342,6 +342,8 @@ struct KernelOnly {
     us_per_layer: f64,
     floor_us: f64,
     fraction_of_floor: f64,
+    #[serde(default)]
+    share_of_ksearch_prefill: Option<f64>,
 }
 
 /// Thousands separators, no decimals from 100 up; two significant decimals below.
@@ -530,9 +532,13 @@ fn render(r: &Report) -> String {
             .unwrap_or_default();
         let _ = writeln!(s, "\nscan alone, per layer (memory floor{bw}):");
         for k in rows {
+            let share = k
+                .share_of_ksearch_prefill
+                .map(|v| format!("; all layers: {:.0}% of ksearch's prefill", 100.0 * v))
+                .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "  L={:<5} {:>9.1} us  floor {:>7.1} us  {:>5.1}% of the floor",
+                "  L={:<5} {:>9.1} us  floor {:>7.1} us  {:>5.1}% of the floor{share}",
                 k.l,
                 k.us_per_layer,
                 k.floor_us,
@@ -576,8 +582,8 @@ mod tests {
         targets: prefill >= 50,000 tok/s at L=512 (met), >= 100,000 at L=4096 (met); decode >= 300 (met)
 
         scan alone, per layer (memory floor at 4301 GB/s):
-          L=512        21.5 us  floor     2.0 us    9.1% of the floor
-          L=4096      101.7 us  floor    15.7 us   15.4% of the floor
+          L=512        21.5 us  floor     2.0 us    9.1% of the floor; all layers: 12% of ksearch's prefill
+          L=4096      101.7 us  floor    15.7 us   15.4% of the floor; all layers: 16% of ksearch's prefill
 
         ksearch: one mx.compile'd forward; prompt in pieces of 2048
         mlx-lm L=4096: skipped, estimated 28 s > budget 20 s
