@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The GPU attention work through ksearch on the H200, in one device call (kind nvidia-h200):
+#   1. ksearch doctor: the harness must list the cuda backend;
+#   2. ksearch eval --backend cuda --held-out of the best measured variant (wg_m64n64s2,
+#      rendered from tasks/attention/templates-cuda by render.py): passed, times vs SDPA;
+#   3. ksearch bench attention --kernel <it> --backend cuda: kernel, PyTorch SDPA (and MLX native
+#      when MLX is importable, see device_check_mlx.sh) per workload, one process;
+#   4. ksearch run --task attention --backend cuda: the offline search on the GPU family, a few
+#      rounds under a wall-time cap, then ksearch bench --run of its best kernel.
+#
+# Prepare here (the binary travels; the device cannot build Rust):
+#   cargo build --release -p ksearch-cli && strip target/release/ksearch
+#   # optional, for device_check_mlx.sh right after: bash ../shared/device/prepare-mlx-cuda.sh
+# Call (repository root; carrying mlx1 as well only stashes it for device_check_mlx.sh):
+#   run(command="bash gpu/attention/device_check.sh", timeout_s=600,
+#       carry=["target/release/ksearch", ".device-carry/mlx1"])
+# What comes back in $OUT (at most 8 files): log.txt, doctor.json, eval.json, bench.txt,
+# bench.json, run.json, bench-run.txt. ROUNDS (default 8) and RUN_WALL_S (default 150) bound
+# step 4; the steps have their own time limits so one hang cannot eat the call.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-/tmp/ksearch-device-check}
+WORK=${WORK:-/tmp/ksearch-device-work}
+KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
+ROUNDS=${ROUNDS:-8}
+RUN_WALL_S=${RUN_WALL_S:-150}
+VARIANT=${VARIANT:-wg_m64n64s2}
+mkdir -p "$OUT" "$WORK"
+exec > >(tee "$OUT/log.txt") 2>&1
+
+# ksearch reads tasks/, knowledge/ and harness/ from this checkout and runs the harness with the
+# image's python3 (PyTorch, numpy, jinja2, nvcc on PATH); nothing is installed.
+export KSEARCH_ROOT="$ROOT"
+export KSEARCH_PYTHON=${KSEARCH_PYTHON:-$(command -v python3)}
+export KSEARCH_CACHE_DIR="$WORK/cache"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+step() { printf '\n==== %s (%s, %ds)\n' "$*" "$(date +%T)" "$SECONDS"; }
+
+if [ -f .device-carry/mlx1/stash.sh ]; then
+    step "stash the first half of the MLX carry for device_check_mlx.sh"
+    bash .device-carry/mlx1/stash.sh
+fi
+
+step "machine"
+nvidia-smi -L
+nvcc --version | tail -n 2
+"$KSEARCH_PYTHON" -c 'import torch, numpy, jinja2; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0), "numpy", numpy.__version__)'
+if ! "$KS" --version; then
+    echo "cannot run $KS here: build it with cargo build --release -p ksearch-cli and carry it" >&2
+    exit 2
+fi
+
+step "ksearch doctor"
+timeout 120 "$KS" doctor --json > "$OUT/doctor.json"
+"$KSEARCH_PYTHON" - "$OUT/doctor.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+probe = doc.get("probe") or {}
+print("backends:", probe.get("backends"), "| gpus:", probe.get("gpus"), "| nvcc:", probe.get("nvcc"))
+if "cuda" not in (probe.get("backends") or []):
+    print("WARNING: the harness does not list the cuda backend")
+PY
+
+step "render $VARIANT (cuda)"
+KERNEL="$WORK/$VARIANT.cu"
+"$KSEARCH_PYTHON" gpu/attention/render.py --variants gpu/attention/variants.toml \
+    --name "$VARIANT" --backend cuda -o "$KERNEL"
+head -n 2 "$KERNEL"
+
+step "ksearch eval --backend cuda --held-out $VARIANT"
+timeout 300 "$KS" eval --task attention --backend cuda --held-out --timeout 280 \
+    --timing standard --json "$KERNEL" > "$OUT/eval.json"
+echo "eval exit code $?"
+"$KSEARCH_PYTHON" - "$OUT/eval.json" <<'PY'
+import json, sys
+for item in json.load(open(sys.argv[1])):
+    r = item.get("result") or {}
+    print(item["file"], r.get("status"), r.get("message", "")[:300], "score", r.get("score"))
+    b = (r.get("build") or {})
+    print("  build", b.get("arch"), b.get("seconds"), "s; max registers",
+          (b.get("ptxas") or {}).get("max_registers"), "spill bytes", (b.get("ptxas") or {}).get("spill_bytes"))
+    for w in r.get("workloads", []):
+        med = w.get("candidate_median_ns")
+        print(f"  {w['name']:<28} correct={w.get('correct')} "
+              f"median={med / 1e6 if med else float('nan'):.3f} ms "
+              f"vs SDPA x{w.get('speedup_vs_baseline')} err={w.get('max_rel_err')}")
+PY
+
+step "ksearch bench attention --kernel $VARIANT --backend cuda"
+timeout 420 "$KS" bench attention --kernel "$KERNEL" --backend cuda --timeout 400 \
+    | tee "$OUT/bench.txt"
+echo "bench exit code $?"
+timeout 420 "$KS" bench attention --kernel "$KERNEL" --backend cuda --timeout 400 --json \
+    --shapes 'b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16' \
+    > "$OUT/bench.json"
+echo "bench --json exit code $?"
+
+step "ksearch run --task attention --backend cuda --rounds $ROUNDS (at most ${RUN_WALL_S}s of search)"
+timeout $((RUN_WALL_S + 240)) "$KS" run --task attention --backend cuda --rounds "$ROUNDS" \
+    --max-wall-time "$RUN_WALL_S" --timing quick --seed 1 --runs-dir "$WORK/runs" --json \
+    > "$OUT/run.json"
+echo "run exit code $?"
+RUN_ID=$("$KSEARCH_PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run"])' "$OUT/run.json" 2>/dev/null)
+if [ -n "$RUN_ID" ]; then
+    "$KS" show "$RUN_ID" --runs-dir "$WORK/runs" | head -n 60
+    step "ksearch bench attention --run $RUN_ID"
+    timeout 300 "$KS" bench attention --run "$RUN_ID" --runs-dir "$WORK/runs" --timeout 280 \
+        --shapes 'b1h32l4096d128-f16-causal;b1h32l4096d128-bf16' | tee "$OUT/bench-run.txt"
+    echo "bench --run exit code $?"
+fi
+step "done"

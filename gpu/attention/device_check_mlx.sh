@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The mlx half of the device check (device_check.sh is the cuda half), one device call on the
+# H200 (kind nvidia-h200), right after a call that ran .device-carry/mlx1/stash.sh (device_check.sh
+# does when mlx1 is carried): the second half of the MLX carry joins the first, then
+#   1. ksearch doctor: the harness must now list mlx besides cuda;
+#   2. ksearch eval --backend mlx --held-out of the best measured variant as the mlx family's
+#      candidate module (mx.fast.cuda_kernel around the same device code);
+#   3. ksearch bench attention --backend mlx: the module, MLX native and PyTorch SDPA;
+#   4. ksearch bench attention --backend cuda: the .cu kernel against SDPA and MLX native, all
+#      three in one process (the comparison device_check.sh makes without MLX);
+#   5. ksearch run --task attention --backend mlx: a short offline search on the mlx family.
+#
+# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch;
+#   bash ../shared/device/prepare-mlx-cuda.sh   (MLX 0.32.4 with its CUDA 13 backend, two halves)
+# Call (repository root), soon after device_check.sh carried .device-carry/mlx1:
+#   run(command="bash gpu/attention/device_check_mlx.sh", timeout_s=600,
+#       carry=["target/release/ksearch", ".device-carry/mlx2"])
+# If the machine was replaced in between, assemble.sh says so (exit 3): repeat the mlx1 step,
+#   run(command="bash .device-carry/mlx1/stash.sh", carry=[".device-carry/mlx1"]), then this.
+# What comes back in $OUT: log.txt, doctor.json, eval-mlx.json, bench-mlx.txt, bench-cuda.txt,
+# bench-mlx.json, run-mlx.json.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-/tmp/ksearch-device-check}
+WORK=${WORK:-/tmp/ksearch-device-work}
+KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
+ROUNDS=${ROUNDS:-4}
+RUN_WALL_S=${RUN_WALL_S:-90}
+VARIANT=${VARIANT:-wg_m64n64s2}
+mkdir -p "$OUT" "$WORK"
+exec > >(tee "$OUT/log.txt") 2>&1
+
+step() { printf '\n==== %s (%s, %ds)\n' "$*" "$(date +%T)" "$SECONDS"; }
+
+step "assemble the MLX carry"
+if [ -f .device-carry/mlx2/assemble.sh ]; then
+    # Sets PYTHONPATH=/tmp/ksearch-site; ksearch passes PYTHONPATH on to the harness.
+    # shellcheck disable=SC1091
+    source .device-carry/mlx2/assemble.sh || exit $?
+else
+    echo "no .device-carry/mlx2: carry it (bash ../shared/device/prepare-mlx-cuda.sh makes it)" >&2
+    exit 3
+fi
+
+export KSEARCH_ROOT="$ROOT"
+export KSEARCH_PYTHON=${KSEARCH_PYTHON:-$(command -v python3)}
+export KSEARCH_CACHE_DIR="$WORK/cache"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+"$KS" --version || { echo "cannot run $KS here" >&2; exit 2; }
+
+step "ksearch doctor"
+timeout 120 "$KS" doctor --json > "$OUT/doctor.json"
+"$KSEARCH_PYTHON" -c 'import json,sys; p=json.load(open(sys.argv[1])).get("probe") or {}; print("backends:", p.get("backends"), "mlx", p.get("mlx"), "torch", p.get("torch"))' "$OUT/doctor.json"
+
+step "render $VARIANT (mlx module and cuda file)"
+MODULE="$WORK/${VARIANT}_mlx.py"
+KERNEL="$WORK/$VARIANT.cu"
+"$KSEARCH_PYTHON" gpu/attention/render.py --variants gpu/attention/variants.toml \
+    --name "$VARIANT" --backend mlx -o "$MODULE"
+"$KSEARCH_PYTHON" gpu/attention/render.py --variants gpu/attention/variants.toml \
+    --name "$VARIANT" --backend cuda -o "$KERNEL"
+
+step "ksearch eval --backend mlx --held-out $VARIANT"
+timeout 300 "$KS" eval --task attention --backend mlx --held-out --timeout 280 \
+    --timing standard --json "$MODULE" > "$OUT/eval-mlx.json"
+echo "eval exit code $?"
+"$KSEARCH_PYTHON" - "$OUT/eval-mlx.json" <<'PY'
+import json, sys
+for item in json.load(open(sys.argv[1])):
+    r = item.get("result") or {}
+    print(item["file"], r.get("status"), r.get("message", "")[:300], "score", r.get("score"))
+    for w in r.get("workloads", []):
+        med = w.get("candidate_median_ns")
+        print(f"  {w['name']:<28} correct={w.get('correct')} "
+              f"median={med / 1e6 if med else float('nan'):.3f} ms "
+              f"vs MLX native x{w.get('speedup_vs_baseline')} err={w.get('max_rel_err')}")
+PY
+
+step "ksearch bench attention --backend mlx"
+timeout 300 "$KS" bench attention --kernel "$MODULE" --backend mlx --timeout 280 \
+    | tee "$OUT/bench-mlx.txt"
+echo "bench (mlx) exit code $?"
+timeout 200 "$KS" bench attention --kernel "$MODULE" --backend mlx --timeout 180 --json \
+    --shapes 'b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16' \
+    > "$OUT/bench-mlx.json"
+
+step "ksearch bench attention --backend cuda (SDPA and MLX native in the same process)"
+timeout 300 "$KS" bench attention --kernel "$KERNEL" --backend cuda --timeout 280 \
+    | tee "$OUT/bench-cuda.txt"
+echo "bench (cuda) exit code $?"
+
+step "ksearch run --task attention --backend mlx --rounds $ROUNDS (at most ${RUN_WALL_S}s of search)"
+timeout $((RUN_WALL_S + 180)) "$KS" run --task attention --backend mlx --rounds "$ROUNDS" \
+    --max-wall-time "$RUN_WALL_S" --timing quick --seed 1 --runs-dir "$WORK/runs" --json \
+    > "$OUT/run-mlx.json"
+echo "run exit code $?"
+RUN_ID=$("$KSEARCH_PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run"])' "$OUT/run-mlx.json" 2>/dev/null)
+[ -n "$RUN_ID" ] && "$KS" show "$RUN_ID" --runs-dir "$WORK/runs" | head -n 40
+step "done"
