@@ -39,7 +39,8 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
 step() { printf '\n==== %s (%s, %ds)\n' "$*" "$(date +%T)" "$SECONDS"; }
 
-if [ -f .device-carry/mlx1/stash.sh ]; then
+# Only on the GPU machine: the stash lives in /root there until device_check_mlx.sh joins it.
+if [ -f .device-carry/mlx1/stash.sh ] && command -v nvidia-smi >/dev/null; then
     step "stash the first half of the MLX carry for device_check_mlx.sh"
     bash .device-carry/mlx1/stash.sh
 fi
