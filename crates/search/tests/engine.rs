@@ -371,3 +371,25 @@ fn a_finished_run_refuses_to_resume_without_more_rounds() {
     let engine = new_engine(cfg(4, 0), RunStore::open(&dir).unwrap(), &proposer, &eval);
     assert_eq!(engine.run(None).unwrap().rounds_used, 4);
 }
+
+#[test]
+fn the_winner_and_the_seed_are_re_measured_under_the_same_conditions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(|_, _, _| Ok("score=4".into()));
+    let eval = FakeEvaluator::new(None);
+    let config = EngineConfig {
+        recheck: true,
+        ..cfg(1, 0)
+    };
+    let out = new_engine(config, store(tmp.path()), &proposer, &eval)
+        .run(Some("score=2;seed"))
+        .unwrap();
+    let best = out.best.unwrap();
+    assert_eq!(best.score, 4.0);
+    // Both re-checks ran as acceptance evaluations (the fake reports the purpose).
+    assert_eq!(best.rechecked_score, Some(4.0));
+    assert_eq!(out.seed_recheck_score, Some(2.0));
+    assert_eq!(out.recheck.unwrap()["status"], "passed");
+    // Seed, one attempt, the winner's re-check and the seed's.
+    assert_eq!(eval.calls.load(Ordering::SeqCst), 4);
+}

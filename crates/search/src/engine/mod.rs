@@ -1133,7 +1133,7 @@ impl<'a> Engine<'a> {
             }
         }
         let mut seed_recheck_score = None;
-        if let (Some(b), Some(seed)) = (&best, state.seed_candidate) {
+        if let (true, Some(b), Some(seed)) = (self.cfg.recheck, &best, state.seed_candidate) {
             seed_recheck_score = if b.candidate_id == seed {
                 b.rechecked_score
             } else {
