@@ -118,11 +118,7 @@ pub fn extract(tree: Tree, cache: &Path) -> Result<PathBuf, AssetError> {
     };
     let parent = target.parent().expect("target has a parent");
     std::fs::create_dir_all(parent).map_err(err)?;
-    let tmp = parent.join(format!(
-        ".{}-tmp-{}",
-        tree.dir_name(),
-        std::process::id()
-    ));
+    let tmp = parent.join(format!(".{}-tmp-{}", tree.dir_name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(err)?;
     dir.extract(&tmp).map_err(err)?;
@@ -179,7 +175,11 @@ mod tests {
         let mut embedded = Vec::new();
         collect(Tree::Harness.embedded(), &mut embedded);
         for (path, contents) in embedded {
-            assert_eq!(std::fs::read(first.join(&path)).unwrap(), contents, "{path}");
+            assert_eq!(
+                std::fs::read(first.join(&path)).unwrap(),
+                contents,
+                "{path}"
+            );
         }
     }
 }
