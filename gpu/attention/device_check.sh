@@ -15,8 +15,10 @@
 #   run(command="bash gpu/attention/device_check.sh", timeout_s=600,
 #       carry=["target/release/ksearch", ".device-carry/mlx1"])
 # What comes back in $OUT (at most 8 files): log.txt, doctor.json, eval.json, bench.txt,
-# bench.json, run.json, bench-run.txt. ROUNDS (default 8) and RUN_WALL_S (default 150) bound
-# step 4; the steps have their own time limits so one hang cannot eat the call.
+# run.json, bench-run.txt, bench.json. ROUNDS (default 8) and RUN_WALL_S (default 120) bound
+# step 4. Every step's time limit is cut to what is left of BUDGET_S (default 560 s), so the
+# call ends inside the device's 600 s even when a step hangs; steps that no longer fit are
+# skipped, the least important (bench.json) last.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -25,7 +27,8 @@ OUT=${OUT:-/tmp/ksearch-device-check}
 WORK=${WORK:-/tmp/ksearch-device-work}
 KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
 ROUNDS=${ROUNDS:-8}
-RUN_WALL_S=${RUN_WALL_S:-150}
+RUN_WALL_S=${RUN_WALL_S:-120}
+BUDGET_S=${BUDGET_S:-560}
 VARIANT=${VARIANT:-wg_m64n64s2}
 mkdir -p "$OUT" "$WORK"
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -38,6 +41,15 @@ export KSEARCH_CACHE_DIR="$WORK/cache"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
 step() { printf '\n==== %s (%s, %ds)\n' "$*" "$(date +%T)" "$SECONDS"; }
+# cap N: N seconds, or what is left of the budget if that is less (at least 1).
+cap() {
+    local want=$1 left=$((BUDGET_S - SECONDS - 5))
+    ((left < want)) && want=$left
+    ((want < 1)) && want=1
+    echo "$want"
+}
+# fits N: whether N seconds of the budget are left.
+fits() { ((BUDGET_S - SECONDS >= $1)); }
 
 # Only on the GPU machine: the stash lives in /root there until device_check_mlx.sh joins it.
 if [ -f .device-carry/mlx1/stash.sh ] && command -v nvidia-smi >/dev/null; then
@@ -55,7 +67,7 @@ if ! "$KS" --version; then
 fi
 
 step "ksearch doctor"
-timeout 120 "$KS" doctor --json > "$OUT/doctor.json"
+timeout "$(cap 120)" "$KS" doctor --json > "$OUT/doctor.json"
 "$KSEARCH_PYTHON" - "$OUT/doctor.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
@@ -72,8 +84,10 @@ KERNEL="$WORK/$VARIANT.cu"
 head -n 2 "$KERNEL"
 
 step "ksearch eval --backend cuda --held-out $VARIANT"
-timeout 300 "$KS" eval --task attention --backend cuda --held-out --timeout 280 \
-    --timing standard --json "$KERNEL" > "$OUT/eval.json"
+# quick timing: the verdict and rough times; the bench below measures properly.
+T=$(cap 240)
+timeout "$T" "$KS" eval --task attention --backend cuda --held-out --timeout $((T - 10)) \
+    --timing quick --json "$KERNEL" > "$OUT/eval.json"
 echo "eval exit code $?"
 "$KSEARCH_PYTHON" - "$OUT/eval.json" <<'PY'
 import json, sys
@@ -91,25 +105,39 @@ for item in json.load(open(sys.argv[1])):
 PY
 
 step "ksearch bench attention --kernel $VARIANT --backend cuda"
-timeout 420 "$KS" bench attention --kernel "$KERNEL" --backend cuda --timeout 400 \
+T=$(cap 200)
+timeout "$T" "$KS" bench attention --kernel "$KERNEL" --backend cuda --timeout $((T - 10)) \
     | tee "$OUT/bench.txt"
 echo "bench exit code $?"
-timeout 420 "$KS" bench attention --kernel "$KERNEL" --backend cuda --timeout 400 --json \
-    --shapes 'b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16' \
-    > "$OUT/bench.json"
-echo "bench --json exit code $?"
 
-step "ksearch run --task attention --backend cuda --rounds $ROUNDS (at most ${RUN_WALL_S}s of search)"
-timeout $((RUN_WALL_S + 240)) "$KS" run --task attention --backend cuda --rounds "$ROUNDS" \
-    --max-wall-time "$RUN_WALL_S" --timing quick --seed 1 --runs-dir "$WORK/runs" --json \
-    > "$OUT/run.json"
-echo "run exit code $?"
-RUN_ID=$("$KSEARCH_PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run"])' "$OUT/run.json" 2>/dev/null)
-if [ -n "$RUN_ID" ]; then
-    "$KS" show "$RUN_ID" --runs-dir "$WORK/runs" | head -n 60
-    step "ksearch bench attention --run $RUN_ID"
-    timeout 300 "$KS" bench attention --run "$RUN_ID" --runs-dir "$WORK/runs" --timeout 280 \
-        --shapes 'b1h32l4096d128-f16-causal;b1h32l4096d128-bf16' | tee "$OUT/bench-run.txt"
-    echo "bench --run exit code $?"
+if fits $((RUN_WALL_S + 90)); then
+    step "ksearch run --task attention --backend cuda --rounds $ROUNDS (at most ${RUN_WALL_S}s of search)"
+    timeout "$(cap $((RUN_WALL_S + 200)))" "$KS" run --task attention --backend cuda \
+        --rounds "$ROUNDS" --max-wall-time "$RUN_WALL_S" --timing quick --seed 1 \
+        --runs-dir "$WORK/runs" --json > "$OUT/run.json"
+    echo "run exit code $?"
+    RUN_ID=$("$KSEARCH_PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run"])' "$OUT/run.json" 2>/dev/null)
+    if [ -n "$RUN_ID" ]; then
+        "$KS" show "$RUN_ID" --runs-dir "$WORK/runs" | head -n 60
+        if fits 60; then
+            step "ksearch bench attention --run $RUN_ID"
+            T=$(cap 120)
+            timeout "$T" "$KS" bench attention --run "$RUN_ID" --runs-dir "$WORK/runs" \
+                --timeout $((T - 10)) --shapes 'b1h32l4096d128-f16-causal;b1h32l4096d128-bf16' \
+                | tee "$OUT/bench-run.txt"
+            echo "bench --run exit code $?"
+        fi
+    fi
+else
+    echo "skipped the run: $((BUDGET_S - SECONDS)) s of the budget left"
+fi
+
+if fits 60; then
+    step "ksearch bench attention --json (two shapes)"
+    T=$(cap 120)
+    timeout "$T" "$KS" bench attention --kernel "$KERNEL" --backend cuda --timeout $((T - 10)) \
+        --json --shapes 'b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16' \
+        > "$OUT/bench.json"
+    echo "bench --json exit code $?"
 fi
 step "done"

@@ -18,7 +18,8 @@
 # If the machine was replaced in between, assemble.sh says so (exit 3): repeat the mlx1 step,
 #   run(command="bash .device-carry/mlx1/stash.sh", carry=[".device-carry/mlx1"]), then this.
 # What comes back in $OUT: log.txt, doctor.json, eval-mlx.json, bench-mlx.txt, bench-cuda.txt,
-# bench-mlx.json, run-mlx.json.
+# run-mlx.json, bench-mlx.json. Every step's limit is cut to what is left of BUDGET_S (default
+# 560 s); steps that no longer fit are skipped.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -28,11 +29,19 @@ WORK=${WORK:-/tmp/ksearch-device-work}
 KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
 ROUNDS=${ROUNDS:-4}
 RUN_WALL_S=${RUN_WALL_S:-90}
+BUDGET_S=${BUDGET_S:-560}
 VARIANT=${VARIANT:-wg_m64n64s2}
 mkdir -p "$OUT" "$WORK"
 exec > >(tee "$OUT/log.txt") 2>&1
 
 step() { printf '\n==== %s (%s, %ds)\n' "$*" "$(date +%T)" "$SECONDS"; }
+cap() {
+    local want=$1 left=$((BUDGET_S - SECONDS - 5))
+    ((left < want)) && want=$left
+    ((want < 1)) && want=1
+    echo "$want"
+}
+fits() { ((BUDGET_S - SECONDS >= $1)); }
 
 step "assemble the MLX carry"
 if [ -f .device-carry/mlx2/assemble.sh ]; then
@@ -51,7 +60,7 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 "$KS" --version || { echo "cannot run $KS here" >&2; exit 2; }
 
 step "ksearch doctor"
-timeout 120 "$KS" doctor --json > "$OUT/doctor.json"
+timeout "$(cap 120)" "$KS" doctor --json > "$OUT/doctor.json"
 "$KSEARCH_PYTHON" -c 'import json,sys; p=json.load(open(sys.argv[1])).get("probe") or {}; print("backends:", p.get("backends"), "mlx", p.get("mlx"), "torch", p.get("torch"))' "$OUT/doctor.json"
 
 step "render $VARIANT (mlx module and cuda file)"
@@ -63,8 +72,9 @@ KERNEL="$WORK/$VARIANT.cu"
     --name "$VARIANT" --backend cuda -o "$KERNEL"
 
 step "ksearch eval --backend mlx --held-out $VARIANT"
-timeout 300 "$KS" eval --task attention --backend mlx --held-out --timeout 280 \
-    --timing standard --json "$MODULE" > "$OUT/eval-mlx.json"
+T=$(cap 200)
+timeout "$T" "$KS" eval --task attention --backend mlx --held-out --timeout $((T - 10)) \
+    --timing quick --json "$MODULE" > "$OUT/eval-mlx.json"
 echo "eval exit code $?"
 "$KSEARCH_PYTHON" - "$OUT/eval-mlx.json" <<'PY'
 import json, sys
@@ -79,23 +89,32 @@ for item in json.load(open(sys.argv[1])):
 PY
 
 step "ksearch bench attention --backend mlx"
-timeout 300 "$KS" bench attention --kernel "$MODULE" --backend mlx --timeout 280 \
+T=$(cap 150)
+timeout "$T" "$KS" bench attention --kernel "$MODULE" --backend mlx --timeout $((T - 10)) \
     | tee "$OUT/bench-mlx.txt"
 echo "bench (mlx) exit code $?"
-timeout 200 "$KS" bench attention --kernel "$MODULE" --backend mlx --timeout 180 --json \
-    --shapes 'b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16' \
-    > "$OUT/bench-mlx.json"
 
 step "ksearch bench attention --backend cuda (SDPA and MLX native in the same process)"
-timeout 300 "$KS" bench attention --kernel "$KERNEL" --backend cuda --timeout 280 \
+T=$(cap 150)
+timeout "$T" "$KS" bench attention --kernel "$KERNEL" --backend cuda --timeout $((T - 10)) \
     | tee "$OUT/bench-cuda.txt"
 echo "bench (cuda) exit code $?"
 
-step "ksearch run --task attention --backend mlx --rounds $ROUNDS (at most ${RUN_WALL_S}s of search)"
-timeout $((RUN_WALL_S + 180)) "$KS" run --task attention --backend mlx --rounds "$ROUNDS" \
-    --max-wall-time "$RUN_WALL_S" --timing quick --seed 1 --runs-dir "$WORK/runs" --json \
-    > "$OUT/run-mlx.json"
-echo "run exit code $?"
-RUN_ID=$("$KSEARCH_PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run"])' "$OUT/run-mlx.json" 2>/dev/null)
-[ -n "$RUN_ID" ] && "$KS" show "$RUN_ID" --runs-dir "$WORK/runs" | head -n 40
+if fits $((RUN_WALL_S + 60)); then
+    step "ksearch run --task attention --backend mlx --rounds $ROUNDS (at most ${RUN_WALL_S}s of search)"
+    timeout "$(cap $((RUN_WALL_S + 150)))" "$KS" run --task attention --backend mlx \
+        --rounds "$ROUNDS" --max-wall-time "$RUN_WALL_S" --timing quick --seed 1 \
+        --runs-dir "$WORK/runs" --json > "$OUT/run-mlx.json"
+    echo "run exit code $?"
+    RUN_ID=$("$KSEARCH_PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run"])' "$OUT/run-mlx.json" 2>/dev/null)
+    [ -n "$RUN_ID" ] && "$KS" show "$RUN_ID" --runs-dir "$WORK/runs" | head -n 40
+fi
+
+if fits 60; then
+    step "ksearch bench attention --backend mlx --json (two shapes)"
+    T=$(cap 100)
+    timeout "$T" "$KS" bench attention --kernel "$MODULE" --backend mlx --timeout $((T - 10)) \
+        --json --shapes 'b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16' \
+        > "$OUT/bench-mlx.json"
+fi
 step "done"
