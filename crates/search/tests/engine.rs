@@ -1,6 +1,8 @@
 //! Cycle-engine behaviour with a scripted proposer and a fake evaluator: stagnation, too-hard,
 //! the seed as a result, proposer failures, budgets, and resume after an interrupted run.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -15,7 +17,7 @@ use ksearch_search::proposer::{
 };
 use ksearch_search::selection::KSearchPolicy;
 use ksearch_search::world_model::{ActionPatch, Edit, NodePatch, NodeState, WorldModel};
-use ksearch_store::{CandidateKind, RunConfig, RunStore};
+use ksearch_store::{CandidateKind, RunStore};
 
 /// Sources look like `score=1.5;tag` (passes with that score) or `fail;tag`.
 struct FakeEvaluator {
@@ -129,24 +131,7 @@ impl Proposer for ScriptedProposer {
 }
 
 fn store(dir: &std::path::Path) -> RunStore {
-    RunStore::create(
-        dir,
-        &RunConfig {
-            task: "fake".into(),
-            backend: "cpu".into(),
-            strategy: "world-model".into(),
-            proposer: "scripted".into(),
-            selection: "ksearch".into(),
-            seed: 7,
-            secret_seed: 11,
-            budgets: json!({}),
-            flags: json!({}),
-            extra: json!({}),
-            created_at: String::new(),
-            ksearch_version: String::new(),
-        },
-    )
-    .unwrap()
+    common::store(dir, "scripted")
 }
 
 fn cfg(rounds: u32, cap: u32) -> EngineConfig {

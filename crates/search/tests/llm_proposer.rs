@@ -3,6 +3,8 @@
 //! prompt, every call is stored as an exchange, usage adds up, a spent budget stops the run
 //! cleanly, and the lint hook rejects proposals before evaluation.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,7 +24,7 @@ use ksearch_search::proposer::prompts::{ContextLevel, PromptInputs, PromptSet, T
 use ksearch_search::proposer::{OutcomeSummary, Proposer, TaskBrief};
 use ksearch_search::selection::KSearchPolicy;
 use ksearch_search::world_model::WorldModel;
-use ksearch_store::{CandidateKind, RunConfig, RunStore};
+use ksearch_store::{CandidateKind, RunStore};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -172,24 +174,7 @@ fn prompts() -> PromptSet {
 }
 
 fn store(dir: &Path) -> RunStore {
-    RunStore::create(
-        dir,
-        &RunConfig {
-            task: "fake".into(),
-            backend: "cpu".into(),
-            strategy: "world-model".into(),
-            proposer: "llm".into(),
-            selection: "ksearch".into(),
-            seed: 7,
-            secret_seed: 11,
-            budgets: json!({}),
-            flags: json!({}),
-            extra: json!({}),
-            created_at: String::new(),
-            ksearch_version: String::new(),
-        },
-    )
-    .unwrap()
+    common::store(dir, "llm")
 }
 
 fn cfg(rounds: u32) -> EngineConfig {
