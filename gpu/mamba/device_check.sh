@@ -48,12 +48,15 @@ if [ "$step" = 1 ]; then
   NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   export NVCC PATH="$(dirname "$NVCC"):$PATH"
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
-  run 200 "cuda variants: build, check, time" \
+  run 150 "cuda variants: build, check, time" \
     python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --json "$OUT/kernel_cuda.json"
+  run 150 "harness: cuda seed and picks" env PYTHONPATH=harness \
+    python3 gpu/mamba/device_eval.py --backend cuda --process \
+    --variants chunked_fused,s6_vec,seq_lanes16_fused --json "$OUT/eval_cuda.json"
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -x "$SAN" ]; then
     for tool in memcheck racecheck; do
-      run 90 "compute-sanitizer $tool" "$SAN" --tool "$tool" --error-exitcode 9 \
+      run 70 "compute-sanitizer $tool" "$SAN" --tool "$tool" --error-exitcode 9 \
         python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --checks small \
         --variants s0_sequential,seq_lanes16_fused,s2_chunked,chunked_fused,s6_vec,ch_t32_i16 \
         --lengths 513 --reps 1 >>"$OUT/sanitizer.log" 2>&1
@@ -61,15 +64,12 @@ if [ "$step" = 1 ]; then
   else
     echo "no compute-sanitizer" | tee "$OUT/sanitizer.log"
   fi
-  run 240 "harness: cuda seed and picks" env PYTHONPATH=harness \
-    python3 gpu/mamba/device_eval.py --backend cuda --process \
-    --variants chunked_fused,s6_vec,seq_lanes16_fused --json "$OUT/eval_cuda.json"
 elif [ "$step" = 2 ]; then
   # shellcheck disable=SC1091
   source .device-carry/mlx2/assemble.sh || exit 3
-  run 300 "whole-model bench (default variant)" \
-    python3 gpu/mamba/bench.py --kernel-only --stock-budget 60 --out "$OUT/bench.json"
-  run 120 "mlx variants: check, time" \
+  run 200 "whole-model bench (default variant)" \
+    python3 gpu/mamba/bench.py --kernel-only --stock-budget 40 --out "$OUT/bench.json"
+  run 90 "mlx variants: check, time" \
     python3 gpu/mamba/kernel_bench.py --backend mlx --json "$OUT/kernel_mlx.json"
   best=$(python3 - "$OUT/kernel_mlx.json" <<'PY'
 import json, sys

@@ -115,7 +115,7 @@ def test_cxxfilt_demangles_kernel_names():
 def test_nvcc_command_builds_one_architecture_with_the_ptxas_report():
     cmd = cuda.nvcc_command("/opt/cuda/bin/nvcc", "sm_90a", "/b/k.cu", "/b/k.so", ["/w/lib"])
     assert cmd == ["/opt/cuda/bin/nvcc", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
-                   "-arch=sm_90a", "-Xptxas", "-v", "-L/w/lib", "/b/k.cu", "-o", "/b/k.so"]
+                   "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-L/w/lib", "/b/k.cu", "-o", "/b/k.so"]
 
 
 def _fake_nvcc(path: Path) -> str:
@@ -247,7 +247,7 @@ def test_adapter_builds_a_kernel_and_keeps_the_ptxas_report(tmp_path, monkeypatc
     adapter = cuda.CudaAdapter(req)
     info = adapter.build(src.read_bytes())
     assert os.path.isfile(info.artifact) and info.compiler.startswith("nvcc")
-    assert "-arch=sm_90a" in info.command and "-Xptxas" in info.command
+    assert "-gencode=arch=compute_90a,code=sm_90a" in info.command and "-Xptxas" in info.command
     report = info.extra["ptxas"]
     (k,) = report["kernels"]
     assert k["name"].startswith("twice(") and k["arch"] == "sm_90a"
@@ -261,6 +261,33 @@ def test_adapter_builds_a_kernel_and_keeps_the_ptxas_report(tmp_path, monkeypatc
     again = cuda.CudaAdapter(req).build(src.read_bytes())
     assert again.cached and again.artifact == info.artifact
     assert again.extra["ptxas"] == report
+
+
+WGMMA_KERNEL = r"""
+#include <cuda_runtime.h>
+#include <stdint.h>
+__global__ void fence_only(float* y) {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  y[threadIdx.x] = 1.f;
+}
+extern "C" int fence_f32(void* y, void* stream) {
+  fence_only<<<1, 128, 0, (cudaStream_t)stream>>>((float*)y);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+@needs_nvcc
+def test_sm90a_only_instructions_build_without_a_guard(tmp_path, monkeypatch):
+    """wgmma exists only in sm_90a. A build that also emitted generic compute_90 PTX would
+    reject this kernel; the harness builds exactly the one target, so it must pass."""
+    monkeypatch.setenv("KSEARCH_CUDA_ARCH", "sm_90a")
+    src = tmp_path / "fence.cu"
+    src.write_text(WGMMA_KERNEL)
+    req = parse_request(_build_request(src, tmp_path / "b"), "build")
+    info = cuda.CudaAdapter(req).build(src.read_bytes())
+    assert os.path.isfile(info.artifact)
+    assert [k["arch"] for k in info.extra["ptxas"]["kernels"]] == ["sm_90a"]
 
 
 @needs_nvcc

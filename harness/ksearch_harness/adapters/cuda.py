@@ -159,8 +159,14 @@ def nvcc_version(nvcc: str) -> str:
 def nvcc_command(nvcc: str, arch: str, source: str, output: str,
                  lib_dirs: list[str] | None = None) -> list[str]:
     """The build command: a shared library for exactly one architecture, with ptxas's
-    register/spill report on stderr."""
-    return ([nvcc, *NVCC_FLAGS, f"-arch={arch}", *PTXAS_VERBOSE]
+    register/spill report on stderr.
+
+    `-gencode` rather than `-arch`: nvcc's `-arch=sm_90a` also embeds PTX for the generic
+    `compute_90`, where wgmma and setmaxnreg do not assemble, so a kernel using them would fail
+    to build although the GPU it runs on has them. Only the one SASS is built; no PTX rides along
+    because nothing here JIT-compiles for another chip."""
+    virtual = "compute_" + arch.removeprefix("sm_")
+    return ([nvcc, *NVCC_FLAGS, f"-gencode=arch={virtual},code={arch}", *PTXAS_VERBOSE]
             + [f"-L{d}" for d in (lib_dirs or [])] + [source, "-o", output])
 
 
