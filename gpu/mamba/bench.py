@@ -137,8 +137,7 @@ class OursForward:
             x = model.backbone.embeddings(tokens)
             new_conv, new_ssm = [], []
             for layer, conv, ssm in zip(layers, conv_states, ssm_states):
-                out, (conv2, ssm2) = layer.mixer._process_sequence(layer.norm(x), conv, ssm)
-                x = x + out
+                x, (conv2, ssm2) = layer.mixer.ks_mix(layer.norm(x), x, conv, ssm)
                 new_conv.append(conv2)
                 new_ssm.append(ssm2)
             if not all_positions:
@@ -401,26 +400,33 @@ def measure_bandwidth() -> float:
     return 2 * n * 2 / best / 1e9
 
 
-def kernel_only(scan, d_inner: int, n: int, lengths: list[int], bandwidth: float, reps: int = 20):
-    """Per layer: the scan on random inputs of mamba-370m's shapes, `reps` calls chained in one
-    evaluation (per-eval overhead amortised), against bytes / bandwidth."""
-    rows = []
+def time_scan(scan, d_inner: int, n: int, L: int, reps: int = 20) -> float:
+    """Seconds per call of the scan on random inputs of shape [1, L, d_inner] (channel-last,
+    as the model calls it) from a zero state: `reps` calls chained in one evaluation (per-eval
+    overhead amortised), after one untimed call (kernel JIT)."""
     rng = mx.random
+    shp = (1, L, d_inner)
+    x, z = rng.normal(shp).astype(mx.float16), rng.normal(shp).astype(mx.float16)
+    dt = (rng.normal(shp) - 2.0).astype(mx.float16)
+    B, C = rng.normal((1, L, n)).astype(mx.float16), rng.normal((1, L, n)).astype(mx.float16)
+    A = -mx.exp(rng.uniform(math.log(0.5), math.log(16.0), (d_inner, n)))
+    D, bias = rng.normal((d_inner,)), rng.uniform(-0.5, 0.5, (d_inner,))
+    h0 = mx.zeros((1, d_inner, n), dtype=mx.float32)
+    mx.eval(x, z, dt, B, C, A, D, bias, h0)
+    call = lambda: scan(x, dt, A, B, C, D, z, bias, h0)
+    mx.eval(call())
+    sync()
+    t0 = time.perf_counter()
+    mx.eval([call() for _ in range(reps)])
+    sync()
+    return (time.perf_counter() - t0) / reps
+
+
+def kernel_only(scan, d_inner: int, n: int, lengths: list[int], bandwidth: float, reps: int = 20):
+    """Per layer: the scan alone at mamba-370m's shapes (time_scan), against bytes / bandwidth."""
+    rows = []
     for L in lengths:
-        shp = (1, L, d_inner)
-        x, z = rng.normal(shp).astype(mx.float16), rng.normal(shp).astype(mx.float16)
-        dt = (rng.normal(shp) - 2.0).astype(mx.float16)
-        B, C = rng.normal((1, L, n)).astype(mx.float16), rng.normal((1, L, n)).astype(mx.float16)
-        A = -mx.exp(rng.uniform(math.log(0.5), math.log(16.0), (d_inner, n)))
-        D, bias = rng.normal((d_inner,)), rng.uniform(-0.5, 0.5, (d_inner,))
-        mx.eval(x, z, dt, B, C, A, D, bias)
-        call = lambda: scan(x, dt, A, B, C, D, z, bias, None)
-        mx.eval(call())
-        sync()
-        t0 = time.perf_counter()
-        mx.eval([call()[0] for _ in range(reps)])
-        sync()
-        per = (time.perf_counter() - t0) / reps
+        per = time_scan(scan, d_inner, n, L, reps)
         moved = L * scan_bytes_per_token(d_inner, n)
         floor = moved / (bandwidth * 1e9)
         rows.append({"L": L, "us_per_layer": per * 1e6, "floor_us": floor * 1e6,
@@ -456,7 +462,9 @@ def parse_args(argv):
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--kernel", type=Path, help="an mlx candidate module (the task's entry, or "
                      "the family's state API) to use as our scan")
-    src.add_argument("--variant", help="a named setting of gpu/mamba/variants.toml")
+    src.add_argument("--variant", default="auto",
+                     help="a named setting of gpu/mamba/variants.toml, or auto (default): the "
+                     "fastest of mamba_model.AUTO_VARIANTS per prompt length, timed here")
     src.add_argument("--knobs", help="family knobs as JSON")
     ap.add_argument("--weights", type=Path, help="a local mamba-*-hf directory (config.json, "
                     "*.safetensors); random weights otherwise")
@@ -479,6 +487,9 @@ def parse_args(argv):
     ap.add_argument("--ops-scan", action="store_true",
                     help="use the MLX-ops scan even where our kernels could run")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--model-kernels", choices=("auto", "on", "off"), default="auto",
+                    help="our kernels around the scan (model_kernels.py: the convolution, the "
+                    "fused decode step); auto: where MLX has a CUDA device")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
     return ap.parse_args(argv)
@@ -500,7 +511,19 @@ def main(argv=None) -> int:
     scan, kernel_info = mm.choose_scan(args.kernel, knobs, args.variant,
                                        channel_last=not args.channel_first,
                                        force_ops=args.ops_scan)
-    ours = mm.patched_copy(stock, scan)
+    if isinstance(scan, mm.TunedScan):
+        # The scan lengths the forward will see: each prompt in pieces of --prefill-step.
+        seen = sorted({min(L, args.prefill_step) for L in lengths}
+                      | {L % args.prefill_step for L in lengths if L % args.prefill_step})
+        log(f"tuning the scan: {', '.join(scan.scans)} at T = {seen}")
+        a = stock.args
+        kernel_info["tuning"] = scan.tune(
+            seen, lambda s, T: time_scan(s, a.intermediate_size, a.state_size, T, reps=10))
+        log(f"picked {kernel_info['tuning']['picks']}")
+    use_kernels = (args.model_kernels == "on"
+                   or (args.model_kernels == "auto" and mx.cuda.is_available()))
+    ours = mm.patched_copy(stock, scan, mm.model_kernels() if use_kernels else None)
+    kernel_info["model_kernels"] = use_kernels
     fwd = OursForward(ours, compile=not args.no_compile)
     a = stock.args
     result: dict[str, Any] = {

@@ -42,6 +42,9 @@ TINY = dict(MAMBA_370M, vocab_size=256, hidden_size=64, intermediate_size=128,
 
 # The family setting used when no kernel is given (names in variants.toml).
 DEFAULT_VARIANT = "chunked_fused"
+# What `variant="auto"` chooses among, per sequence length, by timing them on the machine
+# (TunedScan): the block-per-channel chunked scan and the channel-tiled ones.
+AUTO_VARIANTS = ("chunked_fused", "tiled_c16_t256", "tiled_c16_t512", "tiled_c32_t256")
 
 
 def mamba_module():
@@ -203,6 +206,39 @@ class TaskEntryScan:
         return y, h_last
 
 
+class TunedScan:
+    """Several scans, each call going to the one measured fastest for the nearest tuned length
+    (a cache keyed by shape, filled by `tune` before any traced forward, since timing cannot
+    happen inside one). Untuned, every call goes to the first scan."""
+
+    name = "tuned"
+
+    def __init__(self, scans: dict[str, Any]):
+        if not scans:
+            raise ValueError("TunedScan needs at least one scan")
+        self.scans = scans
+        self.picks: dict[int, str] = {}
+
+    def pick(self, T: int) -> str:
+        if not self.picks:
+            return next(iter(self.scans))
+        nearest = min(self.picks, key=lambda k: (abs(math.log(k) - math.log(max(T, 1))), k))
+        return self.picks[nearest]
+
+    def tune(self, lengths, time_one: Callable[[Any, int], float]) -> dict[str, Any]:
+        """Times every scan at every length (time_one(scan, T) -> seconds per call) and keeps
+        the fastest per length; returns the table (microseconds) and the picks."""
+        table: dict[str, dict[str, float]] = {}
+        for T in sorted(set(int(t) for t in lengths)):
+            times = {name: time_one(scan, T) for name, scan in self.scans.items()}
+            table[str(T)] = {name: t * 1e6 for name, t in times.items()}
+            self.picks[T] = min(times, key=times.get)
+        return {"us_per_call": table, "picks": {str(k): v for k, v in self.picks.items()}}
+
+    def __call__(self, x, dt, A, B, C, D, z, dt_bias, h0=None):
+        return self.scans[self.pick(x.shape[1])](x, dt, A, B, C, D, z, dt_bias, h0)
+
+
 def choose_scan(kernel: Path | None = None, knobs: dict[str, Any] | None = None,
                 variant: str | None = None, channel_last: bool = True, force_ops: bool = False):
     """(scan, description): our kernels on a CUDA device, the MLX-ops scan elsewhere."""
@@ -215,6 +251,11 @@ def choose_scan(kernel: Path | None = None, knobs: dict[str, Any] | None = None,
         raise ImportError(f"{kernel} defines neither selective_scan_state nor selective_scan")
     if force_ops or not mx.cuda.is_available():
         return MlxOpsScan(), {"source": "mlx-ops", "api": "ops"}
+    if variant == "auto" and knobs is None:
+        scans = {name: KernelScan(render_module(variant=name)[0], channel_last, name=name)
+                 for name in AUTO_VARIANTS}
+        return TunedScan(scans), {"source": "family", "api": "state",
+                                  "variants": list(AUTO_VARIANTS)}
     module, full = render_module(knobs, variant)
     return KernelScan(module, channel_last, name="family"), {"source": "family", "knobs": full,
                                                               "api": "state"}
@@ -256,7 +297,66 @@ def make_block_class():
             y, state = self.ks_scan(x, dt, A, B, C, self.D, z, self.dt_proj.bias, state_cache)
             return self.out_proj(y), (new_conv_cache, state)
 
+        def ks_mix(self, h, residual, conv_cache, state_cache):
+            """residual + the block's output for normed input h, and the new caches; with
+            `ks_kernels` (model_kernels.py) the convolution is one kernel, a single token's
+            dt projection and state update another, and out_proj adds the residual in its
+            matmul. Without them: `_process_sequence` plus the residual."""
+            kern = self.ks_kernels
+            if kern is None or self.use_bcdt_rms:
+                out, caches = self._process_sequence(h, conv_cache, state_cache)
+                return residual + out, caches
+            batch, steps, _ = h.shape
+            dim, K = self.intermediate_size, self.conv_kernel_size
+            xz = self.in_proj(h)
+            if conv_cache is None:
+                conv_cache = mx.zeros((batch, K - 1, dim), dtype=xz.dtype)
+            conv_bias = self.conv1d.bias if "bias" in self.conv1d else mx.zeros((dim,), xz.dtype)
+            xc, new_conv = kern.conv_silu(xz, conv_cache, self.conv1d.weight, conv_bias)
+            dbc = self.x_proj(xc)
+            A, D, dt_bias = self._ks_consts()
+            N = self.ssm_state_size
+            if steps == 1 and N <= 32 and N & (N - 1) == 0:
+                h0 = state_cache if state_cache is not None else mx.zeros((batch, dim, N), mx.float32)
+                y, state = kern.ssm_step(xc[:, 0], dbc[:, 0], self.dt_proj.weight, dt_bias, A, D,
+                                         xz[:, 0], h0)
+                y = y[:, None]
+            else:
+                R = self.time_step_rank
+                delta, B, C = mx.split(dbc, [R, R + N], axis=-1)
+                dt = delta @ self.dt_proj.weight.T
+                z = xz[..., dim:]
+                y, state = self.ks_scan(xc, dt, A, B, C, self.D, z, self.dt_proj.bias,
+                                        state_cache)
+            if "bias" in self.out_proj:
+                return residual + self.out_proj(y), (new_conv, state)
+            d_model = residual.shape[-1]
+            out = mx.addmm(residual.reshape(-1, d_model), y.reshape(-1, dim),
+                           self.out_proj.weight.T)
+            return out.reshape(residual.shape), (new_conv, state)
+
+        def _ks_consts(self):
+            """(A, D, dt bias) in float32: precomputed by patched_copy (outside any traced
+            function, so a compiled forward sees constants, not ops), else computed here."""
+            if self.ks_consts is not None:
+                return self.ks_consts.arrays
+            return _float32_consts(self)
+
+    KsMambaBlock.ks_kernels = None
+    KsMambaBlock.ks_consts = None
     return KsMambaBlock
+
+
+def _float32_consts(mixer):
+    f = mx.float32
+    return (-mx.exp(mixer.A_log.astype(f)), mixer.D.astype(f), mixer.dt_proj.bias.astype(f))
+
+
+class _Consts:
+    """A plain holder: an mlx Module would register a tuple of arrays as parameters."""
+
+    def __init__(self, arrays):
+        self.arrays = arrays
 
 
 def build_stock(config: dict | None = None, weights: Path | None = None, seed: int = 0,
@@ -300,8 +400,9 @@ def init_dt_bias(model, dt_min: float = 1e-3, dt_max: float = 0.1):
         dt_proj.bias = dt + mx.log(-mx.expm1(-dt))  # the inverse of softplus
 
 
-def patched_copy(stock, scan):
-    """A second mlx-lm Model sharing `stock`'s weight arrays, whose blocks use `scan`."""
+def patched_copy(stock, scan, kernels=None):
+    """A second mlx-lm Model sharing `stock`'s weight arrays, whose blocks use `scan` and, when
+    given, the model kernels (`model_kernels` or a stand-in with its functions)."""
     mamba = mamba_module()
     block_cls = make_block_class()
     model = mamba.Model(stock.args)
@@ -309,7 +410,18 @@ def patched_copy(stock, scan):
     for layer in model.backbone.layers:
         layer.mixer.__class__ = block_cls
         layer.mixer.ks_scan = scan
+        layer.mixer.ks_kernels = kernels
+        if kernels is not None:
+            consts = _float32_consts(layer.mixer)
+            mx.eval(consts)
+            layer.mixer.ks_consts = _Consts(consts)
     return model
+
+
+def model_kernels():
+    """gpu/mamba/model_kernels.py, imported (it builds its kernels with mx.fast.cuda_kernel, so
+    only where MLX has a CUDA device)."""
+    return load_module(HERE / "model_kernels.py", "ksm_model_kernels")
 
 
 def logits_last(model, tokens, cache):
@@ -335,23 +447,3 @@ def prefill(model, tokens, cache, step: int = 2048):
 
 def cache_arrays(cache):
     return [c[0] for c in cache], [c[1] for c in cache]
-
-
-def make_decode_step(model, compile: bool = True):
-    """step(token [batch, 1], conv_states, ssm_states) -> (logits, conv_states, ssm_states) for
-    our model, the whole 48-layer step as one function so that mx.compile can trace it once
-    (one graph per token instead of ~15 Python-dispatched ops per layer)."""
-    layers = model.backbone.layers
-
-    def step(token, conv_states, ssm_states):
-        x = model.backbone.embeddings(token)
-        new_conv, new_ssm = [], []
-        for layer, conv, ssm in zip(layers, conv_states, ssm_states):
-            out, (conv2, ssm2) = layer.mixer._process_sequence(layer.norm(x), conv, ssm)
-            x = x + out
-            new_conv.append(conv2)
-            new_ssm.append(ssm2)
-        x = model.backbone.norm_f(x)
-        return model.backbone.embeddings.as_linear(x)[:, -1], new_conv, new_ssm
-
-    return mx.compile(step) if compile else step

@@ -297,6 +297,17 @@ struct KernelInfo {
     compiled: Option<bool>,
     #[serde(default)]
     compile_error: Option<String>,
+    /// `--variant auto`: the setting timed fastest per scan length.
+    #[serde(default)]
+    tuning: Option<Tuning>,
+    /// Whether the convolution and the decode step ran as our kernels (model_kernels.py).
+    #[serde(default)]
+    model_kernels: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Tuning {
+    picks: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -412,6 +423,19 @@ fn render(r: &Report) -> String {
         (Some(true), None) => scan.push_str(", mx.compile"),
         (Some(false), None) => scan.push_str(", uncompiled"),
         (None, None) => {}
+    }
+    if let Some(t) = &k.tuning {
+        let mut picks: Vec<(u64, &String)> = t
+            .picks
+            .iter()
+            .filter_map(|(l, v)| l.parse().ok().map(|l| (l, v)))
+            .collect();
+        picks.sort();
+        let list: Vec<String> = picks.iter().map(|(l, v)| format!("L={l} {v}")).collect();
+        let _ = write!(scan, "; tuned here: {}", list.join(", "));
+    }
+    if k.model_kernels == Some(true) {
+        scan.push_str("; conv and decode step: our kernels");
     }
     let _ = writeln!(s, "{scan}");
     let versions: Vec<String> = ["mlx", "mlx_lm", "mambapy", "torch", "gpu"]
@@ -570,7 +594,7 @@ mod tests {
         insta::assert_snapshot!(render(&fixture()), @r#"
         mamba-370m: 48 layers, d_model 1024, d_inner 2048, d_state 16, vocab 50280; weights: random (seed 0); float16
         check against stock mlx-lm (72 positions): logits max rel diff 6.1e-3 (tolerance 2e-2), states 1.3e-2 (5e-2); argmax agreement 98.6%: passed
-        scan: family (algo=chunked exp2=true fuse_epilogue=true items=8 state_lanes=1 threads=128 vec=1), channel-last, mx.compile
+        scan: family, channel-last, mx.compile; tuned here: L=512 tiled_c16_t256, L=2048 tiled_c16_t256; conv and decode step: our kernels
         mlx 0.32.4, mlx_lm 0.32.2, mambapy 1.2.0, torch 2.11.0, gpu fixture GPU (numbers made up for the renderer test)
 
         tokens/s  prefill L=512  L=1024   L=2048   L=4096  decode (64)

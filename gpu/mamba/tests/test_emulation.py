@@ -29,7 +29,7 @@ def _variants():
             picked[FAM.context(knobs)["knob_summary"]] = knobs
             seen |= new
     for name, knobs in load_variants().items():
-        if name.startswith("s") or name == "chunked_fused":
+        if name.startswith(("s", "tiled")) or name == "chunked_fused":
             full = FAM.resolve(knobs)
             picked[FAM.context(full)["knob_summary"]] = full
     return list(picked.values())
@@ -55,7 +55,11 @@ def build(knobs):
 
 
 def chunk_of(knobs):
-    return knobs["threads"] * knobs["items"] if knobs["algo"] == "chunked" else 64
+    if knobs["algo"] == "chunked":
+        return knobs["threads"] * knobs["items"]
+    if knobs["algo"] == "tiled":
+        return knobs["threads"] // knobs["channels"] * 3  # three steps per time segment
+    return 64
 
 
 def close(got, want, tol):
@@ -78,6 +82,11 @@ def test_variant_matches_the_reference(knobs):
         (1, 4, 700, 16, True, True, 1, 1, "near1", np.float16),
         (2, 2, 129, 16, False, False, 1, 1, "mixed", np.float16),
     ]
+    if knobs["algo"] == "tiled":
+        # Several blocks of channels, the last one partly past dim, and fewer steps than
+        # segments (empty segments must pass the state on unchanged).
+        cases += [(2, 37, chunk + 5, 16, True, True, 1, 1, "mixed", np.float32),
+                  (1, 33, 3, 16, True, True, 1, 1, "mixed", np.float32)]
     for batch, dim, L, N, cl, state, hz, sp, regime, dtype in cases:
         inp = make_inputs(rng, batch, dim, L, N, regime=regime, channel_last=cl, with_h0=state)
         if not sp:

@@ -47,8 +47,8 @@ def test_space_defaults_and_constraints(cuda):
     valid = cuda.enumerate()
     # sequential: threads x state_lanes x exp2 x fuse, less 512 threads with fewer than 8
     # lanes; chunked: threads x (items, vec) pairs with vec | items x exp2 x fuse, less
-    # 512 threads x 16 items (both spill).
-    assert len(valid) == (5 * 5 - 3) * 4 + (5 * 14 - 4) * 4
+    # 512 threads x 16 items (both spill); tiled: threads x channels x exp2 x fuse.
+    assert len(valid) == (5 * 5 - 3) * 4 + (5 * 14 - 4) * 4 + 5 * 2 * 4
     d = cuda.resolve({})
     assert d["algo"] == "sequential" and d["exp2"] is False and d["fuse_epilogue"] is False
     for bad, msg in [({"items": 8}, "only apply to the chunked"),
@@ -56,6 +56,7 @@ def test_space_defaults_and_constraints(cuda):
                      ({"algo": "chunked", "items": 4, "vec": 8}, "vec must divide"),
                      ({"threads": 512, "state_lanes": 4}, "128 registers"),
                      ({"algo": "chunked", "threads": 512, "items": 16}, "128 registers"),
+                     ({"channels": 16}, "channels only applies"),
                      ({"threads": 100}, "outside its domain"),
                      ({"exp2": 1}, "outside its domain"),
                      ({"warps": 4}, "unknown knobs")]:

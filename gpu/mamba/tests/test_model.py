@@ -191,3 +191,74 @@ def test_model_with_our_kernels_on_the_emulation(models, variant, channel_last, 
     assert check["max_state_rel_diff"] < 1e-4 and not fwd.compile
     decode = kernels.fake.kernels[-1]
     assert decode.name.startswith("ksm_decode_") and len(decode.calls) == 3 * 2  # steps x layers
+
+
+class EmulatedModelKernels:
+    """model_kernels.py loaded with the fake mlx.core: its kernels run on the CPU emulation,
+    arrays cross as numpy."""
+
+    def __init__(self):
+        from fake_mlx import FakeMx
+
+        self.fake = FakeMx()
+        self.mod = self.fake.load(mm.HERE / "model_kernels.py", "ksm_fake_model_kernels")
+
+    def _call(self, fn, *arrays):
+        outs = fn(*[self.fake.array(np.array(a)) for a in arrays])
+        return tuple(mx.array(o.np) for o in outs)
+
+    def conv_silu(self, *arrays):
+        return self._call(self.mod.conv_silu, *arrays)
+
+    def ssm_step(self, *arrays):
+        return self._call(self.mod.ssm_step, *arrays)
+
+
+def test_model_kernels_on_the_emulation(models):
+    """The convolution kernel (prompt, continuation and single tokens) and the fused decode
+    step (dt projection, softplus, state update, gate) against stock mlx-lm, and the residual
+    folded into out_proj's matmul."""
+    pytest.importorskip("jinja2", reason="jinja2 renders the families")
+    import emu
+
+    if emu.compiler() is None:
+        pytest.skip("no C++20 compiler for the CPU emulation")
+    stock, _ = models
+    kernels = EmulatedModelKernels()
+    ours = mm.patched_copy(stock, mm.MlxOpsScan(chunk=16), kernels)
+    fwd = bench.OursForward(ours)
+    check = bench.check_logits(stock, fwd, 256, prompt=40, steps=3, seed=4)
+    assert check["passed"] and check["max_rel_diff"] < 1e-4, check
+    assert check["max_state_rel_diff"] < 1e-4
+    conv, step = kernels.fake.kernels
+    layers = len(stock.backbone.layers)
+    assert conv.name.startswith("ksm_conv_silu_") and len(conv.calls) == (1 + 3) * layers
+    assert step.name.startswith("ksm_ssm_step_") and len(step.calls) == 3 * layers
+    # A prompt in two pieces: the second starts from the first one's conv cache and state.
+    tokens = mx.array(np.random.default_rng(5).integers(0, 256, (1, 30)))
+    whole, _ = fwd(tokens, None, all_positions=True)
+    _, state = fwd(tokens[:, :13], None, all_positions=True)
+    rest, _ = fwd(tokens[:, 13:], state, all_positions=True)
+    assert rel(rest, whole[:, 13:]) < 1e-5
+
+
+def test_tuned_scan_dispatches_to_the_fastest_per_length():
+    calls = []
+
+    def named(name):
+        def scan(x, *rest):
+            calls.append((name, x.shape[1]))
+            return name
+        return scan
+
+    tuned = mm.TunedScan({"a": named("a"), "b": named("b")})
+    x = lambda T: mx.zeros((1, T, 4))
+    assert tuned(x(7), *[None] * 7) == "a"  # untuned: the first
+    # "b" is faster at long lengths only.
+    cost = {("a", 512): 1.0, ("b", 512): 2.0, ("a", 2048): 9.0, ("b", 2048): 3.0}
+    report = tuned.tune([2048, 512, 512], lambda s, T: cost[(s(x(T)), T)])
+    assert report["picks"] == {"512": "a", "2048": "b"}
+    assert report["us_per_call"]["2048"] == {"a": 9e6, "b": 3e6}
+    calls.clear()
+    for T, want in [(1, "a"), (600, "a"), (1500, "b"), (4096, "b")]:
+        assert tuned(x(T), *[None] * 7) == want, T
