@@ -137,7 +137,7 @@ class OursForward:
             x = model.backbone.embeddings(tokens)
             new_conv, new_ssm = [], []
             for layer, conv, ssm in zip(layers, conv_states, ssm_states):
-                x, (conv2, ssm2) = layer.mixer.ks_mix(layer.norm(x), x, conv, ssm)
+                x, (conv2, ssm2) = mm.layer_forward(layer, x, conv, ssm)
                 new_conv.append(conv2)
                 new_ssm.append(ssm2)
             if not all_positions:
@@ -385,6 +385,34 @@ def time_decode_mambapy(lm, device: str, vocab: int, prompt: int, warmup: int, n
 # The scan alone
 
 
+def launch_overhead(ops: int = 200, reps: int = 5) -> dict[str, float]:
+    """Microseconds per MLX primitive when the work is negligible: a chain of `ops` dependent
+    [1, 64] x [64, 64] matmuls (which mx.compile cannot fuse), compiled and eager, median of
+    `reps` evaluations. Decode of a 48-layer model is bound by this times the primitives per
+    token once the GPU work per token is small."""
+    w = mx.random.normal((64, 64)) * 0.1
+    x0 = mx.random.normal((1, 64))
+    mx.eval(w, x0)
+
+    def chain(x):
+        for _ in range(ops):
+            x = x @ w
+        return x
+
+    out = {}
+    for name, fn in (("compiled", mx.compile(chain)), ("eager", chain)):
+        mx.eval(fn(x0))
+        times = []
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            mx.eval(fn(x0))
+            sync()
+            times.append(time.perf_counter() - t0)
+        out[f"{name}_us_per_op"] = statistics.median(times) / ops * 1e6
+    return out
+
+
 def measure_bandwidth() -> float:
     """GB/s of an elementwise pass over 512 MiB (read + write), best of 5."""
     n = (512 << 20) // 2
@@ -487,9 +515,12 @@ def parse_args(argv):
     ap.add_argument("--ops-scan", action="store_true",
                     help="use the MLX-ops scan even where our kernels could run")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--model-kernels", choices=("auto", "on", "off"), default="auto",
-                    help="our kernels around the scan (model_kernels.py: the convolution, the "
-                    "fused decode step); auto: where MLX has a CUDA device")
+    ap.add_argument("--model-kernels", choices=("auto", "fused", "conv", "off"),
+                    default="auto",
+                    help="our kernels around the scan (model_kernels.py). conv: the convolution "
+                    "and a fused dt/state/gate decode step beside MLX's matmuls; fused: also a "
+                    "whole block per token in four launches; off: mlx-lm's ops; auto: fused "
+                    "where MLX has a CUDA device, else off")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
     return ap.parse_args(argv)
@@ -520,10 +551,14 @@ def main(argv=None) -> int:
         kernel_info["tuning"] = scan.tune(
             seen, lambda s, T: time_scan(s, a.intermediate_size, a.state_size, T, reps=10))
         log(f"picked {kernel_info['tuning']['picks']}")
-    use_kernels = (args.model_kernels == "on"
-                   or (args.model_kernels == "auto" and mx.cuda.is_available()))
-    ours = mm.patched_copy(stock, scan, mm.model_kernels() if use_kernels else None)
-    kernel_info["model_kernels"] = use_kernels
+    mode = args.model_kernels
+    if mode == "auto":
+        mode = "fused" if mx.cuda.is_available() else "off"
+    ours = mm.patched_copy(stock, scan, mm.model_kernels() if mode != "off" else None,
+                           fused_decode=mode == "fused")
+    kernel_info["model_kernels"] = mode != "off"
+    kernel_info["decode_path"] = {"off": "mlx-lm ops", "conv": "conv and step kernels",
+                                  "fused": "four kernels per block"}[mode]
     fwd = OursForward(ours, compile=not args.no_compile)
     a = stock.args
     result: dict[str, Any] = {
@@ -565,6 +600,10 @@ def main(argv=None) -> int:
     result["kernel"]["compiled"] = fwd.compile
     if fwd.compile_error:
         result["kernel"]["compile_error"] = fwd.compile_error
+    if "ksearch" in impls:
+        result["mlx_launch_overhead"] = launch_overhead()
+        log("MLX per-primitive cost with negligible work: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in result["mlx_launch_overhead"].items()))
     if args.kernel_only:
         bw = measure_bandwidth()
         result["bandwidth_gbs"] = bw

@@ -344,7 +344,34 @@ def make_block_class():
 
     KsMambaBlock.ks_kernels = None
     KsMambaBlock.ks_consts = None
+    KsMambaBlock.ks_fused_decode = False
     return KsMambaBlock
+
+
+def layer_forward(layer, x, conv_cache, state_cache):
+    """One residual block of our model: (x + block(norm(x)), (conv cache, state)). A single
+    token goes through `model_kernels.fused_decode` (four launches for the whole block) when
+    patched_copy enabled it and the block has its plain form (no projection biases, no B/C/dt
+    norms); everything else through the mixer's ks_mix."""
+    mixer = layer.mixer
+    kern, N = mixer.ks_kernels, mixer.ssm_state_size
+    if (x.shape[1] == 1 and mixer.ks_fused_decode and kern is not None
+            and not mixer.use_bcdt_rms and "bias" not in mixer.in_proj
+            and "bias" not in mixer.out_proj and N <= 32 and N & (N - 1) == 0):
+        batch = x.shape[0]
+        dim, K = mixer.intermediate_size, mixer.conv_kernel_size
+        if conv_cache is None:
+            conv_cache = mx.zeros((batch, K - 1, dim), dtype=x.dtype)
+        if state_cache is None:
+            state_cache = mx.zeros((batch, dim, N), dtype=mx.float32)
+        A, D, dt_bias = mixer._ks_consts()
+        conv_b = mixer.conv1d.bias if "bias" in mixer.conv1d else mx.zeros((dim,), x.dtype)
+        x_out, new_conv, h = kern.fused_decode(
+            x[:, 0], layer.norm.weight, mixer.ks_consts.eps, mixer.in_proj.weight, conv_cache,
+            mixer.conv1d.weight, conv_b, mixer.x_proj.weight, mixer.dt_proj.weight, dt_bias, A,
+            D, mixer.out_proj.weight, state_cache)
+        return x_out[:, None], (new_conv, h)
+    return mixer.ks_mix(layer.norm(x), x, conv_cache, state_cache)
 
 
 def _float32_consts(mixer):
@@ -353,10 +380,12 @@ def _float32_consts(mixer):
 
 
 class _Consts:
-    """A plain holder: an mlx Module would register a tuple of arrays as parameters."""
+    """A plain holder (an mlx Module would register a tuple of arrays as parameters): the
+    float32 (A, D, dt bias) and the block norm's eps as a float32 array."""
 
-    def __init__(self, arrays):
+    def __init__(self, arrays, eps):
         self.arrays = arrays
+        self.eps = eps
 
 
 def build_stock(config: dict | None = None, weights: Path | None = None, seed: int = 0,
@@ -400,9 +429,10 @@ def init_dt_bias(model, dt_min: float = 1e-3, dt_max: float = 0.1):
         dt_proj.bias = dt + mx.log(-mx.expm1(-dt))  # the inverse of softplus
 
 
-def patched_copy(stock, scan, kernels=None):
+def patched_copy(stock, scan, kernels=None, fused_decode=False):
     """A second mlx-lm Model sharing `stock`'s weight arrays, whose blocks use `scan` and, when
-    given, the model kernels (`model_kernels` or a stand-in with its functions)."""
+    given, the model kernels (`model_kernels` or a stand-in with its functions); with
+    `fused_decode` a single token takes layer_forward's four-launch path."""
     mamba = mamba_module()
     block_cls = make_block_class()
     model = mamba.Model(stock.args)
@@ -411,10 +441,12 @@ def patched_copy(stock, scan, kernels=None):
         layer.mixer.__class__ = block_cls
         layer.mixer.ks_scan = scan
         layer.mixer.ks_kernels = kernels
+        layer.mixer.ks_fused_decode = bool(fused_decode and kernels is not None)
         if kernels is not None:
             consts = _float32_consts(layer.mixer)
-            mx.eval(consts)
-            layer.mixer.ks_consts = _Consts(consts)
+            eps = mx.array([float(getattr(layer.norm, "eps", 1e-5))], dtype=mx.float32)
+            mx.eval(consts, eps)
+            layer.mixer.ks_consts = _Consts(consts, eps)
     return model
 
 

@@ -271,6 +271,8 @@ struct Report {
     #[serde(default)]
     bandwidth_gbs: Option<f64>,
     #[serde(default)]
+    mlx_launch_overhead: Option<LaunchOverhead>,
+    #[serde(default)]
     versions: serde_json::Map<String, serde_json::Value>,
 }
 
@@ -303,6 +305,16 @@ struct KernelInfo {
     /// Whether the convolution and the decode step ran as our kernels (model_kernels.py).
     #[serde(default)]
     model_kernels: Option<bool>,
+    /// How a single token goes through a block (bench.py --model-kernels).
+    #[serde(default)]
+    decode_path: Option<String>,
+}
+
+/// MLX's cost per primitive when the work is negligible (what bounds decode).
+#[derive(Debug, Deserialize)]
+struct LaunchOverhead {
+    compiled_us_per_op: f64,
+    eager_us_per_op: f64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -434,8 +446,8 @@ fn render(r: &Report) -> String {
         let list: Vec<String> = picks.iter().map(|(l, v)| format!("L={l} {v}")).collect();
         let _ = write!(scan, "; tuned here: {}", list.join(", "));
     }
-    if k.model_kernels == Some(true) {
-        scan.push_str("; conv and decode step: our kernels");
+    if let Some(path) = &k.decode_path {
+        let _ = write!(scan, "; decode: {path}");
     }
     let _ = writeln!(s, "{scan}");
     let versions: Vec<String> = ["mlx", "mlx_lm", "mambapy", "torch", "gpu"]
@@ -570,6 +582,13 @@ fn render(r: &Report) -> String {
             );
         }
     }
+    if let Some(o) = &r.mlx_launch_overhead {
+        let _ = writeln!(
+            s,
+            "MLX cost per primitive with negligible work: {:.1} us compiled, {:.1} us eager",
+            o.compiled_us_per_op, o.eager_us_per_op
+        );
+    }
     if !footnotes.is_empty() {
         s.push('\n');
         for f in footnotes {
@@ -594,7 +613,7 @@ mod tests {
         insta::assert_snapshot!(render(&fixture()), @r#"
         mamba-370m: 48 layers, d_model 1024, d_inner 2048, d_state 16, vocab 50280; weights: random (seed 0); float16
         check against stock mlx-lm (72 positions): logits max rel diff 6.1e-3 (tolerance 2e-2), states 1.3e-2 (5e-2); argmax agreement 98.6%: passed
-        scan: family, channel-last, mx.compile; tuned here: L=512 tiled_c16_t256, L=2048 tiled_c16_t256; conv and decode step: our kernels
+        scan: family, channel-last, mx.compile; tuned here: L=512 tiled_c16_t256, L=2048 tiled_c16_t256; decode: four kernels per block
         mlx 0.32.4, mlx_lm 0.32.2, mambapy 1.2.0, torch 2.11.0, gpu fixture GPU (numbers made up for the renderer test)
 
         tokens/s  prefill L=512  L=1024   L=2048   L=4096  decode (64)
@@ -608,6 +627,7 @@ mod tests {
         scan alone, per layer (memory floor at 4301 GB/s):
           L=512        21.5 us  floor     2.0 us    9.1% of the floor; all layers: 12% of ksearch's prefill
           L=4096      101.7 us  floor    15.7 us   15.4% of the floor; all layers: 16% of ksearch's prefill
+        MLX cost per primitive with negligible work: 6.5 us compiled, 11.2 us eager
 
         ksearch: one mx.compile'd forward; prompt in pieces of 2048
         mlx-lm L=4096: skipped, estimated 28 s > budget 20 s

@@ -191,6 +191,9 @@ void launch(dim3 grid, unsigned int threads, F body) {
 
 }  // namespace emu
 
+// CUDA's reciprocal square root (the device has it as one instruction).
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+
 inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 
 inline float __shfl_up_sync(unsigned int mask, float v, unsigned int delta, int width = 32) {

@@ -213,8 +213,12 @@ class EmulatedModelKernels:
     def ssm_step(self, *arrays):
         return self._call(self.mod.ssm_step, *arrays)
 
+    def fused_decode(self, *arrays):
+        return self._call(self.mod.fused_decode, *arrays)
 
-def test_model_kernels_on_the_emulation(models):
+
+@pytest.mark.parametrize("fused", [False, True], ids=["conv", "fused"])
+def test_model_kernels_on_the_emulation(models, fused):
     """The convolution kernel (prompt, continuation and single tokens) and the fused decode
     step (dt projection, softplus, state update, gate) against stock mlx-lm, and the residual
     folded into out_proj's matmul."""
@@ -225,15 +229,20 @@ def test_model_kernels_on_the_emulation(models):
         pytest.skip("no C++20 compiler for the CPU emulation")
     stock, _ = models
     kernels = EmulatedModelKernels()
-    ours = mm.patched_copy(stock, mm.MlxOpsScan(chunk=16), kernels)
+    ours = mm.patched_copy(stock, mm.MlxOpsScan(chunk=16), kernels, fused_decode=fused)
     fwd = bench.OursForward(ours)
     check = bench.check_logits(stock, fwd, 256, prompt=40, steps=3, seed=4)
     assert check["passed"] and check["max_rel_diff"] < 1e-4, check
     assert check["max_state_rel_diff"] < 1e-4
-    conv, step = kernels.fake.kernels
+    calls = {k.name.split("_", 1)[1].rsplit("_", 1)[0]: len(k.calls) for k in kernels.fake.kernels}
     layers = len(stock.backbone.layers)
-    assert conv.name.startswith("ksm_conv_silu_") and len(conv.calls) == (1 + 3) * layers
-    assert step.name.startswith("ksm_ssm_step_") and len(step.calls) == 3 * layers
+    if fused:
+        # The prompt's convolution, then every step through the four block kernels.
+        assert calls == {"conv_silu": layers, "ssm_step": 3 * layers, "in_conv": 3 * layers,
+                         "xproj": 3 * layers, "out_res": 3 * layers}
+    else:
+        assert calls == {"conv_silu": (1 + 3) * layers, "ssm_step": 3 * layers, "in_conv": 0,
+                         "xproj": 0, "out_res": 0}
     # A prompt in two pieces: the second starts from the first one's conv cache and state.
     tokens = mx.array(np.random.default_rng(5).integers(0, 256, (1, 30)))
     whole, _ = fwd(tokens, None, all_positions=True)
