@@ -12,6 +12,10 @@
 #       bash gpu/device_session.sh 2     # mlx: mamba whole-model bench, attention through MLX
 #                                        # (eval, bench, short search), mamba variants via MLX
 #
+# A shorter pair re-measures after changes (same carries): `3` (cuda: a short `ksearch run`
+# on the attention family, the channel-tiled scan variants) then `4` (MLX: `ksearch bench
+# mamba` end to end, attention through MLX).
+#
 # Results: $OUT/session<N>.log (console) and $OUT/session<N>.tar.gz (every file the parts wrote;
 # the device returns at most 8 files, so they travel packed). Unpack into gpu/results/.
 set -uo pipefail
@@ -40,8 +44,54 @@ elif [ "$N" = 2 ]; then
     OUT=$PARTS/mamba BUDGET_S=${MAMBA_BUDGET_S:-300} bash gpu/mamba/device_check.sh 2
     OUT=$PARTS/attention BUDGET_S=$(($(left) - 5)) ROUNDS=${ROUNDS:-3} \
         RUN_WALL_S=${RUN_WALL_S:-60} bash gpu/attention/device_check_mlx.sh
+elif [ "$N" = 3 ]; then
+    # The short pair, after changes: MLX half 1 stashed; a short offline search on the cuda
+    # family through ksearch; the channel-tiled scan variants on the cuda backend.
+    bash .device-carry/mlx1/stash.sh
+    export KSEARCH_ROOT=$ROOT KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
+    export KSEARCH_CACHE_DIR=/tmp/ksearch-device-work/cache
+    mkdir -p "$PARTS/attention" "$PARTS/mamba"
+    timeout $(($(left) - 100)) target/release/ksearch run --task attention --backend cuda \
+        --rounds "${ROUNDS:-3}" --max-wall-time "${RUN_WALL_S:-90}" --timing quick --seed 1 \
+        --runs-dir /tmp/ksearch-device-work/runs --json > "$PARTS/attention/run-cuda.json"
+    echo "run exit code $?"
+    RUN_ID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["run"])' \
+        "$PARTS/attention/run-cuda.json" 2>/dev/null)
+    [ -n "$RUN_ID" ] && target/release/ksearch show "$RUN_ID" \
+        --runs-dir /tmp/ksearch-device-work/runs | tee "$PARTS/attention/show-cuda.txt" | head -n 60
+    NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    timeout $(($(left) - 5)) python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" \
+        --variants chunked_fused,tiled_c32_t256,tiled_c16_t256,tiled_c16_t512,tiled_c32_t512 \
+        --json "$PARTS/mamba/kernel_cuda_tiled.json"
+elif [ "$N" = 4 ]; then
+    # The short pair's MLX call: the whole-model bench through `ksearch bench mamba` (tuned
+    # scan, four-kernel decode, every implementation), then attention through MLX (eval, bench,
+    # a short search).
+    # shellcheck disable=SC1091
+    source .device-carry/mlx2/assemble.sh || exit 3
+    export KSEARCH_ROOT=$ROOT KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
+    export KSEARCH_CACHE_DIR=/tmp/ksearch-device-work/cache
+    mkdir -p "$PARTS/mamba"
+    timeout "${MAMBA_BUDGET_S:-260}" target/release/ksearch bench mamba --kernel-only \
+        --timeout "$((${MAMBA_BUDGET_S:-260} - 10))" --save "$PARTS/mamba/bench.json" \
+        | tee "$PARTS/mamba/bench.txt"
+    echo "bench mamba exit code $?"
+    python3 - "$PARTS/mamba/bench.json" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    sys.exit(f"no bench JSON: {e}")
+for row in r.get("rows", []):
+    print(row["impl"], {k: round(v) for k, v in row["prefill_tok_s"].items()},
+          "decode", row.get("decode_tok_s"), row.get("error", ""))
+print("kernel", json.dumps(r.get("kernel"))[:600])
+print("overhead", r.get("mlx_launch_overhead"), "kernel_only", r.get("kernel_only"))
+PY
+    OUT=$PARTS/attention BUDGET_S=$(($(left) - 5)) ROUNDS=${ROUNDS:-2} \
+        RUN_WALL_S=${RUN_WALL_S:-60} bash gpu/attention/device_check_mlx.sh
 else
-    echo "usage: device_session.sh 1|2" >&2
+    echo "usage: device_session.sh 1|2|3|4" >&2
     exit 2
 fi
 echo "== device_session $N done at $(date +%T) (${SECONDS}s)"

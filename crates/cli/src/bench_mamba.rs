@@ -58,6 +58,10 @@ pub struct MambaArgs {
     /// mamba: also time the scan alone, per layer, against its memory floor.
     #[arg(long)]
     pub kernel_only: bool,
+
+    /// mamba: also keep the JSON report at this path (the table still goes to stdout).
+    #[arg(long, value_name = "FILE")]
+    pub save: Option<PathBuf>,
 }
 
 /// `ksearch bench mamba ...`; `args` are `ksearch bench`'s with TASK = mamba.
@@ -126,6 +130,10 @@ pub fn run(args: &BenchArgs, quiet: bool) -> Result<u8> {
             script.display(),
             report.schema
         );
+    }
+    if let Some(path) = &m.save {
+        std::fs::write(path, &text)
+            .with_context(|| format!("cannot write the report to {}", path.display()))?;
     }
     if args.json {
         let value: serde_json::Value = serde_json::from_str(&text)?;
