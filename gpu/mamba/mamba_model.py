@@ -328,7 +328,7 @@ def make_block_class():
                 z = xz[..., dim:]
                 y, state = self.ks_scan(xc, dt, A, B, C, self.D, z, self.dt_proj.bias,
                                         state_cache)
-            if "bias" in self.out_proj:
+            if "bias" in self.out_proj or not _ADDMM_WORKS:
                 return residual + self.out_proj(y), (new_conv, state)
             d_model = residual.shape[-1]
             out = mx.addmm(residual.reshape(-1, d_model), y.reshape(-1, dim),
@@ -372,6 +372,20 @@ def layer_forward(layer, x, conv_cache, state_cache):
             D, mixer.out_proj.weight, state_cache)
         return x_out[:, None], (new_conv, h)
     return mixer.ks_mix(layer.norm(x), x, conv_cache, state_cache)
+
+
+# Whether mx.addmm runs on the default device; probed by patched_copy (outside any traced
+# function), since a failure inside a compiled forward would only show when it first runs.
+_ADDMM_WORKS = True
+
+
+def _probe_addmm() -> bool:
+    try:
+        out = mx.addmm(mx.ones((2, 4)), mx.ones((2, 3)), mx.ones((3, 4)))
+        mx.eval(out)
+        return bool(mx.all(out == 4).item())
+    except Exception:
+        return False
 
 
 def _float32_consts(mixer):
@@ -433,10 +447,13 @@ def patched_copy(stock, scan, kernels=None, fused_decode=False):
     """A second mlx-lm Model sharing `stock`'s weight arrays, whose blocks use `scan` and, when
     given, the model kernels (`model_kernels` or a stand-in with its functions); with
     `fused_decode` a single token takes layer_forward's four-launch path."""
+    global _ADDMM_WORKS
     mamba = mamba_module()
     block_cls = make_block_class()
     model = mamba.Model(stock.args)
     model.update(stock.parameters())
+    if kernels is not None:
+        _ADDMM_WORKS = _probe_addmm()
     for layer in model.backbone.layers:
         layer.mixer.__class__ = block_cls
         layer.mixer.ks_scan = scan
