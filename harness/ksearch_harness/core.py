@@ -10,17 +10,21 @@ host memory or on a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from . import adapters, dtypes, machine, static_checks
+from . import adapters, dtypes, machine, parallel, static_checks
 from .adapters import Adapter, BuildFailed, BuildInfo
 from .protocol import (BuildError, Incorrect, Request, ResultBuilder, StaticCheckFailed,
                        TaskError, Tolerance, Violation, Workload)
+from .dtypes import same_bytes
 from .task_code import ORDER, PROBE, TIMING, TRIAL, WARMUP, Inputs, TaskCode, derive_seed
 
 MAX_SOURCE_BYTES = 1 << 20
@@ -43,6 +47,9 @@ PEAK_SLACK = 2.0
 ROOFLINE_REMEASURE = 2
 # Fraction of timeout_s after which timing stops adding repetitions beyond min_reps.
 SOFT_DEADLINE_FRACTION = 0.6
+# A workload whose correctness or timing stage takes this long gets a line in the log saying
+# where the time went (the log's tail is all a timed-out evaluation leaves).
+SLOW_LOG_S = 2.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -66,30 +73,191 @@ def _nanmax(a: float, b: float) -> float:
     return max(a, b)
 
 
+# Elements per piece of a comparison; pieces of large arrays are spread over the thread pool
+# (parallel.py). A piece makes a dozen numpy calls, each taking the GIL between its loops:
+# pieces must be long enough that 16 threads do not queue for it (on an H200 host 1 << 16
+# scaled to about 4 threads, 1 << 18 to 16), and short enough that a thread's scratch arrays
+# (27 bytes per element: 7 MiB) stay mostly in cache.
+COMPARE_PIECE = 1 << 18
+
+
 def close(x: np.ndarray, y: np.ndarray, truth: np.ndarray, tol: Tolerance) -> np.ndarray:
     """Elementwise |x - y| <= atol * max|truth| + rtol * |truth|; where truth is not finite,
-    x and y must be equal (NaN equal to NaN)."""
-    finite = np.isfinite(truth)
-    scale = float(np.max(np.abs(truth[finite]))) if finite.any() else 0.0
-    with np.errstate(invalid="ignore", over="ignore"):
-        bound = tol.atol * scale + tol.rtol * np.abs(truth)
-        within = np.abs(x - y) <= bound
-    same = (x == y) | (np.isnan(x) & np.isnan(y))
-    return np.where(finite, within | same, same)
+    x and y must be equal (NaN equal to NaN). Computed in float64 whatever the input float
+    types (float32 arrays of exact f16/bf16/f32 values give the same answer as their float64
+    copies would)."""
+    x, y, truth = _flat_operands(x, y, truth)
+    shape = x.shape
+    x, y, t = x.reshape(-1), y.reshape(-1), truth.reshape(-1)
+    bound0 = tol.atol * _finite_scale(t)[1]
+    result = np.empty(t.size, dtype=bool)
+
+    def piece(lo: int, hi: int) -> None:
+        result[lo:hi] = _close_piece(x[lo:hi], y[lo:hi], t[lo:hi], bound0, tol.rtol)
+
+    parallel.map_ranges(piece, t.size, COMPARE_PIECE)
+    return result.reshape(shape)
+
+
+def close_all(x: np.ndarray, y: np.ndarray, truth: np.ndarray, tol: Tolerance) -> bool:
+    """close(...).all() without the elementwise array."""
+    x, y, truth = _flat_operands(x, y, truth)
+    x, y, t = x.reshape(-1), y.reshape(-1), truth.reshape(-1)
+    bound0 = tol.atol * _finite_scale(t)[1]
+    return all(parallel.map_ranges(
+        lambda lo, hi: bool(_close_piece(x[lo:hi], y[lo:hi], t[lo:hi], bound0,
+                                         tol.rtol).all()), t.size, COMPARE_PIECE))
 
 
 def compare(out: np.ndarray, truth: np.ndarray, tol: Tolerance) -> Comparison:
-    ok = close(out, truth, truth, tol)
-    finite = np.isfinite(truth)
-    if not finite.any():
-        return Comparison(bool(ok.all()), 0.0, 0.0)
+    """close(out, truth, truth) for every element, and the largest absolute and relative
+    errors where the truth is finite (NaN when an output there is NaN; the relative error's
+    denominator is at least 1e-6 max|truth|). One pass over the arrays after the scale."""
+    out, truth = _flat_operands(out, truth)
+    x, t = out.reshape(-1), truth.reshape(-1)
+    any_finite, scale = _finite_scale(t)
+    if not any_finite:
+        return Comparison(close_all(out, truth, truth, tol), 0.0, 0.0)
+    bound0 = tol.atol * scale
+    floor = max(scale * 1e-6, 1e-300)
+    parts = parallel.map_ranges(
+        lambda lo, hi: _compare_piece(x[lo:hi], t[lo:hi], bound0, tol.rtol, floor),
+        t.size, COMPARE_PIECE)
+    ok, max_abs, max_rel = True, None, None
+    for p_ok, p_abs, p_rel in parts:
+        ok = ok and p_ok
+        if p_abs is not None:
+            max_abs = p_abs if max_abs is None else _nanmax(max_abs, p_abs)
+            max_rel = p_rel if max_rel is None else _nanmax(max_rel, p_rel)
+    assert max_abs is not None and max_rel is not None  # some piece had a finite truth
+    return Comparison(ok, max_abs, max_rel)
+
+
+def _flat_operands(*arrays: np.ndarray) -> list[np.ndarray]:
+    """The operands as float arrays of one shape (broadcast when they differ; a single value
+    is broadcast without being copied, so that reshape(-1) stays a view)."""
+    arrs = [np.asarray(a) for a in arrays]
+    arrs = [a if a.dtype in _FLOATS else a.astype(np.float64) for a in arrs]
+    shape = np.broadcast_shapes(*(a.shape for a in arrs))
+    return [a if a.shape == shape
+            else np.broadcast_to(a.reshape(()), shape) if a.size == 1
+            else np.ascontiguousarray(np.broadcast_to(a, shape)) for a in arrs]
+
+
+_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+class _Scratch(threading.local):
+    """Work arrays of one thread for the comparison pieces, so that a piece allocates
+    nothing: fresh temporaries of this size would cost page faults (and, from threads,
+    contention in the allocator) on every piece."""
+
+    def get(self, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        f64: list[np.ndarray] = getattr(self, "f64", [])
+        if not f64 or f64[0].size < n:
+            size = max(n, COMPARE_PIECE)
+            self.f64 = f64 = [np.empty(size, np.float64) for _ in range(3)]
+            self.flags = [np.empty(size, bool) for _ in range(3)]
+        return [a[:n] for a in f64], [a[:n] for a in self.flags]
+
+
+_scratch = _Scratch()
+
+# The pieces below take float16/32/64 operands as they are and compute in float64: the
+# arithmetic (subtract, multiply, add, divide) runs in float64 loops (dtype=np.float64 or a
+# float64 operand), and abs, comparisons, isnan and isfinite are exact in any float type. The
+# answers are those of float64 copies of the operands, without making the copies.
+
+
+def _finite_scale(t: np.ndarray) -> tuple[bool, float]:
+    """(whether any element is finite, max |finite elements| or 0.0)."""
+    def piece(lo: int, hi: int) -> float | None:
+        (a, *_), _flags = _scratch.get(hi - lo)
+        with np.errstate(invalid="ignore"):
+            np.abs(t[lo:hi], out=a)
+        m = a.max()
+        if math.isfinite(m):  # NaN and inf both propagate into the maximum
+            return float(m)
+        finite = np.isfinite(a)
+        return float(a[finite].max()) if finite.any() else None
+    maxima = [m for m in parallel.map_ranges(piece, t.size, COMPARE_PIECE) if m is not None]
+    return (True, max(maxima)) if maxima else (False, 0.0)
+
+
+def _close_piece(x: np.ndarray, y: np.ndarray, t: np.ndarray, bound0: float,
+                 rtol: float) -> np.ndarray:
+    """close() of one piece; the answer lives in this thread's scratch space."""
+    (bound, diff, _), (within, same, other) = _scratch.get(t.size)
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(out[finite] - truth[finite])
-        scale = float(np.max(np.abs(truth[finite])))
-        rel = diff / np.maximum(np.abs(truth[finite]), max(scale * 1e-6, 1e-300))
-    max_abs = float(np.max(diff)) if not np.isnan(diff).any() else math.nan
-    max_rel = float(np.max(rel)) if not np.isnan(rel).any() else math.nan
-    return Comparison(bool(ok.all()), max_abs, max_rel)
+        np.abs(t, out=bound)
+        np.multiply(bound, rtol, out=bound)
+        np.add(bound, bound0, out=bound)  # atol * scale + rtol * |truth|
+        np.subtract(x, y, out=diff, dtype=np.float64)
+        np.abs(diff, out=diff)
+        np.less_equal(diff, bound, out=within)
+    np.isfinite(t, out=other)
+    all_finite = bool(other.all())
+    if all_finite and within.all():
+        return within  # `same` could only add to an all-true answer
+    np.equal(x, y, out=same)
+    np.isnan(x, out=other)
+    np.logical_and(other, np.isnan(y), out=other)
+    np.logical_or(same, other, out=same)  # equal, or both NaN
+    np.logical_or(within, same, out=within)
+    if all_finite:
+        return within
+    return np.where(np.isfinite(t), within, same)
+
+
+def _compare_piece(x: np.ndarray, t: np.ndarray, bound0: float, rtol: float, floor: float
+                   ) -> tuple[bool, float | None, float | None]:
+    """(all close, max abs error, max rel error) over one piece; the maxima are None when no
+    truth value of the piece is finite."""
+    (at, bound, diff), (ok, equal, finite) = _scratch.get(t.size)
+    np.isfinite(t, out=finite)
+    if not finite.all():
+        return _compare_piece_nonfinite(_as_f64(x), _as_f64(t), finite.copy(), bound0, rtol,
+                                        floor)
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.abs(t, out=at)
+        np.subtract(x, t, out=diff, dtype=np.float64)
+        np.abs(diff, out=diff)
+        np.multiply(at, rtol, out=bound)
+        np.add(bound, bound0, out=bound)
+        np.less_equal(diff, bound, out=ok)
+        all_ok = bool(ok.all())
+        if not all_ok:
+            # Where the truth is finite, `same` of close() reduces to x == t.
+            np.equal(x, t, out=equal)
+            np.logical_or(ok, equal, out=ok)
+            all_ok = bool(ok.all())
+        # max() is NaN when any element is: an output NaN where the truth is finite.
+        max_abs = float(diff.max())
+        np.maximum(at, floor, out=at)
+        np.divide(diff, at, out=at)
+        return all_ok, max_abs, float(at.max())
+
+
+def _as_f64(a: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN, without a warning
+        return a.astype(np.float64, copy=False)
+
+
+def _compare_piece_nonfinite(x: np.ndarray, t: np.ndarray, finite: np.ndarray, bound0: float,
+                             rtol: float, floor: float
+                             ) -> tuple[bool, float | None, float | None]:
+    """_compare_piece where some truth values are not finite (rare: plain numpy)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        at = np.abs(t)
+        diff = np.abs(x - t)
+        within = diff <= bound0 + rtol * at
+        same = (x == t) | (np.isnan(x) & np.isnan(t))
+        ok = bool(np.where(finite, within | same, same).all())
+        if not finite.any():
+            return ok, None, None
+        d = diff[finite]
+        rel = d / np.maximum(at[finite], floor)
+        return ok, float(d.max()), float(rel.max())
 
 
 def tolerance_for(req: Request, dtype: str) -> Tolerance:
@@ -210,19 +378,20 @@ def sanity_check(req: Request, task: TaskCode, seed: int,
         for spec in wl.outputs:
             dt, t = dtypes.get(spec.dtype), truth[spec.name]
             tol = tolerance_for(req, spec.dtype)
-            finite = t[np.isfinite(t)]
+            # The mean of the float64 values (a float32 truth summed in float32 would differ).
+            finite = np.asarray(t[np.isfinite(t)], dtype=np.float64)
             mean = float(finite.mean()) if finite.size else 0.0
-            zeros = dt.decode(dt.encode(np.zeros(t.shape)))
-            const = dt.decode(dt.encode(np.full(t.shape, mean)))
-            zero_ok = zero_ok and bool(close(zeros, t, t, tol).all())
-            const_ok = const_ok and bool(close(const, t, t, tol).all())
+            # One value each, broadcast over the output by the comparison.
+            zeros = dt.decode(dt.encode(np.zeros(1)))
+            const = dt.decode(dt.encode(np.full(1, mean)))
+            zero_ok = zero_ok and close_all(zeros, t, t, tol)
+            const_ok = const_ok and close_all(const, t, t, tol)
         baseline_ok = None
         if task.baseline_fn is not None:
             got = task.check_outputs(task.call_baseline(inputs.for_reference(), wl), wl,
                                      "baseline")
-            baseline_ok = all(bool(close(got[s.name], truth[s.name], truth[s.name],
-                                         tolerance_for(req, s.dtype)).all())
-                              for s in wl.outputs)
+            baseline_ok = all(close_all(got[s.name], truth[s.name], truth[s.name],
+                                        tolerance_for(req, s.dtype)) for s in wl.outputs)
         entries.append({"name": wl.name, "held_out": wl.held_out,
                         "zero_output_rejected": not zero_ok,
                         "constant_output_rejected": not const_ok,
@@ -242,6 +411,52 @@ def sanity_check(req: Request, task: TaskCode, seed: int,
 
 # --------------------------------------------------------------------------------------------
 # evaluate
+
+
+class PhaseClock:
+    """Wall time per phase of an evaluation (diagnostics' `phase_seconds`). Phases nest: time
+    spent in an inner phase counts for it alone, not for the phase around it."""
+
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+        self._stack: list[str] = []
+        self._mark = self.started
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self._switch()
+        self._stack.append(name)
+        try:
+            yield
+        finally:
+            self._switch()
+            self._stack.pop()
+
+    def _switch(self) -> None:
+        now = time.perf_counter()
+        if self._stack:
+            key = self._stack[-1]
+            self.seconds[key] = self.seconds.get(key, 0.0) + now - self._mark
+        self._mark = now
+
+    def snapshot(self) -> dict[str, float]:
+        """Seconds per phase so far (the open phases included) and `total`, the wall time
+        since the evaluation began; what no phase claims is in neither."""
+        self._switch()
+        out = {k: round(v, 4) for k, v in self.seconds.items()}
+        out["total"] = round(time.perf_counter() - self.started, 4)
+        return out
+
+
+@dataclass
+class Call:
+    """One correctness call's outputs: as stored, as exact values, and compared with the
+    truth."""
+
+    stored: dict[str, np.ndarray]
+    decoded: dict[str, np.ndarray]
+    cmp: Comparison
 
 
 @dataclass
@@ -269,30 +484,42 @@ class Evaluation:
         self.threads_max = 0
         self.busy_after_return = 0
         self.results: dict[str, dict[str, Any]] = {}
+        self.phase = PhaseClock()
 
     # -- pipeline ------------------------------------------------------------------------
 
     def run(self) -> None:
-        req, out = self.req, self.out
+        try:
+            self._run()
+        finally:
+            # Also when a check fails: the counts and phase times up to the verdict.
+            if "diagnostics" in self.out.data:
+                self.out.data["diagnostics"] = self._diagnostics()
+
+    def _run(self) -> None:
+        req, out, phase = self.req, self.out, self.phase
         out.stage = "task"
-        self.task = TaskCode(req.task)  # type: ignore[arg-type]
-        _record_static_env(out)
-        self.trial_seeds = _trial_seeds(req, out)
-        self.seeds = out.data["seeds"]
-        self.seeds.update({"probe_seeds": {}, "timing_seeds": {}, "order_seeds": {}})
-        sanity_check(req, self.task, self.trial_seeds[0])
+        with phase("task"):
+            self.task = TaskCode(req.task)  # type: ignore[arg-type]
+            _record_static_env(out)
+            self.trial_seeds = _trial_seeds(req, out)
+            self.seeds = out.data["seeds"]
+            self.seeds.update({"probe_seeds": {}, "timing_seeds": {}, "order_seeds": {}})
+            sanity_check(req, self.task, self.trial_seeds[0])
 
         out.stage = "static"
-        source = read_candidate(req)
-        run_static_checks(req, source)
+        with phase("build"):
+            source = read_candidate(req)
+            run_static_checks(req, source)
 
-        out.stage = "build"
-        if self.adapter is None:
-            self.adapter = adapters.create(req)
-        info = _build(self.adapter, source, out)
+            out.stage = "build"
+            if self.adapter is None:
+                self.adapter = adapters.create(req)
+            info = _build(self.adapter, source, out)
 
         # Measured before the candidate is loaded, so it cannot disturb the measurement.
-        self.bandwidth, self.peak = self.roofline_override or self.adapter.roofline()
+        with phase("roofline"):
+            self.bandwidth, self.peak = self.roofline_override or self.adapter.roofline()
         out.data["environment"].update({"mem_bandwidth_gbs": self.bandwidth / 1e9,
                                         "peak_gflops": self.peak / 1e9})
         # The independent wall clock for the timer check starts before any candidate code
@@ -301,10 +528,11 @@ class Evaluation:
 
         out.stage = "load"
         assert req.task is not None and req.task.entry is not None
-        try:
-            self.adapter.load(info, req.task.entry)
-        except BuildFailed as e:
-            raise BuildError(e.message) from None
+        with phase("load"):
+            try:
+                self.adapter.load(info, req.task.entry)
+            except BuildFailed as e:
+                raise BuildError(e.message) from None
 
         for wl in req.workloads:
             self.results[wl.name] = {"name": wl.name, "held_out": wl.held_out}
@@ -312,47 +540,83 @@ class Evaluation:
         out.data["diagnostics"] = self._diagnostics()
 
         out.stage = "correctness"
+        # The harness's own worker threads exist before the count that tells the candidate's
+        # threads apart.
+        parallel.start()
         self.threads_before = set(machine.thread_states())
         self.threads_max = len(self.threads_before)
-        self.correctness()
+        with phase("checks"):
+            self.correctness()
 
         out.stage = "timing"
-        timed_total = self.timing()
-        self.check_timer(timed_total)
-        self.check_floors()
+        with phase("checks"):
+            timed_total = self.timing()
+            self.check_timer(timed_total)
+            self.check_floors()
         out.data["score"] = self.score()
-        out.data["diagnostics"] = self._diagnostics()
 
     def _diagnostics(self) -> dict[str, Any]:
         return {"threads_before_first_call": len(self.threads_before),
                 "threads_max_after_call": self.threads_max,
                 "busy_threads_after_return": self.busy_after_return,
-                "candidate_calls": self.calls}
+                "candidate_calls": self.calls,
+                "phase_seconds": self.phase.snapshot()}
+
+    def _log_slow(self, stage: str, wl: Workload, since: dict[str, float]) -> None:
+        """A line in the log (whose tail a timeout result carries) for a workload whose stage
+        took long, with where the time went."""
+        now = self.phase.snapshot()
+        spent = {k: v - since.get(k, 0.0) for k, v in now.items() if k != "total"}
+        total = sum(spent.values())
+        if total >= SLOW_LOG_S:
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(spent.items(),
+                                                                key=lambda kv: -kv[1])
+                              if v >= 0.05)
+            print(f"[ksearch harness] {stage} of `{wl.name}`: {total:.1f} s ({parts})",
+                  file=sys.stderr, flush=True)
 
     # -- helpers -------------------------------------------------------------------------
 
     def _bench(self, wl: Workload) -> Bench:
         a = self.adapter
         assert a is not None
-        inputs = {s.name: a.alloc(s) for s in wl.inputs}
-        outputs = {s.name: a.alloc(s) for s in wl.outputs}
-        poison = {w: {s.name: dtypes.get(s.dtype).poison(s.shape, w) for s in wl.outputs}
-                  for w in ("a", "b")}
-        return Bench(wl, inputs, outputs, a.bind(inputs, outputs, dict(wl.params)), poison)
+        with self.phase("upload"):
+            inputs = {s.name: a.alloc(s) for s in wl.inputs}
+            outputs = {s.name: a.alloc(s) for s in wl.outputs}
+            poison = {w: {s.name: dtypes.get(s.dtype).poison(s.shape, w) for s in wl.outputs}
+                      for w in ("a", "b")}
+            return Bench(wl, inputs, outputs, a.bind(inputs, outputs, dict(wl.params)), poison)
+
+    def _make_inputs(self, wl: Workload, seed: int, wi: int) -> Inputs:
+        with self.phase("inputs"):
+            return self.task.make_inputs(wl, seed, wi)
+
+    def _reference(self, inputs: Inputs, wl: Workload) -> dict[str, np.ndarray]:
+        with self.phase("reference"):
+            return self.task.reference(inputs, wl)
 
     def _upload_inputs(self, bench: Bench, inputs: Inputs) -> None:
-        for name, buf in bench.inputs.items():
-            self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
+        with self.phase("upload"):
+            for name, buf in bench.inputs.items():
+                self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
 
     def _poison(self, bench: Bench, which: str) -> None:
-        for name, buf in bench.outputs.items():
-            self.adapter.upload(buf, bench.poison[which][name])  # type: ignore[union-attr]
+        with self.phase("upload"):
+            for name, buf in bench.outputs.items():
+                self.adapter.upload(buf, bench.poison[which][name])  # type: ignore[union-attr]
 
     def _snapshot(self, bench: Bench) -> dict[str, np.ndarray]:
         return {n: self.adapter.to_host(b) for n, b in bench.outputs.items()}  # type: ignore
 
+    def _settle(self, seconds: float) -> None:
+        with self.phase("settle"):
+            time.sleep(seconds)
+
     def _decode(self, bench: Bench, outs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {s.name: dtypes.get(s.dtype).decode(outs[s.name]) for s in bench.wl.outputs}
+        """The outputs as exact float values for the comparisons (float32 for f16, bf16 and
+        f32 outputs)."""
+        return {s.name: dtypes.get(s.dtype).decode_exact(outs[s.name])
+                for s in bench.wl.outputs}
 
     def _compare(self, wl: Workload, outs: dict[str, np.ndarray],
                  truth: dict[str, np.ndarray]) -> Comparison:
@@ -364,8 +628,8 @@ class Evaluation:
 
     def _matches(self, wl: Workload, outs: dict[str, np.ndarray],
                  truth: dict[str, np.ndarray]) -> bool:
-        return all(bool(close(outs[s.name], truth[s.name], truth[s.name],
-                              tolerance_for(self.req, s.dtype)).all()) for s in wl.outputs)
+        return all(close_all(outs[s.name], truth[s.name], truth[s.name],
+                             tolerance_for(self.req, s.dtype)) for s in wl.outputs)
 
     def _watch_threads(self) -> list[int]:
         states = machine.thread_states()
@@ -385,7 +649,7 @@ class Evaluation:
         for name, buf in bench.inputs.items():
             now = self.adapter.to_host(buf)  # type: ignore[union-attr]
             before = inputs.stored[name]
-            if now.tobytes() != before.tobytes():
+            if not same_bytes(now, before):
                 changed = int(np.count_nonzero(now.reshape(-1).view(np.uint8)
                                                != before.reshape(-1).view(np.uint8)))
                 raise Violation("input_mutated", f"input `{name}` was modified by the candidate "
@@ -393,38 +657,39 @@ class Evaluation:
 
     @staticmethod
     def _changed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-        return any(a[n].tobytes() != b[n].tobytes() for n in a)
+        return any(not same_bytes(a[n], b[n]) for n in a)
 
     def _checked_call(self, bench: Bench, inputs: Inputs, truth: dict[str, np.ndarray],
-                      which: str, heap_byte: int, where: str
-                      ) -> tuple[dict[str, np.ndarray], Comparison]:
+                      which: str, heap_byte: int, where: str) -> Call:
         """One correctness call: poisoned outputs, the call, then the deferred-work and
-        input checks. Returns the outputs (storage) and their comparison with `truth`."""
+        input checks. Returns the outputs and their comparison with `truth`."""
         a = self.adapter
         assert a is not None
         self._poison(bench, which)
-        machine.set_heap_perturb(heap_byte)
-        try:
-            bench.fn()
-            a.synchronize()
-            first = self._snapshot(bench)
-        finally:
-            machine.set_heap_perturb(0)
+        with self.phase("candidate"):
+            machine.set_heap_perturb(heap_byte)
+            try:
+                bench.fn()
+                a.synchronize()
+                first = self._snapshot(bench)
+            finally:
+                machine.set_heap_perturb(0)
         self.calls += 1
-        time.sleep(SETTLE_SHORT_S)
+        self._settle(SETTLE_SHORT_S)
         a.synchronize()
         busy = self._watch_threads()
         settled = self._snapshot(bench)
         if self._changed(first, settled):
             raise self._deferred(where, busy)
         self._check_inputs(bench, inputs, where)
-        cmp = self._compare(bench.wl, self._decode(bench, settled), truth)
+        decoded = self._decode(bench, settled)
+        cmp = self._compare(bench.wl, decoded, truth)
         if not cmp.ok:
-            time.sleep(SETTLE_LONG_S)
+            self._settle(SETTLE_LONG_S)
             a.synchronize()
             if self._changed(settled, self._snapshot(bench)):
                 raise self._deferred(where, self._watch_threads())
-        return settled, cmp
+        return Call(settled, decoded, cmp)
 
     def _check_written(self, wl: Workload, outs_a: dict[str, np.ndarray],
                        outs_b: dict[str, np.ndarray] | None, truth: dict[str, np.ndarray],
@@ -446,15 +711,15 @@ class Evaluation:
                                 f"output `{s.name}`: {count} of {mask.size} element(s) were "
                                 f"never written ({where}; first at index {first})")
 
-    def _check_deterministic(self, wl: Workload, outs_a: dict[str, np.ndarray],
-                             outs_b: dict[str, np.ndarray], truth: dict[str, np.ndarray],
-                             where: str) -> None:
+    def _check_deterministic(self, wl: Workload, call_a: Call, call_b: Call,
+                             truth: dict[str, np.ndarray], where: str) -> None:
         for s in wl.outputs:
-            dt = dtypes.get(s.dtype)
-            x, y = dt.decode(outs_a[s.name]), dt.decode(outs_b[s.name])
-            same = close(x, y, truth[s.name], tolerance_for(self.req, s.dtype))
-            if not same.all():
-                n = int(np.count_nonzero(~same))
+            if same_bytes(call_a.stored[s.name], call_b.stored[s.name]):
+                continue  # identical values are close under any tolerance, NaN and inf included
+            x, y = call_a.decoded[s.name], call_b.decoded[s.name]
+            tol = tolerance_for(self.req, s.dtype)
+            if not close_all(x, y, truth[s.name], tol):
+                n = int(np.count_nonzero(~close(x, y, truth[s.name], tol)))
                 raise Violation("nondeterministic",
                                 f"output `{s.name}`: two calls on identical inputs disagree in "
                                 f"{n} element(s) ({where}); typical causes are reads of "
@@ -470,8 +735,8 @@ class Evaluation:
         for s in wl.outputs:
             if s.dtype not in ("f32", "f64"):
                 return False
-            if not any(bool(close(outs[s.name], truth[s.name], truth[s.name],
-                                  tolerance_for(self.req, narrow)).all())
+            if not any(close_all(outs[s.name], truth[s.name], truth[s.name],
+                                 tolerance_for(self.req, narrow))
                        for narrow in dtypes.REDUCED_PRECISION):
                 return False
         return True
@@ -482,6 +747,7 @@ class Evaluation:
         req, task = self.req, self.task
         failures: list[tuple[Workload, Comparison, bool]] = []
         for wi, wl in enumerate(req.workloads):
+            since = self.phase.snapshot()
             bench = self._bench(wl)
             earlier: list[dict[str, np.ndarray]] = []
             worst = Comparison(True, 0.0, 0.0)
@@ -489,23 +755,22 @@ class Evaluation:
             last: Inputs | None = None
             for t, seed in enumerate(self.trial_seeds):
                 where = f"workload `{wl.name}`, trial {t}"
-                inputs = task.make_inputs(wl, seed, wi)
-                truth = task.reference(inputs, wl)
+                inputs = self._make_inputs(wl, seed, wi)
+                truth = self._reference(inputs, wl)
                 self._upload_inputs(bench, inputs)
-                outs_a, cmp = self._checked_call(bench, inputs, truth, "a", HEAP_BYTE_A, where)
-                outs_b, cmp_b = self._checked_call(bench, inputs, truth, "b", HEAP_BYTE_B,
-                                                   where)
-                self._check_written(wl, outs_a, outs_b, truth, where)
-                decoded = self._decode(bench, outs_a)
+                call_a = self._checked_call(bench, inputs, truth, "a", HEAP_BYTE_A, where)
+                call_b = self._checked_call(bench, inputs, truth, "b", HEAP_BYTE_B, where)
+                self._check_written(wl, call_a.stored, call_b.stored, truth, where)
                 # An earlier answer explains a disagreement between the two calls more
                 # precisely than nondeterminism does, so it is looked for first.
-                for outs_x, cmp_x in ((decoded, cmp), (self._decode(bench, outs_b), cmp_b)):
-                    if not cmp_x.ok:
-                        self._raise_if_stale(wl, outs_x, earlier, where)
-                self._check_deterministic(wl, outs_a, outs_b, truth, where)
+                for call in (call_a, call_b):
+                    if not call.cmp.ok:
+                        self._raise_if_stale(wl, call.decoded, earlier, where)
+                self._check_deterministic(wl, call_a, call_b, truth, where)
+                cmp = call_a.cmp
                 worst = worst.merge(cmp)
                 if not cmp.ok:
-                    failed = (cmp, self._precision_consistent(wl, decoded, truth))
+                    failed = (cmp, self._precision_consistent(wl, call_a.decoded, truth))
                     break
                 earlier.append(truth)
                 last = inputs
@@ -514,25 +779,27 @@ class Evaluation:
                 where = f"workload `{wl.name}`, near-duplicate input set {k}"
                 seed = derive_seed(req.secret_seed, PROBE, wi, k)
                 assert last is not None
-                probe = task.perturb(last, wl, seed, wi)
+                with self.phase("inputs"):
+                    probe = task.perturb(last, wl, seed, wi)
                 if probe is None:
                     break
                 probe_seeds.append(seed)
-                truth = task.reference(probe, wl)
+                truth = self._reference(probe, wl)
                 self._upload_inputs(bench, probe)
-                outs, cmp = self._checked_call(bench, probe, truth, "a", HEAP_BYTE_A, where)
-                self._check_written(wl, outs, None, truth, where)
+                call = self._checked_call(bench, probe, truth, "a", HEAP_BYTE_A, where)
+                self._check_written(wl, call.stored, None, truth, where)
+                cmp = call.cmp
                 worst = worst.merge(cmp)
-                decoded = self._decode(bench, outs)
                 if not cmp.ok:
-                    self._raise_if_stale(wl, decoded, earlier, where)
-                    failed = (cmp, self._precision_consistent(wl, decoded, truth))
+                    self._raise_if_stale(wl, call.decoded, earlier, where)
+                    failed = (cmp, self._precision_consistent(wl, call.decoded, truth))
                     break
                 earlier.append(truth)
                 last = probe
             self.results[wl.name].update({"correct": failed is None,
                                           "max_abs_err": worst.max_abs,
                                           "max_rel_err": worst.max_rel})
+            self._log_slow("correctness", wl, since)
             if failed is not None:
                 failures.append((wl, *failed))
         self._judge(failures)
@@ -573,6 +840,7 @@ class Evaluation:
         for wi, wl in enumerate(req.workloads):
             if wl.held_out:
                 continue
+            since = self.phase.snapshot()
             bench = self._bench(wl)
             order_seed = derive_seed(req.secret_seed, ORDER, wi)
             self.seeds["order_seeds"][wl.name] = order_seed
@@ -598,7 +866,7 @@ class Evaluation:
                 seeds_used.append(seed)
                 # Fresh inputs every repetition, generated untimed and written into the same
                 # buffers: a cache keyed on the buffer address sees new data behind an old key.
-                inputs = task.make_inputs(wl, seed, wi)
+                inputs = self._make_inputs(wl, seed, wi)
                 self._upload_inputs(bench, inputs)
                 order = list(contenders)
                 order_rng.shuffle(order)
@@ -609,20 +877,27 @@ class Evaluation:
                 for c in order:
                     if c == "candidate":
                         self._poison(bench, "a")
-                        a.flush_cache()
-                        times[c], _ = a.time_call(bench.fn)
+                        self._flush()
+                        with self.phase("timed_calls"):
+                            times[c], _ = a.time_call(bench.fn)
                         snap = self._snapshot(bench)
                         self.calls += 1
                         busy = self._watch_threads()
                     elif c == "reference":
-                        ref_in = inputs.for_reference()
-                        a.flush_cache()
-                        times[c], raw = a.time_call(lambda: task.call_reference(ref_in, wl))
-                        truth = task.check_outputs(raw, wl, "reference")
+                        with self.phase("inputs"):
+                            ref_in = inputs.for_reference()
+                        self._flush()
+                        with self.phase("timed_calls"):
+                            times[c], raw = a.time_call(
+                                lambda: task.call_reference(ref_in, wl))
+                        with self.phase("reference"):
+                            truth = task.check_outputs(raw, wl, "reference")
                     else:
-                        base_in = inputs.for_reference()
-                        a.flush_cache()
-                        times[c], _ = a.time_call(lambda: task.call_baseline(base_in, wl))
+                        with self.phase("inputs"):
+                            base_in = inputs.for_reference()
+                        self._flush()
+                        with self.phase("timed_calls"):
+                            times[c], _ = a.time_call(lambda: task.call_baseline(base_in, wl))
                 label = f"timed call {'warm-up ' if warming else ''}{index} of `{wl.name}`"
                 self._recheck(bench, inputs, snap, truth, prev_truth, label, busy)
                 prev_truth = truth
@@ -635,7 +910,12 @@ class Evaluation:
                 rep += 1
             total_all += total
             self._record_timing(wl, samples)
+            self._log_slow("timing", wl, since)
         return total_all
+
+    def _flush(self) -> None:
+        with self.phase("flush"):
+            self.adapter.flush_cache()  # type: ignore[union-attr]
 
     def _recheck(self, bench: Bench, inputs: Inputs, snap: dict[str, np.ndarray],
                  truth: dict[str, np.ndarray], prev_truth: dict[str, np.ndarray] | None,
@@ -652,7 +932,7 @@ class Evaluation:
         outs = self._decode(bench, snap)
         if self._compare(wl, outs, truth).ok:
             return
-        time.sleep(SETTLE_LONG_S)
+        self._settle(SETTLE_LONG_S)
         a.synchronize()
         if self._changed(snap, self._snapshot(bench)):
             raise self._deferred(where, self._watch_threads())
@@ -718,7 +998,8 @@ class Evaluation:
                 break
             if attempt < ROOFLINE_REMEASURE:
                 assert self.adapter is not None
-                bw, peak = self.adapter.roofline_fresh()
+                with self.phase("roofline"):
+                    bw, peak = self.adapter.roofline_fresh()
                 self.bandwidth, self.peak = max(self.bandwidth, bw), max(self.peak, peak)
         if suspects:
             wl, median, floor = suspects[0]

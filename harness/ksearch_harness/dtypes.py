@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import parallel
+
 
 @dataclass(frozen=True)
 class DType:
@@ -33,6 +35,19 @@ class DType:
             return _bf16_bits_to_f32(stored).astype(np.float64)
         return np.asarray(stored).astype(np.float64)
 
+    def decode_exact(self, stored: np.ndarray) -> np.ndarray:
+        """Storage to the narrowest float array that holds every value exactly, for
+        comparisons: float32 for f16, bf16 and f32 (half the memory traffic of float64; core's
+        comparisons compute in float64 either way), float64 otherwise. An f32 array is returned
+        as it is, not copied."""
+        if self.name == "bf16":
+            return _bf16_bits_to_f32(stored)
+        if self.name == "f32":
+            return np.asarray(stored)
+        if self.name == "f16":
+            return parallel.copy(stored, np.float32)
+        return self.decode(stored)
+
     def reference_view(self, stored: np.ndarray) -> np.ndarray:
         """What reference.py receives: the storage itself, except bf16, which is handed over as
         the float32 values it represents."""
@@ -49,16 +64,84 @@ class DType:
         return np.asarray(stored).view(self.bits) == self.bits.type(pattern)
 
 
-def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    out = rounded.astype(np.uint16)
-    out[np.isnan(x)] = 0x7FC0
+# Elements per piece of the bf16 rounding: its uint32 temporary stays in cache, and its numpy
+# calls are few enough per element that threads do not queue for the GIL.
+_BF16_PIECE = 1 << 18
+# Above this many elements a conversion is spread over the thread pool.
+_BF16_PARALLEL = 1 << 20
+BF16_NAN = 0x7FC0
+
+
+def _f32_to_bf16_bits(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 values (anything convertible) to bf16 bit patterns, rounding to nearest even;
+    every NaN becomes the quiet NaN 0x7FC0. Computed in uint32 pieces, into `out` when given
+    (a uint16 array of x's shape)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if out is None:
+        out = np.empty(x.shape, dtype=np.uint16)
+    src, dst = x.reshape(-1), out.reshape(-1)
+    if src.size > _BF16_PARALLEL:
+        parallel.map_ranges(lambda lo, hi: bf16_round_into(src[lo:hi], dst[lo:hi]),
+                            src.size, _BF16_PARALLEL)
+    else:
+        bf16_round_into(src, dst)
     return out
 
 
+def bf16_round_into(src: np.ndarray, dst: np.ndarray) -> None:
+    """dst[:] = the bf16 bits of float32 `src` (1-d, contiguous), on the calling thread."""
+    for lo in range(0, src.size, _BF16_PIECE):
+        x = src[lo:lo + _BF16_PIECE]
+        bits = x.view(np.uint32)
+        # Round to nearest even: add 0x7FFF plus the lowest kept bit, keep the upper half.
+        # Only NaN patterns can wrap around 2^32 here, and NaNs are overwritten below.
+        t = np.right_shift(bits, 16)
+        t &= 1
+        t += 0x7FFF
+        t += bits
+        t >>= 16
+        d = dst[lo:lo + _BF16_PIECE]
+        np.copyto(d, t, casting="unsafe")
+        nan = np.isnan(x)
+        if nan.any():
+            d[nan] = BF16_NAN
+
+
 def _bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
-    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    b = np.ascontiguousarray(b, dtype=np.uint16)
+    out = np.empty(b.shape, dtype=np.uint32)
+    src, dst = b.reshape(-1), out.reshape(-1)
+
+    def piece(lo: int, hi: int) -> None:
+        np.left_shift(src[lo:hi], 16, out=dst[lo:hi], dtype=np.uint32)
+
+    if src.size > _BF16_PARALLEL:
+        parallel.map_ranges(piece, src.size, _BF16_PARALLEL)
+    else:
+        piece(0, src.size)
+    return out.view(np.float32)
+
+
+# Words per piece of same_bytes: large arrays are compared by the pool.
+_SAME_BYTES_PIECE = 1 << 20
+
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays hold the same bytes (a.tobytes() == b.tobytes(), without copies)."""
+    if a.nbytes != b.nbytes:
+        return False
+    wa, wb = _words(a), _words(b)  # of one width: it depends on nbytes only
+    return all(parallel.map_ranges(lambda lo, hi: bool(np.array_equal(wa[lo:hi], wb[lo:hi])),
+                                   wa.size, _SAME_BYTES_PIECE))
+
+
+def _words(a: np.ndarray) -> np.ndarray:
+    """The bytes of `a` in C order, as the widest unsigned integers that tile them."""
+    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    for width in (np.uint64, np.uint32, np.uint16):
+        if flat.size % np.dtype(width).itemsize == 0:
+            return flat.view(width)
+    return flat
 
 
 def _int(name: str, np_type: type, bits: type) -> DType:

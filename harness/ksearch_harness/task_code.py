@@ -9,6 +9,7 @@ inputs whose ``dist.kind`` is ``custom`` a ``make_<input>(rng, shape, params) ->
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 import traceback
@@ -16,11 +17,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import dtypes
-from .protocol import Task, TaskError, TensorSpec, Workload
+from . import dtypes, parallel
+from .protocol import Dist, Task, TaskError, TensorSpec, Workload
 
 # Purposes of derived seeds; each stream is independent of the others.
 TRIAL, PROBE, TIMING, WARMUP, ORDER = range(5)
+
+# Generated inputs with more elements than this are drawn in blocks of this many elements, each
+# from its own generator (see _draw_blocked), so that the blocks can be filled in parallel and
+# the values still depend on nothing but the seed. Smaller inputs are drawn in one piece from
+# the workload's generator, as they always were.
+DRAW_BLOCK = 1 << 20
+_NARROW_FLOATS = (np.dtype(np.float16), np.dtype(np.float32))
 
 
 def derive_seed(secret: int, *path: int) -> int:
@@ -44,8 +52,13 @@ class Inputs:
         self.specs = specs
 
     def for_reference(self) -> dict[str, np.ndarray]:
-        return {s.name: np.array(dtypes.get(s.dtype).reference_view(self.stored[s.name]),
-                                 copy=True) for s in self.specs}
+        out = {}
+        for s in self.specs:
+            stored = self.stored[s.name]
+            view = dtypes.get(s.dtype).reference_view(stored)
+            # bf16's view is already a new array; copying it again would only cost time.
+            out[s.name] = parallel.copy(view) if np.may_share_memory(view, stored) else view
+        return out
 
 
 class TaskCode:
@@ -96,6 +109,8 @@ class TaskCode:
         dist = spec.dist
         if dist is None:
             dist = _default_dist(dt)
+        if dist.kind != "custom" and math.prod(shape) > DRAW_BLOCK:
+            return _draw_blocked(dt, dist, rng, shape)
         if dist.kind == "normal":
             values: Any = rng.standard_normal(shape, dtype=np.float64) * dist.std + dist.mean
         elif dist.kind == "uniform":
@@ -159,7 +174,8 @@ class TaskCode:
     # -- reference and baseline ----------------------------------------------------------
 
     def reference(self, inputs: Inputs, wl: Workload) -> dict[str, np.ndarray]:
-        """The truth for `inputs`, as float64 arrays of the output shapes."""
+        """The truth for `inputs`: float arrays of the output shapes (float32 where the
+        reference returned float16 or float32, float64 otherwise)."""
         return self.check_outputs(self.call_reference(inputs.for_reference(), wl), wl,
                                   "reference")
 
@@ -188,7 +204,11 @@ class TaskCode:
                 raise TaskError(f"{role} returned no output `{spec.name}` on workload "
                                 f"`{wl.name}` (keys: {sorted(result)})")
             try:
-                arr = np.asarray(result[spec.name], dtype=np.float64)
+                arr = np.asarray(result[spec.name])
+                # float16 and float32 results stay float32, which holds them exactly: half
+                # the memory of float64 for every comparison against this truth.
+                arr = (arr.astype(np.float32, copy=False) if arr.dtype in _NARROW_FLOATS
+                       else np.asarray(arr, dtype=np.float64))
             except (TypeError, ValueError) as e:
                 raise TaskError(f"{role} output `{spec.name}` is not numeric: {e}") from None
             if arr.shape != spec.shape:
@@ -198,8 +218,63 @@ class TaskCode:
         return out
 
 
-def _default_dist(dt: dtypes.DType):
-    from .protocol import Dist
+def _draw_blocked(dt: dtypes.DType, dist: Dist, rng: np.random.Generator,
+                  shape: tuple[int, ...]) -> np.ndarray:
+    """A large generated input: one seed drawn from `rng` is spawned into a generator per block
+    of DRAW_BLOCK elements (SeedSequence.spawn: independent streams), and each block is drawn
+    and encoded into its place in the output by whichever pool thread takes it. The values
+    depend on the seed and the block index only, never on the number of threads."""
+    size = math.prod(shape)
+    n_blocks = -(-size // DRAW_BLOCK)
+    entropy = [int(e) for e in rng.integers(0, 1 << 63, size=2, dtype=np.int64)]
+    children = np.random.SeedSequence(entropy).spawn(n_blocks)
+    out = np.empty(size, dtype=dt.storage)
+
+    def fill(i: int) -> None:
+        block = out[i * DRAW_BLOCK:(i + 1) * DRAW_BLOCK]
+        _fill_block(np.random.Generator(np.random.PCG64(children[i])), dt, dist, block)
+
+    parallel.map_items(fill, n_blocks)
+    return out.reshape(shape)
+
+
+def _fill_block(g: np.random.Generator, dt: dtypes.DType, dist: Dist, out: np.ndarray) -> None:
+    """Draws out.size values from `g` and writes them encoded into `out` (1-d storage)."""
+    n = out.size
+    if dt.is_float and dist.kind in ("normal", "uniform"):
+        # Drawn and scaled in place in float32 for every float type narrower than f64: no
+        # float64 temporaries, and still finer than any of them (f16 keeps 11 bits, bf16 8,
+        # f32 24).
+        work = np.dtype(np.float64 if dt.name == "f64" else np.float32)
+        vals = out if out.dtype == work else np.empty(n, dtype=work)
+        if dist.kind == "normal":
+            g.standard_normal(dtype=work, out=vals)
+            scale, shift = dist.std, dist.mean
+        else:
+            g.random(dtype=work, out=vals)
+            scale, shift = dist.high - dist.low, dist.low
+        if scale != 1.0:
+            vals *= work.type(scale)
+        if shift != 0.0:
+            vals += work.type(shift)
+        if dt.name == "bf16":
+            dtypes.bf16_round_into(vals, out)
+        elif vals is not out:
+            np.copyto(out, vals, casting="unsafe")  # float32 -> f16, rounding to nearest even
+        return
+    # Integer types, and integer draws into float types: the formula of the small path.
+    if dist.kind == "normal":
+        values: Any = g.standard_normal(n, dtype=np.float64) * dist.std + dist.mean
+    elif dist.kind == "uniform":
+        values = g.uniform(dist.low, dist.high, size=n)
+    else:
+        values = g.integers(int(dist.low), int(dist.high), size=n)
+    if not dt.is_float and values.dtype.kind == "f":
+        values = np.rint(values)
+    out[...] = dt.encode(values)
+
+
+def _default_dist(dt: dtypes.DType) -> Dist:
     if dt.is_float:
         return Dist("normal", mean=0.0, std=1.0)
     if dt.name == "bool":

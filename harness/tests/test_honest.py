@@ -70,6 +70,35 @@ def test_result_records_environment_build_and_seeds(honest_runs):
         assert len(seeds["timing_seeds"][wl]) == n + 1
     assert "r7c333" not in seeds["timing_seeds"]
     assert res["diagnostics"]["candidate_calls"] >= 18
+    phases = res["diagnostics"]["phase_seconds"]
+    for key in ("task", "build", "inputs", "reference", "upload", "candidate", "checks",
+                "timed_calls", "total"):
+        assert phases[key] >= 0, key
+    assert phases["timed_calls"] > 0 and phases["candidate"] > 0
+    assert sum(v for k, v in phases.items() if k != "total") <= phases["total"] + 1e-3
+
+
+def test_diagnostics_survive_a_failed_check(tmp_path):
+    res = driver.run_harness("evaluate", driver.softmax_request(
+        driver.CHEATS / "mutates_input.c", tmp_path)).result
+    assert res["status"] == "integrity_violation"
+    diag = res["diagnostics"]
+    assert diag["candidate_calls"] >= 1  # counted up to the verdict, not only up to the load
+    assert diag["phase_seconds"]["candidate"] > 0
+
+
+def test_harness_threads_exist_before_the_first_call(tmp_path):
+    counts = {}
+    for n in (1, 4):
+        res = driver.run_harness("evaluate", driver.softmax_request(
+            driver.HONEST / "naive.c", tmp_path / str(n)),
+            env={"KSEARCH_HARNESS_THREADS": str(n)}).result
+        assert res["status"] == "passed", res["message"]
+        diag = res["diagnostics"]
+        # the pool is started before the count, so it never looks like the candidate's
+        assert diag["threads_max_after_call"] == diag["threads_before_first_call"]
+        counts[n] = diag["threads_before_first_call"]
+    assert counts[4] == counts[1] + 4
 
 
 def test_seeds_are_derived_from_the_secret(honest_runs, tmp_path):

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import dtypes
+from .. import dtypes, parallel
 from ..protocol import Entry, Request, TaskError, TensorSpec
 from . import Adapter, BuildFailed, BuildInfo
 
@@ -149,7 +149,7 @@ class CpuAdapter(Adapter):
         np.copyto(buf, host, casting="no")
 
     def to_host(self, buf: np.ndarray) -> np.ndarray:
-        return buf.copy()
+        return parallel.copy(buf)
 
     def call(self, inputs, outputs, params) -> None:
         self.bind(inputs, outputs, params)()
