@@ -551,16 +551,33 @@ def main(argv=None) -> int:
         kernel_info["tuning"] = scan.tune(
             seen, lambda s, T: time_scan(s, a.intermediate_size, a.state_size, T, reps=10))
         log(f"picked {kernel_info['tuning']['picks']}")
-    mode = args.model_kernels
-    if mode == "auto":
-        mode = "fused" if mx.cuda.is_available() else "off"
-    ours = mm.patched_copy(stock, scan, mm.model_kernels() if mode != "off" else None,
-                           fused_decode=mode == "fused")
+    a = stock.args
+    # auto: the fullest path first; one whose kernels fail to build or run, or whose logits
+    # disagree with stock mlx-lm, gives way to the next (recorded in kernel.fallbacks).
+    if args.model_kernels == "auto":
+        modes = ["fused", "conv", "off"] if mx.cuda.is_available() else ["off"]
+    else:
+        modes = [args.model_kernels]
+    log("checking our logits against stock mlx-lm")
+    for i, mode in enumerate(modes):
+        ours = mm.patched_copy(stock, scan, mm.model_kernels() if mode != "off" else None,
+                               fused_decode=mode == "fused")
+        fwd = OursForward(ours, compile=not args.no_compile)
+        try:
+            check = check_logits(stock, fwd, a.vocab_size, args.check_prompt, args.check_steps,
+                                 args.seed)
+            problem = None if check["passed"] else f"logits check failed: {check}"
+        except Exception as e:
+            if i == len(modes) - 1:
+                raise
+            check, problem = None, f"{type(e).__name__}: {e}"
+        if problem is None or i == len(modes) - 1:
+            break
+        kernel_info.setdefault("fallbacks", []).append({"mode": mode, "problem": problem[:2000]})
+        log(f"model kernels `{mode}`: {problem[:300]}; trying `{modes[i + 1]}`")
     kernel_info["model_kernels"] = mode != "off"
     kernel_info["decode_path"] = {"off": "mlx-lm ops", "conv": "conv and step kernels",
                                   "fused": "four kernels per block"}[mode]
-    fwd = OursForward(ours, compile=not args.no_compile)
-    a = stock.args
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "model": {"name": "mamba-370m" if args.config == "370m" and not args.weights else
@@ -577,9 +594,6 @@ def main(argv=None) -> int:
         "targets": TARGETS,
         "rows": [],
     }
-    log("checking our logits against stock mlx-lm")
-    check = check_logits(stock, fwd, a.vocab_size, args.check_prompt, args.check_steps,
-                         args.seed)
     check["compiled"] = fwd.compile
     result["check"] = check
     log(f"check: logits max rel diff {check['max_rel_diff']:.2e}, states "

@@ -59,6 +59,11 @@ pub struct MambaArgs {
     #[arg(long)]
     pub kernel_only: bool,
 
+    /// mamba: skip a stock mlx-lm length whose estimated time (from the previous length's
+    /// rate) exceeds this many seconds; its per-token loop runs ~150 tok/s.
+    #[arg(long, default_value_t = 120.0, value_name = "SECONDS")]
+    pub stock_budget: f64,
+
     /// mamba: also keep the JSON report at this path (the table still goes to stdout).
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
@@ -188,6 +193,8 @@ fn script_args(args: &BenchArgs, kernel: Option<&Path>, out: &Path) -> Vec<Strin
         m.decode_tokens.to_string(),
         "--impls".into(),
         join(m.impls.clone()),
+        "--stock-budget".into(),
+        m.stock_budget.to_string(),
     ];
     if let Some(k) = kernel {
         argv.extend(["--kernel".into(), k.display().to_string()]);
@@ -316,6 +323,15 @@ struct KernelInfo {
     /// How a single token goes through a block (bench.py --model-kernels).
     #[serde(default)]
     decode_path: Option<String>,
+    /// Paths of `--model-kernels auto` that failed here, before the one used.
+    #[serde(default)]
+    fallbacks: Vec<Fallback>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Fallback {
+    mode: String,
+    problem: String,
 }
 
 /// MLX's cost per primitive when the work is negligible (what bounds decode).
@@ -458,6 +474,10 @@ fn render(r: &Report) -> String {
         let _ = write!(scan, "; decode: {path}");
     }
     let _ = writeln!(s, "{scan}");
+    for f in &k.fallbacks {
+        let problem: String = f.problem.chars().take(160).collect();
+        let _ = writeln!(s, "  not used: model kernels `{}` ({problem})", f.mode);
+    }
     let versions: Vec<String> = ["mlx", "mlx_lm", "mambapy", "torch", "gpu"]
         .iter()
         .filter_map(|key| {
@@ -621,7 +641,8 @@ mod tests {
         insta::assert_snapshot!(render(&fixture()), @r#"
         mamba-370m: 48 layers, d_model 1024, d_inner 2048, d_state 16, vocab 50280; weights: random (seed 0); float16
         check against stock mlx-lm (72 positions): logits max rel diff 6.1e-3 (tolerance 2e-2), states 1.3e-2 (5e-2); argmax agreement 98.6%: passed
-        scan: family, channel-last, mx.compile; tuned here: L=512 tiled_c16_t256, L=2048 tiled_c16_t256; decode: four kernels per block
+        scan: family, channel-last, mx.compile; tuned here: L=512 tiled_c16_t256, L=2048 tiled_c16_t256; decode: conv and step kernels
+          not used: model kernels `fused` (RuntimeError: made up for the renderer test)
         mlx 0.32.4, mlx_lm 0.32.2, mambapy 1.2.0, torch 2.11.0, gpu fixture GPU (numbers made up for the renderer test)
 
         tokens/s  prefill L=512  L=1024   L=2048   L=4096  decode (64)
@@ -683,6 +704,8 @@ mod tests {
             "--kernel-only",
             "--decode-tokens",
             "32",
+            "--stock-budget",
+            "15",
         ]);
         let argv = script_args(&cli.bench, None, Path::new("/tmp/o.json"));
         assert_eq!(
@@ -696,6 +719,8 @@ mod tests {
                 "32",
                 "--impls",
                 "ksearch,mlx-lm",
+                "--stock-budget",
+                "15",
                 "--variant",
                 "s3_items",
                 "--kernel-only"

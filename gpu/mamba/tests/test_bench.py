@@ -75,3 +75,25 @@ def test_wrong_logits_are_not_reported(tmp_path):
     assert bench.main(QUICK + ["--kernel", str(cand), "--out", str(out)]) == 3
     got = json.loads(out.read_text())
     assert not got["check"]["passed"] and got["rows"] == []
+
+
+def test_auto_model_kernels_fall_back_when_they_fail(tmp_path, monkeypatch):
+    """On a CUDA device `--model-kernels auto` tries the four-kernel decode, then the conv and
+    step kernels, then mlx-lm's ops; a path whose kernels raise gives way and is recorded."""
+    import mamba_model as mm
+
+    class Broken:
+        def __getattr__(self, name):
+            def fail(*args, **kw):
+                raise RuntimeError(f"{name}: NVRTC said no")
+            return fail
+
+    monkeypatch.setattr(bench.mx.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mm, "model_kernels", lambda: Broken())
+    out = tmp_path / "b.json"
+    assert bench.main(QUICK + ["--impls", "ksearch", "--ops-scan", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert [f["mode"] for f in got["kernel"]["fallbacks"]] == ["fused", "conv"]
+    assert "NVRTC said no" in got["kernel"]["fallbacks"][0]["problem"]
+    assert got["kernel"]["decode_path"] == "mlx-lm ops" and got["check"]["passed"]
+    assert got["rows"][0]["decode_tok_s"] > 0
