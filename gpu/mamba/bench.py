@@ -233,13 +233,15 @@ def time_decode_ours(fwd: OursForward, vocab: int, prompt: int, warmup: int, n: 
         tok = mx.argmax(logits, axis=-1)[:, None]
         mx.eval(tok, state)
     sync()
-    t0 = time.perf_counter()
+    steps = []
     for _ in range(n):
+        t0 = time.perf_counter()
         logits, state = fwd(tok, state)
         tok = mx.argmax(logits, axis=-1)[:, None]
-        mx.eval(tok, state)
+        mx.eval(tok, state)  # waits for the step: the next token needs it
+        steps.append(time.perf_counter() - t0)
     sync()
-    return n / (time.perf_counter() - t0)
+    return n / sum(steps), steps
 
 
 def time_decode_stock(model, vocab: int, prompt: int, warmup: int, n: int, seed: int):
@@ -258,11 +260,13 @@ def time_decode_stock(model, vocab: int, prompt: int, warmup: int, n: int, seed:
     for _ in range(warmup):
         tok = step(tok)
     sync()
-    t0 = time.perf_counter()
+    steps = []
     for _ in range(n):
+        t0 = time.perf_counter()
         tok = step(tok)
+        steps.append(time.perf_counter() - t0)
     sync()
-    return n / (time.perf_counter() - t0)
+    return n / sum(steps), steps
 
 
 # --------------------------------------------------------------------------------------------
@@ -373,12 +377,14 @@ def time_decode_mambapy(lm, device: str, vocab: int, prompt: int, warmup: int, n
             logits, caches = lm.step(tok, caches)
             tok = logits.argmax(-1)
         _tsync(device)
-        t0 = time.perf_counter()
+        steps = []
         for _ in range(n):
+            t0 = time.perf_counter()
             logits, caches = lm.step(tok, caches)
             tok = logits.argmax(-1)
-        _tsync(device)
-    return n / (time.perf_counter() - t0)
+            _tsync(device)  # per step, so that each token's time is its own
+            steps.append(time.perf_counter() - t0)
+    return n / sum(steps), steps
 
 
 # --------------------------------------------------------------------------------------------
@@ -604,7 +610,7 @@ def main(argv=None) -> int:
         return 3
     for impl in impls:
         row: dict[str, Any] = {"impl": impl, "prefill_tok_s": {}, "decode_tok_s": None,
-                               "skipped": {}, "notes": []}
+                               "skipped": {}, "notes": [], "samples": {}}
         result["rows"].append(row)
         try:
             run_impl(impl, row, stock, fwd, args, lengths)
@@ -633,14 +639,20 @@ def main(argv=None) -> int:
 
 
 def run_impl(impl: str, row: dict, stock, fwd: OursForward, args, lengths: list[int]) -> None:
+    """Fills `row` with the implementation's rates and, in row["samples"], the raw seconds
+    they come from: each timed prefill run per length and each timed decode step (the tokens
+    are drawn from --seed, so the run can be repeated)."""
     vocab = stock.args.vocab_size
+    samples: dict[str, Any] = {"seed": args.seed, "prefill_s": {}, "decode_step_s": []}
+    row["samples"] = samples
     if impl == "ksearch":
         for L in lengths:
             tps, times = time_prefill_ours(fwd, L, vocab, args.reps, args.prefill_step, args.seed)
             row["prefill_tok_s"][str(L)] = tps
+            samples["prefill_s"][str(L)] = times
             log(f"ksearch prefill L={L}: {tps:,.0f} tok/s")
-        row["decode_tok_s"] = time_decode_ours(fwd, vocab, 16, args.decode_warmup,
-                                               args.decode_tokens, args.seed)
+        row["decode_tok_s"], samples["decode_step_s"] = time_decode_ours(
+            fwd, vocab, 16, args.decode_warmup, args.decode_tokens, args.seed)
         row["notes"].append("one mx.compile'd forward; prompt in pieces of "
                             f"{args.prefill_step}" if fwd.compile else "uncompiled")
     elif impl == "mlx-lm":
@@ -650,11 +662,12 @@ def run_impl(impl: str, row: dict, stock, fwd: OursForward, args, lengths: list[
             if rate is not None and L / rate > args.stock_budget:
                 row["skipped"][str(L)] = f"estimated {L / rate:.0f} s > budget {args.stock_budget:.0f} s"
                 continue
-            rate, _ = time_prefill_stock(stock, L, vocab, args.prefill_step, args.seed)
+            rate, times = time_prefill_stock(stock, L, vocab, args.prefill_step, args.seed)
             row["prefill_tok_s"][str(L)] = rate
+            samples["prefill_s"][str(L)] = times
             log(f"mlx-lm prefill L={L}: {rate:,.1f} tok/s")
-        row["decode_tok_s"] = time_decode_stock(stock, vocab, 16, args.decode_warmup,
-                                                args.decode_tokens, args.seed)
+        row["decode_tok_s"], samples["decode_step_s"] = time_decode_stock(
+            stock, vocab, 16, args.decode_warmup, args.decode_tokens, args.seed)
         row["notes"].append("one run per length (its per-token loop); prompt in pieces of "
                             f"{args.prefill_step}")
     elif impl == "mambapy":
@@ -663,11 +676,13 @@ def run_impl(impl: str, row: dict, stock, fwd: OursForward, args, lengths: list[
         device = "cuda" if torch.cuda.is_available() else "cpu"
         lm = mambapy_model(stock, device)
         for L in lengths:
-            tps, _ = time_prefill_mambapy(lm, device, L, vocab, max(1, args.reps - 1), args.seed)
+            tps, times = time_prefill_mambapy(lm, device, L, vocab, max(1, args.reps - 1),
+                                              args.seed)
             row["prefill_tok_s"][str(L)] = tps
+            samples["prefill_s"][str(L)] = times
             log(f"mambapy prefill L={L}: {tps:,.0f} tok/s")
-        row["decode_tok_s"] = time_decode_mambapy(lm, device, vocab, 16, args.decode_warmup,
-                                                  args.decode_tokens, args.seed)
+        row["decode_tok_s"], samples["decode_step_s"] = time_decode_mambapy(
+            lm, device, vocab, 16, args.decode_warmup, args.decode_tokens, args.seed)
         row["notes"].append(f"torch {torch.__version__} on {device}"
                             + (", f16 autocast" if device == "cuda" else ", float32"))
     log(f"{impl} decode: {row['decode_tok_s']:,.1f} tok/s")

@@ -55,6 +55,11 @@ def test_json_has_the_fixture_shape(tmp_path):
     for row in got["rows"]:
         assert keys(row) == keys(FIXTURE["rows"][0])
         assert set(row["prefill_tok_s"]) == {"8", "20"} and row["decode_tok_s"] > 0
+        # The raw seconds behind every rate: prefill runs per length, one entry per decode step.
+        raw = row["samples"]
+        assert raw["seed"] == 0 and set(raw["prefill_s"]) == {"8", "20"}
+        assert len(raw["decode_step_s"]) == 3
+        assert abs(3 / sum(raw["decode_step_s"]) - row["decode_tok_s"]) < 1e-6 * row["decode_tok_s"]
     assert keys(got["kernel_only"][0]) == keys(FIXTURE["kernel_only"][0])
     assert got["check"]["passed"] and got["kernel"]["source"] == "mlx-ops"
 
