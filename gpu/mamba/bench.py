@@ -437,7 +437,10 @@ def measure_bandwidth() -> float:
 def time_scan(scan, d_inner: int, n: int, L: int, reps: int = 20) -> float:
     """Seconds per call of the scan on random inputs of shape [1, L, d_inner] (channel-last,
     as the model calls it) from a zero state: `reps` calls chained in one evaluation (per-eval
-    overhead amortised), after one untimed call (kernel JIT)."""
+    overhead amortised), after the same untimed: that one compiles the kernel and has MLX's
+    allocator hold `reps` output buffers of this size, so the timed one does not pay for
+    first-touching fresh memory (the suspected cause of an L=4096 time 8.6x the L=2048 one
+    when only one call warmed up)."""
     rng = mx.random
     shp = (1, L, d_inner)
     x, z = rng.normal(shp).astype(mx.float16), rng.normal(shp).astype(mx.float16)
@@ -448,7 +451,7 @@ def time_scan(scan, d_inner: int, n: int, L: int, reps: int = 20) -> float:
     h0 = mx.zeros((1, d_inner, n), dtype=mx.float32)
     mx.eval(x, z, dt, B, C, A, D, bias, h0)
     call = lambda: scan(x, dt, A, B, C, D, z, bias, h0)
-    mx.eval(call())
+    mx.eval([call() for _ in range(reps)])
     sync()
     t0 = time.perf_counter()
     mx.eval([call() for _ in range(reps)])
