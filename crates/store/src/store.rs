@@ -4,6 +4,7 @@ use rusqlite::{
     params, Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior,
 };
 use serde_json::Value;
+use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -353,6 +354,39 @@ impl RunStore {
             .query_row([candidate_id], RawEvaluation::from_row)
             .optional()?;
         raw.map(RawEvaluation::into_row).transpose()
+    }
+
+    /// The sources of every candidate that has an evaluation (any kind), without reading the
+    /// evaluations themselves.
+    pub fn evaluated_source_ids(&self) -> Result<BTreeSet<SourceId>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT DISTINCT c.source_id FROM candidates c
+             WHERE EXISTS (SELECT 1 FROM evaluations e WHERE e.candidate_id = c.id)",
+        )?;
+        let ids = stmt
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<Result<Vec<_>, _>>()?;
+        ids.iter().map(|s| SourceId::parse(s)).collect()
+    }
+
+    /// The earliest candidate with this source, of any kind but `recheck`, that has an
+    /// evaluation, and its latest evaluation: what an identical kernel measured before.
+    pub fn first_evaluated_candidate_of(
+        &self,
+        source_id: &SourceId,
+    ) -> Result<Option<(i64, EvaluationRow)>, StoreError> {
+        let id: Option<i64> = self
+            .conn
+            .prepare_cached(
+                "SELECT c.id FROM candidates c
+                 WHERE c.source_id = ?1 AND c.kind != 'recheck'
+                   AND EXISTS (SELECT 1 FROM evaluations e WHERE e.candidate_id = c.id)
+                 ORDER BY c.id LIMIT 1",
+            )?
+            .query_row([source_id.as_str()], |r| r.get(0))
+            .optional()?;
+        let Some(id) = id else { return Ok(None) };
+        Ok(self.evaluation_for(id)?.map(|e| (id, e)))
     }
 
     /// All evaluations in insertion order.

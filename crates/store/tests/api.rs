@@ -695,3 +695,41 @@ fn pragmas_are_set() {
         "{problems:?}"
     );
 }
+
+#[test]
+fn evaluated_sources_and_the_first_evaluation_of_a_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = new_store(tmp.path());
+    let a = store.put_source("kernel a", "c").unwrap();
+    let b = store.put_source("kernel b", "c").unwrap();
+    let c = store.put_source("kernel c", "c").unwrap();
+    let add = |source: &SourceId, kind| {
+        store
+            .add_candidate(&NewCandidate {
+                kind,
+                ..new_candidate(source.clone())
+            })
+            .unwrap()
+    };
+    // a: a recheck (evaluated), then an attempt never evaluated, then two evaluated attempts.
+    let a_recheck = add(&a, CandidateKind::Recheck);
+    let _a_unevaluated = add(&a, CandidateKind::Attempt);
+    let a_first = add(&a, CandidateKind::Attempt);
+    let a_second = add(&a, CandidateKind::Attempt);
+    // b: only a recheck; c: never evaluated.
+    let b_recheck = add(&b, CandidateKind::Recheck);
+    add(&c, CandidateKind::Seed);
+    store.record_evaluation(a_recheck, "passed", Some(9.0), &json!({"r": 0})).unwrap();
+    store.record_evaluation(a_first, "failed", None, &json!({"r": 1})).unwrap();
+    store.record_evaluation(a_first, "passed", Some(2.0), &json!({"r": 2})).unwrap();
+    store.record_evaluation(a_second, "passed", Some(3.0), &json!({"r": 3})).unwrap();
+    store.record_evaluation(b_recheck, "passed", Some(1.0), &json!({"r": 4})).unwrap();
+
+    let evaluated = store.evaluated_source_ids().unwrap();
+    assert_eq!(evaluated, [a.clone(), b.clone()].into_iter().collect());
+    // The earliest evaluated non-recheck candidate, with its latest evaluation.
+    let (id, eval) = store.first_evaluated_candidate_of(&a).unwrap().unwrap();
+    assert_eq!((id, eval.result), (a_first, json!({"r": 2})));
+    assert_eq!(store.first_evaluated_candidate_of(&b).unwrap(), None);
+    assert_eq!(store.first_evaluated_candidate_of(&c).unwrap(), None);
+}

@@ -892,31 +892,22 @@ impl<'a> Engine<'a> {
 
     fn previous_evaluation(&self, source: &str) -> Result<Option<Value>, EngineError> {
         let sid = SourceId::of(source);
-        let store = self.store();
-        for c in store.candidates()? {
-            if c.source_id == sid && c.kind != CandidateKind::Recheck {
-                if let Some(ev) = store.evaluation_for(c.id)? {
-                    let mut v = ev.result;
-                    v["__candidate"] = json!(c.id);
-                    return Ok(Some(v));
-                }
-            }
-        }
-        Ok(None)
+        Ok(self
+            .store()
+            .first_evaluated_candidate_of(&sid)?
+            .map(|(id, ev)| {
+                let mut v = ev.result;
+                v["__candidate"] = json!(id);
+                v
+            }))
     }
 
     fn known_sources(&self) -> Result<BTreeSet<String>, EngineError> {
-        let store = self.store();
-        let evaluated: BTreeSet<i64> = store
-            .evaluations()?
-            .iter()
-            .map(|e| e.candidate_id)
-            .collect();
-        Ok(store
-            .candidates()?
+        Ok(self
+            .store()
+            .evaluated_source_ids()?
             .into_iter()
-            .filter(|c| evaluated.contains(&c.id))
-            .map(|c| c.source_id.as_str().to_string())
+            .map(|id| id.as_str().to_string())
             .collect())
     }
 
