@@ -719,11 +719,21 @@ fn evaluated_sources_and_the_first_evaluation_of_a_source() {
     // b: only a recheck; c: never evaluated.
     let b_recheck = add(&b, CandidateKind::Recheck);
     add(&c, CandidateKind::Seed);
-    store.record_evaluation(a_recheck, "passed", Some(9.0), &json!({"r": 0})).unwrap();
-    store.record_evaluation(a_first, "failed", None, &json!({"r": 1})).unwrap();
-    store.record_evaluation(a_first, "passed", Some(2.0), &json!({"r": 2})).unwrap();
-    store.record_evaluation(a_second, "passed", Some(3.0), &json!({"r": 3})).unwrap();
-    store.record_evaluation(b_recheck, "passed", Some(1.0), &json!({"r": 4})).unwrap();
+    store
+        .record_evaluation(a_recheck, "passed", Some(9.0), &json!({"r": 0}))
+        .unwrap();
+    store
+        .record_evaluation(a_first, "failed", None, &json!({"r": 1}))
+        .unwrap();
+    store
+        .record_evaluation(a_first, "passed", Some(2.0), &json!({"r": 2}))
+        .unwrap();
+    store
+        .record_evaluation(a_second, "passed", Some(3.0), &json!({"r": 3}))
+        .unwrap();
+    store
+        .record_evaluation(b_recheck, "passed", Some(1.0), &json!({"r": 4}))
+        .unwrap();
 
     let evaluated = store.evaluated_source_ids().unwrap();
     assert_eq!(evaluated, [a.clone(), b.clone()].into_iter().collect());
