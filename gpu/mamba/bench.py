@@ -223,50 +223,74 @@ def time_prefill_stock(model, L: int, vocab: int, step: int, seed: int):
     return L / dt, [dt]
 
 
-def time_decode_ours(fwd: OursForward, vocab: int, prompt: int, warmup: int, n: int, seed: int):
+def mlx_decode(step, tok, state, n: int, pipelined: bool):
+    """Times n greedy steps of `step(tok, state) -> (next token, state)` (lazy MLX arrays);
+    returns (tok/s, seconds per step, the tokens). sync: each step is evaluated before the next
+    is built. pipelined: as mlx_lm.generate decodes, step t+1 is built and queued
+    (mx.async_eval) before step t's token is read, so building and dispatching one step
+    overlaps the GPU running the previous one."""
+    steps: list[float] = []
+    tokens: list[int] = []
+    sync()
+    t0 = time.perf_counter()
+    if not pipelined:
+        for _ in range(n):
+            tok, state = step(tok, state)
+            mx.eval(tok, state)  # the next token needs this one
+            tokens.append(int(tok[0, 0].item()))
+            t1 = time.perf_counter()
+            steps.append(t1 - t0)
+            t0 = t1
+    else:
+        nxt, state = step(tok, state)
+        mx.async_eval(nxt, state)
+        for i in range(n):
+            cur = nxt
+            if i + 1 < n:
+                nxt, state = step(cur, state)
+                mx.async_eval(nxt, state)
+            tokens.append(int(cur[0, 0].item()))  # waits for this token only
+            t1 = time.perf_counter()
+            steps.append(t1 - t0)
+            t0 = t1
+    sync()
+    return n / sum(steps), steps, tokens
+
+
+def time_decode_ours(fwd: OursForward, vocab: int, prompt: int, warmup: int, n: int, seed: int,
+                     pipelined: bool = True):
     rng = np.random.default_rng(seed)
     logits, state = fwd(mx.array(rng.integers(0, vocab, size=(1, prompt))))
     tok = mx.argmax(logits, axis=-1)[:, None]
     mx.eval(tok, state)
+
+    def step(tok, state):
+        logits, state = fwd(tok, state)
+        return mx.argmax(logits, axis=-1)[:, None], state
+
     for _ in range(warmup):
-        logits, state = fwd(tok, state)
-        tok = mx.argmax(logits, axis=-1)[:, None]
+        tok, state = step(tok, state)
         mx.eval(tok, state)
-    sync()
-    steps = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        logits, state = fwd(tok, state)
-        tok = mx.argmax(logits, axis=-1)[:, None]
-        mx.eval(tok, state)  # waits for the step: the next token needs it
-        steps.append(time.perf_counter() - t0)
-    sync()
-    return n / sum(steps), steps
+    return mlx_decode(step, tok, state, n, pipelined)
 
 
-def time_decode_stock(model, vocab: int, prompt: int, warmup: int, n: int, seed: int):
+def time_decode_stock(model, vocab: int, prompt: int, warmup: int, n: int, seed: int,
+                      pipelined: bool = True):
     rng = np.random.default_rng(seed)
     cache = model.make_cache()
     logits = mm.prefill(model, mx.array(rng.integers(0, vocab, size=(1, prompt))), cache)
     tok = mx.argmax(logits, axis=-1)[:, None]
     mx.eval(tok)
 
-    def step(tok):
+    def step(tok, _state):
+        # The cache is updated in place; its arrays are what has to be evaluated.
         logits = mm.logits_last(model, tok, cache)
-        tok = mx.argmax(logits, axis=-1)[:, None]
-        mx.eval(tok, [c.state[0] for c in cache])
-        return tok
+        return mx.argmax(logits, axis=-1)[:, None], [c.state for c in cache]
 
     for _ in range(warmup):
-        tok = step(tok)
-    sync()
-    steps = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        tok = step(tok)
-        steps.append(time.perf_counter() - t0)
-    sync()
-    return n / sum(steps), steps
+        tok, states = step(tok, None)
+        mx.eval(tok, states)
+    return mlx_decode(step, tok, None, n, pipelined)
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,14 +401,13 @@ def time_decode_mambapy(lm, device: str, vocab: int, prompt: int, warmup: int, n
             logits, caches = lm.step(tok, caches)
             tok = logits.argmax(-1)
         _tsync(device)
-        steps = []
+        t0 = time.perf_counter()
         for _ in range(n):
-            t0 = time.perf_counter()
             logits, caches = lm.step(tok, caches)
-            tok = logits.argmax(-1)
-            _tsync(device)  # per step, so that each token's time is its own
-            steps.append(time.perf_counter() - t0)
-    return n / sum(steps), steps
+            tok = logits.argmax(-1)  # stays on the device: PyTorch queues the next step
+        _tsync(device)
+        total = time.perf_counter() - t0
+    return n / total, total
 
 
 # --------------------------------------------------------------------------------------------
@@ -510,6 +533,9 @@ def parse_args(argv):
     ap.add_argument("--lengths", default="512,1024,2048,4096")
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--decode-warmup", type=int, default=8)
+    ap.add_argument("--decode-loop", choices=("pipelined", "sync"), default="pipelined",
+                    help="MLX decode loops: pipelined (as mlx_lm.generate: the next step is "
+                    "queued before this token is read) or sync (each step evaluated first)")
     ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prefill-step", type=int, default=2048,
@@ -643,9 +669,11 @@ def main(argv=None) -> int:
 
 def run_impl(impl: str, row: dict, stock, fwd: OursForward, args, lengths: list[int]) -> None:
     """Fills `row` with the implementation's rates and, in row["samples"], the raw seconds
-    they come from: each timed prefill run per length and each timed decode step (the tokens
-    are drawn from --seed, so the run can be repeated)."""
+    they come from: each timed prefill run per length and each timed decode step (mambapy:
+    the decode loop's total, since PyTorch queues its steps), with the tokens drawn from
+    --seed, so the run can be repeated."""
     vocab = stock.args.vocab_size
+    pipelined = args.decode_loop == "pipelined"
     samples: dict[str, Any] = {"seed": args.seed, "prefill_s": {}, "decode_step_s": []}
     row["samples"] = samples
     if impl == "ksearch":
@@ -654,8 +682,9 @@ def run_impl(impl: str, row: dict, stock, fwd: OursForward, args, lengths: list[
             row["prefill_tok_s"][str(L)] = tps
             samples["prefill_s"][str(L)] = times
             log(f"ksearch prefill L={L}: {tps:,.0f} tok/s")
-        row["decode_tok_s"], samples["decode_step_s"] = time_decode_ours(
-            fwd, vocab, 16, args.decode_warmup, args.decode_tokens, args.seed)
+        row["decode_tok_s"], samples["decode_step_s"], _ = time_decode_ours(
+            fwd, vocab, 16, args.decode_warmup, args.decode_tokens, args.seed, pipelined)
+        row["notes"].append(f"decode loop: {args.decode_loop}")
         row["notes"].append("one mx.compile'd forward; prompt in pieces of "
                             f"{args.prefill_step}" if fwd.compile else "uncompiled")
     elif impl == "mlx-lm":
@@ -669,8 +698,9 @@ def run_impl(impl: str, row: dict, stock, fwd: OursForward, args, lengths: list[
             row["prefill_tok_s"][str(L)] = rate
             samples["prefill_s"][str(L)] = times
             log(f"mlx-lm prefill L={L}: {rate:,.1f} tok/s")
-        row["decode_tok_s"], samples["decode_step_s"] = time_decode_stock(
-            stock, vocab, 16, args.decode_warmup, args.decode_tokens, args.seed)
+        row["decode_tok_s"], samples["decode_step_s"], _ = time_decode_stock(
+            stock, vocab, 16, args.decode_warmup, args.decode_tokens, args.seed, pipelined)
+        row["notes"].append(f"decode loop: {args.decode_loop}")
         row["notes"].append("one run per length (its per-token loop); prompt in pieces of "
                             f"{args.prefill_step}")
     elif impl == "mambapy":
@@ -684,8 +714,9 @@ def run_impl(impl: str, row: dict, stock, fwd: OursForward, args, lengths: list[
             row["prefill_tok_s"][str(L)] = tps
             samples["prefill_s"][str(L)] = times
             log(f"mambapy prefill L={L}: {tps:,.0f} tok/s")
-        row["decode_tok_s"], samples["decode_step_s"] = time_decode_mambapy(
+        row["decode_tok_s"], samples["decode_total_s"] = time_decode_mambapy(
             lm, device, vocab, 16, args.decode_warmup, args.decode_tokens, args.seed)
+        del samples["decode_step_s"]
         row["notes"].append(f"torch {torch.__version__} on {device}"
                             + (", f16 autocast" if device == "cuda" else ", float32"))
     log(f"{impl} decode: {row['decode_tok_s']:,.1f} tok/s")

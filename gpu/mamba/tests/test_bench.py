@@ -60,6 +60,7 @@ def test_json_has_the_fixture_shape(tmp_path):
         assert raw["seed"] == 0 and set(raw["prefill_s"]) == {"8", "20"}
         assert len(raw["decode_step_s"]) == 3
         assert abs(3 / sum(raw["decode_step_s"]) - row["decode_tok_s"]) < 1e-6 * row["decode_tok_s"]
+        assert "decode loop: pipelined" in row["notes"]
     assert keys(got["kernel_only"][0]) == keys(FIXTURE["kernel_only"][0])
     assert got["check"]["passed"] and got["kernel"]["source"] == "mlx-ops"
 
@@ -102,3 +103,40 @@ def test_auto_model_kernels_fall_back_when_they_fail(tmp_path, monkeypatch):
     assert "NVRTC said no" in got["kernel"]["fallbacks"][0]["problem"]
     assert got["kernel"]["decode_path"] == "mlx-lm ops" and got["check"]["passed"]
     assert got["rows"][0]["decode_tok_s"] > 0
+
+
+def test_the_decode_loops_feed_each_step_its_predecessor():
+    """mlx_decode's two loops on a step whose output depends on its token and its state: the
+    same sequence, the one computed by hand."""
+    mx = bench.mx
+
+    def step(tok, state):
+        return (tok * 7 + state) % 251, state + 1
+
+    want, tok, state = [], 5, 0
+    for _ in range(6):
+        tok, state = (tok * 7 + state) % 251, state + 1
+        want.append(tok)
+    for pipelined in (False, True):
+        tok0 = mx.array([[5]])
+        rate, steps, tokens = bench.mlx_decode(step, tok0, mx.array(0), 6, pipelined)
+        assert tokens == want and len(steps) == 6 and rate > 0, pipelined
+
+
+def test_pipelined_and_sync_decode_generate_the_same_tokens():
+    """The pipelined loop (next step queued before this token is read) changes only when the
+    host waits, not what is computed: both loops give the same greedy tokens, for our model
+    and for stock mlx-lm, and the two models agree."""
+    import mamba_model as mm
+
+    stock = mm.build_stock(mm.TINY, seed=2, dtype=bench.mx.float32)
+    fwd = bench.OursForward(mm.patched_copy(stock, mm.MlxOpsScan(chunk=16)))
+    runs = {}
+    for pipelined in (False, True):
+        for name, fn in (("ours", lambda p: bench.time_decode_ours(fwd, 256, 10, 2, 6, 3, p)),
+                         ("stock", lambda p: bench.time_decode_stock(stock, 256, 10, 2, 6, 3, p))):
+            rate, steps, tokens = fn(pipelined)
+            assert rate > 0 and len(steps) == len(tokens) == 6
+            runs[(name, pipelined)] = tokens
+    assert runs[("ours", False)] == runs[("ours", True)] == runs[("stock", True)]
+    assert runs[("stock", False)] == runs[("stock", True)]
