@@ -64,6 +64,11 @@ pub struct MambaArgs {
     #[arg(long, default_value_t = 120.0, value_name = "SECONDS")]
     pub stock_budget: f64,
 
+    /// mamba: how the MLX implementations' decode loops wait: pipelined (as mlx_lm.generate,
+    /// the next step queued before this token is read) or sync (each step evaluated first).
+    #[arg(long, default_value = "pipelined", value_parser = ["pipelined", "sync"])]
+    pub decode_loop: String,
+
     /// mamba: also keep the JSON report at this path (the table still goes to stdout).
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
@@ -195,6 +200,8 @@ fn script_args(args: &BenchArgs, kernel: Option<&Path>, out: &Path) -> Vec<Strin
         join(m.impls.clone()),
         "--stock-budget".into(),
         m.stock_budget.to_string(),
+        "--decode-loop".into(),
+        m.decode_loop.clone(),
     ];
     if let Some(k) = kernel {
         argv.extend(["--kernel".into(), k.display().to_string()]);
@@ -706,6 +713,8 @@ mod tests {
             "32",
             "--stock-budget",
             "15",
+            "--decode-loop",
+            "sync",
         ]);
         let argv = script_args(&cli.bench, None, Path::new("/tmp/o.json"));
         assert_eq!(
@@ -721,6 +730,8 @@ mod tests {
                 "ksearch,mlx-lm",
                 "--stock-budget",
                 "15",
+                "--decode-loop",
+                "sync",
                 "--variant",
                 "s3_items",
                 "--kernel-only"
@@ -734,6 +745,7 @@ mod tests {
                 .is_err()
         );
         assert!(Cli::try_parse_from(["ksearch", "mamba", "--impls", "torch"]).is_err());
+        assert!(Cli::try_parse_from(["ksearch", "mamba", "--decode-loop", "async"]).is_err());
     }
 
     #[test]
