@@ -6,9 +6,15 @@ the convolution and the cache layout are mlx-lm's, and one scan call covers the 
 The scan is chosen when the model is built (`choose_scan`):
 
 - on a CUDA device, the selective-scan mlx family's kernels (tasks/selective-scan/templates-mlx,
-  rendered with `knobs`) or a candidate module (`--kernel FILE`): `KernelScan`;
+  rendered with `knobs` or a named variant) or a candidate module (`--kernel FILE`):
+  `KernelScan`; with `variant="auto"` several settings, each call going to the one timed
+  fastest for its length: `TunedScan`;
 - anywhere else (MLX on CPU, Metal), `MlxOpsScan`: the same chunked scan written with MLX ops,
   which is what the CPU tests run.
+
+`patched_copy(..., kernels)` also replaces the ops around the scan with model_kernels.py's
+kernels (the convolution; with `fused_decode`, a single token's whole block in four launches):
+`layer_forward` is one residual block either way.
 
 The SSM state in the cache is float32 (mlx-lm keeps it in the activation dtype); A, D and the
 dt bias enter the scan in float32. `mamba_module()` imports `mlx_lm.models.mamba` without
