@@ -13,8 +13,9 @@
 #                                        # (eval, bench, short search), mamba variants via MLX
 #
 # A shorter pair re-measures after changes (same carries): `3` (cuda: a short `ksearch run`
-# on the attention family, the channel-tiled scan variants) then `4` (MLX: `ksearch bench
-# mamba` end to end, attention through MLX).
+# on the attention family, the channel-tiled scan variants; run it with TOTAL_S=230) then `4`
+# (MLX: `ksearch bench mamba` end to end with the pipelined and the sync decode loop, then
+# attention through MLX).
 #
 # Results: $OUT/session<N>.log (console) and $OUT/session<N>.tar.gz (every file the parts wrote;
 # the device returns at most 8 files, so they travel packed). Unpack into gpu/results/.
@@ -76,6 +77,11 @@ elif [ "$N" = 4 ]; then
         --timeout "$((${MAMBA_BUDGET_S:-260} - 10))" --save "$PARTS/mamba/bench.json" \
         | tee "$PARTS/mamba/bench.txt"
     echo "bench mamba exit code $?"
+    # The same model with each step evaluated before the next is built (the loop of the first
+    # results), so both decode loops are compared in one call.
+    timeout 120 target/release/ksearch bench mamba --impls ksearch,mlx-lm --lengths 512 \
+        --stock-budget 10 --decode-loop sync --timeout 110 \
+        --save "$PARTS/mamba/bench-sync.json" | tee "$PARTS/mamba/bench-sync.txt"
     python3 - "$PARTS/mamba/bench.json" <<'PY'
 import json, sys
 try:
