@@ -1086,20 +1086,12 @@ impl<'a> Engine<'a> {
                 if !seen.insert(view.source_id.clone()) {
                     continue;
                 }
-                let rid = self.record_candidate(
-                    &Proposal {
-                        source: view.source.clone(),
-                        knobs: view.knobs.clone(),
-                        note: format!("re-check of candidate {id}"),
-                    },
-                    None,
-                    state.rounds_used,
-                    state.cycles,
-                    0,
-                    0,
-                    CandidateKind::Recheck,
+                let (rid, summary) = self.recheck_view(
+                    &view,
+                    view.knobs.clone(),
+                    format!("re-check of candidate {id}"),
+                    &state,
                 )?;
-                let summary = self.evaluate_candidate(rid, &view.source, Purpose::Acceptance)?;
                 let passed = summary.passed;
                 recheck = Some(json!({"candidate": id, "recheck_candidate": rid,
                                       "status": summary.status, "score": summary.score,
@@ -1173,18 +1165,31 @@ fn lint_summary(result: &Value) -> OutcomeSummary {
     }
 }
 
-/// The score the cycle must beat for the second streak: the parent's solution score.
 impl Engine<'_> {
     /// Re-measures the seed exactly as the winner was re-checked.
     fn recheck_seed(&self, seed: i64, state: &EngineState) -> Result<Option<f64>, EngineError> {
         let Some(view) = self.attempt_view(seed)? else {
             return Ok(None);
         };
+        let note = format!("re-check of the seed (candidate {seed}) for comparison");
+        let (_, summary) = self.recheck_view(&view, None, note, state)?;
+        Ok(summary.score.filter(|_| summary.passed))
+    }
+
+    /// Records `view`'s source again as a `recheck` candidate and evaluates it for acceptance
+    /// (a fresh process and seed, every workload); returns the new candidate and its outcome.
+    fn recheck_view(
+        &self,
+        view: &AttemptView,
+        knobs: Option<Value>,
+        note: String,
+        state: &EngineState,
+    ) -> Result<(i64, OutcomeSummary), EngineError> {
         let rid = self.record_candidate(
             &Proposal {
                 source: view.source.clone(),
-                knobs: None,
-                note: format!("re-check of the seed (candidate {seed}) for comparison"),
+                knobs,
+                note,
             },
             None,
             state.rounds_used,
@@ -1194,7 +1199,7 @@ impl Engine<'_> {
             CandidateKind::Recheck,
         )?;
         let summary = self.evaluate_candidate(rid, &view.source, Purpose::Acceptance)?;
-        Ok(summary.score.filter(|_| summary.passed))
+        Ok((rid, summary))
     }
 }
 
