@@ -5,31 +5,14 @@
 //! itself is covered by harness/tests/test_bench.py (numpy stand-ins) and on the device by
 //! gpu/attention/device_check.sh.
 
+mod common;
+use common::{python, root};
 use ksearch_eval::{
     BenchRequest, BenchSettings, EvalError, EvalRequest, Evaluator, EvaluatorConfig, TimingPreset,
     WorkloadSet,
 };
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn python() -> Option<PathBuf> {
-    let candidate = std::env::var_os("KSEARCH_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("python3"));
-    let ok = std::process::Command::new(&candidate)
-        .args(["-c", "import numpy"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("skipped: {} cannot import numpy", candidate.display());
-    }
-    ok.then_some(candidate)
-}
 
 fn request(backend: &str, kernel: &Path) -> BenchRequest {
     let task = ksearch_task::load_task(&root().join("tasks/attention")).unwrap();

@@ -9,6 +9,8 @@
 //!   the ptxas report must be parsed (registers for every kernel instance, spills recorded).
 //!   `KSEARCH_TEST_CUDA_BUILD_ALL=1` builds every valid setting (about 1 400; an hour on 2 cores).
 
+mod common;
+use common::{python, root};
 use ksearch_eval::{EvalRequest, Evaluator, EvaluatorConfig, Status, TimingPreset, WorkloadSet};
 use ksearch_knowledge::{KnobValue, Knobs, TemplateFamily};
 use serde_json::Value;
@@ -17,29 +19,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// A Python that can run the real harness (numpy), or `None` with the reason printed.
-fn python() -> Option<PathBuf> {
-    let candidate = std::env::var_os("KSEARCH_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("python3"));
-    let ok = std::process::Command::new(&candidate)
-        .args(["-c", "import numpy"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!(
-            "skipped: {} cannot import numpy (set KSEARCH_TEST_PYTHON)",
-            candidate.display()
-        );
-    }
-    ok.then_some(candidate)
-}
 
 fn evaluator(python: PathBuf, work: &Path) -> Evaluator {
     Evaluator::new(EvaluatorConfig {
