@@ -109,8 +109,14 @@ def reference_blocked(inputs, params):
     return {"y": y}
 
 
-def _softplus_t(x, lib):
-    return lib.where(x > 20.0, x, lib.log1p(lib.exp(lib.minimum(x, lib.full_like(x, 20.0)))))
+_INPUTS = ("u", "delta", "z", "A", "B", "C", "D", "delta_bias")
+
+
+def _cast_inputs(t, cast):
+    """The inputs of the PyTorch and MLX scans through `cast` (a dtype conversion), with
+    dt = delta + bias before any softplus: (u, z, A, B, C, D, dt)."""
+    u, delta, z, A, B, C, D, bias = (cast(t[k]) for k in _INPUTS)
+    return u, z, A, B, C, D, delta + bias[None, :, None]
 
 
 def scan_torch(t, params, dtype):
@@ -118,9 +124,7 @@ def scan_torch(t, params, dtype):
     composed by a Hillis-Steele scan over time, log2(L) passes over [batch, dim, L, N]."""
     import torch
 
-    u, delta, z = (t[k].to(dtype) for k in ("u", "delta", "z"))
-    A, B, C, D, bias = (t[k].to(dtype) for k in ("A", "B", "C", "D", "delta_bias"))
-    dt = delta + bias[None, :, None]
+    u, z, A, B, C, D, dt = _cast_inputs(t, lambda x: x.to(dtype))
     if params["softplus"]:
         dt = torch.where(dt > 20.0, dt, torch.log1p(torch.exp(torch.clamp(dt, max=20.0))))
     a = torch.exp(dt[..., None] * A[None, :, None, :])              # [batch, dim, L, N]
@@ -158,9 +162,7 @@ def loop_torch(t, params):
     import torch
 
     f = torch.float32
-    u, delta, z = (t[k].to(f) for k in ("u", "delta", "z"))
-    A, B, C, D, bias = (t[k].to(f) for k in ("A", "B", "C", "D", "delta_bias"))
-    dt = delta + bias[None, :, None]
+    u, z, A, B, C, D, dt = _cast_inputs(t, lambda x: x.to(f))
     if params["softplus"]:
         dt = torch.nn.functional.softplus(dt)
     h = torch.zeros(u.shape[0], u.shape[1], A.shape[1], dtype=f, device=u.device)
@@ -198,9 +200,7 @@ def scan_mlx(a_in, params):
     copies instead of slice updates."""
     mx = _mlx()
     f = mx.float32
-    u, delta, z = (a_in[k].astype(f) for k in ("u", "delta", "z"))
-    A, B, C, D, bias = (a_in[k].astype(f) for k in ("A", "B", "C", "D", "delta_bias"))
-    dt = delta + bias[None, :, None]
+    u, z, A, B, C, D, dt = _cast_inputs(a_in, lambda x: x.astype(f))
     if params["softplus"]:
         dt = mx.where(dt > 20.0, dt, mx.log1p(mx.exp(mx.minimum(dt, 20.0))))
     a = mx.exp(dt[..., None] * A[None, :, None, :])
@@ -242,9 +242,7 @@ def loop_mlx(a_in, params):
     float32 state so that it passes the tolerance."""
     mx = _mlx()
     f = mx.float32
-    u, delta, z = (a_in[k].astype(f) for k in ("u", "delta", "z"))
-    A, B, C, D, bias = (a_in[k].astype(f) for k in ("A", "B", "C", "D", "delta_bias"))
-    dt = delta + bias[None, :, None]
+    u, z, A, B, C, D, dt = _cast_inputs(a_in, lambda x: x.astype(f))
     if params["softplus"]:
         dt = mx.logaddexp(dt, 0.0)
     state = None
