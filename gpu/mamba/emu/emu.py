@@ -23,32 +23,40 @@ def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++")
 
 
-def build_many(variants: list[tuple[str, bool, bool]]) -> list["EmuVariant"]:
-    """Compiles (device code, fused, decode) variants into one library (one compiler run: the
-    headers are parsed once) and returns a handle per variant."""
+def compile_unit(unit: str, prefix: str, headers: tuple[str, ...], failure: str) -> Path:
+    """A shared library of the C++ `unit` (which may include the emulation's `headers`),
+    cached under a hash of the unit and those headers; a failed build raises RuntimeError
+    with `failure` and the compiler's last output."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++ or $CXX)")
+    digest = hashlib.sha256(unit.encode() + b"".join((HERE / h).read_bytes() for h in headers))
+    key = digest.hexdigest()[:16]
+    _CACHE.mkdir(exist_ok=True)
+    lib = _CACHE / f"{prefix}_{key}.so"
+    if not lib.exists():
+        src = _CACHE / f"{prefix}_{key}.cpp"
+        src.write_text(unit)
+        tmp = _CACHE / f"{prefix}_{key}.{os.getpid()}.so"
+        proc = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-I",
+                               str(HERE), str(src), "-o", str(tmp)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{failure}:\n{proc.stderr[-4000:]}")
+        tmp.replace(lib)
+    return lib
+
+
+def build_many(variants: list[tuple[str, bool, bool]]) -> list["EmuVariant"]:
+    """Compiles (device code, fused, decode) variants into one library (one compiler run: the
+    headers are parsed once) and returns a handle per variant."""
     parts = ['#include "cuda_emu.h"']
     for i, (code, fused, decode) in enumerate(variants):
         parts.append(f"#define KSM_TAG v{i}\n#define KSM_FUSED {int(fused)}\n"
                      f"#define KSM_DECODE {int(decode)}\nnamespace v{i} {{\n{code}\n"
                      f'#include "driver.cpp"\n}}\n#undef KSM_TAG\n#undef KSM_FUSED\n#undef KSM_DECODE')
     unit = "\n".join(parts) + "\n"
-    key = hashlib.sha256(unit.encode() + (HERE / "cuda_emu.h").read_bytes()
-                         + (HERE / "driver.cpp").read_bytes()).hexdigest()[:16]
-    _CACHE.mkdir(exist_ok=True)
-    lib = _CACHE / f"ksm_{key}.so"
-    if not lib.exists():
-        src = _CACHE / f"ksm_{key}.cpp"
-        src.write_text(unit)
-        tmp = _CACHE / f"ksm_{key}.{os.getpid()}.so"
-        cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-I", str(HERE), str(src),
-               "-o", str(tmp)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"emulation build failed:\n{proc.stderr[-4000:]}")
-        tmp.replace(lib)
+    lib = compile_unit(unit, "ksm", ("cuda_emu.h", "driver.cpp"), "emulation build failed")
     handle = ctypes.CDLL(str(lib))
     return [EmuVariant(handle, f"v{i}", decode) for i, (_, _, decode) in enumerate(variants)]
 

@@ -14,17 +14,14 @@ grid), grid = ceil(grid / block).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.util
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import numpy as np
 
-from emu import _CACHE, HERE, compiler
+from emu import compile_unit
 
 MAX_NDIM = 10
 
@@ -108,19 +105,7 @@ class Kernel:
             "unsigned block) {",
             f"  emu::launch(dim3{{gx, gy, 1}}, block, [&] {{ kernel_body({', '.join(args)}); }});",
             "}", ""])
-        digest = hashlib.sha256(unit.encode() + (HERE / "cuda_emu.h").read_bytes()).hexdigest()[:16]
-        _CACHE.mkdir(exist_ok=True)
-        lib = _CACHE / f"mlxk_{digest}.so"
-        if not lib.exists():
-            src = _CACHE / f"mlxk_{digest}.cpp"
-            src.write_text(unit)
-            tmp = _CACHE / f"mlxk_{digest}.{os.getpid()}.so"
-            proc = subprocess.run([compiler(), "-std=c++20", "-O1", "-shared", "-fPIC", "-w",
-                                   "-I", str(HERE), str(src), "-o", str(tmp)],
-                                  capture_output=True, text=True)
-            if proc.returncode:
-                raise RuntimeError(f"kernel {self.name} does not compile:\n{proc.stderr[-3000:]}")
-            tmp.replace(lib)
+        lib = compile_unit(unit, "mlxk", ("cuda_emu.h",), f"kernel {self.name} does not compile")
         fn = ctypes.CDLL(str(lib)).run
         fn.restype = None
         fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int32),
