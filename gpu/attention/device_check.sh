@@ -33,23 +33,9 @@ VARIANT=${VARIANT:-wg_m64n64s2}
 mkdir -p "$OUT" "$WORK"
 exec > >(tee "$OUT/log.txt") 2>&1
 
-# ksearch reads tasks/, knowledge/ and harness/ from this checkout and runs the harness with the
-# image's python3 (PyTorch, numpy, jinja2, nvcc on PATH); nothing is installed.
-export KSEARCH_ROOT="$ROOT"
-export KSEARCH_PYTHON=${KSEARCH_PYTHON:-$(command -v python3)}
-export KSEARCH_CACHE_DIR="$WORK/cache"
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-
-step() { printf '\n==== %s (%s, %ds)\n' "$*" "$(date +%T)" "$SECONDS"; }
-# cap N: N seconds, or what is left of the budget if that is less (at least 1).
-cap() {
-    local want=$1 left=$((BUDGET_S - SECONDS - 5))
-    ((left < want)) && want=$left
-    ((want < 1)) && want=1
-    echo "$want"
-}
-# fits N: whether N seconds of the budget are left.
-fits() { ((BUDGET_S - SECONDS >= $1)); }
+# shellcheck source=device_lib.sh
+source gpu/attention/device_lib.sh
+ksearch_env
 
 # Only on the GPU machine: the stash lives in /root there until device_check_mlx.sh joins it.
 if [ -f .device-carry/mlx1/stash.sh ] && command -v nvidia-smi >/dev/null; then
@@ -89,20 +75,7 @@ T=$(cap 240)
 timeout "$T" "$KS" eval --task attention --backend cuda --held-out --timeout $((T - 10)) \
     --timing quick --json "$KERNEL" > "$OUT/eval.json"
 echo "eval exit code $?"
-"$KSEARCH_PYTHON" - "$OUT/eval.json" <<'PY'
-import json, sys
-for item in json.load(open(sys.argv[1])):
-    r = item.get("result") or {}
-    print(item["file"], r.get("status"), r.get("message", "")[:300], "score", r.get("score"))
-    b = (r.get("build") or {})
-    print("  build", b.get("arch"), b.get("seconds"), "s; max registers",
-          (b.get("ptxas") or {}).get("max_registers"), "spill bytes", (b.get("ptxas") or {}).get("spill_bytes"))
-    for w in r.get("workloads", []):
-        med = w.get("candidate_median_ns")
-        print(f"  {w['name']:<28} correct={w.get('correct')} "
-              f"median={med / 1e6 if med else float('nan'):.3f} ms "
-              f"vs SDPA x{w.get('speedup_vs_baseline')} err={w.get('max_rel_err')}")
-PY
+summarise_eval "$OUT/eval.json" SDPA
 
 step "ksearch bench attention --kernel $VARIANT --backend cuda"
 T=$(cap 200)

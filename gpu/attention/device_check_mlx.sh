@@ -34,14 +34,8 @@ VARIANT=${VARIANT:-wg_m64n64s2}
 mkdir -p "$OUT" "$WORK"
 exec > >(tee "$OUT/log.txt") 2>&1
 
-step() { printf '\n==== %s (%s, %ds)\n' "$*" "$(date +%T)" "$SECONDS"; }
-cap() {
-    local want=$1 left=$((BUDGET_S - SECONDS - 5))
-    ((left < want)) && want=$left
-    ((want < 1)) && want=1
-    echo "$want"
-}
-fits() { ((BUDGET_S - SECONDS >= $1)); }
+# shellcheck source=device_lib.sh
+source gpu/attention/device_lib.sh
 
 step "assemble the MLX carry"
 if [ -f .device-carry/mlx2/assemble.sh ]; then
@@ -53,10 +47,7 @@ else
     exit 3
 fi
 
-export KSEARCH_ROOT="$ROOT"
-export KSEARCH_PYTHON=${KSEARCH_PYTHON:-$(command -v python3)}
-export KSEARCH_CACHE_DIR="$WORK/cache"
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+ksearch_env
 "$KS" --version || { echo "cannot run $KS here" >&2; exit 2; }
 
 step "ksearch doctor"
@@ -76,17 +67,7 @@ T=$(cap 200)
 timeout "$T" "$KS" eval --task attention --backend mlx --held-out --timeout $((T - 10)) \
     --timing quick --json "$MODULE" > "$OUT/eval-mlx.json"
 echo "eval exit code $?"
-"$KSEARCH_PYTHON" - "$OUT/eval-mlx.json" <<'PY'
-import json, sys
-for item in json.load(open(sys.argv[1])):
-    r = item.get("result") or {}
-    print(item["file"], r.get("status"), r.get("message", "")[:300], "score", r.get("score"))
-    for w in r.get("workloads", []):
-        med = w.get("candidate_median_ns")
-        print(f"  {w['name']:<28} correct={w.get('correct')} "
-              f"median={med / 1e6 if med else float('nan'):.3f} ms "
-              f"vs MLX native x{w.get('speedup_vs_baseline')} err={w.get('max_rel_err')}")
-PY
+summarise_eval "$OUT/eval-mlx.json" "MLX native"
 
 step "ksearch bench attention --backend mlx"
 T=$(cap 150)
