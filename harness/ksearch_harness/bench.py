@@ -248,18 +248,11 @@ class Bench:
         if self.adapter is None:
             self.adapter = adapters.create(req)
         adapter = self.adapter
-        try:
-            info = adapter.build(source)
-        except BuildFailed as e:
-            if e.info is not None:
-                out.data["build"] = e.info.to_json()
-            raise BuildError(e.message) from None
-        out.data["build"] = info.to_json()
+        info = core.build_and_record(adapter, source, out)
         try:
             adapter.load(info, req.task.entry)
         except BuildFailed as e:
             raise BuildError(e.message) from None
-        out.data["environment"].update(adapter.environment())
         out.data["environment"].setdefault("gpu", _gpu_name())
         out.data["settings"]["kernel_timing"] = (
             "CUDA events on the harness stream, L2 flush before each call"

@@ -310,7 +310,7 @@ def build(req: Request, out: ResultBuilder, adapter: Adapter | None = None) -> B
     run_static_checks(req, source)
     out.stage = "build"
     adapter = adapter or adapters.create(req)
-    return _build(adapter, source, out)
+    return build_and_record(adapter, source, out)
 
 
 def evaluate(req: Request, out: ResultBuilder, adapter: Adapter | None = None,
@@ -341,7 +341,9 @@ def run_static_checks(req: Request, source: bytes) -> None:
         raise StaticCheckFailed(f"line {f.line}: {f.message}{more}", f.violation)
 
 
-def _build(adapter: Adapter, source: bytes, out: ResultBuilder) -> BuildInfo:
+def build_and_record(adapter: Adapter, source: bytes, out: ResultBuilder) -> BuildInfo:
+    """Builds the candidate, keeping the build report (also of a failed build) and the
+    adapter's environment in the result."""
     try:
         info = adapter.build(source)
     except BuildFailed as e:
@@ -515,7 +517,7 @@ class Evaluation:
             out.stage = "build"
             if self.adapter is None:
                 self.adapter = adapters.create(req)
-            info = _build(self.adapter, source, out)
+            info = build_and_record(self.adapter, source, out)
 
         # Measured before the candidate is loaded, so it cannot disturb the measurement.
         with phase("roofline"):
