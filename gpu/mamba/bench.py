@@ -577,16 +577,15 @@ def main(argv=None) -> int:
     scan, kernel_info = mm.choose_scan(args.kernel, knobs, args.variant,
                                        channel_last=not args.channel_first,
                                        force_ops=args.ops_scan)
+    a = stock.args
     if isinstance(scan, mm.TunedScan):
         # The scan lengths the forward will see: each prompt in pieces of --prefill-step.
         seen = sorted({min(L, args.prefill_step) for L in lengths}
                       | {L % args.prefill_step for L in lengths if L % args.prefill_step})
         log(f"tuning the scan: {', '.join(scan.scans)} at T = {seen}")
-        a = stock.args
         kernel_info["tuning"] = scan.tune(
             seen, lambda s, T: time_scan(s, a.intermediate_size, a.state_size, T, reps=10))
         log(f"picked {kernel_info['tuning']['picks']}")
-    a = stock.args
     # auto: the fullest path first; one whose kernels fail to build or run, or whose logits
     # disagree with stock mlx-lm, gives way to the next (recorded in kernel.fallbacks).
     if args.model_kernels == "auto":
