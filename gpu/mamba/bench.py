@@ -594,10 +594,11 @@ def main(argv=None) -> int:
         modes = [args.model_kernels]
     log("checking our logits against stock mlx-lm")
     for i, mode in enumerate(modes):
-        ours = mm.patched_copy(stock, scan, mm.model_kernels() if mode != "off" else None,
-                               fused_decode=mode == "fused")
-        fwd = OursForward(ours, compile=not args.no_compile)
         try:
+            # Loading the kernel module belongs to the attempt: it may fail here too.
+            ours = mm.patched_copy(stock, scan, mm.model_kernels() if mode != "off" else None,
+                                   fused_decode=mode == "fused")
+            fwd = OursForward(ours, compile=not args.no_compile)
             check = check_logits(stock, fwd, a.vocab_size, args.check_prompt, args.check_steps,
                                  args.seed)
             problem = None if check["passed"] else f"logits check failed: {check}"

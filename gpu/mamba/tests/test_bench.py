@@ -95,12 +95,23 @@ def test_auto_model_kernels_fall_back_when_they_fail(tmp_path, monkeypatch):
             return fail
 
     monkeypatch.setattr(bench.mx.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(mm, "model_kernels", lambda: Broken())
+    loads = []
+
+    def load():
+        # The first load fails outright (as an import that NVRTC or MLX refuses would), the
+        # second gives kernels that raise when called.
+        loads.append(1)
+        if len(loads) == 1:
+            raise ImportError("cannot build the kernel module")
+        return Broken()
+
+    monkeypatch.setattr(mm, "model_kernels", load)
     out = tmp_path / "b.json"
     assert bench.main(QUICK + ["--impls", "ksearch", "--ops-scan", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     assert [f["mode"] for f in got["kernel"]["fallbacks"]] == ["fused", "conv"]
-    assert "NVRTC said no" in got["kernel"]["fallbacks"][0]["problem"]
+    assert "cannot build the kernel module" in got["kernel"]["fallbacks"][0]["problem"]
+    assert "NVRTC said no" in got["kernel"]["fallbacks"][1]["problem"]
     assert got["kernel"]["decode_path"] == "mlx-lm ops" and got["check"]["passed"]
     assert got["rows"][0]["decode_tok_s"] > 0
 
