@@ -333,7 +333,7 @@ def make_block_class():
             conv_bias = self.conv1d.bias if "bias" in self.conv1d else mx.zeros((dim,), xz.dtype)
             xc, new_conv = kern.conv_silu(xz, conv_cache, self.conv1d.weight, conv_bias)
             dbc = self.x_proj(xc)
-            A, D, dt_bias = self._ks_consts()
+            A, D, dt_bias = self.ks_consts.arrays
             N = self.ssm_state_size
             if steps == 1 and N <= 32 and N & (N - 1) == 0:
                 h0 = state_cache if state_cache is not None else mx.zeros((batch, dim, N), mx.float32)
@@ -353,13 +353,6 @@ def make_block_class():
             out = mx.addmm(residual.reshape(-1, d_model), y.reshape(-1, dim),
                            self.out_proj.weight.T)
             return out.reshape(residual.shape), (new_conv, state)
-
-        def _ks_consts(self):
-            """(A, D, dt bias) in float32: precomputed by patched_copy (outside any traced
-            function, so a compiled forward sees constants, not ops), else computed here."""
-            if self.ks_consts is not None:
-                return self.ks_consts.arrays
-            return _float32_consts(self)
 
     KsMambaBlock.ks_kernels = None
     KsMambaBlock.ks_consts = None
@@ -383,7 +376,7 @@ def layer_forward(layer, x, conv_cache, state_cache):
             conv_cache = mx.zeros((batch, K - 1, dim), dtype=x.dtype)
         if state_cache is None:
             state_cache = mx.zeros((batch, dim, N), dtype=mx.float32)
-        A, D, dt_bias = mixer._ks_consts()
+        A, D, dt_bias = mixer.ks_consts.arrays
         conv_b = mixer.conv1d.bias if "bias" in mixer.conv1d else mx.zeros((dim,), x.dtype)
         x_out, new_conv, h = kern.fused_decode(
             x[:, 0], layer.norm.weight, mixer.ks_consts.eps, mixer.in_proj.weight, conv_cache,
@@ -479,6 +472,8 @@ def patched_copy(stock, scan, kernels=None, fused_decode=False):
         layer.mixer.ks_kernels = kernels
         layer.mixer.ks_fused_decode = bool(fused_decode and kernels is not None)
         if kernels is not None:
+            # Computed here, outside any traced function, so that a compiled forward sees
+            # constants rather than ops; the weights do not change while a model generates.
             consts = _float32_consts(layer.mixer)
             eps = mx.array([float(getattr(layer.norm, "eps", 1e-5))], dtype=mx.float32)
             mx.eval(consts, eps)
