@@ -324,9 +324,6 @@ struct KernelInfo {
     /// `--variant auto`: the setting timed fastest per scan length.
     #[serde(default)]
     tuning: Option<Tuning>,
-    /// Whether the convolution and the decode step ran as our kernels (model_kernels.py).
-    #[serde(default)]
-    model_kernels: Option<bool>,
     /// How a single token goes through a block (bench.py --model-kernels).
     #[serde(default)]
     decode_path: Option<String>,
