@@ -4,30 +4,11 @@
 //! the binary creates its managed environment once in a cache under `target/` shared by all
 //! tests (`KSEARCH_CACHE_DIR` overrides the location).
 
-use assert_cmd::Command;
+mod common;
+use common::{ksearch, workspace_root};
 use predicates::prelude::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn ksearch() -> Command {
-    let mut cmd = Command::cargo_bin("ksearch").unwrap();
-    let cache = std::env::var_os("KSEARCH_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("ksearch-cache"));
-    cmd.env("KSEARCH_CACHE_DIR", cache)
-        .env("KSEARCH_ROOT", workspace_root())
-        .env_remove("RUST_LOG")
-        .current_dir(workspace_root());
-    match std::env::var_os("KSEARCH_TEST_PYTHON") {
-        Some(p) => cmd.env("KSEARCH_PYTHON", p),
-        None => cmd.env_remove("KSEARCH_PYTHON"),
-    };
-    cmd
-}
 
 fn candidate(dir: &Path, name: &str, source: &str) -> PathBuf {
     let path = dir.join(name);

@@ -6,6 +6,7 @@
 //! Evaluations need Python 3 with numpy, as in `cli.rs`: `KSEARCH_TEST_PYTHON` or the managed
 //! environment cached under `target/` (`KSEARCH_CACHE_DIR`).
 
+mod common;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -27,24 +28,9 @@ const COMPLETION_TOKENS: u64 = 200;
 /// $2 / $8 per million input / output tokens (the test price table).
 const COST_PER_REPLY: f64 = (PROMPT_TOKENS as f64 * 2.0 + COMPLETION_TOKENS as f64 * 8.0) / 1e6;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 fn ksearch() -> Command {
-    let mut cmd = Command::cargo_bin("ksearch").unwrap();
-    let cache = std::env::var_os("KSEARCH_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("ksearch-cache"));
-    cmd.env("KSEARCH_CACHE_DIR", cache)
-        .env("KSEARCH_ROOT", workspace_root())
-        .env_remove("RUST_LOG")
-        .env_remove("OPENAI_API_KEY")
-        .current_dir(workspace_root());
-    match std::env::var_os("KSEARCH_TEST_PYTHON") {
-        Some(p) => cmd.env("KSEARCH_PYTHON", p),
-        None => cmd.env_remove("KSEARCH_PYTHON"),
-    };
+    let mut cmd = common::ksearch();
+    cmd.env_remove("OPENAI_API_KEY");
     cmd
 }
 

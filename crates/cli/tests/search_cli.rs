@@ -4,40 +4,17 @@
 //! Like `cli.rs`, these need Python 3 with numpy (`KSEARCH_TEST_PYTHON`, or the managed
 //! environment created once under `target/`).
 
+mod common;
+use common::{configure, ksearch};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use assert_cmd::Command;
 use serde_json::{json, Value};
 
 use ksearch_search::world_model::{ActionPatch, NodePatch, SolutionRef, WorldModel};
 use ksearch_store::{CandidateKind, NewCandidate, RunConfig, RunStore};
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn configure(cmd: &mut std::process::Command) {
-    let cache = std::env::var_os("KSEARCH_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("ksearch-cache"));
-    cmd.env("KSEARCH_CACHE_DIR", cache)
-        .env("KSEARCH_ROOT", workspace_root())
-        .env_remove("RUST_LOG")
-        .current_dir(workspace_root());
-    match std::env::var_os("KSEARCH_TEST_PYTHON") {
-        Some(p) => cmd.env("KSEARCH_PYTHON", p),
-        None => cmd.env_remove("KSEARCH_PYTHON"),
-    };
-}
-
-fn ksearch() -> Command {
-    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("ksearch"));
-    configure(&mut cmd);
-    Command::from_std(cmd)
-}
 
 fn evaluations(db_dir: &Path) -> BTreeMap<i64, (i64, Value)> {
     let store = RunStore::open(db_dir).unwrap();

@@ -1,0 +1,37 @@
+//! What the binary's end-to-end tests share: the checkout and a `ksearch` command set up to
+//! read it, with its own cache, and with the interpreter CI names (`KSEARCH_TEST_PYTHON`).
+
+// Each test file uses its own part of this module.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The environment every test run of the binary gets: this checkout (`KSEARCH_ROOT`, also the
+/// working directory), a cache kept in the target directory unless `KSEARCH_CACHE_DIR` names
+/// one, no `RUST_LOG`, and `KSEARCH_PYTHON` only when `KSEARCH_TEST_PYTHON` gives it.
+pub fn configure(cmd: &mut std::process::Command) {
+    let cache = std::env::var_os("KSEARCH_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("ksearch-cache"));
+    cmd.env("KSEARCH_CACHE_DIR", cache)
+        .env("KSEARCH_ROOT", workspace_root())
+        .env_remove("RUST_LOG")
+        .current_dir(workspace_root());
+    match std::env::var_os("KSEARCH_TEST_PYTHON") {
+        Some(p) => cmd.env("KSEARCH_PYTHON", p),
+        None => cmd.env_remove("KSEARCH_PYTHON"),
+    };
+}
+
+/// `ksearch` with [`configure`]'s environment.
+pub fn ksearch() -> Command {
+    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("ksearch"));
+    configure(&mut cmd);
+    Command::from_std(cmd)
+}
