@@ -916,8 +916,13 @@ class Evaluation:
         return total_all
 
     def _flush(self) -> None:
+        """What precedes every timed call: device clocks up, then caches cold."""
+        a = self.adapter
+        assert a is not None
+        with self.phase("clock_warmup"):
+            a.warm_up_clocks()
         with self.phase("flush"):
-            self.adapter.flush_cache()  # type: ignore[union-attr]
+            a.flush_cache()
 
     def _recheck(self, bench: Bench, inputs: Inputs, snap: dict[str, np.ndarray],
                  truth: dict[str, np.ndarray], prev_truth: dict[str, np.ndarray] | None,

@@ -71,3 +71,77 @@ def test_timer_faster_than_the_wall_is_tampering(tmp_path):
 def test_non_positive_samples_are_tampering(tmp_path):
     res = _evaluate(tmp_path, lambda req: LyingTimer(req, fake_ns=0))
     assert res["violation"]["class"] == "timer_tampering", res["message"]
+
+
+class RecordingAdapter(CpuAdapter):
+    """Records what the core asks of the device around each timed call."""
+
+    def __init__(self, request):
+        super().__init__(request)
+        self.log: list[str] = []
+
+    def warm_up_clocks(self):
+        self.log.append("warm")
+
+    def flush_cache(self):
+        self.log.append("flush")
+        super().flush_cache()
+
+    def time_call(self, fn):
+        self.log.append("time")
+        return super().time_call(fn)
+
+
+def test_every_timed_call_follows_a_clock_warm_up_and_then_a_flush(tmp_path):
+    made = []
+
+    def factory(req):
+        made.append(RecordingAdapter(req))
+        return made[0]
+
+    res = _evaluate(tmp_path, factory)
+    assert res["status"] == "passed", res["message"]
+    log = made[0].log
+    timed = [i for i, op in enumerate(log) if op == "time"]
+    assert timed, log
+    # The flush comes last, so the warm-up's own traffic does not warm the caches.
+    assert all(i >= 2 and log[i - 2:i] == ["warm", "flush"] for i in timed), log
+    assert "clock_warmup" in res["diagnostics"]["phase_seconds"]
+
+
+def test_device_warm_up_sweeps_for_the_configured_time(tmp_path, monkeypatch):
+    import time
+
+    from ksearch_harness.adapters import device
+
+    class Sweeps(device.DeviceAdapter):
+        name = "sweeps"
+
+        def __init__(self, request):
+            super().__init__(request)
+            self.flushes = self.syncs = 0
+
+        def flush_cache(self):
+            self.flushes += 1
+            time.sleep(0.001)
+
+        def synchronize(self):
+            self.syncs += 1
+
+        build = load = alloc = upload = to_host = call = None
+
+    req = parse_request(driver.softmax_request(driver.HONEST / "naive.c", tmp_path), "evaluate")
+    Sweeps.__abstractmethods__ = frozenset()
+    a = Sweeps(req)
+    monkeypatch.setenv("KSEARCH_CLOCK_WARMUP_MS", "30")
+    t0 = time.perf_counter()
+    a.warm_up_clocks()
+    assert time.perf_counter() - t0 >= 0.03
+    assert a.flushes >= 2 and a.syncs == a.flushes
+    monkeypatch.setenv("KSEARCH_CLOCK_WARMUP_MS", "0")
+    a.flushes = 0
+    a.warm_up_clocks()
+    assert a.flushes == 0
+    monkeypatch.setenv("KSEARCH_CLOCK_WARMUP_MS", "soon")
+    with pytest.raises(Exception, match="KSEARCH_CLOCK_WARMUP_MS"):
+        a.warm_up_clocks()

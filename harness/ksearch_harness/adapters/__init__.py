@@ -93,6 +93,12 @@ class Adapter(abc.ABC):
     def flush_cache(self) -> None:
         """Evicts the candidate's data from the caches between timed calls."""
 
+    def warm_up_clocks(self) -> None:
+        """Keeps the device busy for a moment right before a timed call. The harness does
+        host work between timed calls (fresh inputs, checks), and a GPU left idle for that
+        long drops to its idle clock; a sub-millisecond kernel timed then measures the clock
+        ramp, not the kernel. No-op on the CPU."""
+
     def now_ns(self) -> int:
         return time.perf_counter_ns()
 
