@@ -201,12 +201,12 @@ fn fixture_run(dir: &Path) -> PathBuf {
         },
     )
     .unwrap();
-    let add = |code: &str, kind, round, node: Option<&str>, note: &str| {
+    let add = |code: &str, kind, round, node: Option<&str>, note: &str, parent: Option<i64>| {
         let source_id = store.put_source(code, "c").unwrap();
         store
             .add_candidate(&NewCandidate {
                 source_id,
-                parent_candidate: None,
+                parent_candidate: parent,
                 node_id: node.map(str::to_string),
                 round,
                 cycle: round,
@@ -224,13 +224,17 @@ fn fixture_run(dir: &Path) -> PathBuf {
         0,
         None,
         "the task's seed kernel",
+        None,
     );
     store
         .record_evaluation(
             seed,
             "passed",
             Some(0.5),
-            &json!({"status": "passed", "score": 0.5}),
+            &json!({"status": "passed", "score": 0.5, "workloads": [
+                {"name": "r8c64", "held_out": true, "candidate_median_ns": 1.0e3},
+                {"name": "r1024c1024", "held_out": false, "candidate_median_ns": 2.0e6,
+                 "speedup_vs_baseline": 0.5}]}),
         )
         .unwrap();
     let a = add(
@@ -239,13 +243,16 @@ fn fixture_run(dir: &Path) -> PathBuf {
         1,
         Some("n1"),
         "apply action: threads=true",
+        Some(seed),
     );
     store
         .record_evaluation(
             a,
             "passed",
             Some(2.0),
-            &json!({"status": "passed", "score": 2.0}),
+            &json!({"status": "passed", "score": 2.0, "workloads": [
+                {"name": "r1024c1024", "held_out": false, "candidate_median_ns": 0.5e6,
+                 "speedup_vs_baseline": 2.0}]}),
         )
         .unwrap();
     let b = add(
@@ -254,6 +261,7 @@ fn fixture_run(dir: &Path) -> PathBuf {
         2,
         Some("n2"),
         "apply action: lanes=8",
+        Some(seed),
     );
     store
         .record_evaluation(b, "incorrect", None, &json!({"status": "incorrect"}))
