@@ -17,6 +17,12 @@
 # (MLX: `ksearch bench mamba` end to end with the pipelined and the sync decode loop, then
 # attention through MLX).
 #
+# The last pair of a session (5, 6, 7) after the decode and ping-pong changes: `5` (carry
+# ksearch, .device-carry/mlx1, .gpu-carry: stash, attention ping-pong check), `6` (carry
+# ksearch, .device-carry/mlx2: MLX launch-setting probe, whole-model mamba bench under the
+# cheapest setting), `7` (same carry: an offline search on attention through the mlx backend,
+# its show/export and run store).
+#
 # Results: $OUT/session<N>.log (console) and $OUT/session<N>.tar.gz (every file the parts wrote;
 # the device returns at most 8 files, so they travel packed). Unpack into gpu/results/.
 set -uo pipefail
@@ -96,8 +102,56 @@ print("overhead", r.get("mlx_launch_overhead"), "kernel_only", r.get("kernel_onl
 PY
     OUT=$PARTS/attention BUDGET_S=$(($(left) - 5)) ROUNDS=${ROUNDS:-2} \
         RUN_WALL_S=${RUN_WALL_S:-60} bash gpu/attention/device_check_mlx.sh
+elif [ "$N" = 5 ]; then
+    # Last pair of this session, call 1 (carry ksearch, .device-carry/mlx1 and .gpu-carry):
+    # MLX half 1 stashed, then the attention ping-pong variants (memcheck, racecheck, timing
+    # against the lockstep wgmma variants and SDPA) on the cuda side.
+    bash .device-carry/mlx1/stash.sh
+    if [ -f gpu/attention/pingpong_check.sh ]; then
+        OUT=$PARTS/attention timeout $(($(left) - 5)) bash gpu/attention/pingpong_check.sh
+        echo "pingpong_check exit code $?"
+    fi
+elif [ "$N" = 6 ]; then
+    # Call 2 (carry ksearch and .device-carry/mlx2): MLX's cost per primitive under each
+    # launch setting, then the whole-model bench under the cheapest (every implementation runs
+    # under it; the setting is in the log and mlx-env.json), sync decode loop.
+    # shellcheck disable=SC1091
+    source .device-carry/mlx2/assemble.sh || exit 3
+    export KSEARCH_ROOT=$ROOT KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
+    export KSEARCH_CACHE_DIR=/tmp/ksearch-device-work/cache
+    mkdir -p "$PARTS/mamba"
+    BEST=$(timeout 60 python3 gpu/mamba/mlx_env_probe.py --json "$PARTS/mamba/mlx-env.json" \
+        --print-best)
+    echo "MLX launch setting for the bench: ${BEST:-defaults}"
+    for kv in $BEST; do export "${kv?}"; done
+    timeout $(($(left) - 10)) target/release/ksearch bench mamba --kernel-only \
+        --stock-budget 10 --decode-loop sync ${MAMBA_FLAGS:-} \
+        --timeout $(($(left) - 20)) --save "$PARTS/mamba/bench.json" | tee "$PARTS/mamba/bench.txt"
+    echo "bench mamba exit code $?"
+elif [ "$N" = 7 ]; then
+    # Call 3 (carry ksearch and .device-carry/mlx2): the offline search on the attention
+    # task through the mlx backend, from the naive seed, then show (with the path to the best)
+    # and export. The run store travels back whole.
+    # shellcheck disable=SC1091
+    source .device-carry/mlx2/assemble.sh || exit 3
+    export KSEARCH_ROOT=$ROOT KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
+    export KSEARCH_CACHE_DIR=/tmp/ksearch-device-work/cache
+    RUNS=/tmp/ksearch-device-work/runs
+    mkdir -p "$PARTS/attention" "$RUNS"
+    timeout $(($(left) - 60)) target/release/ksearch run --task attention --backend mlx \
+        --rounds "${ROUNDS:-12}" --max-wall-time "${RUN_WALL_S:-300}" --timing quick --seed 1 \
+        --runs-dir "$RUNS" --json > "$PARTS/attention/run-mlx.json"
+    echo "run exit code $?"
+    RUN_ID=$(ls -t "$RUNS" | head -n 1)
+    if [ -n "$RUN_ID" ]; then
+        target/release/ksearch show "$RUN_ID" --all --runs-dir "$RUNS" \
+            | tee "$PARTS/attention/show-mlx.txt"
+        target/release/ksearch export "$RUN_ID" --runs-dir "$RUNS" \
+            --out "$PARTS/attention/export-mlx"
+        tar -C "$RUNS" -czf "$PARTS/attention/run-store.tar.gz" "$RUN_ID"
+    fi
 else
-    echo "usage: device_session.sh 1|2|3|4" >&2
+    echo "usage: device_session.sh 1|2|3|4|5|6|7" >&2
     exit 2
 fi
 echo "== device_session $N done at $(date +%T) (${SECONDS}s)"
