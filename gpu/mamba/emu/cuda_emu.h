@@ -4,8 +4,24 @@
 // __syncthreads is a barrier of the block; a warp shuffle is an exchange through the warp's
 // slots between two barriers of the lanes in its mask (lanes that left the kernel, which the
 // device code only allows for whole groups, are never waited for). __shared__ becomes `static`,
-// which is right because blocks run one after the other. Timing means nothing here, only
-// results; a deadlock (a barrier that can never complete) aborts with a message.
+// which is right because a block's shared memory is only used between grid barriers (below).
+// Timing means nothing here, only results; a deadlock (a barrier that can never complete)
+// aborts with a message.
+//
+// Grid barriers. Blocks run one at a time. A kernel that waits for other blocks (a software
+// grid barrier: thread 0 polls a flag in global memory while the block's other threads wait at
+// __syncthreads) calls emu::poll() in its polling loop; the block is then suspended, its fibers
+// kept, and the next block starts, or a suspended one resumes. So blocks run phase by phase in
+// an order that changes from barrier to barrier, and the barrier's own code (atomics, counts,
+// generations) runs unchanged. Since `__shared__` is one static array for all blocks, a kernel
+// must never read shared memory across a grid barrier that it wrote before it: each phase
+// rewrites what it reads (the device needs nothing of the sort, so a kernel that broke this
+// rule would pass on the GPU and fail here, not the other way round). A grid in which nothing
+// but polling happens for a whole round (a block never arrives) is stalled: emu::poll() then
+// reports a spin count beyond any limit, as the device would after its time-out, and a kernel
+// that still only polls aborts with "deadlock". emu::max_resident caps the blocks started and
+// not finished (0: no cap), which models a grid larger than what the GPU holds at once. Blocks
+// that never poll keep the old behaviour: each runs to its end and is freed before the next.
 #pragma once
 
 #include <ucontext.h>
@@ -64,13 +80,21 @@ struct Fiber {
   std::unique_ptr<char[]> stack;
   bool done = false;
   bool waiting = false;
+  bool polling = false;    // in emu::poll(): not run again until its block is resumed
+  bool from_poll = false;  // resumed from emu::poll() (a fiber that only polls again made no progress)
 };
+
+struct Barrier;
+struct Warp;
 
 struct Block {
   ucontext_t main;
   std::vector<Fiber> fibers;
   int current = 0;
   std::function<void()> body;
+  dim3 idx;
+  std::unique_ptr<Barrier> bar;
+  std::vector<Warp> warps;
 };
 
 inline Block* block = nullptr;
@@ -115,6 +139,20 @@ struct Warp {
 
 inline Barrier* block_barrier = nullptr;
 inline std::vector<Warp>* warps = nullptr;
+// Grid state of the launch in progress (see the top of this file).
+inline unsigned int max_resident = 0;
+inline bool stalled = false;
+inline bool progress = false;
+
+// Called by a kernel's polling loop: suspends the block until the scheduler comes back to it;
+// returns how many polls this stands for (1, or a count beyond any spin limit when the whole
+// grid only polls).
+inline unsigned long long poll() {
+  Fiber& f = block->fibers[block->current];
+  f.polling = true;
+  yield();
+  return stalled ? (1ull << 62) : 1ull;
+}
 
 inline int lane() { return static_cast<int>(threadIdx.x % 32); }
 
@@ -140,56 +178,111 @@ inline void trampoline() {
   swapcontext(&f.ctx, &block->main);
 }
 
-// Runs `body` as a grid of blocks (one block at a time), each block's threads as fibers.
-template <typename F>
-void launch(dim3 grid, unsigned int threads, F body) {
-  constexpr size_t kStack = 64 * 1024;
-  for (unsigned int by = 0; by < grid.y; ++by) {
-    for (unsigned int bx = 0; bx < grid.x; ++bx) {
-      Block b;
-      b.body = body;
-      b.fibers.resize(threads);
-      Barrier bar(static_cast<int>(threads));
-      std::vector<Warp> ws((threads + 31) / 32);
-      block = &b;
-      block_barrier = &bar;
-      warps = &ws;
-      blockIdx = dim3{bx, by, 0};
-      blockDim = dim3{threads, 1, 1};
-      gridDim = grid;
-      for (unsigned int t = 0; t < threads; ++t) {
-        Fiber& f = b.fibers[t];
-        f.stack.reset(new char[kStack]);
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = f.stack.get();
-        f.ctx.uc_stack.ss_size = kStack;
-        f.ctx.uc_link = nullptr;
-        makecontext(&f.ctx, trampoline, 0);
-      }
-      for (;;) {
-        bool progress = false, running = false;
-        for (unsigned int t = 0; t < threads; ++t) {
-          Fiber& f = b.fibers[t];
-          if (f.done) continue;
-          running = true;
-          if (f.waiting) continue;
-          b.current = static_cast<int>(t);
-          threadIdx = dim3{t, 0, 0};
-          swapcontext(&b.main, &f.ctx);
-          progress = true;
-        }
-        if (!running) break;
-        if (!progress) {
-          std::fprintf(stderr, "emu: deadlock in block (%u, %u): every thread waits\n", bx, by);
-          std::abort();
-        }
-      }
+// Runs the block's fibers until they all finished (true) or every fiber left waits, at least
+// one of them in poll() (false: the block is suspended at a grid barrier and resumes later).
+inline bool run_block(Block& b, dim3 grid) {
+  block = &b;
+  block_barrier = b.bar.get();
+  warps = &b.warps;
+  blockIdx = b.idx;
+  blockDim = dim3{static_cast<unsigned int>(b.fibers.size()), 1, 1};
+  gridDim = grid;
+  for (Fiber& f : b.fibers) {
+    if (f.polling) {
+      f.polling = false;
+      f.from_poll = true;
+    }
+  }
+  for (;;) {
+    bool ran = false, running = false, polling = false;
+    for (unsigned int t = 0; t < b.fibers.size(); ++t) {
+      Fiber& f = b.fibers[t];
+      if (f.done) continue;
+      running = true;
+      if (f.polling) polling = true;
+      if (f.waiting || f.polling) continue;
+      b.current = static_cast<int>(t);
+      threadIdx = dim3{t, 0, 0};
+      swapcontext(&b.main, &f.ctx);
+      if (!(f.from_poll && f.polling)) progress = true;
+      f.from_poll = false;
+      ran = true;
+    }
+    if (!running) {
       block = nullptr;
+      return true;
+    }
+    if (!ran) {
+      if (polling) {
+        block = nullptr;
+        return false;
+      }
+      std::fprintf(stderr, "emu: deadlock in block (%u, %u): every thread waits\n", b.idx.x,
+                   b.idx.y);
+      std::abort();
     }
   }
 }
 
+// Runs `body` as a grid of blocks (one block at a time), each block's threads as fibers.
+template <typename F>
+void launch(dim3 grid, unsigned int threads, F body) {
+  constexpr size_t kStack = 64 * 1024;
+  const unsigned int total = grid.x * grid.y;
+  unsigned int next = 0;
+  std::vector<std::unique_ptr<Block>> suspended;
+  stalled = false;
+  auto start = [&](unsigned int n) {
+    auto b = std::make_unique<Block>();
+    b->body = body;
+    b->idx = dim3{n % grid.x, n / grid.x, 0};
+    b->fibers.resize(threads);
+    b->bar = std::make_unique<Barrier>(static_cast<int>(threads));
+    b->warps = std::vector<Warp>((threads + 31) / 32);
+    block = b.get();
+    for (unsigned int t = 0; t < threads; ++t) {
+      Fiber& f = b->fibers[t];
+      f.stack.reset(new char[kStack]);
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = f.stack.get();
+      f.ctx.uc_stack.ss_size = kStack;
+      f.ctx.uc_link = nullptr;
+      makecontext(&f.ctx, trampoline, 0);
+    }
+    return b;
+  };
+  while (next < total || !suspended.empty()) {
+    progress = false;
+    // New blocks start while the residency cap allows; one that finishes is freed at once.
+    while (next < total && (max_resident == 0 || suspended.size() < max_resident)) {
+      auto b = start(next++);
+      progress = true;
+      if (!run_block(*b, grid)) suspended.push_back(std::move(b));
+    }
+    // One round over the suspended blocks, in the order they stopped.
+    std::vector<std::unique_ptr<Block>> round;
+    round.swap(suspended);
+    for (auto& b : round) {
+      if (!run_block(*b, grid)) suspended.push_back(std::move(b));
+    }
+    if (progress) {
+      stalled = false;
+    } else if (!stalled) {
+      stalled = true;  // the next round's polls report a spin count beyond any limit
+    } else {
+      std::fprintf(stderr, "emu: deadlock: %zu blocks poll and none of them gives up\n",
+                   suspended.size());
+      std::abort();
+    }
+  }
+  stalled = false;
+}
+
 }  // namespace emu
+
+// A load that bypasses L1 on the device; memory has one level here.
+template <typename T>
+inline T __ldcg(const T* p) { return *p; }
 
 // CUDA's reciprocal square root (the device has it as one instruction).
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }

@@ -36,7 +36,9 @@ class Dtype:
 
 FLOAT16 = Dtype("float16", np.float16, "__half")
 FLOAT32 = Dtype("float32", np.float32, "float")
-_BY_NP = {FLOAT16.np: FLOAT16, FLOAT32.np: FLOAT32}
+INT32 = Dtype("int32", np.int32, "int32_t")
+UINT32 = Dtype("uint32", np.uint32, "uint32_t")
+_BY_NP = {d.np: d for d in (FLOAT16, FLOAT32, INT32, UINT32)}
 
 
 class Array:
@@ -58,6 +60,9 @@ class Array:
     def astype(self, dtype: Dtype) -> "Array":
         return Array(self.np.astype(dtype.np))
 
+    def tolist(self):
+        return self.np.tolist()
+
 
 class Kernel:
     """What mx.fast.cuda_kernel returns: compiled (once per template) and run on call."""
@@ -70,6 +75,7 @@ class Kernel:
         self.source, self.header = source, header
         self.calls = []
         self._libs = {}
+        self.resident_blocks = lambda: 0  # FakeMx sets this to read its own setting
 
     def _library(self, in_types, out_types, template):
         key = (tuple(in_types), tuple(out_types), tuple(template))
@@ -102,14 +108,15 @@ class Kernel:
             f"static void kernel_body({', '.join(params)}) {{", *consts, self.source, "}",
             f"static Shape shape_of(const int32_t* s) {{ Shape r{{}}; for (int i = 0; i < {MAX_NDIM}; ++i) r[i] = s[i]; return r; }}",
             'extern "C" void run(void** ptrs, const int32_t* shapes, unsigned gx, unsigned gy, '
-            "unsigned block) {",
+            "unsigned block, unsigned resident) {",
+            "  emu::max_resident = resident;",
             f"  emu::launch(dim3{{gx, gy, 1}}, block, [&] {{ kernel_body({', '.join(args)}); }});",
             "}", ""])
         lib = compile_unit(unit, "mlxk", ("cuda_emu.h",), f"kernel {self.name} does not compile")
         fn = ctypes.CDLL(str(lib)).run
         fn.restype = None
         fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int32),
-                       ctypes.c_uint, ctypes.c_uint, ctypes.c_uint]
+                       ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint]
         self._libs[key] = fn
         return fn
 
@@ -122,7 +129,10 @@ class Kernel:
             if not isinstance(v, (bool, int, Dtype)):
                 raise ValueError(f"template value {n}={v!r} must be bool, int or Dtype")
         ins = [a if isinstance(a, Array) else Array(np.asarray(a)) for a in inputs]
-        outs = [Array(np.full(tuple(s), np.nan, dtype=d.np)) for s, d in zip(output_shapes, output_dtypes)]
+        # Fresh outputs hold garbage, as MLX's do: NaN, or all bits set for integers.
+        outs = [Array(np.full(tuple(s), np.nan, dtype=d.np) if d.np.kind == "f"
+                      else np.full(tuple(s), -1, dtype=np.int64).astype(d.np))
+                for s, d in zip(output_shapes, output_dtypes)]
         fn = self._library([a.dtype.c for a in ins], [d.c for d in output_dtypes], template)
         ptrs = (ctypes.c_void_p * (len(ins) + len(outs)))(
             *[a.np.ctypes.data for a in ins + outs])
@@ -136,32 +146,38 @@ class Kernel:
         self.calls.append({"grid": tuple(grid), "threadgroup": tuple(threadgroup),
                            "template": template, "blocks": tuple(blocks)})
         fn(ptrs, shapes.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), blocks[0], blocks[1],
-           block[0])
+           block[0], self.resident_blocks())
         return outs
 
 
 class FakeMx(types.ModuleType):
     """`mlx.core` for the module under test: arrays, dtypes, zeros, fast.cuda_kernel."""
 
-    float16, float32 = FLOAT16, FLOAT32
+    float16, float32, int32, uint32 = FLOAT16, FLOAT32, INT32, UINT32
 
     def __init__(self):
         super().__init__("mlx.core")
         self.kernels: list[Kernel] = []
         self.fast = types.SimpleNamespace(cuda_kernel=self._cuda_kernel)
+        self.resident_blocks = 0
 
     def _cuda_kernel(self, **kw):
         k = Kernel(**kw)
+        k.resident_blocks = lambda: self.resident_blocks
         self.kernels.append(k)
         return k
+
+    @staticmethod
+    def synchronize():
+        pass
 
     @staticmethod
     def zeros(shape, dtype=FLOAT32):
         return Array(np.zeros(tuple(shape), dtype=dtype.np))
 
     @staticmethod
-    def array(data):
-        return Array(np.asarray(data))
+    def array(data, dtype=None):
+        return Array(np.asarray(data) if dtype is None else np.asarray(data, dtype=dtype.np))
 
     def load(self, path: Path, name: str = "ksm_fake_module"):
         mlx_pkg = types.ModuleType("mlx")
