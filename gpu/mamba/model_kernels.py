@@ -14,7 +14,11 @@ of a single token, decode is bound by the number of launches, so these kernels f
   sum over states reduced with shuffles;
 - `fused_decode(...)`: a whole residual block for one token in four launches (norm + in_proj +
   conv, x_proj, the step above, out_proj + residual), the projections as warp-per-row products
-  instead of MLX matmuls, so nothing else is launched per block.
+  instead of MLX matmuls, so nothing else is launched per block;
+- `fused_layer_decode(...)`: the same block in ONE launch: a persistent grid (at most one block
+  per SM) runs the four phases one after the other, separated by a software grid barrier whose
+  state lives in two small arrays the caller keeps (`grid_state()`); `grid_failed(poison)` says
+  whether any wait ever timed out (a grid that was not all resident).
 
 The module imports only `mlx.core` and calls nothing but `mx.fast.cuda_kernel` and the kernels
 it makes, so the tests run it on the CPU emulation (emu/fake_mlx.py) unchanged.
@@ -60,6 +64,132 @@ __device__ __forceinline__ float warp_dot(const T* w, const float* v, const long
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   return acc;
+}
+
+// warp_dot with the row length known when compiling: each lane issues all of its 16-byte loads
+// of the row before the first multiply, so a row costs one memory round trip instead of one
+// per 256 columns. The one-kernel decode needs this: its grid has one block per SM, so a warp
+// walks several rows in turn and the loads of one row are all that is in flight. Same order of
+// summation as warp_dot, hence the same result to the bit.
+template <typename T, int COLS>
+__device__ __forceinline__ float warp_dot_n(const T* w, const float* v, const int lane) {
+  constexpr int NL = COLS % 256 == 0 ? COLS / 256 : 1;
+  if (COLS % 256 != 0 || reinterpret_cast<unsigned long long>(w) % 16 != 0) {
+    return warp_dot(w, v, COLS, lane);
+  }
+  Vec8<T> pk[NL];
+#pragma unroll
+  for (int i = 0; i < NL; ++i) pk[i] = *reinterpret_cast<const Vec8<T>*>(w + i * 256 + lane * 8);
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < NL; ++i) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc += to_f(pk[i].x[j]) * v[i * 256 + lane * 8 + j];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  return acc;
+}
+
+// ---- The grid barrier of the one-kernel decode ----------------------------------------------
+// MLX launches an mx.fast.cuda_kernel as a plain kernel node of its CUDA graph, never as a
+// cooperative launch, so cooperative_groups' grid.sync() is not available. This is a software
+// grid barrier instead, and like every such barrier it is only correct if all blocks of the
+// grid are resident at once: the wrapper launches at most one block per SM (256 threads, ~9 KB
+// of shared memory: any recent GPU holds that). So that a grid that is not resident anyway
+// (another kernel holding SMs, a wrong SM count) is reported rather than hanging the GPU, a
+// wait gives up after LIMIT polls and sets the model's poison flag.
+//
+// State, zeroed once by the host and then only changed here: bar = {arrivals, generation} of
+// one launch site (one per layer), poison = {a wait timed out} of the whole model. A completed
+// barrier leaves `arrivals` at 0, so the next launch starts from a clean state; the generation
+// only grows (wrapping) and waiters compare it for equality only.
+#ifdef KSM_EMULATION
+// The CPU emulation runs one fiber at a time and switches only at barriers and polls, so
+// plain accesses are atomic and ordered there; poll() lets the other blocks run.
+__device__ __forceinline__ unsigned int ld_relaxed(const unsigned int* p) { return *p; }
+__device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) { return *p; }
+__device__ __forceinline__ void st_relaxed(unsigned int* p, const unsigned int v) { *p = v; }
+__device__ __forceinline__ unsigned int add_acq_rel(unsigned int* p, const unsigned int v) {
+  const unsigned int old = *p;
+  *p = old + v;
+  return old;
+}
+__device__ __forceinline__ void add_release(unsigned int* p, const unsigned int v) { *p += v; }
+__device__ __forceinline__ unsigned long long poll_pause() { return emu::poll(); }
+#else
+// GPU-scope strong operations in PTX (sm_70 and later), generic addresses. Chosen over
+// volatile accesses plus __threadfence() because each states the one ordering its access
+// needs: the memory model then guarantees the barrier, where volatile + fences rely on the
+// fences' (stronger, slower) sequential consistency.
+__device__ __forceinline__ unsigned int ld_relaxed(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.relaxed.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed(unsigned int* p, const unsigned int v) {
+  asm volatile("st.relaxed.gpu.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned int add_acq_rel(unsigned int* p, const unsigned int v) {
+  unsigned int old;
+  asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ void add_release(unsigned int* p, const unsigned int v) {
+  asm volatile("red.release.gpu.add.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+// No sleep between polls: a barrier wait is a few microseconds, and a sleep would add its
+// wake-up latency to every one of them.
+__device__ __forceinline__ unsigned long long poll_pause() { return 1ull; }
+#endif
+
+// At kernel start, thread 0: whether an earlier launch of this model timed out. A barrier that
+// timed out has lost count for good (the arrival it waited for comes late or never), so later
+// launches skip their waits and finish fast, with garbage, until the host reads the flag.
+template <bool ON>
+__device__ __forceinline__ int grid_begin(const unsigned int* poison) {
+  return ON && threadIdx.x == 0 && ld_relaxed(poison) != 0u;
+}
+
+// Every thread of every block calls this between two phases. `failed` is thread 0's: set when
+// its wait timed out (or the model was poisoned), after which it no longer arrives or waits.
+template <bool ON, int LIMIT>
+__device__ __forceinline__ void grid_sync(unsigned int* bar, unsigned int* poison, int& failed) {
+  // The block's writes of this phase are ordered before thread 0's arrival by bar.sync, and
+  // the arrival's release half publishes them at GPU scope (PTX's release is cumulative).
+  __syncthreads();
+  if (ON && threadIdx.x == 0 && !failed) {
+    // The generation is read before arriving: once this block has arrived, the last one may
+    // bump it at any moment, and a value read after that would be waited for in vain. The
+    // release half of the arrival keeps this load before it.
+    const unsigned int gen = ld_relaxed(bar + 1);
+    const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
+    if (add_acq_rel(bar, 1u) == blocks - 1u) {
+      // The last arrival has acquired every earlier one (the arrivals are one chain of
+      // read-modify-writes on the count). Reset the count for the next barrier first, then
+      // publish the new generation with release: waiters that see it see everything above.
+      st_relaxed(bar, 0u);
+      add_release(bar + 1, 1u);
+    } else {
+      // The generation is looked at before the limit, so a wait is only given up if it was
+      // still unchanged after LIMIT polls.
+      for (unsigned long long spins = 0; ld_acquire(bar + 1) == gen; spins += poll_pause()) {
+        if (spins >= (unsigned long long)LIMIT) {
+          failed = 1;
+          st_relaxed(poison, 1u);
+          break;
+        }
+      }
+    }
+  }
+  // The other threads read other blocks' results only after thread 0's acquire; this bar.sync
+  // carries that ordering to them.
+  __syncthreads();
 }
 }  // namespace ksm_model
 """
@@ -213,8 +343,138 @@ OUT_BODY = r"""
   }
 """
 
+# The whole block in one launch (fused_layer_decode): phases 1, 2, the step and 4 above, each
+# strided over the whole grid (any number of blocks is correct), separated by grid barriers.
+# Extra inputs: barrier (uint32 [4]: this layer's arrivals and generation) and poison (uint32
+# [4]: the model's time-out flag), both mutated in place. Extra outputs: the scratch vectors xcz
+# [batch, 2 DI], dbc [batch, R + 2 NS], y [batch, DI] that the phases hand on, and status
+# [blocks] (1 where a block's barrier wait timed out or the model was already poisoned).
+# GRID_SYNC = false drops the barriers (only for the test that shows they are needed).
+LAYER_BODY = r"""
+  using namespace ksm_model;
+  // Invariant: shared memory is never read across a grid barrier; every phase fills `v` (and
+  // `red`) before reading it. The CPU emulation depends on it (its __shared__ is one static
+  // array for all blocks, and a block resumes from a barrier after others have run); the
+  // device does not, but a phase must not count on what an earlier one left there.
+  __shared__ float v[DM > DI ? DM : DI];
+  __shared__ float red[32];
+  // MLX passes inputs as const and treats them as unchanging; these two are changed on purpose
+  // (why that is sound: fused_layer_decode in model_kernels.py).
+  unsigned int* const bar = const_cast<unsigned int*>(barrier);
+  unsigned int* const bad = const_cast<unsigned int*>(poison);
+  constexpr int RN = R + 2 * NS;
+  const long long batch = x_shape[0];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const long long gw = (long long)blockIdx.x * warps + warp, nw = (long long)gridDim.x * warps;
+  int failed = ksm_model::grid_begin<GRID_SYNC>(bad);
+
+  // A. RMS norm of x (every block, into v); in_proj rows over all warps of the grid. Rows < DI
+  // go through the causal conv with the cache and silu (x rounded to T first, as in_proj's
+  // output would be) and shift the cache; rows >= DI are z. Out: xcz = [silu(conv), z].
+  for (long long b = 0; b < batch; ++b) {
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < DM; c += blockDim.x) {
+      const float xv = to_f(x[b * DM + c]);
+      v[c] = xv;
+      ss += xv * xv;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < warps; ++w) total += red[w];
+    const float inv = rsqrtf(total / DM + eps[0]);
+    for (int c = threadIdx.x; c < DM; c += blockDim.x) v[c] = v[c] * inv * to_f(norm_w[c]);
+    __syncthreads();
+    for (long long r = gw; r < 2 * DI; r += nw) {
+      const float val = warp_dot_n<T, DM>(w_in + r * DM, v, lane);
+      if (lane != 0) continue;
+      if (r < DI) {
+        T xr;
+        from_f(val, xr);
+        float acc = to_f(conv_b[r]) + to_f(conv_w[r * K + K - 1]) * to_f(xr);
+        for (int k = 0; k < K - 1; ++k) {
+          acc += to_f(conv_w[r * K + k]) * to_f(cache[(b * (K - 1) + k) * DI + r]);
+        }
+        for (int k = 0; k < K - 2; ++k) {
+          new_cache[(b * (K - 1) + k) * DI + r] = cache[(b * (K - 1) + k + 1) * DI + r];
+        }
+        new_cache[(b * (K - 1) + K - 2) * DI + r] = xr;
+        from_f(silu(acc), xcz[b * 2 * DI + r]);
+      } else {
+        from_f(val, xcz[b * 2 * DI + r]);
+      }
+    }
+    __syncthreads();  // v and red are rewritten for the next batch row
+  }
+  ksm_model::grid_sync<GRID_SYNC, SPIN_LIMIT>(bar, bad, failed);
+
+  // Values other blocks wrote in this launch (xcz, dbc, y) are read with __ldcg, which caches
+  // in L2 only. The barrier's acquire already orders these reads after those writes, and on
+  // current GPUs a GPU-scope acquire also invalidates the SM's L1; __ldcg makes that second
+  // point moot (L2 is where all SMs meet) at no cost here, each value being read once per
+  // block. The kernel's own inputs never change while it runs and use ordinary loads.
+
+  // B. x_proj: dbc [batch, RN] = w_x . u, u the first DI values of xcz.
+  for (long long b = 0; b < batch; ++b) {
+    for (int c = threadIdx.x; c < DI; c += blockDim.x) v[c] = to_f(__ldcg(xcz + b * 2 * DI + c));
+    __syncthreads();
+    for (long long r = gw; r < RN; r += nw) {
+      const float val = warp_dot_n<T, DI>(w_x + r * DI, v, lane);
+      if (lane == 0) from_f(val, dbc[b * RN + r]);
+    }
+    __syncthreads();
+  }
+  ksm_model::grid_sync<GRID_SYNC, SPIN_LIMIT>(bar, bad, failed);
+
+  // C. The step, one thread per (channel, state) as in STEP_BODY, strided over the grid. The
+  // stride is a multiple of 32 and NS divides 32, so the NS lanes of a channel stay together
+  // and leave the loop together.
+  {
+    const long long total = batch * DI * NS, stride = (long long)gridDim.x * blockDim.x;
+    const unsigned int mask = (unsigned int)((1ull << NS) - 1ull)
+                              << ((threadIdx.x & 31u) & ~(unsigned int)(NS - 1));
+    for (long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x; gid < total;
+         gid += stride) {
+      const long long ch = gid / NS, b = ch / DI, d = ch % DI;
+      const int n = (int)(gid % NS);
+      const T* row = dbc + b * RN;
+      float dt = 0.f;
+      for (int r = n; r < R; r += NS) dt += to_f(__ldcg(row + r)) * to_f(w_dt[d * R + r]);
+#pragma unroll
+      for (int off = NS / 2; off > 0; off >>= 1) dt += __shfl_xor_sync(mask, dt, off, NS);
+      dt = softplus(dt + dt_bias[d]);
+      const float u = to_f(__ldcg(xcz + b * 2 * DI + d));
+      const long long s = ch * NS + n;
+      const float h = expf(dt * A[d * NS + n]) * h0[s] + dt * u * to_f(__ldcg(row + R + n));
+      h_out[s] = h;
+      float part = h * to_f(__ldcg(row + R + NS + n));
+#pragma unroll
+      for (int off = NS / 2; off > 0; off >>= 1) part += __shfl_xor_sync(mask, part, off, NS);
+      if (n == 0) {
+        const float z = to_f(__ldcg(xcz + b * 2 * DI + DI + d));
+        from_f((part + D[d] * u) * silu(z), y[ch]);
+      }
+    }
+  }
+  ksm_model::grid_sync<GRID_SYNC, SPIN_LIMIT>(bar, bad, failed);
+
+  // D. out_proj with the residual: x_out = x + w_out . y.
+  for (long long b = 0; b < batch; ++b) {
+    for (int c = threadIdx.x; c < DI; c += blockDim.x) v[c] = to_f(__ldcg(y + b * DI + c));
+    __syncthreads();
+    for (long long r = gw; r < DM; r += nw) {
+      const float val = warp_dot_n<T, DI>(w_out + r * DI, v, lane);
+      if (lane == 0) from_f(to_f(x[b * DM + r]) + val, x_out[b * DM + r]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) status[blockIdx.x] = failed;
+"""
+
 _TAG = hashlib.sha256((HEADER + CONV_BODY + STEP_BODY + IN_CONV_BODY + XPROJ_BODY
-                       + OUT_BODY).encode()).hexdigest()[:12]
+                       + OUT_BODY + LAYER_BODY).encode()).hexdigest()[:12]
 THREADS = 256
 
 _CONV = mx.fast.cuda_kernel(
@@ -238,7 +498,22 @@ _XPROJ = mx.fast.cuda_kernel(
 _OUT = mx.fast.cuda_kernel(
     name=f"ksm_out_res_{_TAG}", input_names=["x", "y", "w_out"], output_names=["x_out"],
     source=OUT_BODY, header=HEADER, ensure_row_contiguous=True)
+_LAYER = mx.fast.cuda_kernel(
+    name=f"ksm_layer_{_TAG}",
+    input_names=["x", "norm_w", "eps", "w_in", "cache", "conv_w", "conv_b", "w_x", "w_dt",
+                 "dt_bias", "A", "D", "w_out", "h0", "barrier", "poison"],
+    output_names=["x_out", "new_cache", "h_out", "xcz", "dbc", "y", "status"],
+    source=LAYER_BODY, header=HEADER, ensure_row_contiguous=True)
 ROWS_PER_BLOCK = THREADS // 32  # one warp per output row
+# Polls before a grid-barrier wait gives up: a GPU-scope load per poll, ~0.3-0.5 us on an H200
+# (an estimate, not measured), so about 1-2 s, against a few microseconds for a normal wait.
+SPIN_LIMIT = 1 << 22
+# Blocks of the one-kernel decode when the SM count cannot be found out.
+DEFAULT_BLOCKS = 64
+# SM counts by device name, for MLX versions whose mx.device_info() does not report it (0.32
+# reports name and architecture only); the first listed substring found in the name wins.
+_KNOWN_SMS = (("GH200", 132), ("H200", 132), ("H100 PCIe", 114), ("H100", 132), ("H800", 132),
+              ("A100", 108), ("L40S", 142), ("L40", 142), ("RTX 4090", 128))
 
 
 def _rows_grid(rows: int) -> tuple[int, int, int]:
@@ -299,18 +574,8 @@ def fused_decode(x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, dt_bias
     w_in [2 dim, DM], conv_w [dim, K, 1], conv_b [dim], w_x [R + 2N, dim], w_dt [dim, R],
     w_out [DM, dim] are mlx-lm's weights (no in/out projection biases); dt_bias, D [dim] and A
     [dim, N] f32."""
-    batch, d_model = x.shape
-    dim, N = A.shape
-    K = conv_w.shape[1]
-    R = w_dt.shape[1]
-    if N > 32 or N & (N - 1):
-        raise ValueError(f"fused_decode needs a power-of-two state size up to 32, got {N}")
-    if w_in.shape != (2 * dim, d_model) or w_out.shape != (d_model, dim):
-        raise ValueError(f"projections {w_in.shape}, {w_out.shape} do not fit x {x.shape} and "
-                         f"dim {dim}")
-    if w_x.shape != (R + 2 * N, dim) or cache.shape != (batch, K - 1, dim) or K < 2:
-        raise ValueError(f"x_proj {w_x.shape} or conv cache {cache.shape} do not fit dim {dim}, "
-                         f"N {N}, rank {R}, K {K}")
+    batch, d_model, dim, N, K, R = _decode_shapes("fused_decode", x, w_in, cache, conv_w, w_x,
+                                                  w_dt, A, w_out)
     t = x.dtype
     xcz, new_cache = _IN_CONV(
         inputs=[x, norm_w, eps, w_in, cache, conv_w, conv_b],
@@ -324,4 +589,100 @@ def fused_decode(x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, dt_bias
     (x_out,) = _OUT(inputs=[x, y, w_out], template=[("T", t), ("DM", d_model), ("DI", dim)],
                     grid=_rows_grid(d_model), threadgroup=(THREADS, 1, 1),
                     output_shapes=[(batch, d_model)], output_dtypes=[t])
+    return x_out, new_cache, h
+
+
+def _decode_shapes(name, x, w_in, cache, conv_w, w_x, w_dt, A, w_out):
+    batch, d_model = x.shape
+    dim, N = A.shape
+    K = conv_w.shape[1]
+    R = w_dt.shape[1]
+    if N > 32 or N & (N - 1):
+        raise ValueError(f"{name} needs a power-of-two state size up to 32, got {N}")
+    if w_in.shape != (2 * dim, d_model) or w_out.shape != (d_model, dim):
+        raise ValueError(f"projections {w_in.shape}, {w_out.shape} do not fit x {x.shape} and "
+                         f"dim {dim}")
+    if w_x.shape != (R + 2 * N, dim) or cache.shape != (batch, K - 1, dim) or K < 2:
+        raise ValueError(f"x_proj {w_x.shape} or conv cache {cache.shape} do not fit dim {dim}, "
+                         f"N {N}, rank {R}, K {K}")
+    return batch, d_model, dim, N, K, R
+
+
+def sm_count(default: int = DEFAULT_BLOCKS) -> int:
+    """The GPU's SM count as far as MLX tells it: a count key of mx.device_info() if there is
+    one, else the count of a known device name, else `default`."""
+    try:
+        info = dict(mx.device_info())
+    except Exception:
+        return default
+    for key in ("multi_processor_count", "multiprocessor_count", "num_sms", "sm_count"):
+        if isinstance(info.get(key), int) and info[key] > 0:
+            return int(info[key])
+    name = str(info.get("device_name", ""))
+    for part, sms in _KNOWN_SMS:
+        if part in name:
+            return sms
+    return default
+
+
+def grid_state():
+    """A zeroed uint32 [4] for fused_layer_decode: one per launch site (the barrier) and one per
+    model (the poison flag), created once and kept. Built from a list so that it is a real
+    buffer: mx.zeros may be a broadcast scalar, which a kernel input gets as a fresh copy each
+    call, and then the kernel's changes would be lost."""
+    return mx.array([0, 0, 0, 0], dtype=mx.uint32)
+
+
+def grid_failed(poison) -> bool:
+    """Whether any grid-barrier wait of the model owning `poison` has timed out since it was
+    created. Waits for the device (one synchronisation): call it once, not per token."""
+    mx.synchronize()
+    return bool(poison.tolist()[0])
+
+
+def fused_layer_decode(x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, dt_bias, A, D,
+                       w_out, h0, barrier, poison, *, blocks: int | None = None,
+                       spin_limit: int = SPIN_LIMIT, grid_sync: bool = True,
+                       with_status: bool = False):
+    """fused_decode's block in one launch: the same arguments and results, plus `barrier` (this
+    launch site's grid-barrier state) and `poison` (the model's time-out flag), both from
+    grid_state(). `blocks`: the grid (default: one per SM, sm_count()); every phase strides over
+    it, so any count is correct as long as all blocks are resident at once. with_status also
+    returns status [blocks] int32 (1: that block's wait timed out, or the model was poisoned).
+    grid_sync=False drops the barriers: wrong results, for the test that shows they matter.
+
+    The two state arrays are inputs that the kernel changes through a const_cast, against
+    MLX's view of inputs as unchanging. This is sound here because:
+    - outputs cannot carry state: MLX allocates them afresh for every call, and init_value
+      would add a fill launch per output, which is what this kernel exists to avoid;
+    - a completed barrier leaves its count at 0 (the generation only has to change), so the
+      zeros the array was created with stay a valid start for every later launch;
+    - launches sharing `barrier` never overlap: MLX's CUDA graphs order nodes by data
+      dependence, and each launch of a layer reads the conv cache and state the previous one
+      of that layer wrote (hence one `barrier` per layer, not one per model: two layers of
+      different tokens can be independent, one layer of consecutive tokens cannot);
+    - `poison` is shared by all layers, but only ever set, and read at the start of a launch.
+    The arrays must be real buffers, row-contiguous and kept alive (grid_state()), or MLX would
+    hand the kernel a copy."""
+    batch, d_model, dim, N, K, R = _decode_shapes("fused_layer_decode", x, w_in, cache, conv_w,
+                                                  w_x, w_dt, A, w_out)
+    for name, arr in (("barrier", barrier), ("poison", poison)):
+        if arr.dtype != mx.uint32 or tuple(arr.shape) != (4,):
+            raise ValueError(f"{name} must be a uint32 [4] from grid_state(), got "
+                             f"{arr.dtype} {tuple(arr.shape)}")
+    blocks = int(blocks or sm_count())
+    if blocks < 1 or not 1 <= spin_limit < 2 ** 31:
+        raise ValueError(f"need blocks >= 1 and 1 <= spin_limit < 2^31, got {blocks}, {spin_limit}")
+    t = x.dtype
+    x_out, new_cache, h, _xcz, _dbc, _y, status = _LAYER(
+        inputs=[x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, dt_bias, A, D, w_out, h0,
+                barrier, poison],
+        template=[("T", t), ("DM", d_model), ("DI", dim), ("K", K), ("NS", N), ("R", R),
+                  ("SPIN_LIMIT", int(spin_limit)), ("GRID_SYNC", bool(grid_sync))],
+        grid=(blocks * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
+        output_shapes=[(batch, d_model), (batch, K - 1, dim), (batch, dim, N), (batch, 2 * dim),
+                       (batch, R + 2 * N), (batch, dim), (blocks,)],
+        output_dtypes=[t, t, mx.float32, t, t, t, mx.int32])
+    if with_status:
+        return x_out, new_cache, h, status
     return x_out, new_cache, h
