@@ -93,13 +93,16 @@ def check_logits(stock, ours_forward, vocab: int, prompt: int, steps: int, seed:
         mx.eval(ref, got, state)
         m = float(mx.abs(ref).max())
         diff = mx.abs(got - ref).max(axis=-1) / m
-        worst = max(worst, float(diff.max()))
+        # NaN compares false with everything, so max() would drop it: count it as infinite.
+        d = float(diff.max())
+        worst = max(worst, d if math.isfinite(d) else math.inf)
         scale = max(scale, m)
         agree += int((mx.argmax(got, -1) == mx.argmax(ref, -1)).sum())
         count += got.shape[1]
         for c, h in zip(cache, state[1]):
             want = c[1].astype(mx.float32)
-            worst_state = max(worst_state, float(mx.abs(h - want).max() / mx.abs(want).max()))
+            d = float(mx.abs(h - want).max() / mx.abs(want).max())
+            worst_state = max(worst_state, d if math.isfinite(d) else math.inf)
     return {"passed": worst <= CHECK_TOL and worst_state <= CHECK_STATE_TOL
             and agree >= CHECK_ARGMAX * count,
             "prompt_tokens": prompt, "decode_steps": steps, "positions": count,
@@ -550,12 +553,17 @@ def parse_args(argv):
     ap.add_argument("--ops-scan", action="store_true",
                     help="use the MLX-ops scan even where our kernels could run")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--model-kernels", choices=("auto", "fused", "conv", "off"),
+    ap.add_argument("--model-kernels", choices=("auto", "layer", "fused", "conv", "off"),
                     default="auto",
                     help="our kernels around the scan (model_kernels.py). conv: the convolution "
                     "and a fused dt/state/gate decode step beside MLX's matmuls; fused: also a "
-                    "whole block per token in four launches; off: mlx-lm's ops; auto: fused "
-                    "where MLX has a CUDA device, else off")
+                    "whole block per token in four launches; layer: in one launch (a grid "
+                    "barrier between its phases); off: mlx-lm's ops; auto: layer, else fused, "
+                    "else conv where MLX has a CUDA device (each falling back when it fails to "
+                    "build, to match stock or, for layer, when its barrier times out), else off")
+    ap.add_argument("--layer-blocks", type=int, default=None,
+                    help="grid of the one-kernel decode (default: one block per SM as far as "
+                    "MLX tells, else 64); all blocks must be resident at once")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
     return ap.parse_args(argv)
@@ -589,7 +597,7 @@ def main(argv=None) -> int:
     # auto: the fullest path first; one whose kernels fail to build or run, or whose logits
     # disagree with stock mlx-lm, gives way to the next (recorded in kernel.fallbacks).
     if args.model_kernels == "auto":
-        modes = ["fused", "conv", "off"] if mx.cuda.is_available() else ["off"]
+        modes = ["layer", "fused", "conv", "off"] if mx.cuda.is_available() else ["off"]
     else:
         modes = [args.model_kernels]
     log("checking our logits against stock mlx-lm")
@@ -597,10 +605,13 @@ def main(argv=None) -> int:
         try:
             # Loading the kernel module belongs to the attempt: it may fail here too.
             ours = mm.patched_copy(stock, scan, mm.model_kernels() if mode != "off" else None,
-                                   fused_decode=mode == "fused")
+                                   decode=mode if mode in mm.DECODE_PATHS else "conv",
+                                   blocks=args.layer_blocks)
             fwd = OursForward(ours, compile=not args.no_compile)
             check = check_logits(stock, fwd, a.vocab_size, args.check_prompt, args.check_steps,
                                  args.seed)
+            # A grid barrier that timed out (layer) is named before the logits it spoiled.
+            mm.check_grid(ours)
             problem = None if check["passed"] else f"logits check failed: {check}"
         except Exception as e:
             if i == len(modes) - 1:
@@ -612,7 +623,10 @@ def main(argv=None) -> int:
         log(f"model kernels `{mode}`: {problem[:300]}; trying `{modes[i + 1]}`")
     kernel_info["model_kernels"] = mode != "off"
     kernel_info["decode_path"] = {"off": "mlx-lm ops", "conv": "conv and step kernels",
-                                  "fused": "four kernels per block"}[mode]
+                                  "fused": "four kernels per block",
+                                  "layer": "one kernel per block"}[mode]
+    if mode == "layer":
+        kernel_info["layer_blocks"] = ours.backbone.layers[0].mixer.ks_grid.blocks
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "model": {"name": "mamba-370m" if args.config == "370m" and not args.weights else
@@ -646,6 +660,14 @@ def main(argv=None) -> int:
         except Exception as e:  # a broken or missing implementation is reported, not fatal
             row["error"] = f"{type(e).__name__}: {e}"
             log(f"{impl}: {row['error']}")
+    if "ksearch" in impls:
+        try:
+            mm.check_grid(ours)  # once more: a barrier that timed out while timing spoils decode
+        except mm.GridBarrierTimeout as e:
+            row = next(r for r in result["rows"] if r["impl"] == "ksearch")
+            row["error"] = f"decode not reported: {e}"
+            row["decode_tok_s"] = None
+            log(row["error"])
     result["kernel"]["compiled"] = fwd.compile
     if fwd.compile_error:
         result["kernel"]["compile_error"] = fwd.compile_error

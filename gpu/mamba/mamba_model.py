@@ -12,9 +12,10 @@ The scan is chosen when the model is built (`choose_scan`):
 - anywhere else (MLX on CPU, Metal), `MlxOpsScan`: the same chunked scan written with MLX ops,
   which is what the CPU tests run.
 
-`patched_copy(..., kernels)` also replaces the ops around the scan with model_kernels.py's
-kernels (the convolution; with `fused_decode`, a single token's whole block in four launches):
-`layer_forward` is one residual block either way.
+`patched_copy(..., kernels, decode=...)` also replaces the ops around the scan with
+model_kernels.py's kernels: the convolution, and for a single token either the conv and step
+kernels beside MLX's matmuls (decode="conv"), the whole block in four launches ("fused") or in
+one launch with a grid barrier ("layer"). `layer_forward` is one residual block either way.
 
 The SSM state in the cache is float32 (mlx-lm keeps it in the activation dtype); A, D and the
 dt bias enter the scan in float32. `mamba_module()` imports `mlx_lm.models.mamba` without
@@ -356,18 +357,23 @@ def make_block_class():
 
     KsMambaBlock.ks_kernels = None
     KsMambaBlock.ks_consts = None
-    KsMambaBlock.ks_fused_decode = False
+    KsMambaBlock.ks_decode = "conv"
+    KsMambaBlock.ks_grid = None
     return KsMambaBlock
+
+
+# How a single token goes through a block with our kernels (patched_copy's `decode`).
+DECODE_PATHS = ("layer", "fused", "conv")
 
 
 def layer_forward(layer, x, conv_cache, state_cache):
     """One residual block of our model: (x + block(norm(x)), (conv cache, state)). A single
-    token goes through `model_kernels.fused_decode` (four launches for the whole block) when
-    patched_copy enabled it and the block has its plain form (no projection biases, no B/C/dt
-    norms); everything else through the mixer's ks_mix."""
+    token goes through `model_kernels.fused_layer_decode` (one launch for the whole block) or
+    `fused_decode` (four) when patched_copy chose that path and the block has its plain form
+    (no projection biases, no B/C/dt norms); everything else through the mixer's ks_mix."""
     mixer = layer.mixer
     kern, N = mixer.ks_kernels, mixer.ssm_state_size
-    if (x.shape[1] == 1 and mixer.ks_fused_decode and kern is not None
+    if (x.shape[1] == 1 and mixer.ks_decode in ("layer", "fused") and kern is not None
             and not mixer.use_bcdt_rms and "bias" not in mixer.in_proj
             and "bias" not in mixer.out_proj and N <= 32 and N & (N - 1) == 0):
         batch = x.shape[0]
@@ -378,10 +384,15 @@ def layer_forward(layer, x, conv_cache, state_cache):
             state_cache = mx.zeros((batch, dim, N), dtype=mx.float32)
         A, D, dt_bias = mixer.ks_consts.arrays
         conv_b = mixer.conv1d.bias if "bias" in mixer.conv1d else mx.zeros((dim,), x.dtype)
-        x_out, new_conv, h = kern.fused_decode(
-            x[:, 0], layer.norm.weight, mixer.ks_consts.eps, mixer.in_proj.weight, conv_cache,
-            mixer.conv1d.weight, conv_b, mixer.x_proj.weight, mixer.dt_proj.weight, dt_bias, A,
-            D, mixer.out_proj.weight, state_cache)
+        args = (x[:, 0], layer.norm.weight, mixer.ks_consts.eps, mixer.in_proj.weight,
+                conv_cache, mixer.conv1d.weight, conv_b, mixer.x_proj.weight,
+                mixer.dt_proj.weight, dt_bias, A, D, mixer.out_proj.weight, state_cache)
+        if mixer.ks_decode == "layer":
+            g = mixer.ks_grid
+            x_out, new_conv, h = kern.fused_layer_decode(*args, g.barrier, g.poison,
+                                                         blocks=g.blocks)
+        else:
+            x_out, new_conv, h = kern.fused_decode(*args)
         return x_out[:, None], (new_conv, h)
     return mixer.ks_mix(layer.norm(x), x, conv_cache, state_cache)
 
@@ -403,6 +414,35 @@ def _probe_addmm() -> bool:
 def _float32_consts(mixer):
     f = mx.float32
     return (-mx.exp(mixer.A_log.astype(f)), mixer.D.astype(f), mixer.dt_proj.bias.astype(f))
+
+
+class _Grid:
+    """The one-kernel decode's grid-barrier state of one block (a plain holder, for the same
+    reason as _Consts): its own barrier array, the model's poison flag, the grid size."""
+
+    def __init__(self, barrier, poison, blocks):
+        self.barrier = barrier
+        self.poison = poison
+        self.blocks = blocks
+
+
+class GridBarrierTimeout(RuntimeError):
+    """A grid-barrier wait of the one-kernel decode gave up: its blocks were not all resident."""
+
+
+def check_grid(model) -> None:
+    """Raises GridBarrierTimeout if any grid-barrier wait of `model`'s one-kernel decode has
+    timed out since patched_copy built it (its results since then are garbage). One device
+    synchronisation: call it after a check or a run, not per token. No-op for other paths."""
+    grids = [l.mixer.ks_grid for l in model.backbone.layers
+             if getattr(l.mixer, "ks_decode", None) == "layer" and l.mixer.ks_grid is not None]
+    if not grids:
+        return
+    kern = model.backbone.layers[0].mixer.ks_kernels
+    if kern.grid_failed(grids[0].poison):
+        raise GridBarrierTimeout(
+            f"a grid barrier of the one-kernel decode timed out: its {grids[0].blocks} blocks "
+            "were not all resident on the GPU at once (fewer blocks, or another decode path)")
 
 
 class _Consts:
@@ -455,22 +495,39 @@ def init_dt_bias(model, dt_min: float = 1e-3, dt_max: float = 0.1):
         dt_proj.bias = dt + mx.log(-mx.expm1(-dt))  # the inverse of softplus
 
 
-def patched_copy(stock, scan, kernels=None, fused_decode=False):
+def patched_copy(stock, scan, kernels=None, decode: str | None = None, *, fused_decode=False,
+                 blocks: int | None = None):
     """A second mlx-lm Model sharing `stock`'s weight arrays, whose blocks use `scan` and, when
-    given, the model kernels (`model_kernels` or a stand-in with its functions); with
-    `fused_decode` a single token takes layer_forward's four-launch path."""
+    given, the model kernels (`model_kernels` or a stand-in with its functions). `decode` picks
+    how a single token goes through a block with kernels: "conv" (the default: the conv and
+    step kernels beside MLX's matmuls), "fused" (four launches per block; `fused_decode=True`
+    is the older spelling), "layer" (one launch per block over a grid of `blocks` blocks,
+    default one per SM; check_grid(model) then tells whether its barrier ever timed out)."""
     global _ADDMM_WORKS
+    if isinstance(decode, bool):  # the fourth positional argument used to be fused_decode
+        decode, fused_decode = None, decode
+    if decode is None:
+        decode = "fused" if fused_decode else "conv"
+    if decode not in DECODE_PATHS:
+        raise ValueError(f"decode must be one of {DECODE_PATHS}, got {decode!r}")
     mamba = mamba_module()
     block_cls = make_block_class()
     model = mamba.Model(stock.args)
     model.update(stock.parameters())
+    poison = None
     if kernels is not None:
         _ADDMM_WORKS = _probe_addmm()
+        if decode == "layer":
+            blocks = int(blocks or kernels.sm_count())
+            poison = kernels.grid_state()
     for layer in model.backbone.layers:
         layer.mixer.__class__ = block_cls
         layer.mixer.ks_scan = scan
         layer.mixer.ks_kernels = kernels
-        layer.mixer.ks_fused_decode = bool(fused_decode and kernels is not None)
+        layer.mixer.ks_decode = decode if kernels is not None else "conv"
+        if poison is not None:
+            # One barrier per layer (see fused_layer_decode for why), one poison flag in all.
+            layer.mixer.ks_grid = _Grid(kernels.grid_state(), poison, blocks)
         if kernels is not None:
             # Computed here, outside any traced function, so that a compiled forward sees
             # constants rather than ops; the weights do not change while a model generates.

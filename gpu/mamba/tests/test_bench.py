@@ -84,8 +84,9 @@ def test_wrong_logits_are_not_reported(tmp_path):
 
 
 def test_auto_model_kernels_fall_back_when_they_fail(tmp_path, monkeypatch):
-    """On a CUDA device `--model-kernels auto` tries the four-kernel decode, then the conv and
-    step kernels, then mlx-lm's ops; a path whose kernels raise gives way and is recorded."""
+    """On a CUDA device `--model-kernels auto` tries the one-kernel decode, the four-kernel
+    decode, then the conv and step kernels, then mlx-lm's ops; a path whose kernels raise gives
+    way and is recorded."""
     import mamba_model as mm
 
     class Broken:
@@ -109,11 +110,40 @@ def test_auto_model_kernels_fall_back_when_they_fail(tmp_path, monkeypatch):
     out = tmp_path / "b.json"
     assert bench.main(QUICK + ["--impls", "ksearch", "--ops-scan", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert [f["mode"] for f in got["kernel"]["fallbacks"]] == ["fused", "conv"]
+    assert [f["mode"] for f in got["kernel"]["fallbacks"]] == ["layer", "fused", "conv"]
     assert "cannot build the kernel module" in got["kernel"]["fallbacks"][0]["problem"]
-    assert "NVRTC said no" in got["kernel"]["fallbacks"][1]["problem"]
+    assert all("NVRTC said no" in f["problem"] for f in got["kernel"]["fallbacks"][1:])
     assert got["kernel"]["decode_path"] == "mlx-lm ops" and got["check"]["passed"]
     assert got["rows"][0]["decode_tok_s"] > 0
+
+
+@pytest.mark.parametrize("resident,want", [(0, "one kernel per block"),
+                                           (2, "four kernels per block")],
+                         ids=["layer-used", "layer-times-out"])
+def test_the_one_kernel_decode_in_the_bench(tmp_path, monkeypatch, resident, want):
+    """`--model-kernels auto` with model_kernels.py run by the CPU emulation and a grid of 3
+    blocks: used when the emulated GPU holds all 3 at once; when it holds 2, the barrier times
+    out, and the bench names that and falls back to the four-kernel decode."""
+    import emu
+    import mamba_model as mm
+    from emulated import EmulatedModelKernels
+
+    if emu.compiler() is None:
+        pytest.skip("no C++20 compiler for the CPU emulation")
+    monkeypatch.setattr(bench.mx.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mm, "model_kernels", lambda: EmulatedModelKernels(resident))
+    out = tmp_path / "b.json"
+    assert bench.main(QUICK + ["--impls", "ksearch", "--ops-scan", "--layer-blocks", "3",
+                               "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["kernel"]["decode_path"] == want and got["check"]["passed"]
+    assert got["rows"][0]["decode_tok_s"] > 0 and "error" not in got["rows"][0]
+    if resident:
+        (fallback,) = got["kernel"]["fallbacks"]
+        assert fallback["mode"] == "layer" and "GridBarrierTimeout" in fallback["problem"]
+        assert "not all resident" in fallback["problem"]
+    else:
+        assert "fallbacks" not in got["kernel"] and got["kernel"]["layer_blocks"] == 3
 
 
 def test_the_decode_loops_feed_each_step_its_predecessor():

@@ -193,62 +193,96 @@ def test_model_with_our_kernels_on_the_emulation(models, variant, channel_last, 
     assert decode.name.startswith("ksm_decode_") and len(decode.calls) == 3 * 2  # steps x layers
 
 
-class EmulatedModelKernels:
-    """model_kernels.py loaded with the fake mlx.core: its kernels run on the CPU emulation,
-    arrays cross as numpy."""
-
-    def __init__(self):
-        from fake_mlx import FakeMx
-
-        self.fake = FakeMx()
-        self.mod = self.fake.load(mm.HERE / "model_kernels.py", "ksm_fake_model_kernels")
-
-    def _call(self, fn, *arrays):
-        outs = fn(*[self.fake.array(np.array(a)) for a in arrays])
-        return tuple(mx.array(o.np) for o in outs)
-
-    def conv_silu(self, *arrays):
-        return self._call(self.mod.conv_silu, *arrays)
-
-    def ssm_step(self, *arrays):
-        return self._call(self.mod.ssm_step, *arrays)
-
-    def fused_decode(self, *arrays):
-        return self._call(self.mod.fused_decode, *arrays)
-
-
-@pytest.mark.parametrize("fused", [False, True], ids=["conv", "fused"])
-def test_model_kernels_on_the_emulation(models, fused):
-    """The convolution kernel (prompt, continuation and single tokens) and the fused decode
-    step (dt projection, softplus, state update, gate) against stock mlx-lm, and the residual
-    folded into out_proj's matmul."""
-    pytest.importorskip("jinja2", reason="jinja2 renders the families")
+def _emulation_or_skip():
     import emu
 
     if emu.compiler() is None:
         pytest.skip("no C++20 compiler for the CPU emulation")
+
+
+@pytest.mark.parametrize("decode,blocks", [("conv", None), ("fused", None), ("layer", 3),
+                                           ("layer", 1)],
+                         ids=["conv", "fused", "layer-3-blocks", "layer-1-block"])
+def test_model_kernels_on_the_emulation(models, decode, blocks):
+    """The convolution kernel (prompt, continuation and single tokens) and the three decode
+    paths against stock mlx-lm: the conv and step kernels with the residual folded into
+    out_proj's matmul, the block in four launches, the block in one launch (a grid of several
+    blocks with grid barriers between the phases, and of one block)."""
+    _emulation_or_skip()
+    from emulated import EmulatedModelKernels
+
     stock, _ = models
     kernels = EmulatedModelKernels()
-    ours = mm.patched_copy(stock, mm.MlxOpsScan(chunk=16), kernels, fused_decode=fused)
+    ours = mm.patched_copy(stock, mm.MlxOpsScan(chunk=16), kernels, decode=decode, blocks=blocks)
     fwd = bench.OursForward(ours)
     check = bench.check_logits(stock, fwd, 256, prompt=40, steps=3, seed=4)
     assert check["passed"] and check["max_rel_diff"] < 1e-4, check
     assert check["max_state_rel_diff"] < 1e-4
-    calls = {k.name.split("_", 1)[1].rsplit("_", 1)[0]: len(k.calls) for k in kernels.fake.kernels}
     layers = len(stock.backbone.layers)
-    if fused:
-        # The prompt's convolution, then every step through the four block kernels.
-        assert calls == {"conv_silu": layers, "ssm_step": 3 * layers, "in_conv": 3 * layers,
-                         "xproj": 3 * layers, "out_res": 3 * layers}
-    else:
-        assert calls == {"conv_silu": (1 + 3) * layers, "ssm_step": 3 * layers, "in_conv": 0,
-                         "xproj": 0, "out_res": 0}
+    steps = 3 * layers
+    # The prompt's convolution, then every step through the path's kernels.
+    want = {"conv": {"conv_silu": (1 + 3) * layers, "ssm_step": steps},
+            "fused": {"conv_silu": layers, "ssm_step": steps, "in_conv": steps, "xproj": steps,
+                      "out_res": steps},
+            "layer": {"conv_silu": layers, "layer": steps}}[decode]
+    got = {k: v for k, v in kernels.calls().items() if v}
+    assert got == want
+    if decode == "layer":
+        mm.check_grid(ours)  # no wait timed out
+        launch = next(k for k in kernels.fake.kernels if k.name.startswith("ksm_layer_"))
+        assert {c["blocks"][0] for c in launch.calls} == {blocks}
+        # Three barriers per launch, each leaving its count at 0; the poison flag never set.
+        for layer in ours.backbone.layers:
+            g = layer.mixer.ks_grid
+            assert kernels.grid_words(g.barrier) == [0, 3 * 3, 0, 0]
+            assert kernels.grid_words(g.poison) == [0, 0, 0, 0] and g.blocks == blocks
     # A prompt in two pieces: the second starts from the first one's conv cache and state.
     tokens = mx.array(np.random.default_rng(5).integers(0, 256, (1, 30)))
     whole, _ = fwd(tokens, None, all_positions=True)
     _, state = fwd(tokens[:, :13], None, all_positions=True)
     rest, _ = fwd(tokens[:, 13:], state, all_positions=True)
     assert rel(rest, whole[:, 13:]) < 1e-5
+
+
+def test_the_one_kernel_decode_needs_its_grid_barriers(models):
+    """The mutation that shows the barriers matter: the same kernel compiled without them
+    (GRID_SYNC = false) lets a block read what other blocks have not written yet, and the logits
+    check fails; with one block, where no other block exists, the same kernel passes."""
+    _emulation_or_skip()
+    from emulated import EmulatedModelKernels
+
+    stock, _ = models
+    for blocks, passes in ((3, False), (1, True)):
+        kernels = EmulatedModelKernels(grid_sync=False)
+        ours = mm.patched_copy(stock, mm.MlxOpsScan(chunk=16), kernels, decode="layer",
+                               blocks=blocks)
+        check = bench.check_logits(stock, bench.OursForward(ours), 256, prompt=16, steps=2,
+                                   seed=4)
+        assert check["passed"] == passes, (blocks, check)
+        assert kernels.calls()["layer"] == 2 * len(stock.backbone.layers)
+
+
+def test_a_grid_that_is_not_resident_raises(models):
+    """A grid of 3 blocks on an emulated GPU that holds 2 at once: the first two wait at the
+    first barrier for a block that cannot start, give up after the spin limit and poison the
+    model; check_grid then raises, and later launches skip their waits instead of each
+    timing out again."""
+    _emulation_or_skip()
+    from emulated import EmulatedModelKernels
+
+    stock, _ = models
+    kernels = EmulatedModelKernels(resident_blocks=2)
+    ours = mm.patched_copy(stock, mm.MlxOpsScan(chunk=16), kernels, decode="layer", blocks=3)
+    fwd = bench.OursForward(ours)
+    check = bench.check_logits(stock, fwd, 256, prompt=16, steps=2, seed=4)
+    with pytest.raises(mm.GridBarrierTimeout, match="not all resident"):
+        mm.check_grid(ours)
+    assert not check["passed"]
+    grids = [l.mixer.ks_grid for l in ours.backbone.layers]
+    assert kernels.grid_words(grids[0].poison)[0] == 1
+    # Layer 0's first launch timed out with two arrivals counted; every later launch saw the
+    # poison flag at its start and never arrived.
+    assert [kernels.grid_words(g.barrier)[:2] for g in grids] == [[2, 0]] + [[0, 0]] * (len(grids) - 1)
 
 
 def test_tuned_scan_dispatches_to_the_fastest_per_length():
