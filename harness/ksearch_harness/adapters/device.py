@@ -47,20 +47,21 @@ MLX_UPLOAD_CHUNK_BYTES = 8 << 20
 # Device work run right before each timed call (warm_up_clocks): long enough for the GPU to
 # leave its idle clock. On the H200 an attention call of 0.46 ms timed after the harness's
 # host work between calls measured 2.8-4.1 ms; back to back it measures 0.46 ms.
-# KSEARCH_CLOCK_WARMUP_MS overrides it (0 turns it off).
+# KSEARCH_HARNESS_CLOCK_WARMUP_MS overrides it (0 turns it off).
 CLOCK_WARMUP_S = 0.02
 
 
 def clock_warmup_seconds() -> float:
-    raw = os.environ.get("KSEARCH_CLOCK_WARMUP_MS")
+    raw = os.environ.get("KSEARCH_HARNESS_CLOCK_WARMUP_MS")
     if raw is None or raw.strip() == "":
         return CLOCK_WARMUP_S
     try:
         ms = float(raw)
     except ValueError:
-        raise TaskError(f"KSEARCH_CLOCK_WARMUP_MS={raw!r} is not a number of milliseconds")
+        raise TaskError(f"KSEARCH_HARNESS_CLOCK_WARMUP_MS={raw!r} is not a number of "
+                        f"milliseconds")
     if not (0 <= ms <= 10_000):
-        raise TaskError(f"KSEARCH_CLOCK_WARMUP_MS={raw!r} is outside 0..10000")
+        raise TaskError(f"KSEARCH_HARNESS_CLOCK_WARMUP_MS={raw!r} is outside 0..10000")
     return ms / 1e3
 
 _ACTIVE: "DeviceAdapter | None" = None
