@@ -590,6 +590,10 @@ def main(argv=None) -> int:
         # The scan lengths the forward will see: each prompt in pieces of --prefill-step.
         seen = sorted({min(L, args.prefill_step) for L in lengths}
                       | {L % args.prefill_step for L in lengths if L % args.prefill_step})
+        if args.kernel_only:
+            # The scan alone is timed at every length, also past --prefill-step (4096): tuned
+            # there too, or it would run the pick of the nearest prompt piece length.
+            seen = sorted(set(seen) | set(lengths))
         log(f"tuning the scan: {', '.join(scan.scans)} at T = {seen}")
         kernel_info["tuning"] = scan.tune(
             seen, lambda s, T: time_scan(s, a.intermediate_size, a.state_size, T, reps=10))
