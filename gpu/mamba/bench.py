@@ -155,11 +155,14 @@ class OursForward:
     def initial_state(self, batch: int = 1):
         a = self.args
         dtype = self.model.backbone.embeddings.weight.dtype
-        conv = [mx.zeros((batch, a.conv_kernel - 1, a.intermediate_size), dtype=dtype)
-                for _ in range(a.num_hidden_layers)]
-        ssm = [mx.zeros((batch, a.intermediate_size, a.state_size), dtype=mx.float32)
-               for _ in range(a.num_hidden_layers)]
-        return conv, ssm
+        # One zero-filled array per kind, a view of it per layer: a fresh prompt's states
+        # then cost two fills instead of one per layer and kind (96 primitives for
+        # mamba-370m, at MLX's ~11 us each 1 ms of a 10 ms prefill). Nothing writes a state
+        # in place: every call returns new ones.
+        n = a.num_hidden_layers
+        conv_all = mx.zeros((n, batch, a.conv_kernel - 1, a.intermediate_size), dtype=dtype)
+        ssm_all = mx.zeros((n, batch, a.intermediate_size, a.state_size), dtype=mx.float32)
+        return [conv_all[i] for i in range(n)], [ssm_all[i] for i in range(n)]
 
     def __call__(self, tokens, state=None, all_positions=False):
         conv, ssm = state if state is not None else self.initial_state(tokens.shape[0])
