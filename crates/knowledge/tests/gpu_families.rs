@@ -117,7 +117,35 @@ fn the_mlx_family_has_the_cuda_knobs_but_min_blocks() {
         .collect();
     let mlx_valid: BTreeSet<Knobs> = mlx.enumerate().into_iter().collect();
     assert_eq!(cuda_valid, mlx_valid);
-    assert!(mlx_valid.len() > 500, "{}", mlx_valid.len());
+    // 16 naive, 256 tiled, 912 mma, 256 wgmma and 64 wgmma ping-pong settings with both
+    // values of min_blocks (docs/gpu-attention.md); half of them on mlx.
+    assert_eq!(cuda.enumerate().len(), 1504);
+    assert_eq!(mlx_valid.len(), 752);
+}
+
+#[test]
+fn pingpong_is_a_wgmma_schedule_for_two_warpgroups() {
+    let mlx = gpu_family("mlx");
+    let on = KnobValue::Bool(true);
+    let pp: Vec<Knobs> = mlx
+        .enumerate()
+        .into_iter()
+        .filter(|k| k["pingpong"] == on)
+        .collect();
+    // block_n 64/128 x stages 2/3 x exp2 x causal_skip x schedule.
+    assert_eq!(pp.len(), 32);
+    for k in &pp {
+        assert_eq!(k["algo"], KnobValue::Str("wgmma".into()));
+        assert_eq!(k["block_m"], KnobValue::Int(128));
+        assert_ne!(k["stages"], KnobValue::Int(1));
+        assert_ne!(k["overlap"], on);
+    }
+    // Switching it on from the overlapped schedule repairs the rest into a valid setting.
+    let named = variants();
+    let (_, s9) = named.iter().find(|(n, _)| n == "s9_wgmma_overlap").unwrap();
+    let change = Knobs::from([("pingpong".to_string(), on.clone())]);
+    let repaired = mlx.apply(&for_mlx(s9), &change).unwrap();
+    assert!(mlx.is_valid(&repaired) && repaired["pingpong"] == on && repaired["overlap"] != on);
 }
 
 #[test]

@@ -72,10 +72,30 @@ def test_algorithms_select_distinct_code(fam):
     ({"k_transposed": True}, "constraint"),                               # naive ignores it
     ({"algo": "naive", "warps": 8}, "constraint"),
     ({"algo": "wgmma", "block_m": 64, "warps": 4}, "constraint"),           # wgmma needs cp.async
+    ({"algo": "mma", "pingpong": True}, "constraint"),                      # a wgmma schedule
+    ({"algo": "wgmma", "block_m": 64, "warps": 4, "cp_async": True, "stages": 2, "pingpong": True},
+     "constraint"),                                                         # needs two warpgroups
+    ({"algo": "wgmma", "block_m": 128, "warps": 8, "cp_async": True, "stages": 1, "pingpong": True},
+     "constraint"),                                                         # and two stages
+    ({"algo": "wgmma", "block_m": 128, "warps": 8, "cp_async": True, "stages": 2, "overlap": True,
+      "pingpong": True}, "constraint"),                                     # not both schedules
 ])
 def test_invalid_knobs_are_rejected(fam, overrides, message):
     with pytest.raises(FamilyError, match=message):
         fam.resolve(overrides)
+
+
+def test_pingpong_renders_the_mbarrier_schedule_only_when_asked(fam):
+    base = {"algo": "wgmma", "block_m": 128, "warps": 8, "cp_async": True, "stages": 2}
+    plain = fam.render("cuda", fam.resolve(base))
+    pp = fam.render("cuda", fam.resolve(dict(base, pingpong=True)))
+    for text in ("cp.async.mbarrier.arrive.noinc.shared::cta.b64", "mbarrier.try_wait.parity",
+                 "bar.sync %0, %1", "bar.arrive %0, %1", "fence.proxy.async.shared::cta"):
+        assert text in pp, text
+    assert "mbarrier" not in plain and "bar.arrive" not in plain
+    # The mbarriers live behind the last stage: 16 bytes per stage on top of the tiles.
+    d = fam.launch(fam.resolve(dict(base, pingpong=True)), 128)["smem_bytes"]
+    assert d == fam.launch(fam.resolve(base), 128)["smem_bytes"] + 16 * 2
 
 
 def _template_smem(source: str, knobs: dict, head_dim: int) -> int:

@@ -1,0 +1,274 @@
+"""Model check of the wgmma ping-pong schedule (knob `pingpong`), on the CPU.
+
+The schedule in tasks/attention/templates-cuda/device.cuh.j2 (attn_body, the `pingpong` branch)
+replaces __syncthreads with per-stage mbarriers and orders the two warpgroups with two named
+barriers. No GPU runs here, so two things are replayed in Python:
+
+- the barrier protocol: eight warps, each running the kernel's sequence of waits, arrivals,
+  copies and GEMM issues, under many random interleavings, with copies landing and GEMMs
+  reading shared memory at random later times. Every interleaving must finish (no deadlock, no
+  parity aliasing), every GEMM must read the tile it means to, no copy may overwrite a stage a
+  GEMM still reads, and every barrier must end balanced;
+- the arithmetic of the deferred P V: S(i) and P V(i-1) in one turn, the softmax of tile i
+  while P V(i-1) runs, O rescaled after it. Replayed in numpy against softmax attention, with
+  causal masks, partial tiles and warpgroups whose rows lie past L or above a tile.
+
+A change to the kernel's protocol has to be mirrored in `warp_program` below.
+"""
+
+import random
+
+import numpy as np
+import pytest
+
+WARPS = 8  # two warpgroups of four warps: 256 threads
+
+
+class MBarrier:
+    """mbarrier.init / arrive / try_wait.parity: a phase completes after `count` arrivals."""
+
+    def __init__(self, count):
+        self.count = count
+        self.pending = count
+        self.phase = 0
+
+    def arrive(self, k=1):
+        assert 0 < k <= self.pending, "more arrivals than the phase expects"
+        self.pending -= k
+        if self.pending == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def done(self, parity):
+        # try_wait.parity P succeeds once the phase with parity P has completed, i.e. while the
+        # current (incomplete) phase has the other parity. Two phases ahead looks incomplete.
+        return (self.phase & 1) != parity
+
+
+class NamedBarrier:
+    """bar.sync / bar.arrive id, 256: completes when 256 threads have arrived."""
+
+    def __init__(self):
+        self.arrived = 0
+        self.generation = 0
+
+    def arrive(self, threads=32):
+        self.arrived += threads
+        assert self.arrived <= 256
+        if self.arrived == 256:
+            self.arrived = 0
+            self.generation += 1
+
+
+class Machine:
+    def __init__(self, n, stages, rng):
+        self.n, self.S, self.rng = n, stages, rng
+        self.full = [MBarrier(256) for _ in range(stages)]
+        self.empty = [MBarrier(WARPS) for _ in range(stages)]
+        self.turn = {1: NamedBarrier(), 2: NamedBarrier()}
+        # tag[st][w]: which iteration's data warp w's share of stage st holds (-1: nothing yet)
+        self.tag = [[-1] * WARPS for _ in range(stages)]
+        self.copies = []       # in flight: (warp, seq, stage, iteration)
+        self.landed = [set() for _ in range(WARPS)]
+        self.arrivals = []     # cp.async.mbarrier.arrive in flight: (warp, seq, stage)
+        self.seq = [0] * WARPS
+        self.reads = {}        # (warp, iteration, kind) -> stage, GEMM reads not yet done
+        self.errors = []
+
+    # --- what the kernel's threads do (per warp: its 32 threads act alike) ---
+    def load_iter(self, w, it, st):
+        seq = self.seq[w]
+        self.seq[w] += 1
+        self.copies.append((w, seq, st, it))
+        self.arrivals.append((w, seq, st))
+
+    # --- the asynchronous side: copies landing, arrivals firing, GEMMs reading ---
+    def async_events(self):
+        ev = []
+        for c in self.copies:
+            ev.append(("land", c))
+        for a in self.arrivals:
+            w, seq, _ = a
+            if all(s in self.landed[w] for s in range(seq + 1)):
+                ev.append(("arrive", a))
+        for key in self.reads:
+            ev.append(("read", key))
+        return ev
+
+    def fire(self, kind, item):
+        if kind == "land":
+            w, seq, st, it = item
+            self.copies.remove(item)
+            older = [k for k, s in self.reads.items() if s == st and k[1] != it]
+            if older:
+                self.errors.append(f"copy of iteration {it} into stage {st} while {older} still read it")
+            self.tag[st][w] = it
+            self.landed[w].add(seq)
+        elif kind == "arrive":
+            w, seq, st = item
+            self.arrivals.remove(item)
+            self.full[st].arrive(32)
+        else:  # a GEMM of warp w reads stage st for iteration i: K(i) for S, V(i - 1) for P V
+            w, i, what = item
+            st = self.reads.pop(item)
+            want = i  # stage of iteration i holds K(i) and V(i - 1), loaded together
+            if any(t != want for t in self.tag[st]):
+                self.errors.append(f"warp {w} {what}({i}) read stage {st} holding {self.tag[st]}")
+
+
+def warp_program(m, w, wait_empty=True, flip_parity=True):
+    """One warp of attn_body's ping-pong branch; yields a predicate whenever it blocks. The two
+    flags break the protocol on purpose (test_the_model_catches_broken_protocols)."""
+    n, S = m.n, m.S
+    wg = w // 4
+    for st in range(S):  # prologue (Q rides with stage 0)
+        if st <= n:
+            m.load_iter(w, st, st)
+    if wg == 1:
+        m.turn[1].arrive()
+    st = pst = 0
+    ph = pph = 0
+    for i in range(n + 1):
+        qk, pv = i < n, i > 0
+        yield (lambda st=st, ph=ph: m.full[st].done(ph))
+        gen = m.turn[1 + wg].generation
+        m.turn[1 + wg].arrive()  # bar.sync: arrive, then wait for the barrier to complete
+        yield (lambda gen=gen: m.turn[1 + wg].generation != gen)
+        if qk:
+            m.reads[(w, i, "qk")] = st
+        if pv:
+            m.reads[(w, i, "pv")] = st
+        if qk or wg == 0:
+            m.turn[2 - wg].arrive()
+        if i >= 1 and i - 1 + S <= n:
+            if wait_empty:
+                yield (lambda pst=pst, pph=pph: m.empty[pst].done(pph))
+            m.load_iter(w, i - 1 + S, pst)
+        if qk:  # wgmma.wait_group 1 (or 0 without a P V): S(i) is done
+            yield (lambda i=i: (w, i, "qk") not in m.reads)
+        yield (lambda i=i: (w, i, "pv") not in m.reads and (w, i, "qk") not in m.reads)
+        m.empty[st].arrive(1)
+        pst, pph = st, ph
+        st += 1
+        if st == S:
+            st = 0
+            if flip_parity:
+                ph ^= 1
+
+
+def run_schedule(n, stages, seed, **program_flags):
+    rng = random.Random(seed)
+    m = Machine(n, stages, rng)
+    progs = {w: warp_program(m, w, **program_flags) for w in range(WARPS)}
+    waiting = {w: None for w in range(WARPS)}
+    finished = set()
+    for _ in range(1_000_000):
+        runnable = [w for w in progs if w not in finished and (waiting[w] is None or waiting[w]())]
+        events = m.async_events()
+        if not runnable and not events:
+            break
+        # Asynchronous work goes at random moments, sometimes long after it could.
+        if events and (not runnable or rng.random() < 0.3):
+            kind, item = rng.choice(events)
+            m.fire(kind, item)
+            continue
+        w = rng.choice(runnable)
+        try:
+            waiting[w] = next(progs[w])
+        except StopIteration:
+            finished.add(w)
+    assert not m.errors, m.errors[:3]
+    stuck = sorted(set(range(WARPS)) - finished)
+    assert not stuck, f"deadlock: warps {stuck} blocked (n={n}, stages={stages}, seed={seed})"
+    assert all(b.arrived == 0 for b in m.turn.values()), "a named barrier ends with stray arrivals"
+    assert all(b.pending == b.count for b in m.full), "a full barrier ends mid-phase"
+    assert not m.copies and not m.arrivals and not m.reads
+    # Each stage was filled once per iteration that uses it.
+    assert [b.phase for b in m.full] == [len(range(s, n + 1, stages)) for s in range(stages)]
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_protocol_never_deadlocks_or_reads_a_wrong_tile(n, stages):
+    for seed in range(60):
+        run_schedule(n, stages, seed)
+
+
+@pytest.mark.parametrize("flags", [{"wait_empty": False}, {"flip_parity": False}])
+def test_the_model_catches_broken_protocols(flags):
+    # A refill that does not wait for the stage's release, or a wait that never flips its
+    # parity, must fail under some interleaving, or the check above proves nothing.
+    failures = 0
+    for seed in range(40):
+        try:
+            run_schedule(5, 2, seed, **flags)
+        except AssertionError:
+            failures += 1
+    assert failures > 0
+
+
+# ------------------------------------------------------------------------------ the arithmetic
+def pingpong_attention(q, k, v, causal, block_m=128, block_n=64, causal_skip=True):
+    """One head, the schedule's order of operations per 64-row warpgroup, in float64."""
+    L, D = q.shape
+    sc = 1.0 / np.sqrt(D)
+    out = np.full((L, D), np.nan)
+    for m0 in range(0, L, block_m):
+        n_stop = min(L, m0 + block_m) if (causal and causal_skip) else L
+        n = -(-n_stop // block_n)
+        for wg in range(block_m // 64):
+            rows = np.arange(m0 + 64 * wg, m0 + 64 * wg + 64)
+            qz = np.zeros((64, D))
+            ok = rows < L
+            qz[ok] = q[rows[ok]]
+            o = np.zeros((64, D))
+            mrow = np.full(64, -np.inf)
+            lrow = np.zeros(64)
+            p = None
+            for i in range(n + 1):
+                s = None
+                if i < n:  # turn: S(i) ...
+                    keys = np.arange(i * block_n, (i + 1) * block_n)
+                    kz = np.zeros((block_n, D))
+                    kz[keys < L] = k[keys[keys < L]]
+                    s = qz @ kz.T
+                if i > 0:  # ... and P V(i - 1), on O as the previous iteration left it
+                    keys = np.arange((i - 1) * block_n, i * block_n)
+                    vz = np.zeros((block_n, D))
+                    vz[keys < L] = v[keys[keys < L]]
+                    o = o + p @ vz
+                if s is None:
+                    continue
+                keys = np.arange(i * block_n, (i + 1) * block_n)
+                mask = (keys[None, :] >= L) | (causal & (keys[None, :] > rows[:, None]))
+                s = np.where(mask, -np.inf, s)
+                m_new = np.maximum(mrow, s.max(axis=1))
+                m_use = np.where(m_new == -np.inf, 0.0, m_new * sc)
+                corr = np.exp(mrow * sc - m_use)
+                p = np.exp(s * sc - m_use[:, None])
+                lrow = lrow * corr + p.sum(axis=1)
+                mrow = m_new
+                o = o * corr[:, None]  # after the wait for P V(i - 1)
+            out[rows[ok]] = (o / lrow[:, None])[ok]
+    return out
+
+
+def reference(q, k, v, causal):
+    L, D = q.shape
+    s = q @ k.T / np.sqrt(D)
+    if causal:
+        s = np.where(np.arange(L)[None, :] > np.arange(L)[:, None], -np.inf, s)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return (p / p.sum(axis=1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("L", [1, 33, 64, 65, 127, 128, 129, 200, 300])
+@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_deferred_pv_matches_softmax_attention(L, block_n, causal):
+    rng = np.random.default_rng(L * 7 + block_n + causal)
+    q, k, v = (rng.standard_normal((L, 64)) for _ in range(3))
+    want = reference(q, k, v, causal)
+    for skip in (True, False):
+        got = pingpong_attention(q, k, v, causal, block_n=block_n, causal_skip=skip)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
