@@ -1,10 +1,16 @@
 """Render and compile the named variants of variants.toml into shared libraries for the cuda backend.
 
-    python build.py --out .gpu-build [--nvcc PATH] [--only NAME ...] [--jobs 2]
+    python build.py --out .gpu-build [--nvcc PATH] [--only NAME ...] [--jobs 2] [--mlx-wrap]
 
 Writes <out>/<name>.cu, <out>/<name>.so and <out>/build.json (per variant: knobs, variant id,
 nvcc command, and the ptxas report per kernel: registers, spill bytes, stack frame).
 Targets sm_90a through -gencode (the -arch=sm_90a shorthand also runs an sm_90 pass).
+
+--mlx-wrap also compiles each variant the way the mlx backend runs it, without MLX: the header
+(device code) and body of mx.fast.cuda_kernel in a __global__ function of our own that, like
+MLX's, has no __launch_bounds__ and gets T, HEAD_DIM and CAUSAL as constexpr lines. Its ptxas
+report goes to build.json under "mlx_kernels", with "mlx_regs_fit" (registers x threads within
+the 65536 of an SM).
 """
 
 from __future__ import annotations
@@ -51,6 +57,14 @@ def parse_ptxas(log: str) -> list[dict]:
     return kernels
 
 
+PTXAS_PERF = re.compile(r"\((C75\d\d)\) Potential Performance Loss: (.*?)(?: in the function '\S+')?$")
+
+
+def perf_warnings(log: str) -> list[str]:
+    """ptxas's 'Potential Performance Loss' notes (e.g. C7518: wgmma serialised), one per kind."""
+    return sorted({f"{m.group(1)}: {m.group(2)}" for m in map(PTXAS_PERF.search, log.splitlines()) if m})
+
+
 def find_nvcc(explicit: str | None) -> str:
     for cand in (explicit, os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
         if cand and Path(cand).exists():
@@ -80,9 +94,55 @@ def build_one(nvcc: str, name: str, knobs: dict, fam: Family, out: Path) -> dict
         "ok": proc.returncode == 0,
         "command": cmd,
         "kernels": parse_ptxas(log),
+        "perf_warnings": perf_warnings(log),
         "smem_bytes": {str(d): fam.launch(knobs, d)["smem_bytes"] for d in fam.head_dims},
         "log": "" if proc.returncode == 0 else log[-4000:],
     }
+
+
+MLX_WRAP = """#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+{header}
+struct KsaShape {{
+  int d[4];
+  __device__ int operator[](int i) const {{ return d[i]; }}
+}};
+{kernels}"""
+MLX_KERNEL = """__global__ void ksa_attention_kernel_mlx_{ty}_{d}_{c}(const {ty}* q, const {ty}* k, const {ty}* v,
+                                                      const KsaShape q_shape, {ty}* out) {{
+  using T = {ty};
+  constexpr int HEAD_DIM = {d};
+  constexpr bool CAUSAL = {causal};
+{body}
+}}
+"""
+MLX_MANGLED = re.compile(r"ksa_attention_kernel_mlx_(\w+?)_(\d+)_([01])")
+
+
+def build_mlx_wrap(nvcc: str, name: str, knobs: dict, fam: Family, out: Path) -> dict:
+    """The header and body of the mlx backend in a __global__ function without launch bounds,
+    compiled as the harness compiles (-arch=sm_90a: the sm_90a code and a compute_90 pass)."""
+    header, body = fam.render_mlx(knobs)
+    kernels = "".join(
+        MLX_KERNEL.format(ty=ty, d=d, c=int(c), causal="true" if c else "false", body=body)
+        for ty in ("__half", "__nv_bfloat16") for d in fam.head_dims for c in (False, True))
+    src = out / f"{name}.mlx.cu"
+    src.write_text(MLX_WRAP.format(header=header, kernels=kernels))
+    cmd = [nvcc, "-arch=sm_90a", "-O3", "-std=c++17", "-Xptxas", "-v", "-c", "-o", str(out / f"{name}.mlx.o"),
+           str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    kernels_report = []
+    for k in parse_ptxas(log):
+        m = MLX_MANGLED.search(k["symbol"])
+        if m:
+            k.update(dtype="bf16" if "bfloat16" in m.group(1) else "f16", head_dim=int(m.group(2)),
+                     causal=m.group(3) == "1")
+        kernels_report.append(k)
+    threads = fam.launch(knobs, fam.head_dims[0])["threads"]
+    regs = max((k.get("registers", 0) for k in kernels_report), default=0)
+    return {"mlx_ok": proc.returncode == 0, "mlx_kernels": kernels_report, "mlx_perf_warnings": perf_warnings(log),
+            "mlx_regs_fit": regs * threads <= 65536, "mlx_log": "" if proc.returncode == 0 else log[-4000:]}
 
 
 def build_probe(nvcc: str, fam: Family, knobs: dict, out: Path) -> int:
@@ -110,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--probe", action="store_true", help="also build probe/wgmma_probe.cu against wg_m64n64s2")
+    ap.add_argument("--mlx-wrap", action="store_true",
+                    help="also compile each variant as the mlx backend's kernel (no launch bounds)")
     args = ap.parse_args(argv)
     nvcc = find_nvcc(args.nvcc)
     fam = Family.load()
@@ -119,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda kv: build_one(nvcc, kv[0], kv[1], fam, args.out), variants.items()))
+        if args.mlx_wrap:
+            wraps = pool.map(lambda kv: build_mlx_wrap(nvcc, kv[0], kv[1], fam, args.out), variants.items())
+            for r, w in zip(results, wraps):
+                r.update(w)
     report = args.out / "build.json"
     # --only rebuilds a subset; keep the other variants' entries.
     merged = {r["name"]: r for r in (json.loads(report.read_text()) if report.exists() else [])}
@@ -135,6 +201,17 @@ def main(argv: list[str] | None = None) -> int:
         if not r["ok"]:
             failed += 1
             print(r["log"], file=sys.stderr)
+        for w in r["perf_warnings"] + r.get("mlx_perf_warnings", []):
+            print(f"{'':<22} ptxas {w}")
+        if "mlx_ok" in r:
+            mk = [k for k in r["mlx_kernels"] if "head_dim" in k]
+            mregs = max((k.get("registers", 0) for k in mk), default="?")
+            mspill = sum(k.get("spill_stores", 0) + k.get("spill_loads", 0) for k in mk)
+            print(f"{'  mlx wrap':<22} {'ok ' if r['mlx_ok'] else 'ERR'} max_regs={mregs:>4} "
+                  f"spill_bytes={mspill:<6} regs_x_threads_fit={r['mlx_regs_fit']}")
+            if not r["mlx_ok"] or not r["mlx_regs_fit"]:
+                failed += 1
+                print(r["mlx_log"], file=sys.stderr)
     return 1 if failed else 0
 
 
