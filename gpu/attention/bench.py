@@ -166,6 +166,9 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="all variants, main shape and tails, cuda only")
     ap.add_argument("--sanitize", action="store_true",
                     help="correctness only, small tail shapes, no timing (for compute-sanitizer)")
+    ap.add_argument("--check-shapes", nargs="*", metavar="B,H,L,D",
+                    help="with --sanitize: these shapes, each in f16 and bf16, causal and not, instead of "
+                         "the three default configurations")
     ap.add_argument("--only", nargs="*", help="restrict to these variants")
     ap.add_argument("--mlx-extra", nargs="*", default=["s7_causal_skip"], help="variants always run through mlx")
     args = ap.parse_args(argv)
@@ -304,17 +307,28 @@ def main(argv=None):
 
     picks = {}
     if args.sanitize:
-        for shape, dt, causal in [((3, 4, 130, 128), "bf16", 1), ((1, 4, 33, 64), "f16", 0), ((2, 2, 200, 64), "f16", 1)]:
+        configs = [((3, 4, 130, 128), "bf16", 1), ((1, 4, 33, 64), "f16", 0), ((2, 2, 200, 64), "f16", 1)]
+        if args.check_shapes:
+            configs = [(tuple(int(x) for x in s.split(",")), dt, causal)
+                       for s in args.check_shapes for dt in ("f16", "bf16") for causal in (0, 1)]
+        failed = 0
+        for shape, dt, causal in configs:
             q, k, v = (torch.randn(shape, device="cuda", dtype=TORCH_DT[dt]) for _ in range(3))
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=bool(causal))
             for name, fn in variants.items():
+                # The name goes out before the launch: a kernel that hangs is the last line's.
+                print(f"[sanitize] {name} {shape_name(shape)} {dt} c{causal}: ", end="", flush=True)
                 out = torch.full_like(q, float("nan"))
-                fn(dt, q, k, v, out, causal)
-                torch.cuda.synchronize()
-                ok, rel, why = check(out, ref, dt)
-                print(f"[sanitize] {name} {shape_name(shape)} {dt} c{causal}: {'ok' if ok else 'FAIL'} {rel:.1e} {why}",
-                      flush=True)
-        return 0
+                try:
+                    fn(dt, q, k, v, out, causal)
+                    torch.cuda.synchronize()
+                    ok, rel, why = check(out, ref, dt)
+                except Exception as e:  # noqa: BLE001 - report it, count it, go on with the next one
+                    ok, rel, why = False, float("nan"), repr(e)[:200]
+                failed += not ok
+                print(f"{'ok' if ok else 'FAIL'} {rel:.1e} {why}", flush=True)
+        print(f"[sanitize] {len(configs) * len(variants)} checks, {failed} failed", flush=True)
+        return 1 if failed else 0
     if args.smoke:
         # Every variant on the main shape and on tails, few repetitions, cuda only.
         for shape, dt, causal in [(MAIN, "f16", 0), (MAIN, "f16", 1), ((3, 4, 130, 128), "bf16", 1),
