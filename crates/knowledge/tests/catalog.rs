@@ -46,7 +46,7 @@ fn each_kind_has_a_meaningful_tree() {
     for (kind, backend, _) in scopes(&c) {
         let actions = c.for_kind_on(&kind, &backend);
         assert!(
-            (6..=14).contains(&actions.len()),
+            (6..=16).contains(&actions.len()),
             "{kind}/{backend}: {} actions",
             actions.len()
         );
