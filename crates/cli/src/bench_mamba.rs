@@ -330,6 +330,15 @@ struct KernelInfo {
     /// Paths of `--model-kernels auto` that failed here, before the one used.
     #[serde(default)]
     fallbacks: Vec<Fallback>,
+    /// `--model-kernels auto`: decode tok/s of every path that passed, and the one used.
+    #[serde(default)]
+    decode_tuning: Option<DecodeTuning>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DecodeTuning {
+    tok_s: std::collections::BTreeMap<String, f64>,
+    pick: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -482,6 +491,15 @@ fn render(r: &Report) -> String {
         let problem: String = f.problem.chars().take(160).collect();
         let _ = writeln!(s, "  not used: model kernels `{}` ({problem})", f.mode);
     }
+    if let Some(t) = &k.decode_tuning {
+        let list: Vec<String> = t.tok_s.iter().map(|(m, v)| format!("{m} {v:.0}")).collect();
+        let _ = writeln!(
+            s,
+            "  decode paths timed here (tok/s): {}; using {}",
+            list.join(", "),
+            t.pick
+        );
+    }
     let versions: Vec<String> = ["mlx", "mlx_lm", "mambapy", "torch", "gpu"]
         .iter()
         .filter_map(|key| {
@@ -493,6 +511,16 @@ fn render(r: &Report) -> String {
         .collect();
     if !versions.is_empty() {
         let _ = writeln!(s, "{}", versions.join(", "));
+    }
+    // MLX's launch settings move every MLX row, so they are printed with the versions.
+    if let Some(env) = r.versions.get("mlx_env").and_then(|v| v.as_object()) {
+        if !env.is_empty() {
+            let list: Vec<String> = env
+                .iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("?")))
+                .collect();
+            let _ = writeln!(s, "MLX settings: {}", list.join(" "));
+        }
     }
     if !c.passed {
         let _ = writeln!(
@@ -647,7 +675,9 @@ mod tests {
         check against stock mlx-lm (72 positions): logits max rel diff 6.1e-3 (tolerance 2e-2), states 1.3e-2 (5e-2); argmax agreement 98.6%: passed
         scan: family, channel-last, mx.compile; tuned here: L=512 tiled_c16_t256, L=2048 tiled_c16_t256; decode: conv and step kernels
           not used: model kernels `fused` (RuntimeError: made up for the renderer test)
+          decode paths timed here (tok/s): conv 412, layer 299; using conv
         mlx 0.32.4, mlx_lm 0.32.2, mambapy 1.2.0, torch 2.11.0, gpu fixture GPU (numbers made up for the renderer test)
+        MLX settings: MLX_USE_CUDA_GRAPHS=0
 
         tokens/s  prefill L=512  L=1024   L=2048   L=4096  decode (64)
         ksearch          61,234  98,765  120,001  131,073          412

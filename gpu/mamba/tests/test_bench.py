@@ -117,13 +117,14 @@ def test_auto_model_kernels_fall_back_when_they_fail(tmp_path, monkeypatch):
     assert got["rows"][0]["decode_tok_s"] > 0
 
 
-@pytest.mark.parametrize("resident,want", [(0, "one kernel per block"),
-                                           (2, "four kernels per block")],
-                         ids=["layer-used", "layer-times-out"])
-def test_the_one_kernel_decode_in_the_bench(tmp_path, monkeypatch, resident, want):
+@pytest.mark.parametrize("resident", [0, 2], ids=["layer-passes", "layer-times-out"])
+def test_auto_times_every_decode_path_that_passes_and_uses_the_fastest(tmp_path, monkeypatch,
+                                                                       resident):
     """`--model-kernels auto` with model_kernels.py run by the CPU emulation and a grid of 3
-    blocks: used when the emulated GPU holds all 3 at once; when it holds 2, the barrier times
-    out, and the bench names that and falls back to the four-kernel decode."""
+    blocks. When the emulated GPU holds all 3 blocks at once, the one-launch path passes its
+    check and is timed beside the four-kernel and conv paths. When it holds 2, the barrier
+    times out: the bench names that and times the other two. The path used is the fastest
+    timed one, whatever its place in the order."""
     import emu
     import mamba_model as mm
     from emulated import EmulatedModelKernels
@@ -136,14 +137,22 @@ def test_the_one_kernel_decode_in_the_bench(tmp_path, monkeypatch, resident, wan
     assert bench.main(QUICK + ["--impls", "ksearch", "--ops-scan", "--layer-blocks", "3",
                                "--out", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert got["kernel"]["decode_path"] == want and got["check"]["passed"]
+    assert got["check"]["passed"]
     assert got["rows"][0]["decode_tok_s"] > 0 and "error" not in got["rows"][0]
+    tuning = got["kernel"]["decode_tuning"]
+    timed = tuning["tok_s"]
+    assert set(timed) == ({"fused", "conv"} if resident else {"layer", "fused", "conv"})
+    assert all(v > 0 for v in timed.values())
+    assert tuning["pick"] == max(timed, key=timed.get)
+    names = {"layer": "one kernel per block", "fused": "four kernels per block",
+             "conv": "conv and step kernels"}
+    assert got["kernel"]["decode_path"] == names[tuning["pick"]]
     if resident:
         (fallback,) = got["kernel"]["fallbacks"]
         assert fallback["mode"] == "layer" and "GridBarrierTimeout" in fallback["problem"]
         assert "not all resident" in fallback["problem"]
     else:
-        assert "fallbacks" not in got["kernel"] and got["kernel"]["layer_blocks"] == 3
+        assert "fallbacks" not in got["kernel"]
 
 
 def test_the_decode_loops_feed_each_step_its_predecessor():
