@@ -45,9 +45,10 @@ QUICK_SAMPLES = 64
 # are joined on the device.
 MLX_UPLOAD_CHUNK_BYTES = 8 << 20
 # Device work run right before each timed call (warm_up_clocks): long enough for the GPU to
-# leave its idle clock. On the H200 an attention call of 0.46 ms timed after the harness's
-# host work between calls measured 2.8-4.1 ms; back to back it measures 0.46 ms.
-# KSEARCH_HARNESS_CLOCK_WARMUP_MS overrides it (0 turns it off).
+# leave its idle clock (345 MHz on the H200), which the harness's host work between timed
+# calls (fresh inputs, checks) gives it time to fall to. It did not remove what inflates MLX
+# timings in evaluations (docs/backends.md, "Known gap"). KSEARCH_HARNESS_CLOCK_WARMUP_MS
+# overrides it (0 turns it off).
 CLOCK_WARMUP_S = 0.02
 
 
