@@ -72,6 +72,40 @@ pub struct MambaArgs {
     /// mamba: also keep the JSON report at this path (the table still goes to stdout).
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
+
+    /// mamba: MLX's launch settings for the whole bench, so for every MLX implementation:
+    /// `defaults` (MLX's own), or `auto`: gpu/mamba/mlx_env_probe.py first measures MLX's cost
+    /// per primitive under each setting (CUDA graphs on or off, nodes per graph), each in a
+    /// fresh process, and the bench runs under the cheapest. The report prints the settings.
+    #[arg(long, default_value = "defaults", value_parser = ["defaults", "auto"])]
+    pub mlx_settings: String,
+}
+
+/// The MLX_* variables of the probe's pick (its --json report: `best` names one of `rows`,
+/// each with its `env`). Only MLX_* names with plain values are taken: they go into the
+/// bench's environment.
+fn probe_pick(report: &str) -> Result<Vec<(String, String)>> {
+    let v: serde_json::Value =
+        serde_json::from_str(report).context("unreadable report of the MLX settings probe")?;
+    let best = v["best"]
+        .as_str()
+        .context("the MLX settings probe measured no setting")?;
+    let row = v["rows"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["label"].as_str() == Some(best)))
+        .with_context(|| format!("the probe's pick `{best}` is not among its rows"))?;
+    let mut env = Vec::new();
+    for (k, val) in row["env"].as_object().into_iter().flatten() {
+        let val = val
+            .as_str()
+            .with_context(|| format!("setting {k} is not a string"))?;
+        let plain = |t: &str| t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !k.starts_with("MLX_") || !plain(k) || !plain(val) {
+            bail!("the probe named an unexpected setting {k}={val}");
+        }
+        env.push((k.clone(), val.to_string()));
+    }
+    Ok(env)
 }
 
 /// `ksearch bench mamba ...`; `args` are `ksearch bench`'s with TASK = mamba.
@@ -120,11 +154,41 @@ pub fn run(args: &BenchArgs, quiet: bool) -> Result<u8> {
             python.display()
         );
     }
-    let status = run_with_timeout(
-        Command::new(&python).arg(&script).args(&argv),
-        Duration::from_secs_f64(args.timeout),
-        quiet,
-    )?;
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script).args(&argv);
+    if m.mlx_settings == "auto" {
+        let probe = script.with_file_name("mlx_env_probe.py");
+        let report = tempfile_path()?;
+        let status = run_with_timeout(
+            Command::new(&python)
+                .arg(&probe)
+                .arg("--json")
+                .arg(&report.path),
+            Duration::from_secs_f64(args.timeout.min(300.0)),
+            quiet,
+        )?;
+        let text = std::fs::read_to_string(&report.path).with_context(|| {
+            format!(
+                "{} wrote no report ({})",
+                probe.display(),
+                describe_status(status)
+            )
+        })?;
+        let env = probe_pick(&text)?;
+        if !quiet {
+            let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            eprintln!(
+                "ksearch: MLX settings for the bench: {}",
+                if shown.is_empty() {
+                    "MLX's defaults".to_string()
+                } else {
+                    shown.join(" ")
+                }
+            );
+        }
+        cmd.envs(env);
+    }
+    let status = run_with_timeout(&mut cmd, Duration::from_secs_f64(args.timeout), quiet)?;
     let text = std::fs::read_to_string(&out.path).with_context(|| {
         format!(
             "{} wrote no result ({})",
@@ -708,6 +772,36 @@ mod tests {
         assert!(text.contains("FAILED"), "{text}");
         assert!(text.contains("not reported"), "{text}");
         assert!(!text.contains("tokens/s"), "{text}");
+    }
+
+    #[test]
+    fn the_probe_pick_becomes_mlx_variables_and_nothing_else() {
+        let report = |best: &str, env: &str| {
+            format!(
+                r#"{{"best": {best}, "rows": [{{"label": "defaults", "env": {{}}}},
+                   {{"label": "graph-5", "env": {env}}}]}}"#
+            )
+        };
+        let env = probe_pick(&report(
+            r#""graph-5""#,
+            r#"{"MLX_MAX_OPS_PER_BUFFER": "5"}"#,
+        ));
+        assert_eq!(
+            env.unwrap(),
+            vec![("MLX_MAX_OPS_PER_BUFFER".to_string(), "5".to_string())]
+        );
+        assert!(probe_pick(&report(r#""defaults""#, "{}"))
+            .unwrap()
+            .is_empty());
+        for bad in [
+            report("null", "{}"),
+            report(r#""graph-9""#, "{}"),
+            report(r#""graph-5""#, r#"{"LD_PRELOAD": "x.so"}"#),
+            report(r#""graph-5""#, r#"{"MLX_X": "1; rm -rf /"}"#),
+            "not json".to_string(),
+        ] {
+            assert!(probe_pick(&bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
