@@ -91,6 +91,59 @@ __device__ __forceinline__ float warp_dot_n(const T* w, const float* v, const in
   return acc;
 }
 
+// Phase 1 of a block's decode step, the same in the four-launch (IN_CONV_BODY) and the
+// one-launch (LAYER_BODY) kernels: per batch row, the RMS norm of the residual x into v (every
+// block computes it, DM values), then the in_proj rows row0, row0 + stride, ... < 2 DI, one warp
+// per row. Rows < DI go through the causal conv with the cache and silu (the token's x rounded
+// to T first, as in_proj's output would be) and shift the cache; rows >= DI are z. Writes xcz
+// [batch, 2 DI] = [silu(conv), z] and new_cache. v holds DM floats, red 32.
+template <typename T, int DM, int K>
+__device__ __forceinline__ void norm_in_conv(const T* x, const T* norm_w, const float* eps,
+                                             const T* w_in, const T* cache, const T* conv_w,
+                                             const T* conv_b, T* xcz, T* new_cache, float* v,
+                                             float* red, const long long batch,
+                                             const long long DI, const long long row0,
+                                             const long long stride) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (long long b = 0; b < batch; ++b) {
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < DM; c += blockDim.x) {
+      const float xv = to_f(x[b * DM + c]);
+      v[c] = xv;
+      ss += xv * xv;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < warps; ++w) total += red[w];
+    const float inv = rsqrtf(total / DM + eps[0]);
+    for (int c = threadIdx.x; c < DM; c += blockDim.x) v[c] = v[c] * inv * to_f(norm_w[c]);
+    __syncthreads();
+    for (long long r = row0; r < 2 * DI; r += stride) {
+      const float val = warp_dot_n<T, DM>(w_in + r * DM, v, lane);
+      if (lane != 0) continue;
+      if (r < DI) {
+        T xr;
+        from_f(val, xr);
+        float acc = to_f(conv_b[r]) + to_f(conv_w[r * K + K - 1]) * to_f(xr);
+        for (int k = 0; k < K - 1; ++k) {
+          acc += to_f(conv_w[r * K + k]) * to_f(cache[(b * (K - 1) + k) * DI + r]);
+        }
+        for (int k = 0; k < K - 2; ++k) {
+          new_cache[(b * (K - 1) + k) * DI + r] = cache[(b * (K - 1) + k + 1) * DI + r];
+        }
+        new_cache[(b * (K - 1) + K - 2) * DI + r] = xr;
+        from_f(silu(acc), xcz[b * 2 * DI + r]);
+      } else {
+        from_f(val, xcz[b * 2 * DI + r]);
+      }
+    }
+    __syncthreads();  // v and red are rewritten for the next batch row
+  }
+}
+
 // ---- The grid barrier of the one-kernel decode ----------------------------------------------
 // MLX launches an mx.fast.cuda_kernel as a plain kernel node of its CUDA graph, never as a
 // cooperative launch, so cooperative_groups' grid.sync() is not available. This is a software
@@ -265,46 +318,10 @@ IN_CONV_BODY = r"""
   using namespace ksm_model;
   __shared__ float v[DM];
   __shared__ float red[32];
-  const long long batch = x_shape[0], dim = cache_shape[2];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (long long b = 0; b < batch; ++b) {
-    float ss = 0.f;
-    for (int c = threadIdx.x; c < DM; c += blockDim.x) {
-      const float xv = to_f(x[b * DM + c]);
-      v[c] = xv;
-      ss += xv * xv;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    float total = 0.f;
-    for (int w = 0; w < warps; ++w) total += red[w];
-    const float inv = rsqrtf(total / DM + eps[0]);
-    for (int c = threadIdx.x; c < DM; c += blockDim.x) v[c] = v[c] * inv * to_f(norm_w[c]);
-    __syncthreads();
-    for (long long r = (long long)blockIdx.x * warps + warp; r < 2 * dim;
-         r += (long long)gridDim.x * warps) {
-      const float val = warp_dot(w_in + r * DM, v, DM, lane);
-      if (lane != 0) continue;
-      if (r < dim) {
-        T xr;
-        from_f(val, xr);
-        float acc = to_f(conv_b[r]) + to_f(conv_w[r * K + K - 1]) * to_f(xr);
-        for (int k = 0; k < K - 1; ++k) {
-          acc += to_f(conv_w[r * K + k]) * to_f(cache[(b * (K - 1) + k) * dim + r]);
-        }
-        for (int k = 0; k < K - 2; ++k) {
-          new_cache[(b * (K - 1) + k) * dim + r] = cache[(b * (K - 1) + k + 1) * dim + r];
-        }
-        new_cache[(b * (K - 1) + K - 2) * dim + r] = xr;
-        from_f(silu(acc), xcz[b * 2 * dim + r]);
-      } else {
-        from_f(val, xcz[b * 2 * dim + r]);
-      }
-    }
-    __syncthreads();  // v and red are rewritten for the next batch row
-  }
+  const int warps = blockDim.x >> 5;
+  const long long row0 = (long long)blockIdx.x * warps + (threadIdx.x >> 5);
+  norm_in_conv<T, DM, K>(x, norm_w, eps, w_in, cache, conv_w, conv_b, xcz, new_cache, v, red,
+                         x_shape[0], cache_shape[2], row0, (long long)gridDim.x * warps);
 """
 
 # 2. x_proj: dbc [batch, RN] = w_x [RN, DI] . u, u the first DI values of each xcz row.
@@ -368,46 +385,9 @@ LAYER_BODY = r"""
   const long long gw = (long long)blockIdx.x * warps + warp, nw = (long long)gridDim.x * warps;
   int failed = ksm_model::grid_begin<GRID_SYNC>(bad);
 
-  // A. RMS norm of x (every block, into v); in_proj rows over all warps of the grid. Rows < DI
-  // go through the causal conv with the cache and silu (x rounded to T first, as in_proj's
-  // output would be) and shift the cache; rows >= DI are z. Out: xcz = [silu(conv), z].
-  for (long long b = 0; b < batch; ++b) {
-    float ss = 0.f;
-    for (int c = threadIdx.x; c < DM; c += blockDim.x) {
-      const float xv = to_f(x[b * DM + c]);
-      v[c] = xv;
-      ss += xv * xv;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    float total = 0.f;
-    for (int w = 0; w < warps; ++w) total += red[w];
-    const float inv = rsqrtf(total / DM + eps[0]);
-    for (int c = threadIdx.x; c < DM; c += blockDim.x) v[c] = v[c] * inv * to_f(norm_w[c]);
-    __syncthreads();
-    for (long long r = gw; r < 2 * DI; r += nw) {
-      const float val = warp_dot_n<T, DM>(w_in + r * DM, v, lane);
-      if (lane != 0) continue;
-      if (r < DI) {
-        T xr;
-        from_f(val, xr);
-        float acc = to_f(conv_b[r]) + to_f(conv_w[r * K + K - 1]) * to_f(xr);
-        for (int k = 0; k < K - 1; ++k) {
-          acc += to_f(conv_w[r * K + k]) * to_f(cache[(b * (K - 1) + k) * DI + r]);
-        }
-        for (int k = 0; k < K - 2; ++k) {
-          new_cache[(b * (K - 1) + k) * DI + r] = cache[(b * (K - 1) + k + 1) * DI + r];
-        }
-        new_cache[(b * (K - 1) + K - 2) * DI + r] = xr;
-        from_f(silu(acc), xcz[b * 2 * DI + r]);
-      } else {
-        from_f(val, xcz[b * 2 * DI + r]);
-      }
-    }
-    __syncthreads();  // v and red are rewritten for the next batch row
-  }
+  // A. norm + in_proj + conv (norm_in_conv), in_proj rows over all warps of the grid.
+  norm_in_conv<T, DM, K>(x, norm_w, eps, w_in, cache, conv_w, conv_b, xcz, new_cache, v, red,
+                         batch, DI, gw, nw);
   ksm_model::grid_sync<GRID_SYNC, SPIN_LIMIT>(bar, bad, failed);
 
   // Values other blocks wrote in this launch (xcz, dbc, y) are read with __ldcg, which caches
