@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from . import adapters, dtypes, machine, parallel, static_checks
+from . import adapters, dtypes, machine, parallel, sanity_cache, static_checks
 from .adapters import Adapter, BuildFailed, BuildInfo
 from .protocol import (BuildError, Incorrect, Request, ResultBuilder, StaticCheckFailed,
                        TaskError, Tolerance, Violation, Workload)
@@ -507,7 +507,14 @@ class Evaluation:
             self.trial_seeds = _trial_seeds(req, out)
             self.seeds = out.data["seeds"]
             self.seeds.update({"probe_seeds": {}, "timing_seeds": {}, "order_seeds": {}})
-            sanity_check(req, self.task, self.trial_seeds[0])
+            # The check judges the task, not the candidate: a pass is remembered per task
+            # (sanity_cache.py), and later evaluations of the same task skip it.
+            k = sanity_cache.key(req.raw, req.task.dir, sanity_check)  # type: ignore[union-attr]
+            self.sanity_cached = sanity_cache.known_sane(k)
+            if not self.sanity_cached:
+                entries: list[dict[str, Any]] = []
+                sanity_check(req, self.task, self.trial_seeds[0], entries)
+                sanity_cache.remember(k, entries)
 
         out.stage = "static"
         with phase("build"):
@@ -562,6 +569,7 @@ class Evaluation:
                 "threads_max_after_call": self.threads_max,
                 "busy_threads_after_return": self.busy_after_return,
                 "candidate_calls": self.calls,
+                "task_sanity_cached": getattr(self, "sanity_cached", False),
                 "phase_seconds": self.phase.snapshot()}
 
     def _log_slow(self, stage: str, wl: Workload, since: dict[str, float]) -> None:

@@ -167,3 +167,34 @@ def test_closed_result_fd_is_reported_on_stderr():
                            "--result-fd", "97"], input=b"", capture_output=True,
                           env={**os.environ, "PYTHONPATH": str(driver.HARNESS_DIR)})
     assert proc.returncode == 2 and b"not open" in proc.stderr
+
+
+def test_a_passing_task_sanity_check_is_remembered_and_a_changed_task_checked_again(tmp_path):
+    import shutil
+
+    cache = tmp_path / "sanity"
+    env = {"KSEARCH_HARNESS_SANITY_CACHE": str(cache)}
+
+    def evaluate(task_dir, sub, **overrides):
+        req = driver.softmax_request(driver.HONEST / "naive.c", tmp_path / sub,
+                                     task_dir=task_dir, **overrides)
+        res = driver.run_harness("evaluate", req, env=env).result
+        return res
+
+    task = tmp_path / "task"
+    shutil.copytree(driver.FIXTURES / "softmax", task)
+    first = evaluate(task, "a")
+    assert first["status"] == "passed", first["message"]
+    assert first["diagnostics"]["task_sanity_cached"] is False
+    assert len(list(cache.glob("*.json"))) == 1
+    again = evaluate(task, "b")
+    assert again["status"] == "passed" and again["diagnostics"]["task_sanity_cached"] is True
+    # Any change to the task's code is a new task.
+    (task / "reference.py").write_text((task / "reference.py").read_text() + "\n# changed\n")
+    changed = evaluate(task, "c")
+    assert changed["diagnostics"]["task_sanity_cached"] is False
+    # A failing check is never remembered: the broken task is refused every time.
+    for sub in ("d", "e"):
+        res = evaluate(task, sub, tolerance={"f32": {"rtol": 0.0, "atol": 1.0}})
+        assert res["status"] == "task_error" and "sanity" in res["message"], res["message"]
+    assert len(list(cache.glob("*.json"))) == 2

@@ -34,6 +34,9 @@ pub struct EvaluatorConfig {
     pub verify_harness: bool,
 }
 
+/// Where the harness remembers tasks whose sanity check passed (a `KSEARCH_HARNESS_*` knob).
+const SANITY_CACHE: &str = "KSEARCH_HARNESS_SANITY_CACHE";
+
 impl Default for EvaluatorConfig {
     fn default() -> Self {
         EvaluatorConfig {
@@ -100,6 +103,18 @@ impl Evaluator {
                 (tmp.path().to_path_buf(), Some(tmp))
             }
         };
+        let mut config = config;
+        // The task sanity check judges the task, not the candidate; the harness remembers a
+        // pass there (harness/ksearch_harness/sanity_cache.py). Set in the environment (empty:
+        // off) or among the knobs, the caller's choice wins.
+        if std::env::var_os(SANITY_CACHE).is_none()
+            && !config.knobs.iter().any(|(k, _)| k == SANITY_CACHE)
+        {
+            let dir = ksearch_assets::cache_dir().join("task-sanity");
+            config
+                .knobs
+                .push((SANITY_CACHE.into(), dir.to_string_lossy().into_owned()));
+        }
         let evaluator = Evaluator {
             python,
             harness_dir,
