@@ -482,6 +482,7 @@ class Evaluation:
         self.started = time.monotonic()
         self.soft_deadline = self.started + SOFT_DEADLINE_FRACTION * req.timeout_s
         self.calls = 0
+        self.sanity_cached = False
         self.threads_before: set[int] = set()
         self.threads_max = 0
         self.busy_after_return = 0
@@ -509,12 +510,11 @@ class Evaluation:
             self.seeds.update({"probe_seeds": {}, "timing_seeds": {}, "order_seeds": {}})
             # The check judges the task, not the candidate: a pass is remembered per task
             # (sanity_cache.py), and later evaluations of the same task skip it.
-            k = sanity_cache.key(req.raw, req.task.dir, sanity_check)  # type: ignore[union-attr]
+            k = sanity_cache.key(req.raw, req.task.dir)  # type: ignore[union-attr]
             self.sanity_cached = sanity_cache.known_sane(k)
             if not self.sanity_cached:
-                entries: list[dict[str, Any]] = []
-                sanity_check(req, self.task, self.trial_seeds[0], entries)
-                sanity_cache.remember(k, entries)
+                sanity_check(req, self.task, self.trial_seeds[0])
+                sanity_cache.remember(k)
 
         out.stage = "static"
         with phase("build"):
@@ -569,7 +569,7 @@ class Evaluation:
                 "threads_max_after_call": self.threads_max,
                 "busy_threads_after_return": self.busy_after_return,
                 "candidate_calls": self.calls,
-                "task_sanity_cached": getattr(self, "sanity_cached", False),
+                "task_sanity_cached": self.sanity_cached,
                 "phase_seconds": self.phase.snapshot()}
 
     def _log_slow(self, stage: str, wl: Workload, since: dict[str, float]) -> None:

@@ -7,25 +7,34 @@ property of the task, not of a candidate, yet every evaluation paid for it: abou
 `KSEARCH_HARNESS_SANITY_CACHE` naming a directory (ksearch sets it to its cache directory), an
 evaluation whose task passed before skips the check.
 
-What a verdict is keyed on: every Python file of the task directory, the request's task and
-workload descriptions and tolerances, the backend, the numpy/torch/mlx versions in the process,
-and the source of `sanity_check` itself, so that a change to any of them checks again. Only
-passes are remembered; a failing task is checked (and reported) every time.
+What a verdict is keyed on: every regular file of the task directory, the request's task and
+workload descriptions and tolerances, the backend, the platform, the installed numpy, torch and
+mlx versions, and every source file of this harness package, so that a change to any of them
+checks again. Left out on purpose: the seed (the check asks whether all-zero or constant outputs
+pass the tolerance, a property of the reference's outputs, not of one draw) and the GPU model.
+Only passes are remembered; a failing task is checked (and reported) every time.
+
+Trust: candidate code runs in this process and can write to the directory, so it could plant a
+pass for a later evaluation of a task whose check would fail. It gains nothing for itself (the
+check runs before the candidate is built), and the same code could as well rewrite the task's
+reference; the cache is a convenience for trusted tasks, not a defence.
 """
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
+import platform
 import sys
 import tempfile
+from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ENV = "KSEARCH_HARNESS_SANITY_CACHE"
-_LIBRARIES = ("numpy", "torch", "mlx.core")
+_DISTRIBUTIONS = ("numpy", "torch", "mlx")
+_HARNESS = Path(__file__).resolve().parent
 
 
 def _directory() -> Path | None:
@@ -33,39 +42,66 @@ def _directory() -> Path | None:
     return Path(raw) if raw else None
 
 
-def key(raw_request: dict[str, Any], task_dir: str, check: Callable[..., Any]) -> str:
-    h = hashlib.sha256()
-    for path in sorted(Path(task_dir).rglob("*.py")):
-        if "__pycache__" in path.parts:
+def _hash_tree(h: "hashlib._Hash", root: Path, pattern: str) -> None:
+    for path in sorted(root.rglob(pattern)):
+        if "__pycache__" in path.parts or not path.is_file() or path.is_symlink():
             continue
-        h.update(str(path.relative_to(task_dir)).encode())
-        h.update(b"\0")
-        h.update(path.read_bytes())
-        h.update(b"\0")
+        data = path.read_bytes()
+        name = str(path.relative_to(root)).encode()
+        # Lengths first: no two different trees hash the same bytes.
+        h.update(len(name).to_bytes(8, "little") + name)
+        h.update(len(data).to_bytes(8, "little") + data)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def key(raw_request: dict[str, Any], task_dir: str) -> str | None:
+    """The verdict's key, or None when nothing is cached (no directory, or the task's files
+    cannot all be read: then the check simply runs)."""
+    if _directory() is None:
+        return None
+    h = hashlib.sha256()
+    try:
+        _hash_tree(h, Path(task_dir), "*")
+        _hash_tree(h, _HARNESS, "*.py")
+    except OSError:
+        return None
     described = {k: raw_request.get(k) for k in ("backend", "task", "workloads", "tolerance")}
+    described["platform"] = [sys.platform, platform.machine(), platform.python_version()]
+    described["versions"] = {d: _version(d) for d in _DISTRIBUTIONS}
     h.update(json.dumps(described, sort_keys=True, default=str).encode())
-    versions = {name: getattr(sys.modules.get(name), "__version__", None) for name in _LIBRARIES}
-    h.update(json.dumps(versions, sort_keys=True).encode())
-    h.update(inspect.getsource(check).encode())
     return h.hexdigest()
 
 
-def known_sane(k: str) -> bool:
+def known_sane(k: str | None) -> bool:
     d = _directory()
-    return d is not None and (d / f"{k}.json").is_file()
+    return k is not None and d is not None and (d / f"{k}.json").is_file()
 
 
-def remember(k: str, entries: list[dict[str, Any]]) -> None:
+def remember(k: str | None) -> None:
     """Records a pass. Best effort: a cache that cannot be written only costs the next check."""
     d = _directory()
-    if d is None:
+    if k is None or d is None:
         return
+    tmp = None
     try:
         d.mkdir(parents=True, exist_ok=True)
         # Written whole and renamed into place, so a concurrent reader never sees half a file.
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".sanity-", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            json.dump({"entries": entries}, f)
+            json.dump({"passed": True}, f)
         os.replace(tmp, d / f"{k}.json")
+        tmp = None
     except OSError:
         pass
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

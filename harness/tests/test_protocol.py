@@ -198,3 +198,26 @@ def test_a_passing_task_sanity_check_is_remembered_and_a_changed_task_checked_ag
         res = evaluate(task, sub, tolerance={"f32": {"rtol": 0.0, "atol": 1.0}})
         assert res["status"] == "task_error" and "sanity" in res["message"], res["message"]
     assert len(list(cache.glob("*.json"))) == 2
+
+
+def test_sanity_cache_keys_skip_what_cannot_be_read_and_need_a_directory(tmp_path, monkeypatch):
+    import shutil
+
+    from ksearch_harness import sanity_cache
+
+    task = tmp_path / "task"
+    shutil.copytree(driver.FIXTURES / "softmax", task)
+    raw = driver.softmax_request(None, tmp_path, task_dir=task)
+    monkeypatch.delenv(sanity_cache.ENV, raising=False)
+    assert sanity_cache.key(raw, str(task)) is None  # no directory: nothing is computed
+    monkeypatch.setenv(sanity_cache.ENV, str(tmp_path / "cache"))
+    k = sanity_cache.key(raw, str(task))
+    # An editor's lock file is a dangling link: skipped, the key unchanged.
+    (task / ".#reference.py").symlink_to(tmp_path / "nowhere")
+    assert sanity_cache.key(raw, str(task)) == k
+    # Data files count, not only Python.
+    (task / "table.bin").write_bytes(b"\x00\x01")
+    assert sanity_cache.key(raw, str(task)) not in (None, k)
+    assert not sanity_cache.known_sane(None)
+    sanity_cache.remember(None)
+    assert not (tmp_path / "cache").exists()

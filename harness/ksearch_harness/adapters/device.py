@@ -44,12 +44,13 @@ QUICK_SAMPLES = 64
 # allocations are to be avoided on the CUDA backend, so uploads go in pieces of this size and
 # are joined on the device.
 MLX_UPLOAD_CHUNK_BYTES = 8 << 20
-# Device work run right before each timed call (warm_up_clocks): long enough for the GPU to
-# leave its idle clock (345 MHz on the H200), which the harness's host work between timed
-# calls (fresh inputs, checks) gives it time to fall to. It did not remove what inflates MLX
-# timings in evaluations (docs/backends.md, "Known gap"). KSEARCH_HARNESS_CLOCK_WARMUP_MS
-# overrides it (0 turns it off).
-CLOCK_WARMUP_S = 0.02
+# Device work that can run right before each timed call (warm_up_clocks), so the GPU leaves
+# its idle clock (345 MHz on the H200), which the harness's host work between timed calls
+# (fresh inputs, checks) gives it time to fall to. Off by default: on the H200 20 ms of it did
+# not change what inflates MLX timings in evaluations (docs/backends.md, "Known gap"), and
+# its gain on the cuda backend is not measured; it costs 60 ms per repetition of a workload.
+# KSEARCH_HARNESS_CLOCK_WARMUP_MS turns it on.
+CLOCK_WARMUP_S = 0.0
 
 
 def clock_warmup_seconds() -> float:
@@ -287,6 +288,7 @@ class DeviceAdapter(Adapter):
         self._input_names = {s.name for wl in request.workloads for s in wl.inputs}
         self._uploads: dict[str, _Upload] = {}
         self._pending: list[tuple[str, np.ndarray, _Upload]] = []
+        self._clock_warmup_s = clock_warmup_seconds()  # a bad value fails here, not mid-timing
         global _ACTIVE
         _ACTIVE = self
 
@@ -337,9 +339,9 @@ class DeviceAdapter(Adapter):
                                 f"timed reference call did not hold that call's inputs")
 
     def warm_up_clocks(self) -> None:
-        """Repeats the cache flush, a whole-device memory sweep, for clock_warmup_seconds()
-        of wall time; flush_cache follows, so the timed call still starts with cold caches."""
-        seconds = clock_warmup_seconds()
+        """Repeats the cache flush (a read and write of max(2 x L2, flush_bytes)) for the
+        configured wall time; flush_cache follows, so the timed call starts with cold caches."""
+        seconds = self._clock_warmup_s
         if seconds <= 0:
             return
         end = time.perf_counter() + seconds
