@@ -37,6 +37,23 @@ pub struct EvaluatorConfig {
 /// Where the harness remembers tasks whose sanity check passed (a `KSEARCH_HARNESS_*` knob).
 const SANITY_CACHE: &str = "KSEARCH_HARNESS_SANITY_CACHE";
 
+/// The sanity-cache knob to add: the task sanity check judges the task, not the candidate, and
+/// the harness remembers a pass in this directory (harness/ksearch_harness/sanity_cache.py).
+/// None when the caller chose already (the variable set in the environment, empty meaning off,
+/// or a knob). The path is made absolute: the harness runs in its work directory, where a
+/// relative cache directory would be a new, empty one every time.
+fn sanity_cache_knob(
+    knobs: &[(String, String)],
+    in_environment: bool,
+    cache_dir: &Path,
+) -> Option<(String, String)> {
+    if in_environment || knobs.iter().any(|(k, _)| k == SANITY_CACHE) {
+        return None;
+    }
+    let dir = std::path::absolute(cache_dir.join("task-sanity")).ok()?;
+    Some((SANITY_CACHE.into(), dir.to_string_lossy().into_owned()))
+}
+
 impl Default for EvaluatorConfig {
     fn default() -> Self {
         EvaluatorConfig {
@@ -104,16 +121,12 @@ impl Evaluator {
             }
         };
         let mut config = config;
-        // The task sanity check judges the task, not the candidate; the harness remembers a
-        // pass there (harness/ksearch_harness/sanity_cache.py). Set in the environment (empty:
-        // off) or among the knobs, the caller's choice wins.
-        if std::env::var_os(SANITY_CACHE).is_none()
-            && !config.knobs.iter().any(|(k, _)| k == SANITY_CACHE)
-        {
-            let dir = ksearch_assets::cache_dir().join("task-sanity");
-            config
-                .knobs
-                .push((SANITY_CACHE.into(), dir.to_string_lossy().into_owned()));
+        if let Some(knob) = sanity_cache_knob(
+            &config.knobs,
+            std::env::var_os(SANITY_CACHE).is_some(),
+            &ksearch_assets::cache_dir(),
+        ) {
+            config.knobs.push(knob);
         }
         let evaluator = Evaluator {
             python,
@@ -376,4 +389,28 @@ fn channel_violation(nonce: &str, message: String) -> EvalResult {
         extra: Default::default(),
     });
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sanity_cache_knob_defers_to_the_caller_and_is_absolute() {
+        let rel = Path::new("relative/cache");
+        let (k, v) = sanity_cache_knob(&[], false, rel).expect("added when nobody chose");
+        assert_eq!(k, SANITY_CACHE);
+        let v = PathBuf::from(v);
+        assert!(
+            v.is_absolute() && v.ends_with("relative/cache/task-sanity"),
+            "{v:?}"
+        );
+        // Set in the environment (an empty value turns it off): left alone.
+        assert!(sanity_cache_knob(&[], true, rel).is_none());
+        let given = vec![(SANITY_CACHE.to_string(), "/x".to_string())];
+        assert!(sanity_cache_knob(&given, false, rel).is_none());
+        // Other knobs do not count as a choice.
+        let other = vec![("KSEARCH_HARNESS_THREADS".to_string(), "1".to_string())];
+        assert!(sanity_cache_knob(&other, false, rel).is_some());
+    }
 }
