@@ -69,7 +69,7 @@ def measure(label: str, env: dict[str, str], ops: int, reps: int, timeout: float
 
 
 def best(rows: list[dict]) -> dict | None:
-    ok = [r for r in rows if "compiled_us_per_op" in r]
+    ok = [r for r in rows if "error" not in r and "compiled_us_per_op" in r]
     return min(ok, key=lambda r: r["compiled_us_per_op"]) if ok else None
 
 
@@ -96,11 +96,16 @@ def main(argv=None) -> int:
     for label, env in settings:
         row = measure(label, env, args.ops, args.reps, args.timeout)
         rows.append(row)
+        if "error" not in row and not all(isinstance(row.get(k), (int, float))
+                                          for k in ("compiled_us_per_op", "eager_us_per_op")):
+            row["error"] = f"incomplete measurement: {row}"
         shown = (f"compiled {row['compiled_us_per_op']:.2f} us/op, eager "
                  f"{row['eager_us_per_op']:.2f} us/op" if "error" not in row else row["error"])
         print(f"[mlx_env_probe] {label:<10} {shown}", file=sys.stderr)
     pick = best(rows)
-    result = {"ops": args.ops, "reps": args.reps, "rows": rows,
+    # `controls`: the variables the settings vary, which a caller must clear before applying
+    # the pick (the children ran without the caller's values of them).
+    result = {"ops": args.ops, "reps": args.reps, "rows": rows, "controls": KEYS,
               "best": pick["label"] if pick else None}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -81,10 +81,16 @@ pub struct MambaArgs {
     pub mlx_settings: String,
 }
 
-/// The MLX_* variables of the probe's pick (its --json report: `best` names one of `rows`,
-/// each with its `env`). Only MLX_* names with plain values are taken: they go into the
-/// bench's environment.
-fn probe_pick(report: &str) -> Result<Vec<(String, String)>> {
+/// What the probe's report says to do to the bench's environment: the variables it varies
+/// (`controls`, to clear: its measurements ran without the caller's values of them) and the
+/// MLX_* values of its pick (`best` names one of `rows`, each with its `env`). Only MLX_* names
+/// with plain values are taken.
+struct ProbePick {
+    controls: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+fn probe_pick(report: &str) -> Result<ProbePick> {
     let v: serde_json::Value =
         serde_json::from_str(report).context("unreadable report of the MLX settings probe")?;
     let best = v["best"]
@@ -94,18 +100,32 @@ fn probe_pick(report: &str) -> Result<Vec<(String, String)>> {
         .as_array()
         .and_then(|rows| rows.iter().find(|r| r["label"].as_str() == Some(best)))
         .with_context(|| format!("the probe's pick `{best}` is not among its rows"))?;
+    let plain = |t: &str| t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let mut controls = Vec::new();
+    for c in v["controls"]
+        .as_array()
+        .context("the probe's report lists no `controls`")?
+    {
+        let c = c.as_str().unwrap_or_default();
+        if !c.starts_with("MLX_") || !plain(c) {
+            bail!("the probe controls an unexpected variable {c:?}");
+        }
+        controls.push(c.to_string());
+    }
+    let settings = row["env"]
+        .as_object()
+        .with_context(|| format!("the probe's pick `{best}` has no `env` object"))?;
     let mut env = Vec::new();
-    for (k, val) in row["env"].as_object().into_iter().flatten() {
+    for (k, val) in settings {
         let val = val
             .as_str()
             .with_context(|| format!("setting {k} is not a string"))?;
-        let plain = |t: &str| t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !k.starts_with("MLX_") || !plain(k) || !plain(val) {
             bail!("the probe named an unexpected setting {k}={val}");
         }
         env.push((k.clone(), val.to_string()));
     }
-    Ok(env)
+    Ok(ProbePick { controls, env })
 }
 
 /// `ksearch bench mamba ...`; `args` are `ksearch bench`'s with TASK = mamba.
@@ -174,7 +194,11 @@ pub fn run(args: &BenchArgs, quiet: bool) -> Result<u8> {
                 describe_status(status)
             )
         })?;
-        let env = probe_pick(&text)?;
+        let pick = probe_pick(&text)?;
+        for c in &pick.controls {
+            cmd.env_remove(c);
+        }
+        let env = pick.env;
         if !quiet {
             let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
             eprintln!(
@@ -778,26 +802,31 @@ mod tests {
     fn the_probe_pick_becomes_mlx_variables_and_nothing_else() {
         let report = |best: &str, env: &str| {
             format!(
-                r#"{{"best": {best}, "rows": [{{"label": "defaults", "env": {{}}}},
+                r#"{{"best": {best}, "controls": ["MLX_MAX_OPS_PER_BUFFER", "MLX_USE_CUDA_GRAPHS"],
+                   "rows": [{{"label": "defaults", "env": {{}}}},
                    {{"label": "graph-5", "env": {env}}}]}}"#
             )
         };
-        let env = probe_pick(&report(
+        let pick = probe_pick(&report(
             r#""graph-5""#,
             r#"{"MLX_MAX_OPS_PER_BUFFER": "5"}"#,
         ));
+        let pick = pick.unwrap();
         assert_eq!(
-            env.unwrap(),
+            pick.env,
             vec![("MLX_MAX_OPS_PER_BUFFER".to_string(), "5".to_string())]
         );
-        assert!(probe_pick(&report(r#""defaults""#, "{}"))
-            .unwrap()
-            .is_empty());
+        assert_eq!(pick.controls.len(), 2);
+        let defaults = probe_pick(&report(r#""defaults""#, "{}")).unwrap();
+        assert!(defaults.env.is_empty());
         for bad in [
             report("null", "{}"),
             report(r#""graph-9""#, "{}"),
             report(r#""graph-5""#, r#"{"LD_PRELOAD": "x.so"}"#),
             report(r#""graph-5""#, r#"{"MLX_X": "1; rm -rf /"}"#),
+            report(r#""graph-5""#, "null"),
+            report(r#""graph-5""#, "{}").replace("MLX_USE_CUDA_GRAPHS", "LD_PRELOAD"),
+            report(r#""graph-5""#, "{}").replace(r#""controls""#, r#""other""#),
             "not json".to_string(),
         ] {
             assert!(probe_pick(&bad).is_err(), "{bad}");
