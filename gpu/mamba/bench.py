@@ -647,10 +647,22 @@ def main(argv=None) -> int:
             + (f"; trying `{modes[i + 1]}`" if i + 1 < len(modes) else ""))
     if len(passed) > 1:
         rates = {}
-        for m, _, f, _ in passed:
-            rates[m], _, _ = time_decode_ours(f, a.vocab_size, prompt=16, warmup=4, n=24,
-                                              seed=args.seed,
-                                              pipelined=args.decode_loop == "pipelined")
+        for m, model, f, _ in passed:
+            try:
+                rates[m], _, _ = time_decode_ours(f, a.vocab_size, prompt=16, warmup=4, n=24,
+                                                  seed=args.seed,
+                                                  pipelined=args.decode_loop == "pipelined")
+                # A barrier that timed out while being timed leaves a poisoned model that
+                # skips its waits: fast and wrong, so it must not win.
+                mm.check_grid(model)
+            except Exception as e:
+                rates.pop(m, None)
+                problem = f"while timing decode: {type(e).__name__}: {e}"
+                kernel_info.setdefault("fallbacks", []).append({"mode": m,
+                                                                "problem": problem[:2000]})
+                log(f"model kernels `{m}`: {problem[:300]}")
+        if not rates:
+            raise RuntimeError(f"no decode path could be timed: {kernel_info['fallbacks']}")
         kernel_info["decode_tuning"] = {"tok_s": rates, "tokens": 24,
                                         "pick": max(rates, key=rates.get)}
         log("decode paths: " + ", ".join(f"{m} {r:.0f} tok/s" for m, r in rates.items())

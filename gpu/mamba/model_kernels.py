@@ -27,6 +27,7 @@ it makes, so the tests run it on the CPU emulation (emu/fake_mlx.py) unchanged.
 from __future__ import annotations
 
 import hashlib
+import re
 
 import mlx.core as mx
 
@@ -600,7 +601,8 @@ def sm_count(default: int = DEFAULT_BLOCKS) -> int:
             return int(info[key])
     name = str(info.get("device_name", ""))
     for part, sms in _KNOWN_SMS:
-        if part in name:
+        # Whole words: "A100" must not match "RTX A1000" (20 SMs).
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(part)}(?![A-Za-z0-9])", name):
             return sms
     return default
 

@@ -155,6 +155,34 @@ def test_auto_times_every_decode_path_that_passes_and_uses_the_fastest(tmp_path,
         assert "fallbacks" not in got["kernel"]
 
 
+def test_a_decode_path_that_fails_while_timed_drops_out(tmp_path, monkeypatch):
+    """A path that passed its check but fails while its decode is timed (its barrier timing
+    out, say) is recorded and left out; the fastest of the others is used."""
+    import emu
+    import mamba_model as mm
+    from emulated import EmulatedModelKernels
+
+    if emu.compiler() is None:
+        pytest.skip("no C++20 compiler for the CPU emulation")
+    monkeypatch.setattr(bench.mx.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mm, "model_kernels", lambda: EmulatedModelKernels(0))
+    real = bench.time_decode_ours
+
+    def flaky(fwd, *a, **k):
+        if fwd.model.backbone.layers[0].mixer.ks_decode == "layer":
+            raise RuntimeError("made-up failure while timing")
+        return real(fwd, *a, **k)
+
+    monkeypatch.setattr(bench, "time_decode_ours", flaky)
+    out = tmp_path / "b.json"
+    assert bench.main(QUICK + ["--impls", "ksearch", "--ops-scan", "--layer-blocks", "3",
+                               "--decode-tokens", "2", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert set(got["kernel"]["decode_tuning"]["tok_s"]) == {"fused", "conv"}
+    (fallback,) = got["kernel"]["fallbacks"]
+    assert fallback["mode"] == "layer" and "made-up failure" in fallback["problem"]
+
+
 def test_the_decode_loops_feed_each_step_its_predecessor():
     """mlx_decode's two loops on a step whose output depends on its token and its state: the
     same sequence, the one computed by hand."""

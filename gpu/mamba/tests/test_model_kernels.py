@@ -70,6 +70,19 @@ def test_the_four_kernels_need_no_state_and_the_one_kernel_checks_it(fake):
     assert mod.sm_count() == mod.DEFAULT_BLOCKS  # the stand-in has no device_info
 
 
+def test_sm_count_matches_known_names_as_whole_words(fake, monkeypatch):
+    _, mod = fake
+    for name, want in (("NVIDIA H200", 132), ("NVIDIA A100-SXM4-80GB", 108),
+                       ("NVIDIA RTX A1000", mod.DEFAULT_BLOCKS), ("NVIDIA H100 PCIe", 114),
+                       ("NVIDIA GH200 480GB", 132)):
+        monkeypatch.setattr(mod.mx, "device_info", lambda n=name: {"device_name": n},
+                            raising=False)
+        assert mod.sm_count() == want, name
+    monkeypatch.setattr(mod.mx, "device_info", lambda: {"device_name": "x", "num_sms": 7},
+                        raising=False)
+    assert mod.sm_count() == 7
+
+
 # Each block marks every phase and, after the barrier, counts the blocks whose mark of that
 # phase it cannot see. SKIP: a block that leaves before its first barrier (-1: none).
 BARRIER_BODY = r"""
