@@ -222,7 +222,11 @@ fn step(store: &RunStore, cand: &ksearch_store::CandidateRow) -> Result<Step> {
                 (
                     w["name"].as_str().unwrap_or("?").to_string(),
                     w["candidate_median_ns"].as_f64(),
-                    w["speedup_vs_baseline"].as_f64(),
+                    // Over the baseline where the task has one, else over the reference: what
+                    // the score is made of.
+                    w["speedup_vs_baseline"]
+                        .as_f64()
+                        .or_else(|| w["speedup_vs_reference"].as_f64()),
                 )
             })
     });
@@ -243,13 +247,10 @@ pub fn render_path(store: &RunStore, best: i64) -> Result<String> {
     let mut chain = Vec::new();
     let mut next = Some(best);
     while let Some(id) = next {
-        // Parent links point to earlier candidates; the bound stops a corrupt store's cycle.
-        if chain.len() > 10_000 {
-            break;
-        }
         let Some(cand) = store.candidate(id)? else {
             break;
         };
+        // Only links to earlier candidates are followed, so a corrupt store cannot loop.
         next = cand.parent_candidate.filter(|p| *p < cand.id);
         chain.push(cand);
     }
@@ -273,7 +274,7 @@ pub fn render_path(store: &RunStore, best: i64) -> Result<String> {
         .find_map(|st| st.headline.as_ref().map(|h| h.0.clone()));
     writeln!(
         s,
-        "\npath to the best (score = geometric mean of the speedup over the baseline{}):",
+        "\npath to the best (score: the geometric-mean speedup the search ranks by{}):",
         headline
             .as_deref()
             .map(|h| format!("; {h}: median time and speedup"))
@@ -282,7 +283,7 @@ pub fn render_path(store: &RunStore, best: i64) -> Result<String> {
     writeln!(
         s,
         "{:>4} {:>5} {:>5} {:>8} {:>8} {:>8} {:>10} {:>8}  change",
-        "step", "cand", "round", "score", "x prev", "x seed", "ms", "x base"
+        "step", "cand", "round", "score", "x prev", "x seed", "ms", "speedup"
     )?;
     let seed_score = steps.first().and_then(|st| st.score).filter(|v| *v > 0.0);
     let mut prev: Option<f64> = None;

@@ -143,6 +143,13 @@ fn run_then_show_and_export_the_best_kernel() {
     assert!(text.contains("status: finished"), "{text}");
     assert!(text.contains("world model"), "{text}");
     assert!(text.contains("seed"), "{text}");
+    // The per-step table starts at the seed, whatever the best kernel's ancestry.
+    let path = text
+        .split("path to the best")
+        .nth(1)
+        .expect("show prints the path to the best");
+    let first_step = path.lines().nth(2).unwrap_or_default();
+    assert!(first_step.contains("the task's seed kernel"), "{text}");
 
     let export_dir = runs.path().join("exported");
     let exp = ksearch()
@@ -162,6 +169,10 @@ fn run_then_show_and_export_the_best_kernel() {
     let readme = std::fs::read_to_string(export_dir.join("README.md")).unwrap();
     assert!(
         readme.contains("ksearch eval --task softmax --backend cpu --held-out"),
+        "{readme}"
+    );
+    assert!(
+        readme.contains("## Steps the search kept") && readme.contains("the task's seed kernel"),
         "{readme}"
     );
     // The exported kernel passes a fresh evaluation on every workload.
