@@ -138,7 +138,9 @@ elif [ "$N" = 7 ]; then
     export KSEARCH_CACHE_DIR=/tmp/ksearch-device-work/cache
     RUNS=/tmp/ksearch-device-work/runs
     mkdir -p "$PARTS/attention" "$RUNS"
-    timeout $(($(left) - 60)) target/release/ksearch run --task attention --backend mlx \
+    # Its own session: when this run was stopped by `timeout` on the H200, the rest of the
+    # script went with it and show/export never ran (the run store came back by a second call).
+    setsid --wait timeout $(($(left) - 60)) target/release/ksearch run --task attention --backend mlx \
         --rounds "${ROUNDS:-12}" --max-wall-time "${RUN_WALL_S:-300}" --timing quick --seed 1 \
         --runs-dir "$RUNS" --json > "$PARTS/attention/run-mlx.json"
     echo "run exit code $?"
