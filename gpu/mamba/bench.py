@@ -604,73 +604,7 @@ def main(argv=None) -> int:
         kernel_info["tuning"] = scan.tune(
             seen, lambda s, T: time_scan(s, a.intermediate_size, a.state_size, T, reps=10))
         log(f"picked {kernel_info['tuning']['picks']}")
-    # auto: every path with our kernels is checked (layer, fused, conv); one whose kernels
-    # fail to build or run, or whose logits disagree with stock mlx-lm, drops out (recorded in
-    # kernel.fallbacks), and of those left the fastest at decode on this machine is used
-    # (kernel.decode_tuning): the one-launch path is not always the fastest (measured on the
-    # H200: 209 tok/s against 262 for four launches per block). mlx-lm's own ops ("off") only
-    # run when no kernel path passed.
-    auto = args.model_kernels == "auto"
-    if auto:
-        modes = ["layer", "fused", "conv", "off"] if mx.cuda.is_available() else ["off"]
-    else:
-        modes = [args.model_kernels]
-    log("checking our logits against stock mlx-lm")
-    passed: list[tuple[str, Any, OursForward, dict]] = []
-    for i, mode in enumerate(modes):
-        if mode == "off" and passed:
-            break
-        try:
-            # Loading the kernel module belongs to the attempt: it may fail here too.
-            ours = mm.patched_copy(stock, scan, mm.model_kernels() if mode != "off" else None,
-                                   decode=mode if mode in mm.DECODE_PATHS else "conv",
-                                   blocks=args.layer_blocks)
-            fwd = OursForward(ours, compile=not args.no_compile)
-            check = check_logits(stock, fwd, a.vocab_size, args.check_prompt, args.check_steps,
-                                 args.seed)
-            # A grid barrier that timed out (layer) is named before the logits it spoiled.
-            mm.check_grid(ours)
-            problem = None if check["passed"] else f"logits check failed: {check}"
-        except Exception as e:
-            if i == len(modes) - 1 and not passed:
-                raise
-            check, problem = None, f"{type(e).__name__}: {e}"
-        if problem is None:
-            passed.append((mode, ours, fwd, check))
-            if not auto:
-                break
-            continue
-        if i == len(modes) - 1 and not passed:
-            break  # the last resort failed its check: reported below, nothing is timed
-        kernel_info.setdefault("fallbacks", []).append({"mode": mode, "problem": problem[:2000]})
-        log(f"model kernels `{mode}`: {problem[:300]}"
-            + (f"; trying `{modes[i + 1]}`" if i + 1 < len(modes) else ""))
-    if len(passed) > 1:
-        rates = {}
-        for m, model, f, _ in passed:
-            try:
-                rates[m], _, _ = time_decode_ours(f, a.vocab_size, prompt=16, warmup=4, n=24,
-                                                  seed=args.seed,
-                                                  pipelined=args.decode_loop == "pipelined")
-                # A barrier that timed out while being timed leaves a poisoned model that
-                # skips its waits: fast and wrong, so it must not win.
-                mm.check_grid(model)
-            except Exception as e:
-                rates.pop(m, None)
-                problem = f"while timing decode: {type(e).__name__}: {e}"
-                kernel_info.setdefault("fallbacks", []).append({"mode": m,
-                                                                "problem": problem[:2000]})
-                log(f"model kernels `{m}`: {problem[:300]}")
-        if not rates:
-            raise RuntimeError(f"no decode path could be timed: {kernel_info['fallbacks']}")
-        kernel_info["decode_tuning"] = {"tok_s": rates, "tokens": 24,
-                                        "pick": max(rates, key=rates.get)}
-        log("decode paths: " + ", ".join(f"{m} {r:.0f} tok/s" for m, r in rates.items())
-            + f"; using {kernel_info['decode_tuning']['pick']}")
-        mode, ours, fwd, check = next(t for t in passed
-                                      if t[0] == kernel_info["decode_tuning"]["pick"])
-    elif passed:
-        mode, ours, fwd, check = passed[0]
+    mode, ours, fwd, check = choose_model(stock, scan, args, kernel_info)
     kernel_info["model_kernels"] = mode != "off"
     kernel_info["decode_path"] = {"off": "mlx-lm ops", "conv": "conv and step kernels",
                                   "fused": "four kernels per block",
@@ -737,6 +671,81 @@ def main(argv=None) -> int:
                                              / (k["L"] / tps)) if tps else None
     emit(result, args.out)
     return 0
+
+
+def choose_model(stock, scan, args, kernel_info: dict):
+    """Our model for the bench: (decode mode, model, forward, logits check).
+
+    auto: every path with our kernels is checked (layer, fused, conv); one whose kernels fail
+    to build or run, or whose logits disagree with stock mlx-lm, drops out (recorded in
+    kernel.fallbacks), and of those left the fastest at decode on this machine is used
+    (kernel.decode_tuning): the one-launch path is not always the fastest (measured on the
+    H200: 209 tok/s against 262 for four launches per block). mlx-lm's own ops ("off") only run
+    when no kernel path passed. A mode given by name is checked alone; when the last resort
+    fails its check, that check is returned (failed) and nothing is timed."""
+    a = stock.args
+    auto = args.model_kernels == "auto"
+    if auto:
+        modes = ["layer", "fused", "conv", "off"] if mx.cuda.is_available() else ["off"]
+    else:
+        modes = [args.model_kernels]
+    log("checking our logits against stock mlx-lm")
+    passed: list[tuple[str, Any, OursForward, dict]] = []
+    for i, mode in enumerate(modes):
+        if mode == "off" and passed:
+            break
+        try:
+            # Loading the kernel module belongs to the attempt: it may fail here too.
+            ours = mm.patched_copy(stock, scan, mm.model_kernels() if mode != "off" else None,
+                                   decode=mode if mode in mm.DECODE_PATHS else "conv",
+                                   blocks=args.layer_blocks)
+            fwd = OursForward(ours, compile=not args.no_compile)
+            check = check_logits(stock, fwd, a.vocab_size, args.check_prompt, args.check_steps,
+                                 args.seed)
+            # A grid barrier that timed out (layer) is named before the logits it spoiled.
+            mm.check_grid(ours)
+            problem = None if check["passed"] else f"logits check failed: {check}"
+        except Exception as e:
+            if i == len(modes) - 1 and not passed:
+                raise
+            check, problem = None, f"{type(e).__name__}: {e}"
+        if problem is None:
+            passed.append((mode, ours, fwd, check))
+            if not auto:
+                break
+            continue
+        if i == len(modes) - 1 and not passed:
+            break  # the last resort failed its check: reported below, nothing is timed
+        kernel_info.setdefault("fallbacks", []).append({"mode": mode, "problem": problem[:2000]})
+        log(f"model kernels `{mode}`: {problem[:300]}"
+            + (f"; trying `{modes[i + 1]}`" if i + 1 < len(modes) else ""))
+    if len(passed) > 1:
+        rates = {}
+        for m, model, f, _ in passed:
+            try:
+                rates[m], _, _ = time_decode_ours(f, a.vocab_size, prompt=16, warmup=4, n=24,
+                                                  seed=args.seed,
+                                                  pipelined=args.decode_loop == "pipelined")
+                # A barrier that timed out while being timed leaves a poisoned model that
+                # skips its waits: fast and wrong, so it must not win.
+                mm.check_grid(model)
+            except Exception as e:
+                rates.pop(m, None)
+                problem = f"while timing decode: {type(e).__name__}: {e}"
+                kernel_info.setdefault("fallbacks", []).append({"mode": m,
+                                                                "problem": problem[:2000]})
+                log(f"model kernels `{m}`: {problem[:300]}")
+        if not rates:
+            raise RuntimeError(f"no decode path could be timed: {kernel_info['fallbacks']}")
+        kernel_info["decode_tuning"] = {"tok_s": rates, "tokens": 24,
+                                        "pick": max(rates, key=rates.get)}
+        log("decode paths: " + ", ".join(f"{m} {r:.0f} tok/s" for m, r in rates.items())
+            + f"; using {kernel_info['decode_tuning']['pick']}")
+        mode, ours, fwd, check = next(t for t in passed
+                                      if t[0] == kernel_info["decode_tuning"]["pick"])
+    elif passed:
+        mode, ours, fwd, check = passed[0]
+    return mode, ours, fwd, check
 
 
 def run_impl(impl: str, row: dict, stock, fwd: OursForward, args, lengths: list[int]) -> None:

@@ -117,14 +117,9 @@ def test_auto_model_kernels_fall_back_when_they_fail(tmp_path, monkeypatch):
     assert got["rows"][0]["decode_tok_s"] > 0
 
 
-@pytest.mark.parametrize("resident", [0, 2], ids=["layer-passes", "layer-times-out"])
-def test_auto_times_every_decode_path_that_passes_and_uses_the_fastest(tmp_path, monkeypatch,
-                                                                       resident):
-    """`--model-kernels auto` with model_kernels.py run by the CPU emulation and a grid of 3
-    blocks. When the emulated GPU holds all 3 blocks at once, the one-launch path passes its
-    check and is timed beside the four-kernel and conv paths. When it holds 2, the barrier
-    times out: the bench names that and times the other two. The path used is the fastest
-    timed one, whatever its place in the order."""
+def _emulated_cuda(monkeypatch, resident: int) -> None:
+    """The bench as if MLX had a CUDA device, with model_kernels.py run by the CPU emulation
+    on a GPU that holds `resident` blocks at once (0: any number)."""
     import emu
     import mamba_model as mm
     from emulated import EmulatedModelKernels
@@ -133,6 +128,17 @@ def test_auto_times_every_decode_path_that_passes_and_uses_the_fastest(tmp_path,
         pytest.skip("no C++20 compiler for the CPU emulation")
     monkeypatch.setattr(bench.mx.cuda, "is_available", lambda: True)
     monkeypatch.setattr(mm, "model_kernels", lambda: EmulatedModelKernels(resident))
+
+
+@pytest.mark.parametrize("resident", [0, 2], ids=["layer-passes", "layer-times-out"])
+def test_auto_times_every_decode_path_that_passes_and_uses_the_fastest(tmp_path, monkeypatch,
+                                                                       resident):
+    """`--model-kernels auto` with model_kernels.py run by the CPU emulation and a grid of 3
+    blocks. When the emulated GPU holds all 3 blocks at once, the one-launch path passes its
+    check and is timed beside the four-kernel and conv paths. When it holds 2, the barrier
+    times out: the bench names that and times the other two. The path used is the fastest
+    timed one, whatever its place in the order."""
+    _emulated_cuda(monkeypatch, resident)
     out = tmp_path / "b.json"
     assert bench.main(QUICK + ["--impls", "ksearch", "--ops-scan", "--layer-blocks", "3",
                                "--out", str(out)]) == 0
@@ -158,14 +164,7 @@ def test_auto_times_every_decode_path_that_passes_and_uses_the_fastest(tmp_path,
 def test_a_decode_path_that_fails_while_timed_drops_out(tmp_path, monkeypatch):
     """A path that passed its check but fails while its decode is timed (its barrier timing
     out, say) is recorded and left out; the fastest of the others is used."""
-    import emu
-    import mamba_model as mm
-    from emulated import EmulatedModelKernels
-
-    if emu.compiler() is None:
-        pytest.skip("no C++20 compiler for the CPU emulation")
-    monkeypatch.setattr(bench.mx.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(mm, "model_kernels", lambda: EmulatedModelKernels(0))
+    _emulated_cuda(monkeypatch, 0)
     real = bench.time_decode_ours
 
     def flaky(fwd, *a, **k):
