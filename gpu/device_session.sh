@@ -38,6 +38,17 @@ TOTAL=${TOTAL_S:-575}
 left() { echo $((TOTAL - SECONDS)); }
 pack() { tar -C "$PARTS" -czf "$FINAL/session$N.tar.gz" . ; }
 trap pack EXIT
+# This checkout's ksearch and harness, with the image's python3 (torch, nvcc, jinja2).
+use_ksearch() {
+    export KSEARCH_ROOT=$ROOT KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
+    export KSEARCH_CACHE_DIR=/tmp/ksearch-device-work/cache
+}
+# MLX's second carry half joined to the first (stashed by an earlier call), then use_ksearch.
+use_mlx() {
+    # shellcheck disable=SC1091
+    source .device-carry/mlx2/assemble.sh || exit 3
+    use_ksearch
+}
 
 echo "== device_session $N at $(date +%T)"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
@@ -55,8 +66,7 @@ elif [ "$N" = 3 ]; then
     # The short pair, after changes: MLX half 1 stashed; a short offline search on the cuda
     # family through ksearch; the channel-tiled scan variants on the cuda backend.
     bash .device-carry/mlx1/stash.sh
-    export KSEARCH_ROOT=$ROOT KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
-    export KSEARCH_CACHE_DIR=/tmp/ksearch-device-work/cache
+    use_ksearch
     mkdir -p "$PARTS/attention" "$PARTS/mamba"
     timeout $(($(left) - 100)) target/release/ksearch run --task attention --backend cuda \
         --rounds "${ROUNDS:-3}" --max-wall-time "${RUN_WALL_S:-90}" --timing quick --seed 1 \
@@ -74,10 +84,7 @@ elif [ "$N" = 4 ]; then
     # The short pair's MLX call: the whole-model bench through `ksearch bench mamba` (tuned
     # scan, four-kernel decode, every implementation), then attention through MLX (eval, bench,
     # a short search).
-    # shellcheck disable=SC1091
-    source .device-carry/mlx2/assemble.sh || exit 3
-    export KSEARCH_ROOT=$ROOT KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
-    export KSEARCH_CACHE_DIR=/tmp/ksearch-device-work/cache
+    use_mlx
     mkdir -p "$PARTS/mamba"
     timeout "${MAMBA_BUDGET_S:-260}" target/release/ksearch bench mamba --kernel-only \
         --timeout "$((${MAMBA_BUDGET_S:-260} - 10))" --save "$PARTS/mamba/bench.json" \
@@ -115,10 +122,7 @@ elif [ "$N" = 6 ]; then
     # Call 2 (carry ksearch and .device-carry/mlx2): MLX's cost per primitive under each
     # launch setting, then the whole-model bench under the cheapest (every implementation runs
     # under it; the setting is in the log and mlx-env.json), sync decode loop.
-    # shellcheck disable=SC1091
-    source .device-carry/mlx2/assemble.sh || exit 3
-    export KSEARCH_ROOT=$ROOT KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
-    export KSEARCH_CACHE_DIR=/tmp/ksearch-device-work/cache
+    use_mlx
     mkdir -p "$PARTS/mamba"
     BEST=$(timeout 60 python3 gpu/mamba/mlx_env_probe.py --json "$PARTS/mamba/mlx-env.json" \
         --print-best)
@@ -132,10 +136,7 @@ elif [ "$N" = 7 ]; then
     # Call 3 (carry ksearch and .device-carry/mlx2): the offline search on the attention
     # task through the mlx backend, from the naive seed, then show (with the path to the best)
     # and export. The run store travels back whole.
-    # shellcheck disable=SC1091
-    source .device-carry/mlx2/assemble.sh || exit 3
-    export KSEARCH_ROOT=$ROOT KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
-    export KSEARCH_CACHE_DIR=/tmp/ksearch-device-work/cache
+    use_mlx
     RUNS=/tmp/ksearch-device-work/runs
     mkdir -p "$PARTS/attention" "$RUNS"
     # Its own session: when this run was stopped by `timeout` on the H200, the rest of the
