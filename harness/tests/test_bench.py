@@ -50,6 +50,7 @@ def attention(q, k, v, causal):
 class Dtype:
     def __init__(self, name, np_dtype):
         self.name, self.np = name, np.dtype(np_dtype)
+        self.size = self.np.itemsize
 
     def __repr__(self):
         return f"mlx.core.{self.name}"
@@ -61,7 +62,8 @@ class FakeMx(types.ModuleType):
         for name, nd in [("float16", np.float16), ("bfloat16", np.uint16),
                          ("float32", np.float32), ("int32", np.int32), ("int64", np.int64),
                          ("int8", np.int8), ("int16", np.int16), ("uint8", np.uint8),
-                         ("uint16", np.uint16), ("uint32", np.uint32), ("bool_", np.bool_)]:
+                         ("uint16", np.uint16), ("uint32", np.uint32), ("uint64", np.uint64),
+                         ("bool_", np.bool_)]:
             setattr(self, name, Dtype(name, nd))
         self.kernel_calls = 0
         self.sdpa_calls = 0
@@ -89,7 +91,7 @@ class FakeMx(types.ModuleType):
                 return array(self._a.reshape(shape), self.dtype)
 
             def __add__(self, x):
-                return array(self._a + x, self.dtype)
+                return array(self._a + (x._a if isinstance(x, array) else x), self.dtype)
 
             def __mul__(self, x):
                 return mx.from_values(self.values() * x, self.dtype)
@@ -124,7 +126,7 @@ class FakeMx(types.ModuleType):
 
     def _from_np(self, dt):
         for d in (self.float16, self.float32, self.int32, self.int64, self.int8, self.int16,
-                  self.uint8, self.uint16, self.uint32, self.bool_):
+                  self.uint8, self.uint16, self.uint32, self.uint64, self.bool_):
             if d.np == dt:
                 return d
         return self.float32

@@ -29,6 +29,7 @@ class Dtype:
     def __init__(self, name: str, np_dtype):
         self.name = name
         self.np = np.dtype(np_dtype)
+        self.size = self.np.itemsize
 
     def __repr__(self) -> str:
         return f"mlx.core.{self.name}"
@@ -47,9 +48,12 @@ class FakeMx(types.ModuleType):
         self.uint8 = Dtype("uint8", np.uint8)
         self.uint16 = Dtype("uint16", np.uint16)
         self.uint32 = Dtype("uint32", np.uint32)
+        self.uint64 = Dtype("uint64", np.uint64)
         self.bool_ = Dtype("bool_", np.bool_)
         self.evals = 0
         self.kernel_names: list[str] = []
+        # ("clear",) for clear_cache, ("kernel", input bytes) for each kernel launch.
+        self.events: list[tuple] = []
         mx = self
 
         class array:  # noqa: N801 - the real class is mlx.core.array
@@ -79,7 +83,7 @@ class FakeMx(types.ModuleType):
                 return mx._from_values(self._values() * k, self.dtype)
 
             def __add__(self, k):
-                return array(self._a + k, self.dtype)
+                return array(self._a + (k._a if isinstance(k, array) else k), self.dtype)
 
             def __array__(self, dtype=None, copy=None):
                 if self.dtype is mx.bfloat16:
@@ -96,6 +100,7 @@ class FakeMx(types.ModuleType):
             mx.kernel_names.append(name)
 
             def run(*, inputs, output_shapes, output_dtypes, **launch):
+                mx.events.append(("kernel", inputs[0]._a.tobytes()))
                 return [mx._from_values(inputs[0]._values() * 2, output_dtypes[0])]
             return run
 
@@ -108,7 +113,7 @@ class FakeMx(types.ModuleType):
 
     def _from_np(self, dt):
         for d in (self.float16, self.float32, self.int32, self.int64, self.int8, self.int16,
-                  self.uint8, self.uint16, self.uint32, self.bool_):
+                  self.uint8, self.uint16, self.uint32, self.uint64, self.bool_):
             if d.np == dt:
                 return d
         return self.float32
@@ -123,6 +128,9 @@ class FakeMx(types.ModuleType):
 
     def synchronize(self, stream=None):
         pass
+
+    def clear_cache(self):
+        self.events.append(("clear",))
 
     def zeros(self, shape, dtype=None):
         return self._cls(np.zeros(shape, (dtype or self.float32).np), dtype or self.float32)
@@ -315,6 +323,35 @@ def test_broken_and_cheating_candidates(tmp_path, fake_mx, name, status, cls):
         assert "ZeroDivisionError" in r["message"] and "line 4" in r["message"]
     if name == "no_entry":
         assert "no function `scale`" in r["message"]
+
+
+def test_each_timed_call_follows_a_priming_call_on_the_previous_inputs(tmp_path, fake_mx):
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", (r["status"], r["message"])
+    timed = [w for w in r["workloads"] if not w["held_out"]]
+    # Every contender's timed call was primed once per kept repetition, and the durations
+    # of those calls are kept beside the samples.
+    for w in timed:
+        assert set(w["prime_ns"]) == {"candidate", "reference", "baseline"}
+        assert all(len(v) == len(w["candidate_ns"]) for v in w["prime_ns"].values())
+    ev = fake_mx.events
+    first_clear = next(i for i, e in enumerate(ev) if e[0] == "clear")
+    primed = []  # (priming call's input, timed call's input)
+    for i in range(first_clear, len(ev) - 2):
+        if ev[i][0] == "clear" and ev[i + 1][0] == "kernel":
+            # The candidate's timed call follows its priming call with no cache reset between.
+            assert ev[i + 2][0] == "kernel", ev[i:i + 3]
+            primed.append((ev[i + 1][1], ev[i + 2][1]))
+    warmup, reps = 1, [len(w["candidate_ns"]) for w in timed]
+    assert len(primed) == sum(n + warmup for n in reps)
+    # A priming call never sees the inputs of the call it precedes; within a workload it
+    # gets the previous repetition's.
+    start = 0
+    for n in reps:
+        mine = primed[start:start + n + warmup]
+        assert all(p != t for p, t in mine)
+        assert all(mine[j + 1][0] == mine[j][1] for j in range(len(mine) - 1))
+        start += n + warmup
 
 
 def test_bf16_round_trips_through_the_device_helpers(fake_mx):

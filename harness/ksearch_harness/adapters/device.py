@@ -230,7 +230,10 @@ def mlx_from_host(stored: np.ndarray, dtype_name: str):
         flat = flat.view(np.uint16)
     step = max(1, MLX_UPLOAD_CHUNK_BYTES // max(1, flat.dtype.itemsize))
     pieces = [mx.array(flat[i:i + step]) for i in range(0, max(flat.size, 1), step)]
-    arr = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)
+    # The pieces are managed memory the host wrote, so their pages sit on the host; the
+    # array handed out is one the GPU wrote (a concatenation, or an exact integer copy), so a
+    # timed call reads it from device memory (see MlxAdapter.prime).
+    arr = mx.concatenate(pieces) if len(pieces) > 1 else _device_copy(mx, pieces[0])
     if dtype_name == "bf16":
         arr = mx.view(arr, mx.bfloat16)
     elif arr.dtype != mlx_dtype(dtype_name):
@@ -238,6 +241,14 @@ def mlx_from_host(stored: np.ndarray, dtype_name: str):
     arr = arr.reshape(stored.shape)
     mx.eval(arr)
     return arr
+
+
+def _device_copy(mx, arr):
+    """A copy of `arr` computed on the device, bit for bit: added to zero as unsigned
+    integers of the element's width."""
+    bits = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}[arr.dtype.size]
+    raw = mx.view(arr, bits)
+    return mx.view(raw + mx.array(0, dtype=bits), arr.dtype)
 
 
 def mlx_to_host(arr, storage: np.dtype) -> np.ndarray:
