@@ -153,8 +153,47 @@ elif [ "$N" = 7 ]; then
             --out "$PARTS/attention/export-mlx"
         tar -C "$RUNS" -czf "$PARTS/attention/run-store.tar.gz" "$RUN_ID"
     fi
+elif [ "$N" = 8 ]; then
+    # The offline search on attention through the mlx backend in two calls (carry ksearch,
+    # .device-carry/mlx2 and, for the second, .gpu-carry/run-store.tar.gz), after a call that
+    # stashed MLX half 1. One attempt per cycle: each action is measured once, so the search
+    # climbs the catalog's ladder in as few evaluations as it has actions to try.
+    #   first:  bash gpu/device_session.sh 8            # new run, stopped by the call's limit
+    #   second: RUN=<id> bash gpu/device_session.sh 8   # resume it, re-check, bench the best
+    # The run store travels back after each call (and forth again if the machine was lost).
+    use_mlx
+    RUNS=/tmp/ksearch-device-work/runs
+    mkdir -p "$PARTS/attention" "$RUNS"
+    if [ -z "${RUN:-}" ]; then
+        setsid --wait timeout $(($(left) - 40)) target/release/ksearch run --task attention \
+            --backend mlx --rounds "${ROUNDS:-8}" --cycle-cap 1 --stagnation-window 1 \
+            --timing quick --seed 1 --runs-dir "$RUNS" --json > "$PARTS/attention/run-mlx.json"
+        echo "run exit code $?"
+        RUN=$(ls -t "$RUNS" | head -n 1)
+    else
+        if [ ! -d "$RUNS/$RUN" ] && [ -f .gpu-carry/run-store.tar.gz ]; then
+            echo "fresh machine: the run store comes from the carry"
+            tar -C "$RUNS" -xzf .gpu-carry/run-store.tar.gz
+        fi
+        setsid --wait timeout $(($(left) - ${BENCH_S:-120})) target/release/ksearch resume \
+            "$RUN" --runs-dir "$RUNS" --json > "$PARTS/attention/resume-mlx.json"
+        echo "resume exit code $?"
+        setsid --wait timeout $(($(left) - 30)) target/release/ksearch bench attention \
+            --run "$RUN" --runs-dir "$RUNS" --backend mlx \
+            --shapes "b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16" \
+            | tee "$PARTS/attention/bench-best.txt"
+        echo "bench exit code $?"
+    fi
+    if [ -n "$RUN" ] && [ -d "$RUNS/$RUN" ]; then
+        target/release/ksearch show "$RUN" --all --runs-dir "$RUNS" \
+            | tee "$PARTS/attention/show-mlx.txt" | head -n 80
+        target/release/ksearch export "$RUN" --runs-dir "$RUNS" \
+            --out "$PARTS/attention/export-mlx"
+        tar -C "$RUNS" -czf "$PARTS/attention/run-store.tar.gz" "$RUN"
+        cp "$PARTS/attention/run-store.tar.gz" "$FINAL/run-store.tar.gz"
+    fi
 else
-    echo "usage: device_session.sh 1|2|3|4|5|6|7" >&2
+    echo "usage: device_session.sh 1|2|3|4|5|6|7|8" >&2
     exit 2
 fi
 echo "== device_session $N done at $(date +%T) (${SECONDS}s)"

@@ -496,6 +496,9 @@ fn drive(
             .unwrap_or_default()
     };
     let policy: Box<dyn SelectionPolicy + Sync> = match opts.selection {
+        Selection::Calibrated if matches!(opts.proposer, ProposerKind::Offline) => {
+            Box::new(CalibratedPolicy::template_backed())
+        }
         Selection::Calibrated => Box::new(CalibratedPolicy::default()),
         Selection::Ksearch => Box::new(KSearchPolicy {
             max_difficulty: opts.max_difficulty,

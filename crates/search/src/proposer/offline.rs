@@ -224,11 +224,14 @@ impl OfflineProposer {
     }
 }
 
-/// The catalog's prior as a 0..1 priority: larger expected factors rank higher, harder actions
-/// a little lower.
+/// The catalog's prior as a 0..1 priority: the expected factor decides (a ×1.2 action well
+/// ahead of a ×1.05 one, ×1.5 and beyond near the top), difficulty only breaks near-ties.
+/// Flatter scales let a string of cheap ×1.0x tweaks starve the few actions that pay: on the
+/// attention ladder the search tuned tile sizes for twelve rounds and never tried
+/// asynchronous copies (crates/search/tests/offline_attention_climb.rs).
 fn prior_score(a: &CatalogAction) -> f64 {
-    let gain = a.expected_factor.max(1e-3).ln() / 4f64.ln();
-    (0.4 + 0.25 * gain - 0.03 * f64::from(a.difficulty.saturating_sub(1))).clamp(0.05, 0.95)
+    let gain = (a.expected_factor.max(1e-3).ln() / 1.5f64.ln()).tanh();
+    (0.5 + 0.45 * gain - 0.01 * f64::from(a.difficulty.saturating_sub(1))).clamp(0.02, 0.98)
 }
 
 fn knob_json(v: &ksearch_knowledge::templates::KnobValue) -> Value {

@@ -65,6 +65,22 @@ impl Default for CalibratedPolicy {
     }
 }
 
+impl CalibratedPolicy {
+    /// The policy for a proposer whose actions cannot fail to be written: the offline proposer
+    /// renders a template family that CI builds in every combination. Difficulty prices the
+    /// risk that a writer gets a hard idea wrong; with none, it would only hold back the hard
+    /// actions that pay most (wgmma, ping-pong) behind easy tweaks, so it weighs nothing.
+    pub fn template_backed() -> Self {
+        Self {
+            weights: UtilityWeights {
+                difficulty: 0.0,
+                ..UtilityWeights::default()
+            },
+            ..Self::default()
+        }
+    }
+}
+
 /// How far measured results fell from predictions: ln(measured / predicted) over closed nodes
 /// whose action carried an `expected_vs_baseline_factor`, globally and per closed subtree.
 #[derive(Clone, Debug, PartialEq)]
