@@ -165,11 +165,19 @@ elif [ "$N" = 8 ]; then
     RUNS=/tmp/ksearch-device-work/runs
     mkdir -p "$PARTS/attention" "$RUNS"
     if [ -z "${RUN:-}" ]; then
-        setsid --wait timeout $(($(left) - 40)) target/release/ksearch run --task attention \
+        # The search stops itself between rounds after RUN_WALL_S, then re-checks the best
+        # and the seed (about three minutes on the H200); the bench follows in this call.
+        setsid --wait timeout $(($(left) - 90)) target/release/ksearch run --task attention \
             --backend mlx --rounds "${ROUNDS:-8}" --cycle-cap 1 --stagnation-window 1 \
-            --timing quick --seed 1 --runs-dir "$RUNS" --json > "$PARTS/attention/run-mlx.json"
+            --max-wall-time "${RUN_WALL_S:-300}" --timing quick --seed 1 --runs-dir "$RUNS" \
+            --json > "$PARTS/attention/run-mlx.json"
         echo "run exit code $?"
         RUN=$(ls -t "$RUNS" | head -n 1)
+        setsid --wait timeout $(($(left) - 15)) target/release/ksearch bench attention \
+            --run "$RUN" --runs-dir "$RUNS" --backend mlx --reps 30 \
+            --shapes "b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16" \
+            | tee "$PARTS/attention/bench-best.txt"
+        echo "bench exit code $?"
     else
         if [ ! -d "$RUNS/$RUN" ] && [ -f .gpu-carry/run-store.tar.gz ]; then
             echo "fresh machine: the run store comes from the carry"

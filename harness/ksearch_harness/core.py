@@ -902,10 +902,15 @@ class Evaluation:
                 busy: list[int] = []
                 prime_ns: dict[str, int] = {}
                 for c in order:
+                    if c == "candidate":
+                        # Before priming: on MLX this frees the output read back two
+                        # repetitions ago, whose pages are on the host, and the cache it goes
+                        # to is emptied by the priming (MLX 0.32 hands out the buffer freed
+                        # last: freed after the priming call, it went to the timed call).
+                        self._poison(bench, "a")
                     if priming:
                         prime_ns[c] = self._prime(c, spare, prev_inputs, wl)  # type: ignore
                     if c == "candidate":
-                        self._poison(bench, "a")
                         self._flush()
                         with self.phase("timed_calls"):
                             times[c], _ = a.time_call(bench.fn)
@@ -955,6 +960,9 @@ class Evaluation:
         assert a is not None
         with self.phase("prime"):
             if contender == "candidate":
+                # Its outputs of two repetitions ago were read on the host: freed now, before
+                # the priming empties the cache, rather than by the call that replaces them.
+                self._poison(spare, "b")
                 ns = a.prime(spare.fn)
                 # Drops the outputs the call left in `spare`: their memory goes back to the
                 # allocator for the timed call, as a loop's previous result would.
