@@ -121,14 +121,15 @@ fn task_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tasks/attention")
 }
 
-/// Runs the offline search for `rounds` rounds; returns the knobs evaluated, in order, and the
-/// best score.
-fn climb(
-    rounds: u32,
-    cycle_cap: u32,
-    stagnation_window: u32,
-    seed: u64,
-) -> (Vec<BTreeMap<String, String>>, f64) {
+/// What one simulated search left: the knobs evaluated, in order, the best score, and the
+/// algorithms on the best candidate's recorded ancestry (parent links, seed first).
+struct Climb {
+    seen: Vec<BTreeMap<String, String>>,
+    best: f64,
+    lineage: Vec<String>,
+}
+
+fn climb(rounds: u32, cycle_cap: u32, stagnation_window: u32, seed: u64) -> Climb {
     let catalog = Catalog::builtin().unwrap();
     let packs = Packs::builtin().unwrap();
     let target = packs.target_for_backend("mlx").map(|t| t.name.clone());
@@ -165,14 +166,30 @@ fn climb(
     let seed_source = std::fs::read_to_string(task_dir().join("seed/naive_mlx.py")).unwrap();
     let engine = Engine::new(cfg, store, &proposer, &eval, &policy, brief, &NoProgress);
     let out = engine.run(Some(&seed_source)).unwrap();
-    let seen = eval.seen.into_inner().unwrap();
-    (seen, out.best.map(|b| b.score).unwrap_or(0.0))
+    let store = engine.into_store();
+    let mut lineage = Vec::new();
+    let mut next = out.best.as_ref().map(|b| b.candidate_id);
+    while let Some(id) = next {
+        let c = store.candidate(id).unwrap().unwrap();
+        lineage.push(c.knobs["algo"].as_str().unwrap_or("seed").to_string());
+        next = c.parent_candidate;
+    }
+    lineage.reverse();
+    Climb {
+        seen: eval.seen.into_inner().unwrap(),
+        best: out.best.map(|b| b.score).unwrap_or(0.0),
+        lineage,
+    }
 }
 
 #[test]
 fn the_offline_search_reaches_pingpong_wgmma_within_a_device_sessions_evaluations() {
     // The device session runs about a dozen evaluations: one attempt per cycle.
-    let (seen, best) = climb(12, 1, 1, 1);
+    let Climb {
+        seen,
+        best,
+        lineage,
+    } = climb(12, 1, 1, 1);
     let path: Vec<String> = seen
         .iter()
         .map(|k| {
@@ -192,4 +209,18 @@ fn the_offline_search_reaches_pingpong_wgmma_within_a_device_sessions_evaluation
     // The model's ping-pong kernel beats MLX native's causal time and reaches 0.8x of its
     // non-causal one; the search must have kept it.
     assert!(best > 0.9, "best {best:.3} after {path:?}");
+    // Each kept step links to the kernel it was written from, back to the seed: the per-step
+    // table of `ksearch show` (seed, tensor cores, ..., wgmma) comes from these links.
+    assert_eq!(
+        lineage.first().map(String::as_str),
+        Some("seed"),
+        "{lineage:?}"
+    );
+    assert!(lineage.iter().any(|a| a == "mma"), "{lineage:?}");
+    assert_eq!(
+        lineage.last().map(String::as_str),
+        Some("wgmma"),
+        "{lineage:?}"
+    );
+    assert!(lineage.len() >= 5, "{lineage:?}");
 }

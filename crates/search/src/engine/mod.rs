@@ -360,6 +360,7 @@ impl<'a> Engine<'a> {
                     note: "the task's seed kernel".into(),
                 },
                 None,
+                None,
                 0,
                 0,
                 0,
@@ -807,8 +808,20 @@ impl<'a> Engine<'a> {
                         });
                     }
                 };
+                // What the proposal was written from: the base of an action, the attempt a
+                // debug step fixes, the cycle's best an improve step refines. `ksearch show`
+                // follows these links for the path to the best.
+                let parent = match req.step {
+                    Step::SpecAction => None,
+                    Step::BaseAction => req.base,
+                    Step::Debug => req.last,
+                    Step::Improve => req.cycle_best,
+                }
+                .map(|v| v.candidate_id)
+                .filter(|id| *id > 0);
                 let id = self.record_candidate(
                     &proposal,
+                    parent,
                     Some(cycle.node.as_str()),
                     req.round,
                     cycle.index,
@@ -836,6 +849,7 @@ impl<'a> Engine<'a> {
     fn record_candidate(
         &self,
         p: &Proposal,
+        parent_candidate: Option<i64>,
         node: Option<&str>,
         round: u32,
         cycle: u32,
@@ -847,7 +861,7 @@ impl<'a> Engine<'a> {
         let source_id = store.put_source(&p.source, &self.task.language)?;
         Ok(store.add_candidate(&NewCandidate {
             source_id,
-            parent_candidate: None,
+            parent_candidate,
             node_id: node.map(str::to_string),
             round,
             cycle,
@@ -1191,6 +1205,7 @@ impl Engine<'_> {
                 knobs,
                 note,
             },
+            Some(view.candidate_id).filter(|id| *id > 0),
             None,
             state.rounds_used,
             state.cycles,
