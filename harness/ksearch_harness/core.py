@@ -904,9 +904,9 @@ class Evaluation:
                 for c in order:
                     if c == "candidate":
                         # Before priming: on MLX this frees the output read back two
-                        # repetitions ago, whose pages are on the host, and the cache it goes
-                        # to is emptied by the priming (MLX 0.32 hands out the buffer freed
-                        # last: freed after the priming call, it went to the timed call).
+                        # repetitions ago, whose pages are on the host, into the cache the
+                        # priming empties. Freed after the priming call, it went to the timed
+                        # call on the H200 (MLX 0.32).
                         self._poison(bench, "a")
                     if priming:
                         prime_ns[c] = self._prime(c, spare, prev_inputs, wl)  # type: ignore

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -299,7 +300,7 @@ class DeviceAdapter(Adapter):
         self._input_names = {s.name for wl in request.workloads for s in wl.inputs}
         # The last two uploads per input name: the current repetition's, and the previous
         # one's, which the priming calls of core.timing read (MlxAdapter.prime).
-        self._uploads: dict[str, list[_Upload]] = {}
+        self._uploads: dict[str, deque[_Upload]] = {}
         self._pending: list[tuple[str, np.ndarray, _Upload]] = []
         self._clock_warmup_s = clock_warmup_seconds()  # a bad value fails here, not mid-timing
         global _ACTIVE
@@ -311,9 +312,8 @@ class DeviceAdapter(Adapter):
 
     def note_upload(self, spec: TensorSpec, device_obj: Any, host_arr: np.ndarray) -> None:
         if spec.name in self._input_names:
-            kept = self._uploads.setdefault(spec.name, [])
-            kept.insert(0, _Upload(spec, device_obj, host_arr))
-            del kept[2:]
+            kept = self._uploads.setdefault(spec.name, deque(maxlen=2))
+            kept.appendleft(_Upload(spec, device_obj, host_arr))
 
     def _specs(self, params: dict[str, Any]) -> dict[str, TensorSpec]:
         for wl in self.request.workloads:
