@@ -158,36 +158,33 @@ elif [ "$N" = 8 ]; then
     # .device-carry/mlx2 and, for the second, .gpu-carry/run-store.tar.gz), after a call that
     # stashed MLX half 1. One attempt per cycle: each action is measured once, so the search
     # climbs the catalog's ladder in as few evaluations as it has actions to try.
-    #   first:  bash gpu/device_session.sh 8            # new run, stopped by the call's limit
-    #   second: RUN=<id> bash gpu/device_session.sh 8   # resume it, re-check, bench the best
+    #   first:  bash gpu/device_session.sh 8            # new run, stopped by its wall budget
+    #   second: RUN=<id> bash gpu/device_session.sh 8   # resume under a raised wall budget,
+    #                                                   # re-check, bench the best
+    # The first call skips the re-check (about two minutes) so that its time goes to rounds.
     # The run store travels back after each call (and forth again if the machine was lost).
     use_mlx
     RUNS=/tmp/ksearch-device-work/runs
     mkdir -p "$PARTS/attention" "$RUNS"
     if [ -z "${RUN:-}" ]; then
-        # The search stops itself between rounds after RUN_WALL_S, then re-checks the best
-        # and the seed (about three minutes on the H200); the bench follows in this call.
-        setsid --wait timeout $(($(left) - 90)) target/release/ksearch run --task attention \
-            --backend mlx --rounds "${ROUNDS:-8}" --cycle-cap 1 --stagnation-window 1 \
-            --max-wall-time "${RUN_WALL_S:-300}" --timing quick --seed 1 --runs-dir "$RUNS" \
+        # No `timeout` here: when it fired on the H200 it took the whole script down. The
+        # search stops itself between rounds after RUN_WALL_S.
+        target/release/ksearch run --task attention --backend mlx --rounds "${ROUNDS:-20}" \
+            --cycle-cap 1 --stagnation-window 1 --max-wall-time "${RUN_WALL_S:-480}" \
+            --no-recheck --timing quick --seed "${SEARCH_SEED:-1}" --runs-dir "$RUNS" \
             --json > "$PARTS/attention/run-mlx.json"
         echo "run exit code $?"
         RUN=$(ls -t "$RUNS" | head -n 1)
-        setsid --wait timeout $(($(left) - 15)) target/release/ksearch bench attention \
-            --run "$RUN" --runs-dir "$RUNS" --backend mlx --reps 30 \
-            --shapes "b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16" \
-            | tee "$PARTS/attention/bench-best.txt"
-        echo "bench exit code $?"
     else
         if [ ! -d "$RUNS/$RUN" ] && [ -f .gpu-carry/run-store.tar.gz ]; then
             echo "fresh machine: the run store comes from the carry"
             tar -C "$RUNS" -xzf .gpu-carry/run-store.tar.gz
         fi
-        setsid --wait timeout $(($(left) - ${BENCH_S:-120})) target/release/ksearch resume \
-            "$RUN" --runs-dir "$RUNS" --json > "$PARTS/attention/resume-mlx.json"
+        target/release/ksearch resume "$RUN" --runs-dir "$RUNS" --recheck \
+            --max-wall-time "${RUN_WALL_S:-800}" --json > "$PARTS/attention/resume-mlx.json"
         echo "resume exit code $?"
-        setsid --wait timeout $(($(left) - 30)) target/release/ksearch bench attention \
-            --run "$RUN" --runs-dir "$RUNS" --backend mlx \
+        target/release/ksearch bench attention --run "$RUN" --runs-dir "$RUNS" --backend mlx \
+            --reps 30 --timeout "${BENCH_S:-100}" \
             --shapes "b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16" \
             | tee "$PARTS/attention/bench-best.txt"
         echo "bench exit code $?"
@@ -200,8 +197,25 @@ elif [ "$N" = 8 ]; then
         tar -C "$RUNS" -czf "$PARTS/attention/run-store.tar.gz" "$RUN"
         cp "$PARTS/attention/run-store.tar.gz" "$FINAL/run-store.tar.gz"
     fi
+elif [ "$N" = 9 ]; then
+    # Stash MLX half 1 (carry ksearch, .device-carry/mlx1, .gpu-carry), then what exp2 is worth
+    # in the tensor-core kernels: each of s5_mma_cpasync, wg_m64n64s2 and wg_m128n128s3_pp
+    # against its expf twin, cuda backend, CUDA events (built here: .gpu-carry/exp2.tar.xz).
+    bash .device-carry/mlx1/stash.sh
+    mkdir -p .gpu-build "$PARTS/attention" && tar -C .gpu-build -xJf .gpu-carry/exp2.tar.xz
+    (cd gpu/attention && python3 bench.py --build-dir ../../.gpu-build --no-mlx --quick \
+        --reps 30 --budget-s 150 --json "$PARTS/attention/exp2.json" \
+        --only s5_mma_cpasync s5_mma_cpasync_expf wg_m64n64s2 wg_m64n64s2_expf \
+        wg_m128n128s3_pp wg_m128n128s3_pp_expf)
+    echo "exp2 bench exit code $?"
+elif [ "$N" = 10 ]; then
+    # Carry ksearch, .device-carry/mlx2 and .gpu-carry: the harness's MLX evaluation against
+    # `ksearch bench` for the same kernels, with and without the clock warm-up.
+    use_mlx
+    OUT=$PARTS/attention bash gpu/attention/eval_probe.sh .gpu-carry/probe/pp.py \
+        .gpu-carry/probe/wg_m64n64_expf.py
 else
-    echo "usage: device_session.sh 1|2|3|4|5|6|7|8" >&2
+    echo "usage: device_session.sh 1|2|3|4|5|6|7|8|9|10" >&2
     exit 2
 fi
 echo "== device_session $N done at $(date +%T) (${SECONDS}s)"

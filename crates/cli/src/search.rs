@@ -276,6 +276,15 @@ pub struct ResumeArgs {
     #[arg(long)]
     pub rounds: Option<u32>,
 
+    /// Raise the wall-time budget, in seconds of search over every session of the run (to
+    /// continue a run its --max-wall-time stopped).
+    #[arg(long, value_name = "SECONDS")]
+    pub max_wall_time: Option<u64>,
+
+    /// Re-check the winner at the end even if the run was started with --no-recheck.
+    #[arg(long)]
+    pub recheck: bool,
+
     #[arg(long)]
     pub json: bool,
 }
@@ -422,6 +431,12 @@ pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
     if let Some(r) = args.rounds {
         search.rounds = r;
     }
+    if let Some(w) = args.max_wall_time {
+        search.max_wall_time = Some(w);
+    }
+    if args.recheck {
+        search.no_recheck = false;
+    }
     let task_ref = config.extra["task_dir"]
         .as_str()
         .filter(|d| Path::new(d).join("task.toml").is_file())
@@ -435,9 +450,13 @@ pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
         .and_then(|p| std::fs::read_to_string(p).ok());
     if !quiet {
         eprintln!(
-            "ksearch: resuming run {} ({} rounds)",
+            "ksearch: resuming run {} ({} rounds{})",
             store.id(),
-            search.rounds
+            search.rounds,
+            search
+                .max_wall_time
+                .map(|w| format!(", {w} s of search"))
+                .unwrap_or_default()
         );
     }
     drive(

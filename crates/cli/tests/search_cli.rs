@@ -112,6 +112,76 @@ fn a_run_killed_mid_round_resumes_without_losing_an_evaluation() {
 }
 
 #[test]
+fn a_run_its_wall_budget_stopped_continues_under_a_raised_one() {
+    let runs = tempfile::tempdir().unwrap();
+    // A wall budget of 0 s stops the search before its first round (after the seed).
+    let out = ksearch()
+        .args([
+            "run",
+            "--task",
+            "softmax",
+            "--rounds",
+            "2",
+            "--timing",
+            "quick",
+            "--seed",
+            "3",
+            "--max-wall-time",
+            "0",
+            "--no-recheck",
+            "--json",
+        ])
+        .arg("--runs-dir")
+        .arg(runs.path())
+        .timeout(Duration::from_secs(900))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = v["run"].as_str().unwrap().to_string();
+    assert_eq!(v["outcome"]["rounds_used"], 0, "{v}");
+    assert!(v["outcome"]["recheck"].is_null(), "{v}");
+
+    // Resumed as it was, it is finished: the error names the budgets to raise.
+    let again = ksearch()
+        .args(["resume", &id, "--runs-dir"])
+        .arg(runs.path())
+        .timeout(Duration::from_secs(900))
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(err.contains("--max-wall-time"), "{err}");
+
+    let out = ksearch()
+        .args([
+            "resume",
+            &id,
+            "--max-wall-time",
+            "3600",
+            "--recheck",
+            "--json",
+            "--runs-dir",
+        ])
+        .arg(runs.path())
+        .timeout(Duration::from_secs(900))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"]["rounds_used"], 2, "{v}");
+    assert_eq!(v["outcome"]["recheck"]["status"], "passed", "{v}");
+}
+
+#[test]
 fn run_then_show_and_export_the_best_kernel() {
     let runs = tempfile::tempdir().unwrap();
     let out = ksearch()

@@ -41,12 +41,25 @@ pub struct Action {
     pub impacts: Impacts,
     /// Prior guess of the speedup over the kernel the action starts from (> 1 is faster).
     pub expected_factor: f64,
+    /// Priors that depend on the kernel the action starts from: the first entry whose knobs
+    /// that kernel has replaces `expected_factor` (exp2 pays in tensor-core kernels, not in
+    /// scalar ones). See `expected_factor_from`.
+    #[serde(default)]
+    pub when: Vec<ConditionalPrior>,
     /// The knob values that implement the action in each listed kind's template family.
     #[serde(default)]
     pub knobs: Knobs,
     /// Actions that must be applied first; the action becomes their child in the tree.
     #[serde(default)]
     pub requires: Vec<String>,
+}
+
+/// A prior that holds when the starting kernel has every one of `knobs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConditionalPrior {
+    pub knobs: Knobs,
+    pub expected_factor: f64,
 }
 
 fn default_backends() -> Vec<String> {
@@ -57,6 +70,16 @@ impl Action {
     /// Whether the action applies to `kind` on some backend.
     pub fn applies_to(&self, kind: &str) -> bool {
         self.kinds.iter().any(|k| k == kind)
+    }
+
+    /// The prior speedup of applying the action to a kernel with knobs `from`: the first
+    /// `when` entry that `from` matches, else `expected_factor`. An empty `from` (a kernel
+    /// that is not a template setting, such as a task's seed) matches no entry.
+    pub fn expected_factor_from(&self, from: &Knobs) -> f64 {
+        self.when
+            .iter()
+            .find(|w| w.knobs.iter().all(|(k, v)| from.get(k) == Some(v)))
+            .map_or(self.expected_factor, |w| w.expected_factor)
     }
 
     /// Whether the action applies to `kind` on `backend`.
@@ -239,19 +262,23 @@ impl Catalog {
     pub fn check_family(&self, kind: &str, backend: &str, family: &TemplateFamily) -> Vec<String> {
         let mut problems = Vec::new();
         for a in self.for_kind_on(kind, backend) {
-            for (name, value) in &a.knobs {
-                match family.knob(name) {
-                    None => problems.push(format!(
-                        "action {:?}: family {:?} has no knob `{name}`",
-                        a.id,
-                        family.name()
-                    )),
-                    Some(k) if k.position(value).is_none() => problems.push(format!(
-                        "action {:?}: {name} = {value} is outside the domain of family {:?}",
-                        a.id,
-                        family.name()
-                    )),
-                    Some(_) => {}
+            let conditions = a.when.iter().map(|w| (&w.knobs, "a `when` condition"));
+            for (set, what) in std::iter::once((&a.knobs, "its knobs")).chain(conditions) {
+                for (name, value) in set {
+                    match family.knob(name) {
+                        None => problems.push(format!(
+                            "action {:?}, {what}: family {:?} has no knob `{name}`",
+                            a.id,
+                            family.name()
+                        )),
+                        Some(k) if k.position(value).is_none() => problems.push(format!(
+                            "action {:?}, {what}: {name} = {value} is outside the domain of \
+                             family {:?}",
+                            a.id,
+                            family.name()
+                        )),
+                        Some(_) => {}
+                    }
                 }
             }
             let knobs = self.cumulative_knobs(&a.id);
@@ -323,6 +350,20 @@ fn validate_action(path: &Path, i: usize, a: &Action) -> Result<(), KnowledgeErr
     }
     if !(a.expected_factor.is_finite() && a.expected_factor > 0.0) {
         return err("expected_factor", "must be a positive number".into());
+    }
+    for (i, w) in a.when.iter().enumerate() {
+        if w.knobs.is_empty() {
+            return err(
+                &format!("when[{i}].knobs"),
+                "must name at least one knob (the unconditional prior is expected_factor)".into(),
+            );
+        }
+        if !(w.expected_factor.is_finite() && w.expected_factor > 0.0) {
+            return err(
+                &format!("when[{i}].expected_factor"),
+                "must be a positive number".into(),
+            );
+        }
     }
     if a.requires.iter().any(|r| r == &a.id) {
         return err("requires", "an action cannot require itself".into());

@@ -3,6 +3,7 @@
 mod common;
 
 use common::{repo_root, task_dir, KINDS};
+use ksearch_knowledge::templates::{KnobValue, Knobs};
 use ksearch_knowledge::{Catalog, DeviceKind, HardwareProfile, TemplateFamily};
 use std::path::Path;
 
@@ -242,6 +243,80 @@ fn catalog_errors_name_the_file_and_the_field() {
     );
     let e = err(pack(&mixed, &[]).path());
     assert!(e.contains("does not apply to kind \"attention\""), "{e}");
+}
+
+#[test]
+fn a_conditional_prior_holds_for_kernels_with_its_knobs() {
+    let when = format!(
+        "{ACTION}[[action.when]]\nknobs = {{ simd = false, unroll = 4 }}\nexpected_factor = 2.5\n\
+         [[action.when]]\nknobs = {{ simd = false }}\nexpected_factor = 0.8\n"
+    );
+    let c = Catalog::load(pack(&when, &[]).path()).unwrap();
+    let a = c.action("one").unwrap();
+    let knobs = |pairs: &[(&str, KnobValue)]| -> Knobs {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    };
+    // No knobs (a seed that is no template setting): the unconditional prior.
+    assert_eq!(a.expected_factor_from(&Knobs::new()), 1.5);
+    // The first entry the kernel matches wins, in file order.
+    let both = knobs(&[("simd", false.into()), ("unroll", 4i64.into())]);
+    assert_eq!(a.expected_factor_from(&both), 2.5);
+    let one = knobs(&[("simd", false.into()), ("unroll", 2i64.into())]);
+    assert_eq!(a.expected_factor_from(&one), 0.8);
+    assert_eq!(
+        a.expected_factor_from(&knobs(&[("simd", true.into())])),
+        1.5
+    );
+
+    let e = err(pack(
+        &format!("{ACTION}[[action.when]]\nknobs = {{}}\nexpected_factor = 2.0\n"),
+        &[],
+    )
+    .path());
+    assert!(e.contains("when[0].knobs"), "{e}");
+    let e = err(pack(
+        &format!("{ACTION}[[action.when]]\nknobs = {{ simd = false }}\nexpected_factor = 0\n"),
+        &[],
+    )
+    .path());
+    assert!(e.contains("when[0].expected_factor"), "{e}");
+}
+
+#[test]
+fn a_conditional_prior_on_a_knob_the_family_lacks_is_reported() {
+    let cuda = TemplateFamily::load_for(&task_dir("attention"), "cuda")
+        .unwrap()
+        .unwrap();
+    let gpu = ACTION
+        .replace(
+            "kinds = [\"softmax\"]",
+            "kinds = [\"attention\"]\nbackends = [\"cuda\"]",
+        )
+        .replace("knobs = { simd = true }", "knobs = { exp2 = true }");
+    let when =
+        |cond: &str| format!("{gpu}[[action.when]]\nknobs = {{ {cond} }}\nexpected_factor = 1.2\n");
+    let ok = Catalog::load(pack(&when("algo = \"wgmma\""), &[]).path()).unwrap();
+    assert_eq!(
+        ok.check_family("attention", "cuda", &cuda),
+        Vec::<String>::new()
+    );
+    let bad = Catalog::load(pack(&when("nope = 1"), &[]).path()).unwrap();
+    let problems = bad.check_family("attention", "cuda", &cuda);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("`when` condition") && p.contains("has no knob `nope`")),
+        "{problems:?}"
+    );
+    let bad = Catalog::load(pack(&when("algo = \"fft\""), &[]).path()).unwrap();
+    let problems = bad.check_family("attention", "cuda", &cuda);
+    assert!(
+        problems.iter().any(|p| p.contains("outside the domain")),
+        "{problems:?}"
+    );
 }
 
 const HW: &str = r#"

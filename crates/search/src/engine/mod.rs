@@ -89,7 +89,7 @@ pub enum EngineError {
     Evaluator(String),
     #[error("the run's saved engine state is unreadable: {0}")]
     State(String),
-    #[error("the run is finished ({0}); raise --rounds to continue it")]
+    #[error("the run is finished ({0}); raise its budget (resume --rounds or --max-wall-time) to continue it")]
     Finished(String),
 }
 
@@ -310,19 +310,37 @@ impl<'a> Engine<'a> {
     }
 
     fn load_state(&self) -> Result<Option<EngineState>, EngineError> {
-        let store = self.store();
-        if store.is_finished()? {
-            let summary = store.finish_summary()?.unwrap_or(Value::Null);
+        // The store guard is let go before `stored_state` takes it again.
+        let finished = {
+            let store = self.store();
+            if store.is_finished()? {
+                Some(store.finish_summary()?.unwrap_or(Value::Null))
+            } else {
+                None
+            }
+        };
+        if let Some(summary) = finished {
             let reason = summary["stop_reason"]
                 .as_str()
                 .unwrap_or("finished")
                 .to_string();
-            let rounds_used = summary["rounds_used"].as_u64().unwrap_or(0);
-            if rounds_used >= u64::from(self.cfg.rounds) || !reason.starts_with("rounds") {
+            // A run that a budget stopped continues once that budget is raised; any other
+            // ending (no idea left) is final.
+            let by_budget = reason.contains("budget reached");
+            let state = self.stored_state()?;
+            let raised = state
+                .as_ref()
+                .is_some_and(|st| self.budget_reached(st).is_none());
+            if !(by_budget && raised) {
                 return Err(EngineError::Finished(reason));
             }
+            return Ok(state);
         }
-        match store.get_state(STATE_KEY)? {
+        self.stored_state()
+    }
+
+    fn stored_state(&self) -> Result<Option<EngineState>, EngineError> {
+        match self.store().get_state(STATE_KEY)? {
             None => Ok(None),
             Some(v) => serde_json::from_value(v)
                 .map(Some)

@@ -88,7 +88,10 @@ impl OfflineProposer {
         &self.family
     }
 
-    fn node_patch(&self, a: &CatalogAction, base_factor: f64) -> NodePatch {
+    /// The world-model node for action `a` applied to a kernel with knobs `from` (empty when
+    /// the kernel is not a template setting) whose measured factor is `base_factor`.
+    fn node_patch(&self, a: &CatalogAction, from: &Knobs, base_factor: f64) -> NodePatch {
+        let factor = a.expected_factor_from(from);
         let impact = |rating: f64| ImpactPatch {
             rating: Some(rating),
             ..ImpactPatch::default()
@@ -97,10 +100,8 @@ impl OfflineProposer {
             label: Some(a.id.clone()),
             decision: Some(Some(format!("apply {}?", a.id))),
             choice: Some(Some(a.title.clone())),
-            notes: Some(format!("catalog prior: ×{:.2}", a.expected_factor)),
-            overall_rating: Some(
-                (5.0_f64 + 2.0 * a.expected_factor.max(1e-3).log2()).clamp(0.0, 10.0),
-            ),
+            notes: Some(format!("catalog prior: ×{factor:.2}")),
+            overall_rating: Some((5.0_f64 + 2.0 * factor.max(1e-3).log2()).clamp(0.0, 10.0)),
             confidence: Some(0.3),
             impacts: Some(ImpactsPatch {
                 memory_bandwidth: Some(impact(a.impacts.memory_bandwidth)),
@@ -112,10 +113,8 @@ impl OfflineProposer {
                 title: Some(a.title.clone()),
                 description: Some(a.rationale.clone()),
                 difficulty: Some(f64::from(a.difficulty)),
-                score: Some(Some(prior_score(a))),
-                expected_vs_baseline_factor: Some(Some(
-                    (base_factor * a.expected_factor).max(1e-6),
-                )),
+                score: Some(Some(prior_score(a, from))),
+                expected_vs_baseline_factor: Some(Some((base_factor * factor).max(1e-6))),
                 rationale: Some(a.rationale.clone()),
                 knobs: Some(
                     a.knobs
@@ -151,11 +150,32 @@ impl OfflineProposer {
             .filter(|a| a.knobs.iter().any(|(k, v)| knobs.get(k) != Some(v)))
             .collect();
         out.sort_by(|a, b| {
-            prior_score(b)
-                .total_cmp(&prior_score(a))
+            prior_score(b, knobs)
+                .total_cmp(&prior_score(a, knobs))
                 .then(a.id.cmp(&b.id))
         });
         out
+    }
+
+    /// The family's defaults with the knobs of every action on `node`'s path applied, root
+    /// first: the setting the node's kernel has, as far as the tree knows it.
+    fn path_knobs(&self, wm: &WorldModel, node: &NodeId) -> Knobs {
+        let mut path = wm.path_to_root(node).unwrap_or_default();
+        path.reverse();
+        let mut knobs = self.family.default_knobs();
+        for id in &path {
+            let Some(own) = wm
+                .node(id)
+                .and_then(|n| n.action.as_ref())
+                .and_then(|a| action_knobs(&a.knobs).ok())
+            else {
+                continue;
+            };
+            if let Ok(next) = self.family.apply(&knobs, &own) {
+                knobs = next;
+            }
+        }
+        knobs
     }
 
     fn base_knobs(&self, base: Option<&AttemptView>) -> Knobs {
@@ -224,13 +244,14 @@ impl OfflineProposer {
     }
 }
 
-/// The catalog's prior as a 0..1 priority: the expected factor decides (a ×1.2 action well
-/// ahead of a ×1.05 one, ×1.5 and beyond near the top), difficulty only breaks near-ties.
+/// The catalog's prior for `a` applied to a kernel with knobs `from`, as a 0..1 priority: the
+/// expected factor decides (a ×1.2 action well ahead of a ×1.05 one, ×1.5 and beyond near the
+/// top), difficulty only breaks near-ties.
 /// Flatter scales let a string of cheap ×1.0x tweaks starve the few actions that pay: on the
 /// attention ladder the search tuned tile sizes for twelve rounds and never tried
 /// asynchronous copies (crates/search/tests/offline_attention_climb.rs).
-fn prior_score(a: &CatalogAction) -> f64 {
-    let gain = (a.expected_factor.max(1e-3).ln() / 1.5f64.ln()).tanh();
+fn prior_score(a: &CatalogAction, from: &Knobs) -> f64 {
+    let gain = (a.expected_factor_from(from).max(1e-3).ln() / 1.5f64.ln()).tanh();
     (0.5 + 0.45 * gain - 0.01 * f64::from(a.difficulty.saturating_sub(1))).clamp(0.02, 0.98)
 }
 
@@ -295,7 +316,8 @@ impl Proposer for OfflineProposer {
                         .then(|| wm.root_id().clone())
                 });
                 let Some(parent) = parent else { return true };
-                if let Ok(id) = wm.insert_child(&parent, &self.node_patch(a, 1.0), 0) {
+                if let Ok(id) = wm.insert_child(&parent, &self.node_patch(a, &Knobs::new(), 1.0), 0)
+                {
                     placed.push((a.id.clone(), id));
                 }
                 false
@@ -303,9 +325,11 @@ impl Proposer for OfflineProposer {
             if pending.len() == before {
                 // A requirement cycle in the catalog: put the rest under the root.
                 for a in pending.drain(..) {
-                    if let Ok(id) =
-                        wm.insert_child(&wm.root_id().clone(), &self.node_patch(a, 1.0), 0)
-                    {
+                    if let Ok(id) = wm.insert_child(
+                        &wm.root_id().clone(),
+                        &self.node_patch(a, &Knobs::new(), 1.0),
+                        0,
+                    ) {
                         placed.push((a.id.clone(), id));
                     }
                 }
@@ -330,8 +354,8 @@ impl Proposer for OfflineProposer {
         if has_open_child {
             return Ok(None);
         }
-        // The tree does not keep knob settings; an empty setting only drops no-op filtering.
-        let knobs = Knobs::new();
+        // The tree does not keep knob settings: the actions on the node's path give them.
+        let knobs = self.path_knobs(wm, &best.id);
         let factor = best.solution().map(|s| s.measured_factor()).unwrap_or(1.0);
         let ops: Vec<PatchOp> = self
             .follow_ups(wm, &best.id, &knobs)
@@ -340,7 +364,7 @@ impl Proposer for OfflineProposer {
             .map(|a| PatchOp::Insert {
                 parent_id: best.id.clone(),
                 parent_solution_id: None,
-                node: self.node_patch(a, factor),
+                node: self.node_patch(a, &knobs, factor),
             })
             .collect();
         Ok((!ops.is_empty()).then_some(Edit {
@@ -454,7 +478,7 @@ impl Proposer for OfflineProposer {
                 .map(|a| PatchOp::Insert {
                     parent_id: node.clone(),
                     parent_solution_id: None,
-                    node: self.node_patch(a, measured),
+                    node: self.node_patch(a, &knobs, measured),
                 }),
         );
         Ok(Some(Edit {
