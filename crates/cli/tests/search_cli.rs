@@ -179,6 +179,13 @@ fn a_run_its_wall_budget_stopped_continues_under_a_raised_one() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["outcome"]["rounds_used"], 2, "{v}");
     assert_eq!(v["outcome"]["recheck"]["status"], "passed", "{v}");
+    // The stored summary is the new ending's, not the wall budget's.
+    let store = RunStore::open(&runs.path().join(&id)).unwrap();
+    let summary = store.finish_summary().unwrap().unwrap();
+    assert_eq!(
+        summary["stop_reason"], "rounds budget reached (2)",
+        "{summary}"
+    );
 }
 
 #[test]

@@ -352,6 +352,15 @@ fn a_finished_run_refuses_to_resume_without_more_rounds() {
     let dir = engine.into_store().dir().to_path_buf();
     let engine = new_engine(cfg(2, 0), RunStore::open(&dir).unwrap(), &proposer, &eval);
     assert!(matches!(engine.run(None), Err(EngineError::Finished(_))));
+    // Continued under more rounds, it is running again: a session that dies before the new
+    // ending leaves an unfinished run, not the old summary (whose best `bench --run` and
+    // `export` would report).
+    let broken = FakeEvaluator::new(Some(1));
+    let engine = new_engine(cfg(3, 0), RunStore::open(&dir).unwrap(), &proposer, &broken);
+    assert!(matches!(engine.run(None), Err(EngineError::Evaluator(_))));
+    let reopened = RunStore::open(&dir).unwrap();
+    assert!(!reopened.is_finished().unwrap());
+    assert_eq!(reopened.finish_summary().unwrap(), None);
     // More rounds continue it.
     let engine = new_engine(cfg(4, 0), RunStore::open(&dir).unwrap(), &proposer, &eval);
     assert_eq!(engine.run(None).unwrap().rounds_used, 4);

@@ -624,6 +624,14 @@ impl RunStore {
         Ok(())
     }
 
+    /// Takes back `mark_finished`: a finished run that is continued under a raised budget is
+    /// running again, and its old summary (best, stop reason) no longer describes it.
+    pub fn mark_unfinished(&self) -> Result<(), StoreError> {
+        self.conn
+            .execute("UPDATE run SET finished_at = NULL, summary_json = NULL", [])?;
+        Ok(())
+    }
+
     pub fn is_finished(&self) -> Result<bool, StoreError> {
         Ok(self
             .conn

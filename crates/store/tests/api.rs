@@ -528,6 +528,11 @@ fn state_events_and_finish() {
     assert_eq!(again.finish_summary().unwrap(), Some(json!({"best": 2.5})));
     assert_eq!(again.get_state("other").unwrap(), Some(json!([1, 2])));
     assert_eq!(again.events_after(0).unwrap().len(), 2);
+    // Continued under a raised budget: running again, with no summary until it finishes anew.
+    again.mark_unfinished().unwrap();
+    assert!(!again.is_finished().unwrap());
+    assert_eq!(again.finish_summary().unwrap(), None);
+    assert_eq!(again.get_state("other").unwrap(), Some(json!([1, 2])));
 }
 
 #[test]

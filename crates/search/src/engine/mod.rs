@@ -334,6 +334,9 @@ impl<'a> Engine<'a> {
             if !(by_budget && raised) {
                 return Err(EngineError::Finished(reason));
             }
+            // Running again: `show`, `bench --run` and `export` must not report the old
+            // summary's best while (or if this session dies before) the run finishes anew.
+            self.store().mark_unfinished()?;
             return Ok(state);
         }
         self.stored_state()

@@ -148,6 +148,7 @@ impl OfflineProposer {
             .filter(|a| !on_path.contains(&a.id) && !children.contains(&a.id))
             .filter(|a| a.requires.iter().all(|r| on_path.contains(r)))
             .filter(|a| a.knobs.iter().any(|(k, v)| knobs.get(k) != Some(v)))
+            .filter(|a| !self.undoes_the_path(wm, node, knobs, a))
             .collect();
         out.sort_by(|a, b| {
             prior_score(b, knobs)
@@ -155,6 +156,34 @@ impl OfflineProposer {
                 .then(a.id.cmp(&b.id))
         });
         out
+    }
+
+    /// Whether applying `a` to a kernel with `knobs` (below `node`) would change a knob that
+    /// an action on the node's path set, other than through `a`'s own knobs: the family's
+    /// repair of an invalid combination, e.g. 32-key tiles (an mma.sync setting) turning a
+    /// wgmma kernel back into an mma one. Such a follow-up measures a step back down the
+    /// ladder, not the action; on the H200 three of sixteen rounds went to them.
+    fn undoes_the_path(
+        &self,
+        wm: &WorldModel,
+        node: &NodeId,
+        knobs: &Knobs,
+        a: &CatalogAction,
+    ) -> bool {
+        if knobs.is_empty() {
+            return false;
+        }
+        let Ok(applied) = self.family.apply(knobs, &a.knobs) else {
+            return true;
+        };
+        let mut path = wm.path_to_root(node).unwrap_or_default();
+        path.reverse();
+        path.iter()
+            .filter_map(|id| wm.node(id).and_then(|n| n.action.as_ref()))
+            .filter_map(|act| action_knobs(&act.knobs).ok())
+            .flat_map(|k| k.into_keys())
+            .filter(|k| !a.knobs.contains_key(k))
+            .any(|k| knobs.get(&k).is_some() && applied.get(&k) != knobs.get(&k))
     }
 
     /// The family's defaults with the knobs of every action on `node`'s path applied, root
@@ -583,5 +612,57 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("on backend `cuda`"), "{err}");
+    }
+
+    #[test]
+    fn follow_ups_of_a_wgmma_kernel_keep_it_wgmma_and_put_exp2_first() {
+        let c = catalog();
+        let p = OfflineProposer::for_task(
+            &attention_dir(),
+            "attention",
+            "mlx",
+            Some("mlx-cuda"),
+            &c,
+            1,
+        )
+        .unwrap();
+        let wm = p.init_world_model(&TaskBrief::default()).unwrap();
+        let node = |label: &str| {
+            wm.nodes()
+                .iter()
+                .find(|n| n.label.as_deref() == Some(label))
+                .map(|n| n.id.clone())
+                .unwrap()
+        };
+        let wgmma = node("gpu-attn-wgmma");
+        let knobs = p.path_knobs(&wm, &wgmma);
+        assert_eq!(knobs["algo"], "wgmma".into());
+        let ids: Vec<&str> = p
+            .follow_ups(&wm, &wgmma, &knobs)
+            .iter()
+            .map(|a| a.id.as_str())
+            .collect();
+        // 32-key tiles and Q in registers exist only for mma.sync: the family would repair
+        // them by going back to it.
+        assert!(!ids.contains(&"gpu-attn-narrow-kv-tile"), "{ids:?}");
+        assert!(!ids.contains(&"gpu-attn-q-in-registers"), "{ids:?}");
+        // exp2 is worth x1.2 on a tensor-core kernel (and nothing on a scalar one): ahead of
+        // everything but causal skipping (x1.4).
+        assert_eq!(
+            &ids[..2],
+            ["gpu-attn-causal-skip", "gpu-attn-exp2"],
+            "{ids:?}"
+        );
+        let exp2 = p.actions.iter().find(|a| a.id == "gpu-attn-exp2").unwrap();
+        assert!(prior_score(exp2, &knobs) > prior_score(exp2, &Knobs::new()) + 0.1);
+        // Below the mma kernel the same tiles are a real option.
+        let narrow = p
+            .actions
+            .iter()
+            .find(|a| a.id == "gpu-attn-narrow-kv-tile")
+            .unwrap();
+        let mma = node("gpu-attn-mma");
+        assert!(!p.undoes_the_path(&wm, &mma, &p.path_knobs(&wm, &mma), narrow));
+        assert!(p.undoes_the_path(&wm, &wgmma, &knobs, narrow));
     }
 }
