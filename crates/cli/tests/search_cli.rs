@@ -95,7 +95,7 @@ fn a_run_killed_mid_round_resumes_without_losing_an_evaluation() {
     // No search candidate was evaluated twice, and every one was evaluated.
     let store = RunStore::open(&run_dir).unwrap();
     let mut per_candidate: BTreeMap<i64, usize> = BTreeMap::new();
-    for (_, (cid, _)) in &after {
+    for (cid, _) in after.values() {
         *per_candidate.entry(*cid).or_default() += 1;
     }
     for c in store.candidates().unwrap() {

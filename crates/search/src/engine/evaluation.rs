@@ -182,7 +182,7 @@ pub fn summarize_result(r: &EvalResult) -> OutcomeSummary {
     }
     if !r.message.is_empty() {
         if !message.is_empty() {
-            message.push_str("\n");
+            message.push('\n');
         }
         message.push_str(&r.message);
     }
