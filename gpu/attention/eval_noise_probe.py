@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import sys
@@ -34,17 +33,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "harness"))
 from ksearch_harness.adapters.device import mlx_from_host  # noqa: E402
+# The same shape, flush size and module loading as the earlier probe of MLX's call costs.
+from mlx_overhead import FLUSH_BYTES, B, D, H, L, load_module  # noqa: E402
 
-B, H, L, D = 1, 32, 4096, 128
-FLUSH_BYTES = 256 << 20
 MODES = ["bench", "fresh", "readback", "clear_prime", "no_gc"]
-
-
-def load_module(path: str):
-    spec = importlib.util.spec_from_file_location("candidate", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def main() -> int:

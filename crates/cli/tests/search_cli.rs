@@ -26,6 +26,17 @@ fn evaluations(db_dir: &Path) -> BTreeMap<i64, (i64, Value)> {
         .collect()
 }
 
+/// Runs `cmd` (at most 15 minutes), which must succeed, and parses the JSON it prints.
+fn succeed_with_json(cmd: &mut assert_cmd::Command) -> Value {
+    let out = cmd.timeout(Duration::from_secs(900)).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn a_run_killed_mid_round_resumes_without_losing_an_evaluation() {
     let runs = tempfile::tempdir().unwrap();
@@ -69,18 +80,7 @@ fn a_run_killed_mid_round_resumes_without_losing_an_evaluation() {
     assert!(before.len() >= 3);
     assert!(!RunStore::open(&run_dir).unwrap().is_finished().unwrap());
 
-    let out = ksearch()
-        .args(["resume", "--json"])
-        .arg(&run_dir)
-        .timeout(Duration::from_secs(900))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "resume failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let outcome = succeed_with_json(ksearch().args(["resume", "--json"]).arg(&run_dir));
     assert_eq!(outcome["outcome"]["rounds_used"], 5, "{outcome}");
 
     // Every evaluation completed before the kill is still there, unchanged.
@@ -115,33 +115,26 @@ fn a_run_killed_mid_round_resumes_without_losing_an_evaluation() {
 fn a_run_its_wall_budget_stopped_continues_under_a_raised_one() {
     let runs = tempfile::tempdir().unwrap();
     // A wall budget of 0 s stops the search before its first round (after the seed).
-    let out = ksearch()
-        .args([
-            "run",
-            "--task",
-            "softmax",
-            "--rounds",
-            "2",
-            "--timing",
-            "quick",
-            "--seed",
-            "3",
-            "--max-wall-time",
-            "0",
-            "--no-recheck",
-            "--json",
-        ])
-        .arg("--runs-dir")
-        .arg(runs.path())
-        .timeout(Duration::from_secs(900))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = succeed_with_json(
+        ksearch()
+            .args([
+                "run",
+                "--task",
+                "softmax",
+                "--rounds",
+                "2",
+                "--timing",
+                "quick",
+                "--seed",
+                "3",
+                "--max-wall-time",
+                "0",
+                "--no-recheck",
+                "--json",
+            ])
+            .arg("--runs-dir")
+            .arg(runs.path()),
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let id = v["run"].as_str().unwrap().to_string();
     assert_eq!(v["outcome"]["rounds_used"], 0, "{v}");
     assert!(v["outcome"]["recheck"].is_null(), "{v}");
@@ -157,26 +150,19 @@ fn a_run_its_wall_budget_stopped_continues_under_a_raised_one() {
     let err = String::from_utf8_lossy(&again.stderr);
     assert!(err.contains("--max-wall-time"), "{err}");
 
-    let out = ksearch()
-        .args([
-            "resume",
-            &id,
-            "--max-wall-time",
-            "3600",
-            "--recheck",
-            "--json",
-            "--runs-dir",
-        ])
-        .arg(runs.path())
-        .timeout(Duration::from_secs(900))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = succeed_with_json(
+        ksearch()
+            .args([
+                "resume",
+                &id,
+                "--max-wall-time",
+                "3600",
+                "--recheck",
+                "--json",
+                "--runs-dir",
+            ])
+            .arg(runs.path()),
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["outcome"]["rounds_used"], 2, "{v}");
     assert_eq!(v["outcome"]["recheck"]["status"], "passed", "{v}");
     // The stored summary is the new ending's, not the wall budget's.
@@ -191,21 +177,14 @@ fn a_run_its_wall_budget_stopped_continues_under_a_raised_one() {
 #[test]
 fn run_then_show_and_export_the_best_kernel() {
     let runs = tempfile::tempdir().unwrap();
-    let out = ksearch()
-        .args([
-            "run", "--task", "softmax", "--rounds", "2", "--timing", "quick", "--json",
-        ])
-        .arg("--runs-dir")
-        .arg(runs.path())
-        .timeout(Duration::from_secs(900))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = succeed_with_json(
+        ksearch()
+            .args([
+                "run", "--task", "softmax", "--rounds", "2", "--timing", "quick", "--json",
+            ])
+            .arg("--runs-dir")
+            .arg(runs.path()),
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let id = v["run"].as_str().unwrap().to_string();
     assert_eq!(v["outcome"]["rounds_used"], 2);
     assert_eq!(v["outcome"]["recheck"]["status"], "passed", "{v}");

@@ -137,6 +137,7 @@ impl OfflineProposer {
             .iter()
             .filter_map(|id| wm.node(id).and_then(|n| n.label.clone()))
             .collect();
+        let path_keys = path_keys(wm, node);
         let children: BTreeSet<String> = wm
             .children(node)
             .iter()
@@ -148,7 +149,7 @@ impl OfflineProposer {
             .filter(|a| !on_path.contains(&a.id) && !children.contains(&a.id))
             .filter(|a| a.requires.iter().all(|r| on_path.contains(r)))
             .filter(|a| a.knobs.iter().any(|(k, v)| knobs.get(k) != Some(v)))
-            .filter(|a| !self.undoes_the_path(wm, node, knobs, a))
+            .filter(|a| !self.undoes_the_path(knobs, a, &path_keys))
             .collect();
         out.sort_by(|a, b| {
             prior_score(b, knobs)
@@ -158,17 +159,16 @@ impl OfflineProposer {
         out
     }
 
-    /// Whether applying `a` to a kernel with `knobs` (below `node`) would change a knob that
-    /// an action on the node's path set, other than through `a`'s own knobs: the family's
-    /// repair of an invalid combination, e.g. 32-key tiles (an mma.sync setting) turning a
-    /// wgmma kernel back into an mma one. Such a follow-up measures a step back down the
-    /// ladder, not the action; on the H200 three of sixteen rounds went to them.
+    /// Whether applying `a` to a kernel with `knobs` would change one of `path_keys` (the
+    /// knobs that actions on the kernel's path set) other than through `a`'s own knobs: the
+    /// family's repair of an invalid combination, e.g. 32-key tiles (an mma.sync setting)
+    /// turning a wgmma kernel back into an mma one. Such a follow-up measures a step back down
+    /// the ladder, not the action; on the H200 three of sixteen rounds went to them.
     fn undoes_the_path(
         &self,
-        wm: &WorldModel,
-        node: &NodeId,
         knobs: &Knobs,
         a: &CatalogAction,
+        path_keys: &BTreeSet<String>,
     ) -> bool {
         if knobs.is_empty() {
             return false;
@@ -176,30 +176,17 @@ impl OfflineProposer {
         let Ok(applied) = self.family.apply(knobs, &a.knobs) else {
             return true;
         };
-        let mut path = wm.path_to_root(node).unwrap_or_default();
-        path.reverse();
-        path.iter()
-            .filter_map(|id| wm.node(id).and_then(|n| n.action.as_ref()))
-            .filter_map(|act| action_knobs(&act.knobs).ok())
-            .flat_map(|k| k.into_keys())
-            .filter(|k| !a.knobs.contains_key(k))
-            .any(|k| knobs.get(&k).is_some() && applied.get(&k) != knobs.get(&k))
+        path_keys
+            .iter()
+            .filter(|k| !a.knobs.contains_key(*k))
+            .any(|k| knobs.get(k).is_some() && applied.get(k) != knobs.get(k))
     }
 
     /// The family's defaults with the knobs of every action on `node`'s path applied, root
     /// first: the setting the node's kernel has, as far as the tree knows it.
     fn path_knobs(&self, wm: &WorldModel, node: &NodeId) -> Knobs {
-        let mut path = wm.path_to_root(node).unwrap_or_default();
-        path.reverse();
         let mut knobs = self.family.default_knobs();
-        for id in &path {
-            let Some(own) = wm
-                .node(id)
-                .and_then(|n| n.action.as_ref())
-                .and_then(|a| action_knobs(&a.knobs).ok())
-            else {
-                continue;
-            };
+        for own in path_action_knobs(wm, node).into_iter().flatten() {
             if let Ok(next) = self.family.apply(&knobs, &own) {
                 knobs = next;
             }
@@ -282,6 +269,26 @@ impl OfflineProposer {
 fn prior_score(a: &CatalogAction, from: &Knobs) -> f64 {
     let gain = (a.expected_factor_from(from).max(1e-3).ln() / 1.5f64.ln()).tanh();
     (0.5 + 0.45 * gain - 0.01 * f64::from(a.difficulty.saturating_sub(1))).clamp(0.02, 0.98)
+}
+
+/// The knob settings of the actions on `node`'s path, root first; an action whose knobs are
+/// not a knob setting gives its error in place.
+fn path_action_knobs(wm: &WorldModel, node: &NodeId) -> Vec<Result<Knobs, ProposerError>> {
+    let mut path = wm.path_to_root(node).unwrap_or_default();
+    path.reverse();
+    path.iter()
+        .filter_map(|id| wm.node(id).and_then(|n| n.action.as_ref()))
+        .map(|a| action_knobs(&a.knobs))
+        .collect()
+}
+
+/// The knobs that some action on `node`'s path sets.
+fn path_keys(wm: &WorldModel, node: &NodeId) -> BTreeSet<String> {
+    path_action_knobs(wm, node)
+        .into_iter()
+        .flatten()
+        .flat_map(Knobs::into_keys)
+        .collect()
 }
 
 fn knob_json(v: &ksearch_knowledge::templates::KnobValue) -> Value {
@@ -413,12 +420,8 @@ impl Proposer for OfflineProposer {
         // choices were measured and kept by earlier cycles (or are what this cycle tests), so
         // only the remaining knobs are explored. The action's own knobs win over an ancestor's.
         let mut fixed = Knobs::new();
-        let mut path = req.wm.path_to_root(&req.node.id).unwrap_or_default();
-        path.reverse();
-        for id in &path {
-            if let Some(a) = req.wm.node(id).and_then(|n| n.action.as_ref()) {
-                fixed.extend(action_knobs(&a.knobs)?);
-            }
+        for k in path_action_knobs(req.wm, &req.node.id) {
+            fixed.extend(k?);
         }
         fixed.extend(own);
         // Keep only what the repair in `apply` left in place.
@@ -662,7 +665,8 @@ mod tests {
             .find(|a| a.id == "gpu-attn-narrow-kv-tile")
             .unwrap();
         let mma = node("gpu-attn-mma");
-        assert!(!p.undoes_the_path(&wm, &mma, &p.path_knobs(&wm, &mma), narrow));
-        assert!(p.undoes_the_path(&wm, &wgmma, &knobs, narrow));
+        let mma_keys = path_keys(&wm, &mma);
+        assert!(!p.undoes_the_path(&p.path_knobs(&wm, &mma), narrow, &mma_keys));
+        assert!(p.undoes_the_path(&knobs, narrow, &path_keys(&wm, &wgmma)));
     }
 }
