@@ -10,8 +10,10 @@ This is a measurement, not a verdict: besides the static checks it only checks e
 against the task's reference with the request's tolerance (poisoned before the first call, and
 the output of the last timed call again), and reports rather than stops on a failure.
 
-Timing per contender: `warmup` untimed calls, then `reps` calls each after a cache flush; the
-samples, their median and 10th/90th percentiles are reported (ns).
+Timing: `warmup` untimed rounds, then `reps` timed rounds; a round makes one call of every
+contender, each after a cache flush, in an order that rotates from round to round (so clock and
+per-call drift lands on all of them alike). Per contender the samples, their median and
+10th/90th percentiles are reported (ns).
 - kernel: the adapter's `time_call` (cuda: CUDA events on the harness stream around the call;
   mlx: wall clock around the call, `mx.eval` and `mx.synchronize()`);
 - sdpa: CUDA events on the current stream; the flush writes max(2 x L2, flush_bytes);
@@ -284,22 +286,63 @@ class Bench:
         entry: dict[str, Any] = {"name": wl.name, "held_out": wl.held_out,
                                  "params": dict(wl.params), "flops": wl.flops,
                                  "bytes": wl.bytes, "results": {}}
+        results = entry["results"]
         inputs = task.make_inputs(wl, derive_seed(self.req.secret_seed, TRIAL, wi), wi)
         truth = task.check_outputs(task.call_reference(inputs.for_reference(), wl), wl,
                                    "reference")
-        entry["results"]["kernel"] = self._measure(lambda: self._kernel(wl, inputs, truth))
-        runnable = attention_params(wl) is not None
-        for name, native in natives.items():
-            if not runnable:
-                entry["results"][name] = {"error": "not an attention workload (q, k, v "
-                                                   "[B, H, L, D] and one output)"}
-                continue
-            entry["results"][name] = self._measure(
-                lambda n=native: self._native(n, wl, inputs, truth))
+        timings: dict[str, _Timing] = {}
+        for name, prepare in self._contenders(wl, inputs, truth, natives):
+            made = self._measure(prepare)
+            if isinstance(made, _Timing):
+                timings[name] = made
+            else:
+                results[name] = made
+        self._interleave(timings, results)
+        for name, timing in timings.items():
+            if name not in results:
+                results[name] = self._measure(timing.finish)
+        # The kernel first in the JSON, as before interleaving.
+        entry["results"] = {n: results[n] for n in ["kernel", *natives] if n in results}
         return entry
 
+    def _contenders(self, wl: Workload, inputs, truth, natives: dict[str, Native]
+                    ) -> list[tuple[str, Callable[[], Any]]]:
+        """(name, prepare) per contender; prepare returns a `_Timing` or an error result."""
+        made: list[tuple[str, Callable[[], Any]]] = [
+            ("kernel", lambda: self._kernel(wl, inputs, truth))]
+        runnable = attention_params(wl) is not None
+        for name, native in natives.items():
+            if runnable:
+                made.append((name, lambda n=native: self._native(n, wl, inputs, truth)))
+            else:
+                made.append((name, lambda: {"error": "not an attention workload (q, k, v "
+                                                     "[B, H, L, D] and one output)"}))
+        return made
+
+    def _interleave(self, timings: dict[str, "_Timing"], results: dict[str, Any]) -> None:
+        """Warm-up and timed calls of every contender, one call each per round.
+
+        Timing the contenders one after another let the GPU's clocks and MLX's per-call cost
+        drift between them (MLX native read 0.59 ms in one bench and 0.77 ms in the next,
+        docs/gpu-attention.md); one call each per round puts the same drift into every
+        contender's samples. Round r starts with contender r mod n, so that none always runs
+        right after the same other one. A contender that raises is reported and dropped; the
+        others go on."""
+        warmup, reps = self.settings["warmup"], self.settings["reps"]
+        order = list(timings)
+        for r in range(warmup + reps):
+            k = r % len(order) if order else 0
+            for name in order[k:] + order[:k]:
+                if name in results:
+                    continue
+                made = self._measure(lambda t=timings[name]: {"ns": t.once()})
+                if "error" in made:
+                    results[name] = made
+                elif r >= warmup:
+                    timings[name].samples.append(made["ns"])
+
     @staticmethod
-    def _measure(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    def _measure(fn: Callable[[], Any]) -> Any:
         try:
             return fn()
         except HarnessError as e:
@@ -308,9 +351,8 @@ class Bench:
             traceback.print_exc()
             return {"error": f"{type(e).__name__}: {e}", "status": "runtime_error"}
 
-    def _kernel(self, wl: Workload, inputs, truth) -> dict[str, Any]:
+    def _kernel(self, wl: Workload, inputs, truth) -> "_Timing":
         a = self.adapter
-        reps, warmup = self.settings["reps"], self.settings["warmup"]
         ins = {s.name: a.alloc(s) for s in wl.inputs}
         outs = {s.name: a.alloc(s) for s in wl.outputs}
         for name, buf in ins.items():
@@ -326,34 +368,48 @@ class Bench:
 
         fn()
         first = _check(self.req, wl, read(), truth)
-        samples = []
-        for i in range(warmup + reps):
+
+        def once() -> int:
             a.flush_cache()
             ns, _ = a.time_call(fn)
-            if i >= warmup:
-                samples.append(ns)
-        last = _check(self.req, wl, read(), truth)
-        result = _stats(samples)
-        result.update(first)
-        # The timed calls must compute what the checked call did.
-        result["correct"] = first["correct"] and last["correct"]
-        result["max_rel_err"] = max(first["max_rel_err"], last["max_rel_err"])
-        result["max_abs_err"] = max(first["max_abs_err"], last["max_abs_err"])
-        return result
+            return ns
 
-    def _native(self, native: Native, wl: Workload, inputs, truth) -> dict[str, Any]:
-        reps, warmup = self.settings["reps"], self.settings["warmup"]
+        def finish(samples: list[int]) -> dict[str, Any]:
+            last = _check(self.req, wl, read(), truth)
+            result = _stats(samples)
+            result.update(first)
+            # The timed calls must compute what the checked call did.
+            result["correct"] = first["correct"] and last["correct"]
+            result["max_rel_err"] = max(first["max_rel_err"], last["max_rel_err"])
+            result["max_abs_err"] = max(first["max_abs_err"], last["max_abs_err"])
+            return result
+
+        return _Timing(once, finish)
+
+    def _native(self, native: Native, wl: Workload, inputs, truth) -> "_Timing":
         fn = native.prepare(inputs.stored, wl)
         (spec,) = wl.outputs
         check = _check(self.req, wl, {spec.name: native.to_host(fn())}, truth)
-        samples = []
-        for i in range(warmup + reps):
-            ns = native.time(fn)
-            if i >= warmup:
-                samples.append(ns)
-        result = _stats(samples)
-        result.update(check)
-        return result
+
+        def finish(samples: list[int]) -> dict[str, Any]:
+            result = _stats(samples)
+            result.update(check)
+            return result
+
+        return _Timing(lambda: native.time(fn), finish)
+
+
+class _Timing:
+    """One contender on one workload, ready to time: `once()` flushes and times one call (ns);
+    `finish(samples)` makes its result, with the checks that come after the timed calls."""
+
+    def __init__(self, once: Callable[[], int], finish: Callable[[list[int]], dict[str, Any]]):
+        self.once = once
+        self._finish = finish
+        self.samples: list[int] = []
+
+    def finish(self) -> dict[str, Any]:
+        return self._finish(self.samples)
 
 
 def _gpu_name() -> str | None:

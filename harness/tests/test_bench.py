@@ -67,6 +67,10 @@ class FakeMx(types.ModuleType):
             setattr(self, name, Dtype(name, nd))
         self.kernel_calls = 0
         self.sdpa_calls = 0
+        # Who ran, in order: "kernel" or "mlx" per call.
+        self.calls: list[str] = []
+        # MLX native raises from this call on (None: never).
+        self.sdpa_fails_after: int | None = None
         mx = self
 
         class array:  # noqa: N801 - the real class is mlx.core.array
@@ -109,6 +113,7 @@ class FakeMx(types.ModuleType):
         def cuda_kernel(name, input_names, output_names, source, header="", **kw):
             def run(*, inputs, template, output_shapes, output_dtypes, grid, threadgroup, **k):
                 mx.kernel_calls += 1
+                mx.calls.append("kernel")
                 causal = dict(template)["CAUSAL"]
                 q, kk, v = (a.values() for a in inputs)
                 return [mx.from_values(attention(q, kk, v, causal), output_dtypes[0])]
@@ -116,6 +121,9 @@ class FakeMx(types.ModuleType):
 
         def sdpa(q, k, v, *, scale, mask=None):
             mx.sdpa_calls += 1
+            mx.calls.append("mlx")
+            if mx.sdpa_fails_after is not None and mx.sdpa_calls > mx.sdpa_fails_after:
+                raise RuntimeError("cuDNN: out of workspace")
             assert math.isclose(scale, 1 / math.sqrt(q.shape[-1]))
             return mx.from_values(attention(q.values(), k.values(), v.values(),
                                             mask == "causal"), q.dtype)
@@ -248,6 +256,38 @@ def test_mlx_kernel_and_mlx_native_on_the_same_inputs(fake_mx, tmp_path):
     assert fake_mx.sdpa_calls == len(SHAPES) * (1 + 1 + 4)
     assert "wall clock" in result["settings"]["kernel_timing"]
     json.dumps(bench.protocol.jsonable(result), allow_nan=False)
+
+
+def test_contenders_take_turns_and_the_first_of_a_round_rotates(fake_mx, tmp_path):
+    seed = ATTENTION / "seed" / "naive_mlx.py"
+    req = request("mlx", seed, tmp_path / "b", reps=3, compare=["mlx"])
+    req["workloads"] = req["workloads"][:1]
+    result = run_in_process(req)
+    assert result["status"] == "passed", result["message"]
+    # The kernel's checked call, MLX native's checked call, then warm-up (1) + reps (3) rounds
+    # of one call each, the first of a round alternating; the kernel's last check reads the
+    # output of its last timed call and calls nothing.
+    assert fake_mx.calls == ["kernel", "mlx",
+                             "kernel", "mlx", "mlx", "kernel", "kernel", "mlx", "mlx", "kernel"]
+    w = result["workloads"][0]
+    assert list(w["results"]) == ["kernel", "mlx"]
+    assert all(len(w["results"][c]["samples_ns"]) == 3 for c in ("kernel", "mlx"))
+
+
+def test_a_contender_that_fails_midway_is_dropped_and_the_kernel_finishes(fake_mx, tmp_path):
+    seed = ATTENTION / "seed" / "naive_mlx.py"
+    req = request("mlx", seed, tmp_path / "b", reps=4, compare=["mlx"])
+    req["workloads"] = req["workloads"][:1]
+    fake_mx.sdpa_fails_after = 3  # the checked call and two rounds succeed
+    result = run_in_process(req)
+    assert result["status"] == "passed", result["message"]
+    w = result["workloads"][0]
+    assert "out of workspace" in w["results"]["mlx"]["error"]
+    assert w["results"]["mlx"]["status"] == "runtime_error"
+    kernel = w["results"]["kernel"]
+    assert kernel["correct"] is True and len(kernel["samples_ns"]) == 4
+    # No MLX native call after the one that raised.
+    assert fake_mx.calls.count("mlx") == 4 and fake_mx.calls[-1] == "kernel"
 
 
 def test_a_wrong_kernel_is_reported_and_the_natives_still_run(fake_mx, tmp_path):
