@@ -81,8 +81,11 @@ fn model_ms(k: &BTreeMap<String, String>) -> (f64, f64) {
         Some(_) => (1e3, 1e3),
     };
     if num("stages") == 3 {
-        nc *= 0.99;
-        c *= 0.99;
+        // Under ping-pong a third stage gives a late refill room (s2 vs s3 on the H200:
+        // 0.574 / 0.552 ms non-causal, 0.330 / 0.314 causal); elsewhere it moved little.
+        let f = if on("pingpong") { 0.96 } else { 0.99 };
+        nc *= f;
+        c *= f;
     }
     // exp2 moved nothing in the scalar kernels; in the tensor-core ones expf sits on the
     // softmax's critical path (the catalog's conditional prior).
@@ -211,6 +214,9 @@ fn the_offline_search_reaches_pingpong_wgmma_within_a_device_sessions_evaluation
         reached.is_some(),
         "never tried ping-pong wgmma in 12 rounds: {path:?}"
     );
+    // Ping-pong comes with its third stage (the catalog's action sets it).
+    let pp = &seen[reached.unwrap()];
+    assert_eq!(pp.get("stages").map(String::as_str), Some("3"), "{pp:?}");
     // The model's ping-pong kernel beats MLX native's causal time and reaches 0.8x of its
     // non-causal one; the search must have kept it.
     assert!(best > 0.9, "best {best:.3} after {path:?}");
