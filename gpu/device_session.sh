@@ -214,8 +214,45 @@ elif [ "$N" = 10 ]; then
     use_mlx
     OUT=$PARTS/attention bash gpu/attention/eval_probe.sh .gpu-carry/probe/pp.py \
         .gpu-carry/probe/wg_m64n64_expf.py
+elif [ "$N" = 11 ]; then
+    # Stash MLX half 1 (carry ksearch, .device-carry/mlx1, .gpu-carry/ppab.tar.xz: the ping-pong
+    # variants with two and three stages, built here by build.py --only), then where the
+    # ping-pong kernel's time goes: Nsight Compute on one call (B1 H32 L4096 D128 f16, causal
+    # and not), and both variants' CUDA-event times.
+    bash .device-carry/mlx1/stash.sh
+    mkdir -p .gpu-build "$PARTS/attention" && tar -C .gpu-build -xJf .gpu-carry/ppab.tar.xz
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    cd gpu/attention
+    for so in wg_m128n128s2_pp wg_m128n128s3_pp; do
+        for c in "" --causal; do
+            python3 ncu_probe.py --so "../../.gpu-build/$so.so" $c --time
+        done
+    done
+    if [ -n "$NCU" ]; then
+        for c in "" --causal; do
+            "$NCU" --clock-control none --launch-skip 1 --launch-count 1 -k regex:ksa_attention \
+                --set full -o "$PARTS/attention/ncu-s3${c}" \
+                python3 ncu_probe.py --so ../../.gpu-build/wg_m128n128s3_pp.so $c
+            "$NCU" --import "$PARTS/attention/ncu-s3${c}.ncu-rep" --page details \
+                > "$PARTS/attention/ncu-s3${c}.txt" 2>&1
+            "$NCU" --import "$PARTS/attention/ncu-s3${c}.ncu-rep" --page raw --csv \
+                > "$PARTS/attention/ncu-s3${c}-raw.csv" 2>&1
+            grep -E "Throughput|Pipe|Issue|Stall|Warp Cycles|Eligible|Active|Shared|Bank" \
+                "$PARTS/attention/ncu-s3${c}.txt" | head -n 60
+        done
+    else
+        echo "no ncu on this machine"
+    fi
+    cd "$ROOT"
+elif [ "$N" = 12 ]; then
+    # Carry ksearch, .device-carry/mlx2 and .gpu-carry/probe: the harness's MLX evaluation
+    # against `ksearch bench` (contenders interleaved, BENCH_REPS rounds) for the ping-pong
+    # kernels with three and two stages, after the reference was blocked.
+    use_mlx
+    WARMUPS=${WARMUPS:-0} BENCH_REPS=${BENCH_REPS:-100} BENCH_TIMES=${BENCH_TIMES:-2} OUT=$PARTS/attention \
+        bash gpu/attention/eval_probe.sh .gpu-carry/probe/pp.py .gpu-carry/probe/best_pp.py
 else
-    echo "usage: device_session.sh 1|2|3|4|5|6|7|8|9|10" >&2
+    echo "usage: device_session.sh 1|2|...|12" >&2
     exit 2
 fi
 echo "== device_session $N done at $(date +%T) (${SECONDS}s)"

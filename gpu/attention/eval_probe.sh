@@ -4,7 +4,8 @@
 # On a two-workload copy of the attention task (B1 H32 L4096 D128 f16, causal and not), so one
 # evaluation takes seconds rather than a minute. Run on the device with MLX assembled:
 #   OUT=dir bash gpu/attention/eval_probe.sh kernel.py [kernel.py ...]
-# Writes $OUT/eval-w<ms>.json (the harness's raw results) and $OUT/bench-<kernel>.txt.
+# Writes $OUT/eval-w<ms>.json (the harness's raw results) and $OUT/bench-<kernel>-<i>.txt
+# (BENCH_TIMES benches of BENCH_REPS rounds per kernel; WARMUPS lists the clock warm-ups).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=${OUT:?set OUT}
@@ -54,8 +55,11 @@ for r in json.load(open(sys.argv[1])):
               f"[{min(b)/1e6:.3f}..{max(b)/1e6:.3f}] ratio {med(b)/med(c):.2f}")
 PY
 done
-for k in "$@"; do
-    "$ROOT/target/release/ksearch" bench attention --kernel "$k" --backend mlx --reps 20 \
-        --shapes "b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16" \
-        | tee "$OUT/bench-$(basename "$k" .py).txt"
+for i in $(seq "${BENCH_TIMES:-1}"); do
+    for k in "$@"; do
+        "$ROOT/target/release/ksearch" bench attention --kernel "$k" --backend mlx \
+            --reps "${BENCH_REPS:-20}" --warmup 10 \
+            --shapes "b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16" \
+            | tee "$OUT/bench-$(basename "$k" .py)-$i.txt"
+    done
 done
