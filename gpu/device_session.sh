@@ -251,8 +251,38 @@ elif [ "$N" = 12 ]; then
     use_mlx
     WARMUPS=${WARMUPS:-0} BENCH_REPS=${BENCH_REPS:-100} BENCH_TIMES=${BENCH_TIMES:-2} OUT=$PARTS/attention \
         bash gpu/attention/eval_probe.sh .gpu-carry/probe/pp.py .gpu-carry/probe/best_pp.py
+elif [ "$N" = 13 ]; then
+    # Stash MLX half 1 (carry ksearch, .device-carry/mlx1, .gpu-carry/pingpong.tar.xz from
+    # `pingpong_check.sh --prepare` and .gpu-carry/ppab.tar.xz, the same kernels before the
+    # change), then the ping-pong check of the current templates (smoke over L = 1..1000,
+    # memcheck, racecheck, timing), the old and new three-stage kernels on CUDA events in one
+    # process each, and Nsight Compute on the new one.
+    bash .device-carry/mlx1/stash.sh
+    mkdir -p "$PARTS/attention" .gpu-build-old && tar -C .gpu-build-old -xJf .gpu-carry/ppab.tar.xz
+    OUT=$PARTS/attention/check BUDGET_S=${CHECK_S:-170} bash gpu/attention/pingpong_check.sh
+    echo "pingpong_check exit code $?"
+    NEW=/tmp/ksearch-pingpong-work/build
+    cd gpu/attention
+    for round in 1 2; do
+        for so in ../../.gpu-build-old/wg_m128n128s3_pp.so $NEW/wg_m128n128s3_pp.so \
+                  ../../.gpu-build-old/wg_m128n128s2_pp.so $NEW/wg_m128n128s2_pp.so; do
+            for c in "" --causal; do python3 ncu_probe.py --so "$so" $c --time; done
+        done
+    done
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    if [ -n "$NCU" ]; then
+        "$NCU" --clock-control none --launch-skip 1 --launch-count 1 -k regex:ksa_attention \
+            --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+            --section SchedulerStats -o "$PARTS/attention/ncu-s3-new" \
+            python3 ncu_probe.py --so "$NEW/wg_m128n128s3_pp.so"
+        "$NCU" --import "$PARTS/attention/ncu-s3-new.ncu-rep" --page details \
+            > "$PARTS/attention/ncu-s3-new.txt" 2>&1
+        grep -E "Duration|Throughput|Issue Slots|Eligible|Warp Cycles Per Issued|pipeline" \
+            "$PARTS/attention/ncu-s3-new.txt" | head -n 30
+    fi
+    cd "$ROOT"
 else
-    echo "usage: device_session.sh 1|2|...|12" >&2
+    echo "usage: device_session.sh 1|2|...|13" >&2
     exit 2
 fi
 echo "== device_session $N done at $(date +%T) (${SECONDS}s)"
