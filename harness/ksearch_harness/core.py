@@ -920,6 +920,7 @@ class Evaluation:
                     elif c == "reference":
                         with self.phase("inputs"):
                             ref_in = inputs.for_reference()
+                            a.expect_reference_inputs(ref_in, wl.params)
                         self._flush()
                         with self.phase("timed_calls"):
                             times[c], raw = a.time_call(
@@ -929,6 +930,7 @@ class Evaluation:
                     else:
                         with self.phase("inputs"):
                             base_in = inputs.for_reference()
+                            a.expect_reference_inputs(base_in, wl.params)
                         self._flush()
                         with self.phase("timed_calls"):
                             times[c], _ = a.time_call(lambda: task.call_baseline(base_in, wl))
@@ -969,6 +971,7 @@ class Evaluation:
                 self._poison(spare, "b")
                 return ns
             args = prev.for_reference()
+            a.expect_reference_inputs(args, wl.params)  # as before the timed call
             if contender == "reference":
                 return a.prime(lambda: task.call_reference(args, wl))
             return a.prime(lambda: task.call_baseline(args, wl))

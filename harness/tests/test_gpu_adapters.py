@@ -282,3 +282,39 @@ def test_machine_dialect_and_mismatches():
     assert mlx.dialect_problem(set(), "cuda") is None
     assert "builds only metal kernels" in mlx.dialect_problem({"metal"}, "cuda")
     assert "no GPU" in mlx.dialect_problem({"cuda"}, None)
+
+
+def test_inputs_matched_before_a_timed_call_cost_it_no_matching(fake, monkeypatch):
+    from ksearch_harness import dtypes
+    f16 = dtypes.get("f16")
+    buf = fake.alloc(TensorSpec("x", "f16", (8,)))
+    fake.upload(buf, f16.encode(np.arange(8.0)))
+    params = {"n": 8, "dtype": "f16"}
+    given = {"x": np.arange(8.0).astype(np.float16)}
+    fake.expect_reference_inputs(given, params)  # untimed: the sampled comparison runs here
+
+    def no_matching(up, x):
+        raise AssertionError("matched inside the timed region")
+
+    monkeypatch.setattr(device, "_quick_match", no_matching)
+    got = fake.timed_region(lambda: fake.reference_inputs(given, params))["x"]
+    assert got is buf
+    fake.verify_reference_inputs()  # the full comparison still runs after the call
+    # The expectation lasts one timed call: the next one matches again (and here fails to).
+    with pytest.raises(AssertionError, match="inside the timed region"):
+        fake.timed_region(lambda: fake.reference_inputs(given, params))
+
+
+def test_an_expected_array_changed_before_the_call_is_still_caught(fake):
+    from ksearch_harness import dtypes
+    f16 = dtypes.get("f16")
+    buf = fake.alloc(TensorSpec("x", "f16", (8,)))
+    fake.upload(buf, f16.encode(np.arange(8.0)))
+    params = {"n": 8, "dtype": "f16"}
+    given = {"x": np.arange(8.0).astype(np.float16)}
+    fake.expect_reference_inputs(given, params)
+    given["x"][5] = 99  # the same array object, other values
+    got = fake.timed_region(lambda: fake.reference_inputs(given, params))["x"]
+    assert got is buf
+    with pytest.raises(TaskError, match="did not hold that call's inputs"):
+        fake.verify_reference_inputs()

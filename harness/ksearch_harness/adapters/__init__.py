@@ -99,6 +99,12 @@ class Adapter(abc.ABC):
         long drops to its idle clock; a sub-millisecond kernel timed then measures the clock
         ramp, not the kernel. No-op on the CPU."""
 
+    def expect_reference_inputs(self, inputs: dict[str, np.ndarray], params: dict[str, Any]
+                                ) -> None:
+        """Untimed, before a timed reference or baseline call that will be given `inputs`:
+        lets the backend find their device copies then without work inside the timed region.
+        No-op except on the GPU backends (DeviceAdapter)."""
+
     # Whether the core calls `prime` before every timed call (see there).
     primes_before_timing = False
 
