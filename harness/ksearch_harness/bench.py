@@ -47,6 +47,8 @@ OP = "bench"
 COMPARATORS = ("sdpa", "mlx")
 DEFAULT_WARMUP = 5
 DEFAULT_REPS = 20
+# How the contenders' calls are ordered (Bench._interleave), reported with the settings.
+ORDER = "interleaved"
 # The attention inputs and flag a native attention needs.
 ATTENTION_INPUTS = ("q", "k", "v")
 
@@ -231,7 +233,8 @@ class Bench:
         self.adapter = adapter
         self.natives = natives
         self.out = protocol.ResultBuilder(OP, req.nonce)
-        self.out.data.update(backend=req.backend, comparators={}, settings=dict(settings))
+        self.out.data.update(backend=req.backend, comparators={},
+                             settings=dict(settings, order=ORDER))
 
     def run(self) -> dict[str, Any]:
         try:

@@ -272,6 +272,7 @@ def test_contenders_take_turns_and_the_first_of_a_round_rotates(fake_mx, tmp_pat
     w = result["workloads"][0]
     assert list(w["results"]) == ["kernel", "mlx"]
     assert all(len(w["results"][c]["samples_ns"]) == 3 for c in ("kernel", "mlx"))
+    assert result["settings"]["order"] == "interleaved"
 
 
 def test_a_contender_that_fails_midway_is_dropped_and_the_kernel_finishes(fake_mx, tmp_path):

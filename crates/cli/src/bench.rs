@@ -542,9 +542,15 @@ pub fn render(
         return s;
     }
     let settings = &result.settings;
+    // Harnesses since 2026-12-01 take the contenders in turns and say so.
+    let order = match settings.get("order").and_then(Value::as_str) {
+        Some("interleaved") => ", contenders in turns (one call of each per round)",
+        _ => "",
+    };
     let _ = writeln!(
         s,
-        "timing: median of {} calls after {} warm-up, per contender and workload, one process",
+        "timing: median of {} calls after {} warm-up, per contender and workload, one \
+         process{order}",
         settings["reps"], settings["warmup"]
     );
     let _ = writeln!(
@@ -940,6 +946,26 @@ mod tests {
         let result = BenchResult::parse(FIXTURE).unwrap();
         let text = render("attention", "cuda", "best.cu", &result, &h200());
         insta::assert_snapshot!(text);
+    }
+
+    #[test]
+    fn an_interleaved_bench_says_so_in_its_timing_line() {
+        let mut result = BenchResult::parse(FIXTURE).unwrap();
+        let line = |r: &BenchResult| {
+            render("attention", "cuda", "best.cu", r, &h200())
+                .lines()
+                .find(|l| l.starts_with("timing:"))
+                .unwrap()
+                .to_string()
+        };
+        assert!(!line(&result).contains("in turns"), "{}", line(&result));
+        result.settings["order"] = json!("interleaved");
+        assert!(
+            line(&result)
+                .ends_with("one process, contenders in turns (one call of each per round)"),
+            "{}",
+            line(&result)
+        );
     }
 
     #[test]
