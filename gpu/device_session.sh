@@ -50,6 +50,9 @@ use_mlx() {
     use_ksearch
 }
 
+# Nsight Compute: on the PATH or where the image installs it; empty when absent.
+find_ncu() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1; }
+
 echo "== device_session $N at $(date +%T)"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 if [ "$N" = 1 ]; then
@@ -221,7 +224,7 @@ elif [ "$N" = 11 ]; then
     # and not), and both variants' CUDA-event times.
     bash .device-carry/mlx1/stash.sh
     mkdir -p .gpu-build "$PARTS/attention" && tar -C .gpu-build -xJf .gpu-carry/ppab.tar.xz
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    NCU=$(find_ncu)
     cd gpu/attention
     for so in wg_m128n128s2_pp wg_m128n128s3_pp; do
         for c in "" --causal; do
@@ -269,7 +272,7 @@ elif [ "$N" = 13 ]; then
             for c in "" --causal; do python3 ncu_probe.py --so "$so" $c --time; done
         done
     done
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    NCU=$(find_ncu)
     if [ -n "$NCU" ]; then
         "$NCU" --clock-control none --launch-skip 1 --launch-count 1 -k regex:ksa_attention \
             --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
