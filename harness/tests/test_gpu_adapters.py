@@ -235,6 +235,26 @@ def test_escape_check_needs_a_majority_of_suspicious_timed_calls():
     device.deactivate()
     for _ in range(5):
         c._check_escape(5_000_000, 8_000, 5_050_000)
+    # The naive seed on the H200: 42.5 ms on the stream, then 145 us until the device was idle,
+    # every call. Under 1% of the call: not a verdict.
+    d = cuda.CudaAdapter(_request("cuda"))
+    device.deactivate()
+    for _ in range(5):
+        d._check_escape(42_469_200, 145_300, 42_699_300)
+    # The same tail after a 2 ms call is 7% of it: that is hidden work.
+    e2 = cuda.CudaAdapter(_request("cuda"))
+    device.deactivate()
+    e2._check_escape(2_000_000, 145_300, 2_230_000)
+    e2._check_escape(2_000_000, 145_300, 2_230_000)
+    with pytest.raises(Violation):
+        e2._check_escape(2_000_000, 145_300, 2_230_000)
+    # Half the work moved off a 40 ms call is caught as well.
+    f = cuda.CudaAdapter(_request("cuda"))
+    device.deactivate()
+    f._check_escape(20_000_000, 20_000_000, 40_100_000)
+    f._check_escape(20_000_000, 20_000_000, 40_100_000)
+    with pytest.raises(Violation):
+        f._check_escape(20_000_000, 20_000_000, 40_100_000)
 
 
 # -- mlx: kernel names and dialects ---------------------------------------------------------
