@@ -284,8 +284,31 @@ elif [ "$N" = 13 ]; then
             "$PARTS/attention/ncu-s3-new.txt" | head -n 30
     fi
     cd "$ROOT"
+elif [ "$N" = 14 ]; then
+    # Carry ksearch only (no MLX): the offline search on attention through the cuda backend,
+    # one attempt per cycle as in mode 8, stopped by RUN_WALL_S between rounds (no `timeout`,
+    # see there); then `ksearch bench --run` (30 interleaved rounds against SDPA), show and the
+    # run store.
+    use_ksearch
+    RUNS=/tmp/ksearch-device-work/runs-cuda
+    mkdir -p "$PARTS/attention" "$RUNS"
+    target/release/ksearch run --task attention --backend cuda --rounds "${ROUNDS:-20}" \
+        --cycle-cap 1 --stagnation-window 1 --max-wall-time "${RUN_WALL_S:-380}" \
+        --no-recheck --timing quick --seed "${SEARCH_SEED:-1}" --runs-dir "$RUNS" \
+        --json > "$PARTS/attention/run-cuda.json"
+    echo "run exit code $?"
+    RUN=$(ls -t "$RUNS" | head -n 1)
+    if [ -n "$RUN" ]; then
+        target/release/ksearch bench attention --run "$RUN" --runs-dir "$RUNS" --backend cuda \
+            --reps 30 --timeout "${BENCH_S:-100}" \
+            --shapes "b1h32l4096d128-f16-causal;B=1,H=32,L=4096,D=128,causal=0,dtype=f16" \
+            | tee "$PARTS/attention/bench-cuda.txt"
+        target/release/ksearch show "$RUN" --runs-dir "$RUNS" \
+            | tee "$PARTS/attention/show-cuda.txt" | head -n 30
+        tar -C "$RUNS" -czf "$PARTS/attention/run-store-cuda.tar.gz" "$RUN"
+    fi
 else
-    echo "usage: device_session.sh 1|2|...|13" >&2
+    echo "usage: device_session.sh 1|2|...|14" >&2
     exit 2
 fi
 echo "== device_session $N done at $(date +%T) (${SECONDS}s)"
