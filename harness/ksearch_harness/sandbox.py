@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 
 __all__ = ["Layer", "Policy", "Sandboxed", "SandboxUnavailable", "launch", "lock_down", "probe",
-           "LAYER_NAMES"]
+           "interpreter_paths", "closed_ancestor", "LAYER_NAMES"]
 
 IS_LINUX = sys.platform.startswith("linux")
 NOBODY = 65534
@@ -69,6 +69,9 @@ _CLONE_NS_MASK = (CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | 
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
+MS_RDONLY = 1
+MS_REMOUNT = 32
+MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 
@@ -207,7 +210,11 @@ class Policy:
     patterns (``/dev/nvidia*``) opened read-write with device ioctls. `tasks` bounds threads and
     processes (RLIMIT_NPROC of the sandbox uid and the cgroup's pids.max). `socket_families`:
     address families (e.g. ``socket.AF_UNIX``) that socket()/socketpair() may still create.
-    `uid`/`gid`: what a root caller drops to. `mode`: ``best-effort`` reports a missing layer
+    `uid`/`gid`: what a root caller drops to. `reveal`: paths the sandbox uid must reach
+    although an ancestor directory is closed to it (a virtualenv's base interpreter under a
+    0700 /root, see `interpreter_paths`): inside the sandbox's mount namespace the first closed
+    ancestor is covered by a read-only tmpfs holding read-only bind mounts of just these paths,
+    so the rest of that directory stays hidden. `mode`: ``best-effort`` reports a missing layer
     and runs anyway; ``require`` raises `SandboxUnavailable` before the target starts.
     """
     workdir: str
@@ -225,6 +232,7 @@ class Policy:
     socket_families: tuple[int, ...] = ()
     uid: int = NOBODY
     gid: int = NOBODY
+    reveal: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -963,6 +971,79 @@ def _private_mounts(ns: Layer) -> tuple[Layer, bool]:
                  ), private_shm
 
 
+def closed_ancestor(path: str, uid: int, gid: int) -> str | None:
+    """The first directory on the way to `path` (from /) that `uid`/`gid` without supplementary
+    groups may not search, by its mode bits; None when every one is searchable."""
+    parts = os.path.realpath(path).split("/")[1:]
+    cur = "/"
+    for part in [""] + parts[:-1]:
+        cur = os.path.join(cur, part) if part else cur
+        try:
+            st = os.stat(cur)
+        except OSError:
+            return cur
+        bits = st.st_mode >> 6 if st.st_uid == uid else (
+            st.st_mode >> 3 if st.st_gid == gid else st.st_mode)
+        if not bits & 1:
+            return cur
+    return None
+
+
+def interpreter_paths(prefixes: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """What a confined copy of this interpreter needs to reach: sys.prefix, sys.exec_prefix and
+    sys.base_prefix (a virtualenv and the installation it was made from). Feed to
+    `Policy.reveal`."""
+    if prefixes is None:
+        prefixes = (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)
+    out: list[str] = []
+    for p in prefixes:
+        real = os.path.realpath(p)
+        if real not in out:
+            out.append(real)
+    return tuple(out)
+
+
+def _reveal(policy: Policy, mounts: Layer) -> tuple[Layer, str]:
+    """Make `policy.reveal` reachable for the sandbox uid (see Policy). Returns the mounts layer
+    (made inactive when a reveal fails) and a note for the report."""
+    uid, gid = (policy.uid, policy.gid) if os.getuid() == 0 else (os.getuid(), os.getgid())
+    groups: dict[str, list[tuple[str, int]]] = {}
+    notes: list[str] = []
+    for p in policy.reveal:
+        real = os.path.realpath(p)
+        blocker = closed_ancestor(real, uid, gid) if os.path.exists(real) else None
+        if blocker is None:
+            continue  # reachable already (or absent: nothing to show)
+        if not mounts.active:
+            return (Layer("mounts", False, f"{mounts.detail}; cannot reveal {real}: no mount "
+                                           f"namespace"), "")
+        groups.setdefault(blocker, []).append((real, os.open(real, os.O_PATH | os.O_CLOEXEC)))
+    try:
+        for blocker, items in groups.items():
+            _mount("tmpfs", blocker, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            for real, fd in items:
+                _bind_readonly(fd, real)
+            _mount(None, blocker, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            notes.append(f"{blocker} replaced by a read-only view of "
+                         f"{', '.join(r for r, _ in items)}")
+    except OSError as e:
+        return Layer("mounts", False, f"{mounts.detail}; reveal failed: {e}"), ""
+    finally:
+        for items in groups.values():
+            for _, fd in items:
+                os.close(fd)
+    return mounts, "; ".join(notes)
+
+
+def _bind_readonly(fd: int, dst: str) -> None:
+    is_dir = os.path.isdir(f"/proc/self/fd/{fd}")
+    os.makedirs(dst if is_dir else os.path.dirname(dst), mode=0o755, exist_ok=True)
+    if not is_dir:
+        open(dst, "a").close()
+    _mount(f"/proc/self/fd/{fd}", dst, None, MS_BIND | MS_REC)
+    _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
 def _rlimits(policy: Policy) -> Layer:
     import resource
     want = [("RLIMIT_CORE", 0), ("RLIMIT_AS", policy.address_space_bytes),
@@ -1070,6 +1151,9 @@ def _child(cfg: dict, ns: Layer, status_fd: int, lifeline: int) -> int:
                                         f"namespace")
     layers = [ns]
     mounts, private_shm = _private_mounts(ns)
+    mounts, revealed = _reveal(policy, mounts)
+    if revealed:
+        mounts = Layer(mounts.name, mounts.active, f"{mounts.detail}; {revealed}")
     layers.append(mounts)
     layers.append(_join_cgroups(cfg["cgroups"], policy))
     try:
@@ -1096,8 +1180,18 @@ def _child(cfg: dict, ns: Layer, status_fd: int, lifeline: int) -> int:
     try:
         os.execve(target, argv, env)
     except OSError as e:
-        _send(status_fd, {"exec_error": e.errno, "message": f"execve {target}: {e.strerror}"})
+        _send(status_fd, {"exec_error": e.errno, "message": f"execve {target}: {e.strerror}"
+                                                           f"{_exec_hint(target)}"})
     return 127
+
+
+def _exec_hint(target: str) -> str:
+    """Why the sandbox uid may not execute `target`, when a closed directory explains it."""
+    blocker = closed_ancestor(target, os.getuid(), os.getgid())
+    if blocker is None:
+        return ""
+    return f" (uid {os.getuid()} cannot search {blocker}; add the interpreter's prefix to " \
+           f"Policy.reveal, e.g. sandbox.interpreter_paths())"
 
 
 def _mirror_exit(pid: int) -> int:
@@ -1501,7 +1595,8 @@ def probe(policy: Policy | None = None, python: str | None = None) -> dict:
             work = os.path.join(root, "work")
             os.mkdir(work)
             policy = Policy(workdir=work, address_space_bytes=4 << 30, memory_bytes=1 << 30,
-                            cpu_seconds=60, file_bytes=64 << 20, tasks=64)
+                            cpu_seconds=60, file_bytes=64 << 20, tasks=64,
+                            reveal=interpreter_paths() if python is None else ())
         return _run_probe(policy, python or sys.executable, outside, protected)
     finally:
         shutil.rmtree(root, ignore_errors=True)
