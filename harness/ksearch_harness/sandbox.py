@@ -909,8 +909,8 @@ def _ns_ids() -> dict[str, str]:
 
 
 def _enter_namespaces() -> tuple[Layer, bool]:
-    """unshare pid+mount+net+ipc+uts; a caller without CAP_SYS_ADMIN adds a user namespace that
-    maps only its own uid/gid (so the target has no capabilities once it executes). Verified by
+    """unshare pid+mount+net+ipc+uts; a non-root caller (no CAP_SYS_ADMIN) adds a user namespace
+    that maps only its own uid/gid (so the target has no capabilities once it executes). Verified by
     comparing /proc/self/ns before and after. Returns the layer and whether a user ns is used."""
     if not IS_LINUX:
         return Layer("namespaces", False, "unavailable: not Linux"), False
@@ -920,6 +920,11 @@ def _enter_namespaces() -> tuple[Layer, bool]:
         _unshare(_NS_FLAGS)
     except OSError as first:
         uid, gid = os.getuid(), os.getgid()
+        if uid == 0:
+            # A user namespace mapping only root would leave the target root on the host's
+            # root-owned files and make the uid drop impossible: no namespaces instead.
+            return Layer("namespaces", False, f"unshare failed: {first} (a root caller gets no "
+                                              f"user-namespace fallback)"), False
         try:
             _unshare(_NS_FLAGS | CLONE_NEWUSER)
             _write("/proc/self/setgroups", "deny")
