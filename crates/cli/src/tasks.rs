@@ -1,4 +1,5 @@
-//! `ksearch tasks`: the built-in tasks.
+//! `ksearch tasks`: the built-in tasks; `--check` runs `ksearch_task::check` on them (or on
+//! one task) and reports every problem.
 
 use crate::exit;
 use anyhow::{Context, Result};
@@ -12,6 +13,11 @@ pub struct TasksArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Check that held-out workloads vary everything the task does not declare (undeclared
+    /// shared divisors, single values, missing held-out workloads, inputs that never reach
+    /// their `must_reach`). Without NAME|DIR: every built-in task. Exits 1 on any problem.
+    #[arg(long, value_name = "NAME|DIR")]
+    check: Option<Option<String>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -34,6 +40,9 @@ struct Counts {
 }
 
 pub fn run(args: &TasksArgs) -> Result<u8> {
+    if let Some(target) = &args.check {
+        return check(target.as_deref(), args.json);
+    }
     let tasks = ksearch_task::builtin::list().context("cannot load the built-in tasks")?;
     let mut rows = Vec::new();
     for t in &tasks {
@@ -85,4 +94,100 @@ pub fn run(args: &TasksArgs) -> Result<u8> {
     }
     print!("{}", table.render());
     Ok(exit::OK)
+}
+
+#[derive(Debug, Serialize)]
+struct CheckedTask {
+    task: String,
+    dir: String,
+    ok: bool,
+    problems: Vec<Problem>,
+}
+
+#[derive(Debug, Serialize)]
+struct Problem {
+    file: String,
+    line: Option<usize>,
+    field: String,
+    message: String,
+}
+
+/// `ksearch tasks --check [NAME|DIR]`. A task that does not load is a failed check (its load
+/// error is the problem); a name that matches nothing is a usage error.
+fn check(target: Option<&str>, json: bool) -> Result<u8> {
+    let tasks = match target {
+        Some(t) => match ksearch_task::resolve(t) {
+            Ok(task) => vec![(t.to_string(), Ok(task))],
+            Err(ksearch_task::TaskError::Invalid(e)) => vec![(t.to_string(), Err(*e))],
+            Err(e) => return Err(e).context(format!("cannot load task `{t}`")),
+        },
+        None => {
+            let dir = ksearch_task::builtin::dir().context("cannot find the built-in tasks")?;
+            let mut dirs: Vec<_> = std::fs::read_dir(&dir)
+                .with_context(|| format!("cannot read {}", dir.display()))?
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.join("task.toml").is_file())
+                .collect();
+            dirs.sort();
+            let mut out = Vec::new();
+            for d in dirs {
+                let label = d
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                match ksearch_task::load_task(&d) {
+                    Ok(task) => out.push((label, Ok(task))),
+                    Err(ksearch_task::TaskError::Invalid(e)) => out.push((label, Err(*e))),
+                    Err(e) => return Err(e).context(format!("cannot load {}", d.display())),
+                }
+            }
+            out
+        }
+    };
+    let mut report = Vec::new();
+    for (label, loaded) in tasks {
+        let (name, dir, problems) = match loaded {
+            Ok(task) => (
+                task.name().to_string(),
+                task.dir().display().to_string(),
+                ksearch_task::check::check(&task),
+            ),
+            Err(e) => (label, String::new(), vec![e]),
+        };
+        report.push((name, dir, problems));
+    }
+    let failed = report.iter().any(|(_, _, p)| !p.is_empty());
+    if json {
+        let items: Vec<CheckedTask> = report
+            .into_iter()
+            .map(|(task, dir, problems)| CheckedTask {
+                task,
+                dir,
+                ok: problems.is_empty(),
+                problems: problems
+                    .into_iter()
+                    .map(|e| Problem {
+                        file: e.file.display().to_string(),
+                        line: e.line,
+                        field: e.field,
+                        message: e.message,
+                    })
+                    .collect(),
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&items)?);
+    } else {
+        for (name, _, problems) in &report {
+            if problems.is_empty() {
+                println!("{name}: ok");
+                continue;
+            }
+            println!("{name}: {} problem(s)", problems.len());
+            for p in problems {
+                println!("{p}");
+            }
+        }
+    }
+    Ok(if failed { exit::REJECTED } else { exit::OK })
 }

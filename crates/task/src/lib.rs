@@ -3,6 +3,7 @@
 //! workloads to concrete shapes for the harness. It knows nothing of processes, Python
 //! execution or the search; `docs/task-format.md` is the user reference.
 
+pub mod check;
 mod error;
 pub mod expr;
 mod load;
@@ -13,9 +14,9 @@ mod spec;
 pub use error::{SpecError, TaskError};
 pub use expr::{Expr, ExprError, Num};
 pub use spec::{
-    Axis, AxisType, BackendSpec, DType, DTypeSpec, Distribution, ParamValue, ReferenceSpec,
-    ResolvedTensor, ResolvedWorkload, Roofline, TaskSpec, TensorSpec, Tolerance, WorkloadSpec,
-    FORMAT_VERSION,
+    Assumption, Axis, AxisType, BackendSpec, DType, DTypeSpec, Distribution, ParamValue, Reach,
+    ReferenceSpec, ResolvedTensor, ResolvedWorkload, Roofline, TaskSpec, TensorSpec, Tolerance,
+    WorkloadSpec, FORMAT_VERSION, NORMAL_REACH_STD,
 };
 
 use load::ResolvedEntry;
@@ -29,6 +30,8 @@ pub struct Task {
     dir: PathBuf,
     spec: TaskSpec,
     resolved: Vec<ResolvedEntry>,
+    /// The text of `task.toml` as loaded, so later checks can point at lines.
+    source: String,
 }
 
 /// Loads `dir/task.toml` and checks the whole task (files it names included).
@@ -38,6 +41,7 @@ pub fn load_task(dir: &Path) -> Result<Task, TaskError> {
         dir: loaded.dir,
         spec: loaded.spec,
         resolved: loaded.resolved,
+        source: loaded.source,
     })
 }
 
@@ -86,6 +90,11 @@ impl Task {
 
     pub fn spec(&self) -> &TaskSpec {
         &self.spec
+    }
+
+    /// The text of `task.toml` as it was loaded.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The task kind (e.g. `attention`), which selects actions from the catalog.

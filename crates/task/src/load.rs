@@ -3,7 +3,7 @@
 
 use crate::error::{SpecError, TaskError};
 use crate::expr::{Expr, ExprError, Num, FUNCTIONS};
-use crate::raw::{RawBackend, RawDist, RawTask, RawTolerance};
+use crate::raw::{RawAssume, RawBackend, RawDist, RawTask, RawTolerance};
 use crate::source_map::{FieldPath, SourceMap};
 use crate::spec::{fill_placeholders, placeholders, *};
 use serde::Deserialize;
@@ -27,6 +27,7 @@ pub(crate) struct Loaded {
     pub dir: PathBuf,
     pub spec: TaskSpec,
     pub resolved: Vec<ResolvedEntry>,
+    pub source: String,
 }
 
 pub(crate) fn load(dir: &Path) -> Result<Loaded, TaskError> {
@@ -57,30 +58,41 @@ pub(crate) fn load(dir: &Path) -> Result<Loaded, TaskError> {
         dir,
         spec,
         resolved,
+        source: text,
     })
 }
 
-struct Ctx<'a> {
-    file: PathBuf,
-    map: SourceMap<'a>,
+/// A task file and its source map: turns field paths into errors with lines.
+pub(crate) struct Ctx<'a> {
+    pub(crate) file: PathBuf,
+    pub(crate) map: SourceMap<'a>,
 }
 
 impl Ctx<'_> {
-    fn error_at(&self, field: String, offset: Option<usize>, message: String) -> TaskError {
+    /// The error at `path` (or its nearest existing ancestor) as a `SpecError`.
+    pub(crate) fn spec_error(&self, path: &FieldPath, message: impl Into<String>) -> SpecError {
+        let offset = self.map.span_of(path).map(|s| s.start);
+        self.spec_error_at(path.to_string(), offset, message.into())
+    }
+
+    fn spec_error_at(&self, field: String, offset: Option<usize>, message: String) -> SpecError {
         let loc = offset.map(|o| self.map.locate(o));
-        TaskError::Invalid(Box::new(SpecError {
+        SpecError {
             file: self.file.clone(),
             field,
             line: loc.as_ref().map(|l| l.line),
             column: loc.as_ref().map(|l| l.column),
             message,
             snippet: loc.map(|l| l.text),
-        }))
+        }
+    }
+
+    fn error_at(&self, field: String, offset: Option<usize>, message: String) -> TaskError {
+        TaskError::Invalid(Box::new(self.spec_error_at(field, offset, message)))
     }
 
     fn err(&self, path: &FieldPath, message: impl Into<String>) -> TaskError {
-        let offset = self.map.span_of(path).map(|s| s.start);
-        self.error_at(path.to_string(), offset, message.into())
+        TaskError::Invalid(Box::new(self.spec_error(path, message)))
     }
 
     /// An error inside a string value (an expression): points at `offset` within the string
@@ -232,11 +244,16 @@ impl Checker<'_, '_> {
                     format!("integer input `{name}` ({d}) needs a `rand_int` or `custom` dist"),
                 ));
             }
+            let must_reach = match t.must_reach {
+                None => None,
+                Some(r) => Some(self.reach(r, &path.key("must_reach"))?),
+            };
             inputs.push(TensorSpec {
                 name,
                 dtype,
                 shape,
                 dist,
+                must_reach,
                 description: t.description,
             });
         }
@@ -251,6 +268,7 @@ impl Checker<'_, '_> {
                 dtype,
                 shape,
                 dist: None,
+                must_reach: None,
                 description: t.description,
             });
         }
@@ -286,7 +304,7 @@ impl Checker<'_, '_> {
         let roofline = self.roofline(raw.roofline, &axes, has_dtype_axis)?;
         let (reference, module_source) = self.reference(raw.reference)?;
         for (i, t) in inputs.iter().enumerate() {
-            if let Some(Distribution::Custom { function }) = &t.dist {
+            if let Some(Distribution::Custom { function, .. }) = &t.dist {
                 if !python_defines(&module_source, function) {
                     return Err(self.err(
                         &root.key("inputs").index(i).key("dist"),
@@ -306,7 +324,14 @@ impl Checker<'_, '_> {
             &reference,
             &module_source,
         )?;
-        let workloads = self.workloads(raw.workloads, &axes, &backends, &inputs, &outputs)?;
+        let workloads = self.workloads(
+            raw.workloads,
+            &axes,
+            &backends,
+            &inputs,
+            &outputs,
+            (&reference, &module_source),
+        )?;
 
         Ok(TaskSpec {
             format,
@@ -364,6 +389,17 @@ impl Checker<'_, '_> {
                     ))
                 }
             };
+            let assume = self.assumption(
+                RawAssume {
+                    values: a.values,
+                    multiple_of: a.multiple_of,
+                    min: a.min,
+                    max: a.max,
+                },
+                &path,
+                ty,
+                &name,
+            )?;
             let default = match (a.default, ty) {
                 (None, _) => None,
                 (Some(toml::Value::String(v)), AxisType::Str) => Some(v),
@@ -388,6 +424,7 @@ impl Checker<'_, '_> {
                 ty,
                 description: a.description,
                 default,
+                assume,
             });
         }
         // Keep declaration order: it is how the author lists dimensions.
@@ -399,6 +436,116 @@ impl Checker<'_, '_> {
                 .unwrap_or(usize::MAX)
         });
         Ok(axes)
+    }
+
+    /// An axis's assumption (`values`, `multiple_of`, `min`, `max`) at `path`; only int axes
+    /// take one.
+    fn assumption(
+        &self,
+        raw: RawAssume,
+        path: &FieldPath,
+        ty: AxisType,
+        axis: &str,
+    ) -> Result<Assumption, TaskError> {
+        let a = Assumption {
+            values: raw.values,
+            multiple_of: raw.multiple_of,
+            min: raw.min,
+            max: raw.max,
+        };
+        if a.is_empty() {
+            return Ok(a);
+        }
+        let field = if a.values.is_some() {
+            "values"
+        } else if a.multiple_of.is_some() {
+            "multiple_of"
+        } else if a.min.is_some() {
+            "min"
+        } else {
+            "max"
+        };
+        if ty != AxisType::Int {
+            return Err(self.err(
+                &path.key(field),
+                format!(
+                    "`{axis}` is a str axis; only int axes take `values`, `multiple_of`, `min` \
+                     and `max`"
+                ),
+            ));
+        }
+        if let Some(values) = &a.values {
+            if values.is_empty() {
+                return Err(self.err(
+                    &path.key("values"),
+                    "an empty `values` list admits no workload; leave it out to assume nothing",
+                ));
+            }
+            let mut seen = BTreeSet::new();
+            if let Some(v) = values.iter().find(|v| !seen.insert(**v)) {
+                return Err(self.err(&path.key("values"), format!("{v} is listed twice")));
+            }
+        }
+        if let Some(k) = a.multiple_of {
+            if k < 2 {
+                return Err(self.err(
+                    &path.key("multiple_of"),
+                    format!("multiple_of = {k} says nothing; it must be at least 2"),
+                ));
+            }
+        }
+        if let (Some(lo), Some(hi)) = (a.min, a.max) {
+            if lo > hi {
+                return Err(self.err(
+                    &path.key("min"),
+                    format!("min = {lo} is above max = {hi}: no value is allowed"),
+                ));
+            }
+        }
+        if let Some(values) = &a.values {
+            let bounds = Assumption {
+                values: None,
+                ..a.clone()
+            };
+            if let Some((v, why)) = values
+                .iter()
+                .find_map(|v| bounds.broken_by(*v).map(|why| (v, why)))
+            {
+                return Err(self.err(
+                    &path.key("values"),
+                    format!("{v} is not {why}, which this axis also declares"),
+                ));
+            }
+        }
+        Ok(a)
+    }
+
+    /// An input's `must_reach = { low, high }`.
+    fn reach(&self, raw: crate::raw::RawReach, path: &FieldPath) -> Result<Reach, TaskError> {
+        if raw.low.is_none() && raw.high.is_none() {
+            return Err(self.err(
+                path,
+                "must_reach needs `low` (values at or below it must be drawn), `high` (at or \
+                 above it), or both",
+            ));
+        }
+        for (field, v) in [("low", raw.low), ("high", raw.high)] {
+            if v.is_some_and(|v| !v.is_finite()) {
+                return Err(self.err(&path.key(field), "must be a finite number"));
+            }
+        }
+        if let (Some(lo), Some(hi)) = (raw.low, raw.high) {
+            if lo >= hi {
+                return Err(self.err(
+                    &path.key("low"),
+                    format!("low = {lo} is not below high = {hi}"),
+                ));
+            }
+        }
+        Ok(Reach {
+            low: raw.low,
+            high: raw.high,
+        })
     }
 
     fn tensor_name(
@@ -585,7 +732,7 @@ impl Checker<'_, '_> {
                 path,
                 format!(
                     "{} (kinds: normal {{mean, std}}, uniform {{low, high}}, rand_int {{low, high}}, \
-                     custom {{function}})",
+                     custom {{function, reach}})",
                     e.message().trim()
                 ),
             )
@@ -616,14 +763,26 @@ impl Checker<'_, '_> {
                 }
                 Ok(Distribution::RandInt { low, high })
             }
-            RawDist::Custom { function } => {
+            RawDist::Custom { function, reach } => {
                 let function = function.unwrap_or_else(|| format!("make_{input}"));
                 if !is_ident(&function) {
                     return bad(format!(
                         "custom function `{function}` is not a Python identifier"
                     ));
                 }
-                Ok(Distribution::Custom { function })
+                let reach = match reach.as_deref() {
+                    None => None,
+                    Some(&[lo, hi]) if lo.is_finite() && hi.is_finite() && lo <= hi => {
+                        Some([lo, hi])
+                    }
+                    Some(other) => {
+                        return bad(format!(
+                            "custom `reach` must be [low, high], two finite numbers with low <= \
+                             high (got {other:?})"
+                        ))
+                    }
+                };
+                Ok(Distribution::Custom { function, reach })
             }
         }
     }
@@ -947,6 +1106,29 @@ impl Checker<'_, '_> {
                     forbidden.push(f.clone());
                 }
             }
+            let mut assume = BTreeMap::new();
+            for (axis, raw) in b.assume {
+                let p = path.key("assume").key(&axis);
+                let Some(a) = axes.iter().find(|a| a.name == axis) else {
+                    let known: Vec<&str> = axes
+                        .iter()
+                        .filter(|a| a.ty == AxisType::Int)
+                        .map(|a| a.name.as_str())
+                        .collect();
+                    return Err(self.err(
+                        &p,
+                        format!("`{axis}` is not an axis (int axes: {})", known.join(", ")),
+                    ));
+                };
+                let a = self.assumption(raw, &p, a.ty, &axis)?;
+                if a.is_empty() {
+                    return Err(self.err(
+                        &p,
+                        "an empty assumption; give `values`, `multiple_of`, `min` or `max`",
+                    ));
+                }
+                assume.insert(axis, a);
+            }
             out.insert(
                 name,
                 BackendSpec {
@@ -958,6 +1140,7 @@ impl Checker<'_, '_> {
                     reference: b.reference,
                     baseline: b.baseline,
                     forbidden,
+                    assume,
                 },
             );
         }
@@ -971,6 +1154,7 @@ impl Checker<'_, '_> {
         backends: &BTreeMap<String, BackendSpec>,
         inputs: &[TensorSpec],
         outputs: &[TensorSpec],
+        (reference, module_source): (&ReferenceSpec, &str),
     ) -> Result<Vec<WorkloadSpec>, TaskError> {
         let base = FieldPath::root().key("workloads");
         if raw.is_empty() {
@@ -1107,11 +1291,70 @@ impl Checker<'_, '_> {
                     ));
                 }
             }
+            // Every assumption that applies to this workload holds: a kernel may rely on them.
+            for axis in axes.iter().filter(|a| a.ty == AxisType::Int) {
+                let Some(ParamValue::Int(v)) = params.get(&axis.name) else {
+                    continue;
+                };
+                let mut declared = vec![(format!("axes.{}", axis.name), &axis.assume)];
+                for (bname, b) in backends {
+                    if w.backends.as_ref().is_none_or(|l| l.contains(bname)) {
+                        if let Some(a) = b.assume.get(&axis.name) {
+                            declared.push((format!("backends.{bname}.assume.{}", axis.name), a));
+                        }
+                    }
+                }
+                for (where_, a) in declared {
+                    if let Some(why) = a.broken_by(*v) {
+                        return Err(self.err(
+                            &ppath.key(&axis.name),
+                            format!(
+                                "{} = {v} breaks what kernels may assume: `{where_}` says {why} \
+                                 (limit the workload's `backends`, or change the declaration)",
+                                axis.name
+                            ),
+                        ));
+                    }
+                }
+            }
+            let mut dist = BTreeMap::new();
+            for (input, value) in w.dist {
+                let p = path.key("dist").key(&input);
+                let Some(t) = inputs.iter().find(|t| t.name == input) else {
+                    let known: Vec<&str> = inputs.iter().map(|t| t.name.as_str()).collect();
+                    return Err(self.err(
+                        &p,
+                        format!("`{input}` is not an input (inputs: {})", known.join(", ")),
+                    ));
+                };
+                let d = self.dist(value, &p, &input)?;
+                if let Distribution::Custom { function, .. } = &d {
+                    if !python_defines(module_source, function) {
+                        return Err(self.err(
+                            &p,
+                            format!(
+                                "{} defines no function `{function}` (the custom generator of \
+                                 `{input}` in this workload)",
+                                reference.module
+                            ),
+                        ));
+                    }
+                }
+                if let (DTypeSpec::Fixed(dt), false) = (t.dtype, dist_suits_dtype(t.dtype, Some(&d)))
+                {
+                    return Err(self.err(
+                        &p,
+                        format!("integer input `{input}` ({dt}) needs a `rand_int` or `custom` dist"),
+                    ));
+                }
+                dist.insert(input, d);
+            }
             out.push(WorkloadSpec {
                 name,
                 params,
                 held_out: w.held_out,
                 backends: w.backends,
+                dist,
             });
         }
         for backend in backends.keys() {
@@ -1224,13 +1467,20 @@ fn resolve_one(
                 })?;
                 shape.push(n);
             }
-            if !dist_suits_dtype(DTypeSpec::Fixed(dtype), t.dist.as_ref()) && section == "inputs" {
+            // A workload's own distribution for the input replaces the input's.
+            let own = w.dist.get(&t.name);
+            let given = own.or(t.dist.as_ref());
+            if !dist_suits_dtype(DTypeSpec::Fixed(dtype), given) && section == "inputs" {
+                let field = match own {
+                    Some(_) => root.key("workloads").index(index).key("dist").key(&t.name),
+                    None => path.key("dist"),
+                };
                 return Err(ctx.err(
-                    &path.key("dist"),
+                    &field,
                     format!("{context}: integer input `{}` ({dtype}) needs a `rand_int` or `custom` dist", t.name),
                 ));
             }
-            let dist = (section == "inputs").then(|| t.dist.clone().unwrap_or_default());
+            let dist = (section == "inputs").then(|| given.cloned().unwrap_or_default());
             out.push(ResolvedTensor {
                 name: t.name.clone(),
                 dtype,

@@ -37,6 +37,23 @@ pub(crate) struct RawAxis {
     pub ty: Option<String>,
     /// The value of a str axis in workloads that leave it out.
     pub default: Option<toml::Value>,
+    /// What a kernel may assume about an int axis on every backend (see `RawAssume`).
+    pub values: Option<Vec<i64>>,
+    pub multiple_of: Option<i64>,
+    pub min: Option<i64>,
+    pub max: Option<i64>,
+}
+
+/// What a kernel may assume about one int axis: its only values, a divisor of every value,
+/// bounds. `[axes.<NAME>]` carries these for every backend, `[backends.<b>.assume.<NAME>]`
+/// for one.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAssume {
+    pub values: Option<Vec<i64>>,
+    pub multiple_of: Option<i64>,
+    pub min: Option<i64>,
+    pub max: Option<i64>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -48,6 +65,9 @@ pub(crate) struct RawWorkload {
     #[serde(default)]
     pub held_out: bool,
     pub backends: Option<Vec<String>>,
+    /// Per-input distributions that replace the input's own `dist` in this workload.
+    #[serde(default)]
+    pub dist: BTreeMap<String, toml::Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -57,8 +77,17 @@ pub(crate) struct RawTensor {
     pub dtype: Option<String>,
     pub shape: Option<Vec<toml::Value>>,
     pub dist: Option<toml::Value>,
+    /// Values that some workload of every backend must draw (`ksearch tasks --check`).
+    pub must_reach: Option<RawReach>,
     #[serde(default)]
     pub description: String,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawReach {
+    pub low: Option<f64>,
+    pub high: Option<f64>,
 }
 
 /// Outputs have no `dist`: they are written by the kernel, not generated.
@@ -106,6 +135,9 @@ pub(crate) struct RawBackend {
     pub baseline: Option<String>,
     #[serde(default)]
     pub forbidden: Vec<String>,
+    /// What kernels of this backend may assume about int axes, on top of `[axes.<NAME>]`.
+    #[serde(default)]
+    pub assume: BTreeMap<String, RawAssume>,
 }
 
 fn zero() -> f64 {
@@ -139,5 +171,7 @@ pub(crate) enum RawDist {
     },
     Custom {
         function: Option<String>,
+        /// `[low, high]`: values the generator is documented to reach (for the reach check).
+        reach: Option<Vec<f64>>,
     },
 }

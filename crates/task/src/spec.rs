@@ -125,7 +125,46 @@ pub enum Distribution {
     },
     Custom {
         function: String,
+        /// `[low, high]`: values the generator is documented to reach on every draw, as the
+        /// task declares them (`reach = [-100.0, 100.0]`). ksearch cannot run the generator, so
+        /// this declaration is what `ksearch tasks --check` compares with `must_reach`; the
+        /// task's own tests should confirm it. `None`: the generator's range is unknown.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reach: Option<[f64; 2]>,
     },
+}
+
+/// How far a `normal` draw is taken to reach: `mean ± NORMAL_REACH_STD * std`. A tensor of
+/// ten thousand elements goes past both ends with probability above 0.9999.
+pub const NORMAL_REACH_STD: f64 = 3.0;
+
+impl Distribution {
+    /// `[low, high]`: values a draw of this distribution reaches (for `must_reach`); `None`
+    /// for a custom generator without a declared `reach`.
+    pub fn reach(&self) -> Option<[f64; 2]> {
+        match self {
+            Distribution::Normal { mean, std } => Some([
+                mean - NORMAL_REACH_STD * std,
+                mean + NORMAL_REACH_STD * std,
+            ]),
+            Distribution::Uniform { low, high } => Some([*low, *high]),
+            Distribution::RandInt { low, high } => Some([*low as f64, (*high - 1) as f64]),
+            Distribution::Custom { reach, .. } => *reach,
+        }
+    }
+
+    /// A short description for messages: `normal(mean 0, std 4)`, `custom make_x`.
+    pub fn describe(&self) -> String {
+        match self {
+            Distribution::Normal { mean, std } => format!("normal(mean {mean}, std {std})"),
+            Distribution::Uniform { low, high } => format!("uniform[{low}, {high})"),
+            Distribution::RandInt { low, high } => format!("rand_int[{low}, {high})"),
+            Distribution::Custom { function, reach } => match reach {
+                Some([lo, hi]) => format!("custom {function} (reach [{lo}, {hi}])"),
+                None => format!("custom {function}"),
+            },
+        }
+    }
 }
 
 impl Default for Distribution {
@@ -145,6 +184,93 @@ pub enum AxisType {
     Str,
 }
 
+/// What a kernel may assume about one int axis: the axis takes only `values`, every value is
+/// a multiple of `multiple_of`, and lies in `[min, max]`. Every workload the assumption applies
+/// to must satisfy it (the loader checks); whatever a task does not declare, its held-out
+/// workloads must vary (`ksearch tasks --check`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct Assumption {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values: Option<Vec<i64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiple_of: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<i64>,
+}
+
+impl Assumption {
+    pub fn is_empty(&self) -> bool {
+        self.values.is_none()
+            && self.multiple_of.is_none()
+            && self.min.is_none()
+            && self.max.is_none()
+    }
+
+    /// `None` when `v` satisfies the assumption, else the part it breaks (`a multiple of 8`).
+    pub fn broken_by(&self, v: i64) -> Option<String> {
+        if let Some(values) = &self.values {
+            if !values.contains(&v) {
+                return Some(format!("one of {}", join(values)));
+            }
+        }
+        if let Some(k) = self.multiple_of {
+            if k != 0 && v % k != 0 {
+                return Some(format!("a multiple of {k}"));
+            }
+        }
+        if let Some(min) = self.min {
+            if v < min {
+                return Some(format!(">= {min}"));
+            }
+        }
+        if let Some(max) = self.max {
+            if v > max {
+                return Some(format!("<= {max}"));
+            }
+        }
+        None
+    }
+
+    /// What the assumption says, for people and prompts: `one of 64, 128`, `a multiple of 8,
+    /// 1..64`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(values) = &self.values {
+            parts.push(format!("one of {}", join(values)));
+        }
+        if let Some(k) = self.multiple_of {
+            parts.push(format!("a multiple of {k}"));
+        }
+        match (self.min, self.max) {
+            (Some(lo), Some(hi)) => parts.push(format!("between {lo} and {hi}")),
+            (Some(lo), None) => parts.push(format!(">= {lo}")),
+            (None, Some(hi)) => parts.push(format!("<= {hi}")),
+            (None, None) => {}
+        }
+        parts.join(", ")
+    }
+}
+
+fn join(values: &[i64]) -> String {
+    values
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Values of an input that some workload of every backend must draw: at or below `low`, at
+/// or above `high` (`[[inputs]] must_reach`, checked by `ksearch tasks --check`).
+#[derive(Serialize, Clone, Copy, Debug, PartialEq)]
+pub struct Reach {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub low: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub high: Option<f64>,
+}
+
 /// A named dimension or parameter that workloads bind.
 #[derive(Serialize, Clone, Debug, PartialEq)]
 pub struct Axis {
@@ -157,6 +283,10 @@ pub struct Axis {
     /// a defaulted axis leaves the requests of existing workloads unchanged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub default: Option<String>,
+    /// int axes only: what kernels of every backend may assume (`[axes.<NAME>]` `values`,
+    /// `multiple_of`, `min`, `max`).
+    #[serde(skip_serializing_if = "Assumption::is_empty")]
+    pub assume: Assumption,
 }
 
 /// A tensor's dtype as written: fixed, or `"$dtype"`, the workload's `dtype` parameter.
@@ -184,6 +314,9 @@ pub struct TensorSpec {
     /// Inputs only; `None` means the default, normal(0, 1).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dist: Option<Distribution>,
+    /// Inputs only: values some workload of every backend must draw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub must_reach: Option<Reach>,
     pub description: String,
 }
 
@@ -195,6 +328,9 @@ pub struct WorkloadSpec {
     pub held_out: bool,
     /// Backends this workload applies to; `None` means all.
     pub backends: Option<Vec<String>>,
+    /// Distributions that replace inputs' own `dist` in this workload, by input name.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub dist: BTreeMap<String, Distribution>,
 }
 
 /// FLOP and byte formulas of the roofline floor.
@@ -236,6 +372,10 @@ pub struct BackendSpec {
     /// Identifiers a candidate must not mention (always includes the reference and baseline
     /// functions).
     pub forbidden: Vec<String>,
+    /// What kernels of this backend may assume about int axes, by axis name, on top of the
+    /// axis's own assumption (`[backends.<b>.assume.<NAME>]`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub assume: BTreeMap<String, Assumption>,
 }
 
 impl BackendSpec {
@@ -287,6 +427,28 @@ pub struct TaskSpec {
 impl TaskSpec {
     pub fn axis(&self, name: &str) -> Option<&Axis> {
         self.axes.iter().find(|a| a.name == name)
+    }
+
+    /// What kernels of `backend` may assume about `axis`: the axis's own assumption and the
+    /// backend's, the empty ones left out.
+    pub fn assumptions(&self, backend: &str, axis: &str) -> Vec<&Assumption> {
+        let own = self.axis(axis).map(|a| &a.assume);
+        let backend = self.backends.get(backend).and_then(|b| b.assume.get(axis));
+        own.into_iter()
+            .chain(backend)
+            .filter(|a| !a.is_empty())
+            .collect()
+    }
+
+    /// [`TaskSpec::assumptions`] in words (`one of 64, 128`), or `None` when a kernel may
+    /// assume nothing about the axis on this backend.
+    pub fn assumption_text(&self, backend: &str, axis: &str) -> Option<String> {
+        let parts: Vec<String> = self
+            .assumptions(backend, axis)
+            .iter()
+            .map(|a| a.describe())
+            .collect();
+        (!parts.is_empty()).then(|| parts.join("; "))
     }
 }
 

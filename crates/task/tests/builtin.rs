@@ -87,7 +87,8 @@ fn selective_scan_uses_custom_generators() {
     assert_eq!(
         a.dist,
         Some(Distribution::Custom {
-            function: "make_A".into()
+            function: "make_A".into(),
+            reach: None,
         })
     );
     let json = serde_json::to_value(a.dist.as_ref().unwrap()).unwrap();
