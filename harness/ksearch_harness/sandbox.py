@@ -36,10 +36,13 @@ import os
 import select
 import signal
 import struct
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the launcher does not import subprocess (start-up time)
+    import subprocess
 
 __all__ = ["Layer", "Policy", "Sandboxed", "SandboxUnavailable", "launch", "lock_down", "probe",
            "interpreter_paths", "closed_ancestor", "LAYER_NAMES"]
@@ -309,7 +312,8 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int,
     fn = _libc().mount
     fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                    ctypes.c_char_p]
-    enc = (lambda s: None if s is None else s.encode())
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else s.encode()
     if fn(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
         raise _oserror(f"mount {target}")
 
@@ -730,7 +734,28 @@ def _write(path: str, value: str) -> None:
         f.write(value)
 
 
+_CG_PREFIX = "ksearch-sandbox-"
+
+
+def _sweep_stale(base: str) -> None:
+    """Remove empty groups that an earlier caller made and could not remove because it died
+    (named ksearch-sandbox-<its pid>-<random>, and that pid is gone). A group still holding
+    processes refuses rmdir and stays."""
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(_CG_PREFIX)]
+    except OSError:
+        return
+    for n in names:
+        pid = n[len(_CG_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.rmdir(os.path.join(base, n))
+            except OSError:
+                continue  # not empty, or raced with another sweeper: leave it
+
+
 def _v1_group(plan: _CgroupPlan, base: str, name: str, limits: dict[str, int | None]) -> None:
+    _sweep_stale(base)
     d = os.path.join(base, name)
     os.mkdir(d)
     plan.dirs.append(d)
@@ -770,7 +795,7 @@ def _make_cgroups(policy: Policy) -> _CgroupPlan:
     if not IS_LINUX:
         plan.missing.append("not Linux")
         return plan
-    name = f"ksearch-sandbox-{os.getpid()}-{os.urandom(4).hex()}"
+    name = f"{_CG_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
     mem = policy.memory_bytes
     limits = {"memory": {"memory.limit_in_bytes": mem, "memory.memsw.limit_in_bytes": mem},
               "pids": {"pids.max": policy.tasks}}
@@ -808,7 +833,9 @@ def _make_v2_group(plan: _CgroupPlan, policy: Policy, mount: tuple[str, str] | N
             want = want & offered
             if not want:
                 return
-        d = os.path.join(_v2_parent(mount, own, want), name)
+        parent = _v2_parent(mount, own, want)
+        _sweep_stale(parent)
+        d = os.path.join(parent, name)
         os.mkdir(d)
         plan.dirs.append(d)
         vals = {"memory.max": policy.memory_bytes,
@@ -1268,7 +1295,7 @@ class Sandboxed:
     layers as applied. `wait`/`poll` return the target's status like Popen.returncode. The
     cgroups are removed once the launcher has exited."""
 
-    def __init__(self, proc: subprocess.Popen, pid: int, report: list[Layer],
+    def __init__(self, proc: "subprocess.Popen", pid: int, report: list[Layer],
                  cgroups: list[str], pidfd: int | None, pidns: bool) -> None:
         self.pid = pid
         self.report = report
@@ -1322,6 +1349,7 @@ class Sandboxed:
                     os.killpg(self._proc.pid, signal.SIGKILL)
                 except OSError:
                     pass  # the group is already empty
+            import subprocess
             try:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -1400,6 +1428,7 @@ def launch(argv: list[str], policy: Policy, *, env: dict[str, str], pass_fds: tu
 
     The sandbox dies with the thread that calls this (PR_SET_PDEATHSIG follows the spawning
     thread): call it from a thread that outlives the sandbox."""
+    import subprocess  # here, not at the top: the launcher never needs it
     _validate(argv, policy)
     plan = _make_cgroups(policy)
     cfg = {"argv": list(argv), "env": _target_env(env, policy), "policy": policy.to_json(),
@@ -1541,8 +1570,9 @@ def big_map():
     m = mmap.mmap(-1, 64 << 30, flags=flags)
     m.close()
     return "64 GiB mapped"
-emit("identity", None, f"uid {os.getuid()} pid {os.getpid()} NoNewPrivs/Seccomp " + " ".join(
-    l.split()[1] for l in open("/proc/self/status") if l.split(":")[0] in ("NoNewPrivs", "Seccomp")))
+status = [l.split() for l in open("/proc/self/status")]
+emit("identity", None, f"uid {os.getuid()} pid {os.getpid()} " + " ".join(
+    " ".join(l[:2]) for l in status if l[0] in ("NoNewPrivs:", "Seccomp:")))
 attempt("fork", fork)
 attempt("socket_inet", lambda: sock(socket.AF_INET))
 attempt("socket_unix", lambda: sock(socket.AF_UNIX))
@@ -1611,6 +1641,7 @@ def _run_probe(policy: Policy, python: str, outside: str, protected: str) -> dic
     args = {"caller": os.getpid(), "outside": outside, "protected": protected,
             "as_limit": policy.address_space_bytes is not None,
             "harness": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    import subprocess
     result: dict = {"platform": sys.platform, "machine": os.uname().machine, "layers": [],
                     "attempts": {}, "escapes": [], "ok": False}
     try:

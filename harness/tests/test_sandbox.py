@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from ksearch_harness import sandbox
-from ksearch_harness.sandbox import (LAYER_NAMES, Layer, Policy, SandboxUnavailable,
-                                     interpreter_paths, launch)
+from ksearch_harness.sandbox import LAYER_NAMES, Layer, Policy, interpreter_paths, launch
 
 LINUX = sandbox.IS_LINUX
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -135,7 +134,7 @@ R["proc_pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
 R["net_devices"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:])
 attempt("setuid_0", lambda: os.setuid(0))
 attempt("write_outside", lambda: write(os.path.join(A["outside"], "escape")))
-attempt("write_tmp", lambda: write(f"/tmp/ksearch-sandbox-escape-{os.getpid()}"))
+attempt("write_tmp", lambda: write(A["tmp_file"]))
 attempt("write_protected", lambda: write(A["protected"], "a"))
 attempt("read_protected", lambda: read(A["protected"]))
 attempt("mmap_64gib", lambda: mmap.mmap(-1, 64 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
@@ -208,8 +207,9 @@ def escapes():
     os.chmod(protected, 0o666)
     pol = policy(work, address_space_bytes=2 << 30, memory_bytes=512 << 20, cpu_seconds=30,
                  file_bytes=16 << 20, tasks=48)
+    tmp_file = f"/tmp/ksearch-sandbox-escape-{os.getpid()}-{os.urandom(4).hex()}"
     args = {"nr": ARCH.nr, "parent": os.getpid(), "work": work, "outside": outside,
-            "protected": protected}
+            "protected": protected, "tmp_file": tmp_file}
     try:
         box = launch([PY, "-S", "-B", "-c", PRELUDE + ESCAPES, json.dumps(args)], pol,
                      env={"KSEARCH_VISIBLE": "1"}, stdout=subprocess.PIPE,
@@ -218,9 +218,12 @@ def escapes():
         lines = out.decode().strip().splitlines()
         yield {"report": box.report, "rc": box.returncode, "err": err.decode(),
                "r": json.loads(lines[-1]) if lines else {}, "policy": pol,
-               "protected": Path(protected).read_text(), "outside": os.listdir(outside)}
+               "protected": Path(protected).read_text(), "outside": os.listdir(outside),
+               "tmp_file_made": os.path.exists(tmp_file)}
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if os.path.exists(tmp_file):
+            os.unlink(tmp_file)
 
 
 @linux_only
@@ -241,7 +244,7 @@ def test_escapes_left_no_trace(escapes):
     assert escapes["rc"] == 0, escapes["err"]
     assert escapes["protected"] == "original\n"
     assert escapes["outside"] == []
-    assert not any(p.startswith("ksearch-sandbox-escape-") for p in os.listdir("/tmp"))
+    assert not escapes["tmp_file_made"]
     assert escapes["r"]["read_protected"]["ok"]  # read-only, not hidden
 
 
