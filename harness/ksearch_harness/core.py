@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import adapters, dtypes, machine, parallel, sanity_cache, static_checks
+from .accused_client import (TAMPER_MARGIN_NS, TAMPER_SPREAD_FACTOR, AccusedAdapter,
+                             AccusedProcess, Handshake, RemoteCall)
 from .adapters import Adapter, BuildFailed, BuildInfo
 from .protocol import (BuildError, Incorrect, Request, ResultBuilder, StaticCheckFailed,
                        TaskError, Tolerance, Violation, Workload)
@@ -29,10 +31,13 @@ from .task_code import (ORDER, PRIME, PROBE, TIMING, TRIAL, WARMUP, Inputs, Task
                         derive_seed)
 
 MAX_SOURCE_BYTES = 1 << 20
-# How long to watch outputs after a call returns for writes that arrive late. The short wait
-# runs after every correctness call; the long one only before a wrong answer is judged, to tell
-# deferred work from plain wrong results.
+# How long to watch the accused after a call returns, for writes that arrive late and threads
+# that keep working, before it is stopped. The short wait follows every correctness call, the
+# timed one every timed call; the long one (GPU backends, where queued device work can outlive
+# the stopped process) only precedes judging a wrong answer, to tell deferred work from plain
+# wrong results.
 SETTLE_SHORT_S = 0.005
+SETTLE_TIMED_S = 0.002
 SETTLE_LONG_S = 0.1
 # Near-duplicate input sets per workload (see TaskCode.perturb).
 PROBES = 2
@@ -51,6 +56,8 @@ SOFT_DEADLINE_FRACTION = 0.6
 # A workload whose correctness or timing stage takes this long gets a line in the log saying
 # where the time went (the log's tail is all a timed-out evaluation leaves).
 SLOW_LOG_S = 2.0
+# Resolution allowed between the judge's and the accused's readings of the monotonic clock.
+CLOCK_GRAIN_NS = 1_000
 
 
 # --------------------------------------------------------------------------------------------
@@ -464,13 +471,15 @@ class Call:
 
 @dataclass
 class Bench:
-    """Device buffers and the bound call for one workload."""
+    """One workload's buffers in the accused and its bound call; on GPU backends also the
+    judge's own device copies of the inputs, which timed reference and baseline calls read."""
 
     wl: Workload
     inputs: dict[str, Any]
     outputs: dict[str, Any]
-    fn: Callable[[], None]
+    fn: RemoteCall
     poison: dict[str, dict[str, np.ndarray]]
+    judge_inputs: dict[str, Any]
 
 
 class Evaluation:
@@ -489,6 +498,12 @@ class Evaluation:
         self.busy_after_return = 0
         self.results: dict[str, dict[str, Any]] = {}
         self.phase = PhaseClock()
+        self.accused: AccusedAdapter | None = None
+        self.benches: dict[str, list[Bench]] = {}
+        # Per workload: (reported, window) of every timed candidate call, and the round trips
+        # measured between them, for the timer check.
+        self.windows: dict[str, list[tuple[int, int]]] = {}
+        self.round_trips: dict[str, list[int]] = {}
 
     # -- pipeline ------------------------------------------------------------------------
 
@@ -496,6 +511,8 @@ class Evaluation:
         try:
             self._run()
         finally:
+            if self.accused is not None:
+                self.accused.close()
             # Also when a check fails: the counts and phase times up to the verdict.
             if "diagnostics" in self.out.data:
                 self.out.data["diagnostics"] = self._diagnostics()
@@ -539,10 +556,15 @@ class Evaluation:
         out.stage = "load"
         assert req.task is not None and req.task.entry is not None
         with phase("load"):
-            try:
-                self.adapter.load(info, req.task.entry)
-            except BuildFailed as e:
-                raise BuildError(e.message) from None
+            # The judge's own device (reference, baseline, cache flushes); the candidate is
+            # loaded only in the accused process.
+            self.adapter.open_device()
+            self.accused = self._start_accused()
+            self.accused.load(info.artifact, req.task.entry, req)
+            out.data["sandbox"] = self.accused.process.layers
+        with phase("calibration"):
+            handshake = self.accused.process.calibrate()
+        out.data["environment"]["handshake"] = handshake.to_json()
 
         for wl in req.workloads:
             self.results[wl.name] = {"name": wl.name, "held_out": wl.held_out}
@@ -553,7 +575,7 @@ class Evaluation:
         # The harness's own worker threads exist before the count that tells the candidate's
         # threads apart.
         parallel.start()
-        self.threads_before = set(machine.thread_states())
+        self.threads_before = set(self.accused.process.threads())
         self.threads_max = len(self.threads_before)
         with phase("checks"):
             self.correctness()
@@ -566,12 +588,35 @@ class Evaluation:
         out.data["score"] = self.score()
 
     def _diagnostics(self) -> dict[str, Any]:
+        proc = self.accused.process if self.accused is not None else None
         return {"threads_before_first_call": len(self.threads_before),
                 "threads_max_after_call": self.threads_max,
                 "busy_threads_after_return": self.busy_after_return,
                 "candidate_calls": self.calls,
+                "lingering_calls": proc.linger_calls if proc else 0,
                 "task_sanity_cached": self.sanity_cached,
                 "phase_seconds": self.phase.snapshot()}
+
+    def _start_accused(self) -> AccusedAdapter:
+        """The accused process for this candidate, with an arena for every workload's buffers
+        (and a second set for the workloads timed with priming)."""
+        req = self.req
+        assert req.build_dir is not None and self.adapter is not None
+        priming = self.adapter.primes_before_timing
+        size = 0
+        for wl in req.workloads:
+            one = sum(_nbytes(s) + 4096 for s in (*wl.inputs, *wl.outputs))
+            size += one * (2 if priming and not wl.held_out else 1)
+        workdir = _fresh_dir(req.build_dir, "accused")
+        process = AccusedProcess(req.backend, workdir=workdir, log_fd=1,
+                                 deadline=self.started + req.timeout_s,
+                                 sandbox_mode=req.sandbox,
+                                 cpu_seconds=int(req.timeout_s * machine.cores()) + 10)
+        try:
+            return AccusedAdapter(process, req.backend, size + (1 << 20))
+        except BaseException:
+            process.kill()
+            raise
 
     def _log_slow(self, stage: str, wl: Workload, since: dict[str, float]) -> None:
         """A line in the log (whose tail a timeout result carries) for a workload whose stage
@@ -588,15 +633,22 @@ class Evaluation:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _bench(self, wl: Workload) -> Bench:
-        a = self.adapter
-        assert a is not None
+    def _bench(self, wl: Workload, copy: int = 0) -> Bench:
+        """The workload's `copy`-th set of buffers, made on first use and reused after, so a
+        cache keyed on buffer addresses meets new data behind old keys."""
+        have = self.benches.setdefault(wl.name, [])
+        if copy < len(have):
+            return have[copy]
+        a, acc = self.adapter, self.accused
+        assert a is not None and acc is not None
         with self.phase("upload"):
-            inputs = {s.name: a.alloc(s) for s in wl.inputs}
-            outputs = {s.name: a.alloc(s) for s in wl.outputs}
+            inputs, outputs, fn = acc.bench(wl.inputs, wl.outputs, dict(wl.params))
             poison = {w: {s.name: dtypes.get(s.dtype).poison(s.shape, w) for s in wl.outputs}
                       for w in ("a", "b")}
-            return Bench(wl, inputs, outputs, a.bind(inputs, outputs, dict(wl.params)), poison)
+            judge_inputs = ({s.name: a.alloc(s) for s in wl.inputs}
+                            if a.stages_reference_inputs else {})
+            have.append(Bench(wl, inputs, outputs, fn, poison, judge_inputs))
+            return have[-1]
 
     def _make_inputs(self, wl: Workload, seed: int, wi: int) -> Inputs:
         with self.phase("inputs"):
@@ -609,15 +661,17 @@ class Evaluation:
     def _upload_inputs(self, bench: Bench, inputs: Inputs) -> None:
         with self.phase("upload"):
             for name, buf in bench.inputs.items():
+                self.accused.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
+            for name, buf in bench.judge_inputs.items():
                 self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
 
     def _poison(self, bench: Bench, which: str) -> None:
         with self.phase("upload"):
             for name, buf in bench.outputs.items():
-                self.adapter.upload(buf, bench.poison[which][name])  # type: ignore[union-attr]
+                self.accused.upload(buf, bench.poison[which][name])  # type: ignore[union-attr]
 
     def _snapshot(self, bench: Bench) -> dict[str, np.ndarray]:
-        return {n: self.adapter.to_host(b) for n, b in bench.outputs.items()}  # type: ignore
+        return {n: self.accused.to_host(b) for n, b in bench.outputs.items()}  # type: ignore
 
     def _settle(self, seconds: float) -> None:
         with self.phase("settle"):
@@ -643,7 +697,7 @@ class Evaluation:
                              tolerance_for(self.req, s.dtype)) for s in wl.outputs)
 
     def _watch_threads(self) -> list[int]:
-        states = machine.thread_states()
+        states = self.accused.process.threads()  # type: ignore[union-attr]
         self.threads_max = max(self.threads_max, len(states))
         busy = [tid for tid, (st, _) in states.items()
                 if tid not in self.threads_before and st == "R"]
@@ -658,7 +712,7 @@ class Evaluation:
 
     def _check_inputs(self, bench: Bench, inputs: Inputs, where: str) -> None:
         for name, buf in bench.inputs.items():
-            now = self.adapter.to_host(buf)  # type: ignore[union-attr]
+            now = self.accused.to_host(buf)  # type: ignore[union-attr]
             before = inputs.stored[name]
             if not same_bytes(now, before):
                 changed = int(np.count_nonzero(now.reshape(-1).view(np.uint8)
@@ -674,33 +728,36 @@ class Evaluation:
                       which: str, heap_byte: int, where: str) -> Call:
         """One correctness call: poisoned outputs, the call, then the deferred-work and
         input checks. Returns the outputs and their comparison with `truth`."""
-        a = self.adapter
-        assert a is not None
+        acc = self.accused
+        assert acc is not None
         self._poison(bench, which)
         with self.phase("candidate"):
-            machine.set_heap_perturb(heap_byte)
-            try:
-                bench.fn()
-                a.synchronize()
-                first = self._snapshot(bench)
-            finally:
-                machine.set_heap_perturb(0)
+            bench.fn(heap_byte)
+            first = self._snapshot(bench)
         self.calls += 1
-        self._settle(SETTLE_SHORT_S)
-        a.synchronize()
-        busy = self._watch_threads()
+        busy = self._after_call(where, SETTLE_SHORT_S)
         settled = self._snapshot(bench)
         if self._changed(first, settled):
             raise self._deferred(where, busy)
         self._check_inputs(bench, inputs, where)
         decoded = self._decode(bench, settled)
         cmp = self._compare(bench.wl, decoded, truth)
-        if not cmp.ok:
+        if not cmp.ok and acc.on_device:
             self._settle(SETTLE_LONG_S)
-            a.synchronize()
             if self._changed(settled, self._snapshot(bench)):
                 raise self._deferred(where, self._watch_threads())
         return Call(settled, decoded, cmp)
+
+    def _after_call(self, where: str, seconds: float) -> list[int]:
+        """The settle window after a candidate call: the accused keeps running for `seconds`
+        while the judge watches its threads, then it is stopped. Returns the candidate's
+        threads that were still running (evidence for a deferred-work verdict)."""
+        proc = self.accused.process  # type: ignore[union-attr]
+        with self.phase("settle"):
+            busy = self._watch_threads()
+            linger = proc.settle(seconds)
+        proc.linger_verdict(linger, where)
+        return busy
 
     def _check_written(self, wl: Workload, outs_a: dict[str, np.ndarray],
                        outs_b: dict[str, np.ndarray] | None, truth: dict[str, np.ndarray],
@@ -843,8 +900,8 @@ class Evaluation:
     def timing(self) -> int:
         """Times every shown workload; returns the total of the candidate samples (ns)."""
         req, task = self.req, self.task
-        a = self.adapter
-        assert a is not None
+        a, acc = self.adapter, self.accused
+        assert a is not None and acc is not None
         tm = req.timing
         target_ns = tm.target_seconds * 1e9
         total_all = 0
@@ -853,12 +910,14 @@ class Evaluation:
                 continue
             since = self.phase.snapshot()
             bench = self._bench(wl)
+            windows = self.windows.setdefault(wl.name, [])
+            round_trips = self.round_trips.setdefault(wl.name, [])
             # Backends whose allocator state a host read disturbs (MLX) prime each contender
             # before its timed call: see Adapter.prime. The candidate's priming call reads
             # the previous repetition's inputs from a second bench, so it never sees the
             # inputs of the call that follows.
             priming = a.primes_before_timing
-            spare = self._bench(wl) if priming else None
+            spare = self._bench(wl, 1) if priming else None
             prev_inputs: Inputs | None = None
             order_seed = derive_seed(req.secret_seed, ORDER, wi)
             self.seeds["order_seeds"][wl.name] = order_seed
@@ -911,12 +970,18 @@ class Evaluation:
                     if priming:
                         prime_ns[c] = self._prime(c, spare, prev_inputs, wl)  # type: ignore
                     if c == "candidate":
+                        with self.phase("calibration"):
+                            round_trips.append(acc.process.round_trip())
                         self._flush()
                         with self.phase("timed_calls"):
-                            times[c], _ = a.time_call(bench.fn)
+                            timed = acc.time_call(bench.fn)
+                        times[c] = timed.counted_ns
                         snap = self._snapshot(bench)
                         self.calls += 1
-                        busy = self._watch_threads()
+                        busy = self._after_call(f"timed call {index} of `{wl.name}`",
+                                                SETTLE_TIMED_S)
+                        if not warming:
+                            windows.append((timed.reported_ns, timed.window_ns))
                     elif c == "reference":
                         with self.phase("inputs"):
                             ref_in = inputs.for_reference()
@@ -951,6 +1016,7 @@ class Evaluation:
                 rep += 1
             total_all += total
             self._record_timing(wl, samples, primes)
+            self.check_reports(wl)
             self._log_slow("timing", wl, since)
         return total_all
 
@@ -959,13 +1025,13 @@ class Evaluation:
         `spare`), so that its timed call finds the device memory as a program calling it in a
         loop would. Returns its duration (ns), kept with the samples."""
         a, task = self.adapter, self.task
-        assert a is not None
+        assert a is not None and self.accused is not None
         with self.phase("prime"):
             if contender == "candidate":
                 # Its outputs of two repetitions ago were read on the host: freed now, before
                 # the priming empties the cache, rather than by the call that replaces them.
                 self._poison(spare, "b")
-                ns = a.prime(spare.fn)
+                ns = self.accused.prime(spare.fn)
                 # Drops the outputs the call left in `spare`: their memory goes back to the
                 # allocator for the timed call, as a loop's previous result would.
                 self._poison(spare, "b")
@@ -990,9 +1056,6 @@ class Evaluation:
                  where: str, busy: list[int]) -> None:
         """The outputs of a timed call must be those of its own input set: the same checks as
         in correctness, so a kernel cannot behave well only while it is being checked."""
-        a = self.adapter
-        assert a is not None
-        a.synchronize()
         if self._changed(snap, self._snapshot(bench)):
             raise self._deferred(where, busy)
         self._check_inputs(bench, inputs, where)
@@ -1000,10 +1063,10 @@ class Evaluation:
         outs = self._decode(bench, snap)
         if self._compare(wl, outs, truth).ok:
             return
-        self._settle(SETTLE_LONG_S)
-        a.synchronize()
-        if self._changed(snap, self._snapshot(bench)):
-            raise self._deferred(where, self._watch_threads())
+        if self.accused is not None and self.accused.on_device:
+            self._settle(SETTLE_LONG_S)
+            if self._changed(snap, self._snapshot(bench)):
+                raise self._deferred(where, self._watch_threads())
         if prev_truth is not None and self._matches(wl, outs, prev_truth):
             raise Violation("stale_output", f"{where}: the outputs are the answer to the "
                             f"previous input set (result reuse or caching)")
@@ -1047,6 +1110,43 @@ class Evaluation:
                             f"{candidate_total_ns / 1e6:.3f} ms but only {wall / 1e6:.3f} ms of "
                             f"wall time passed since the candidate was loaded")
 
+    def check_reports(self, wl: Workload) -> None:
+        """The accused's own timings against the judge's windows: an honest report falls
+        short of the window by what a round trip costs (calibrated with empty timed calls),
+        so a median shortfall well beyond that means the accused's clock or its report was
+        tampered with. Each counted sample is already bounded (AccusedProcess.timed); this
+        names the candidate."""
+        pairs = self.windows.get(wl.name) or []
+        r = self.results[wl.name]
+        r["candidate_reported_ns"] = [p[0] for p in pairs]
+        r["candidate_window_ns"] = [p[1] for p in pairs]
+        r["round_trip_ns"] = self.round_trips.get(wl.name) or []
+        hs = Handshake(list(r["round_trip_ns"]))
+        # The spread from every round trip of recent calls: one slow round trip among a few
+        # must not widen what is allowed.
+        spread = self.accused.process.handshake.recent().spread  # type: ignore[union-attr]
+        if not pairs:
+            return
+        # The accused's interval lies inside the judge's on the same monotonic clock, so a
+        # report that is not positive or longer than its window cannot be a measurement.
+        impossible = [(rep, w) for rep, w in pairs if rep <= 0 or rep > w + CLOCK_GRAIN_NS]
+        if impossible:
+            rep, w = impossible[0]
+            raise Violation("timer_tampering", f"`{wl.name}`: the candidate's process reported "
+                            f"{rep} ns for a call the judge saw take {w} ns ({len(impossible)} "
+                            f"such report(s)): the clock does not measure real time")
+        if not hs.samples_ns:
+            return
+        shortfall = float(np.median([w - rep for rep, w in pairs])) - hs.median
+        allowed = max(TAMPER_MARGIN_NS, TAMPER_SPREAD_FACTOR * spread)
+        r["timer_shortfall_ns"] = shortfall
+        if shortfall > allowed:
+            raise Violation("timer_tampering", f"`{wl.name}`: the candidate's process reported "
+                            f"durations {shortfall / 1e3:.1f} us (median) shorter than the "
+                            f"judge's clock allows (a round trip costs {hs.median / 1e3:.1f} "
+                            f"us, p95 {hs.p95 / 1e3:.1f} us): its clock or its reports were "
+                            f"tampered with")
+
     def check_floors(self) -> None:
         """A median below the floor is impossible, unless the machine was busy when bandwidth
         and peak were measured: the floor is re-measured (keeping the best numbers seen) before
@@ -1086,6 +1186,16 @@ class Evaluation:
         values = [self.results[wl.name].get(key) for wl in self.req.workloads
                   if not wl.held_out]
         return geomean(values) if values else None
+
+
+def _nbytes(spec: Any) -> int:
+    count = int(np.prod(spec.shape, dtype=np.int64))
+    return count * dtypes.get(spec.dtype).storage.itemsize
+
+
+def _fresh_dir(parent: str, prefix: str) -> str:
+    import tempfile
+    return tempfile.mkdtemp(prefix=f"{prefix}-", dir=parent)
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

@@ -26,7 +26,8 @@ STATUSES = (
 VIOLATION_CLASSES = (
     "output_not_written", "input_mutated", "stale_output", "deferred_work", "phase_dependent",
     "precision", "shape_specialisation", "reference_call", "forbidden_call", "timer_tampering",
-    "nondeterministic", "impossible_time", "result_channel", "lazy_output",
+    "nondeterministic", "impossible_time", "result_channel", "lazy_output", "lingering_work",
+    "forbidden_kernel",
 )
 DTYPE_NAMES = ("f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u32", "bool")
 DIST_KINDS = ("normal", "uniform", "rand_int", "randint", "custom")
@@ -36,6 +37,7 @@ LANGUAGES = {"c": "c", "c++": "c++", "cpp": "c++", "cxx": "c++", "cuda": "cuda",
 DEFAULT_TIMING = {"warmup": 2, "min_reps": 5, "max_reps": 50, "target_seconds": 1.0,
                   "flush_bytes": 64 << 20}
 DEFAULT_TRIALS = 3
+SANDBOX_MODES = ("best-effort", "require")
 DEFAULT_TIMEOUT_S = 120.0
 LOG_TAIL_CHARS = 4000
 
@@ -168,6 +170,9 @@ class Request:
     timing: Timing
     timeout_s: float
     raw: dict = field(repr=False, default_factory=dict)
+    # How the accused process is confined: `best-effort` runs with whatever layers this
+    # machine allows (the result says which), `require` refuses to run without all of them.
+    sandbox: str = "best-effort"
 
 
 class _Fields:
@@ -345,11 +350,14 @@ def parse_request(obj: dict, op: str) -> Request:
         raise TaskError(f"timing.max_reps ({timing.max_reps}) < timing.min_reps "
                         f"({timing.min_reps})")
     timeout_s = f.get("timeout_s", float, DEFAULT_TIMEOUT_S, check=_positive)
+    sandbox = f.get("sandbox", str, "best-effort",
+                    check=lambda v: None if v in SANDBOX_MODES
+                    else f"must be one of {', '.join(SANDBOX_MODES)}")
 
     return Request(op=op, nonce=nonce, secret_seed=secret_seed, backend=backend, task=task,
                    candidate=candidate, build_dir=build_dir, workloads=workloads,
                    tolerance=tolerance, trials=trials, timing=timing, timeout_s=timeout_s,
-                   raw=obj)
+                   raw=obj, sandbox=sandbox)
 
 
 def _parse_task(t: _Fields, require_entry: bool, require_reference: bool) -> Task:

@@ -1,43 +1,46 @@
-"""The timing verdicts that no honest or cheating C kernel can trigger on demand: a time below
-the roofline floor, and a clock that runs faster than the wall. Driven in-process with an
-adapter whose timer lies about the candidate's calls."""
+"""The timing verdicts that no honest or cheating C kernel triggers on demand: a time below the
+roofline floor, and an accused process whose reported durations disagree with the judge's
+clock. Driven in-process (the judge here, the candidate in a real accused process) with a floor
+set by the test, or with the accused's replies rewritten as a tampered clock would write them."""
 
 from __future__ import annotations
 
 import pytest
 
 import driver
+from ksearch_harness import accused_client
 from ksearch_harness.adapters.cpu import CpuAdapter
 from ksearch_harness.protocol import parse_request
 from ksearch_harness.worker import execute
 
 # 10 GB/s and 10 GFLOP/s: the r13c200 floor is 20800 B / 40 GB/s = 520 ns.
 ROOFLINE = (10e9, 10e9)
+# 1 kB/s: every floor is seconds long, so any real time is below it.
+SLOW_ROOFLINE = (1e3, 1e3)
 
 
-class LyingTimer(CpuAdapter):
-    """Reports `fake_ns` for every call of the candidate; reference and baseline are honest."""
-
-    def __init__(self, request, fake_ns: int):
-        super().__init__(request)
-        self.fake_ns = fake_ns
-        self.candidate_calls: set[int] = set()
-
-    def bind(self, inputs, outputs, params):
-        fn = super().bind(inputs, outputs, params)
-        self.candidate_calls.add(id(fn))
-        return fn
-
-    def time_call(self, fn):
-        ns, value = super().time_call(fn)
-        return (self.fake_ns if id(fn) in self.candidate_calls else ns), value
-
-
-def _evaluate(tmp_path, adapter_factory=None):
-    req = parse_request(driver.softmax_request(driver.HONEST / "naive.c", tmp_path),
-                        "evaluate")
+def _evaluate(tmp_path, adapter_factory=None, roofline=ROOFLINE, **overrides):
+    req = parse_request(driver.softmax_request(driver.HONEST / "naive.c", tmp_path,
+                                               **overrides), "evaluate")
     adapter = adapter_factory(req) if adapter_factory else None
-    return execute(req, adapter=adapter, roofline_override=ROOFLINE)
+    return execute(req, adapter=adapter, roofline_override=roofline)
+
+
+@pytest.fixture
+def lying_clock(monkeypatch):
+    """Makes every timed candidate call's reply claim `fake[0]` ns, as an accused whose clock
+    or reply was tampered with would; empty calls (round trips) stay honest."""
+    fake = [None]
+    original = accused_client.AccusedProcess._reply
+
+    def reply(self, seq, deadline):
+        r = original(self, seq, deadline)
+        if fake[0] is not None and self.last_op == "call" and "ns" in r:
+            r["ns"] = fake[0]
+        return r
+
+    monkeypatch.setattr(accused_client.AccusedProcess, "_reply", reply)
+    return fake
 
 
 def test_honest_timing_is_above_the_floor(tmp_path):
@@ -50,31 +53,55 @@ def test_honest_timing_is_above_the_floor(tmp_path):
         assert w["roofline_fraction"] == pytest.approx(
             max(nbytes / bw, flops / peak) * 1e9 / w["candidate_median_ns"])
         assert w["candidate_median_ns"] > w["floor_ns"]
+        # Every timed call was seen by both clocks, and the accused's lies inside the judge's.
+        assert len(w["candidate_reported_ns"]) == len(w["candidate_ns"])
+        assert all(0 < r <= win for r, win in zip(w["candidate_reported_ns"],
+                                                  w["candidate_window_ns"]))
+        assert w["round_trip_ns"] and w["timer_shortfall_ns"] is not None
     assert res["environment"]["mem_bandwidth_gbs"] == pytest.approx(10.0)
 
 
-def test_impossibly_fast_candidate_is_rejected(tmp_path):
-    res = _evaluate(tmp_path, lambda req: LyingTimer(req, fake_ns=3))
+def test_time_below_the_floor_is_rejected(tmp_path):
+    res = _evaluate(tmp_path, roofline=SLOW_ROOFLINE)
     assert res["status"] == "integrity_violation"
     assert res["violation"]["class"] == "impossible_time", res["message"]
     assert "roofline floor" in res["message"]
     # the measurements are kept for inspection
-    assert res["workloads"][0]["candidate_median_ns"] == 3
+    assert res["workloads"][0]["candidate_median_ns"] > 0
 
 
-def test_timer_faster_than_the_wall_is_tampering(tmp_path):
-    res = _evaluate(tmp_path, lambda req: LyingTimer(req, fake_ns=10**10))
+# Calls of about ten milliseconds: a forged time below the round trip's noise (the shown
+# workloads take microseconds) is beyond what the judge's clock can tell; the floor is there.
+LONG_CALLS = {"workloads": [driver.workload(1024, 4096), driver.workload(7, 333, held_out=True)]}
+
+
+def test_a_forged_short_time_is_bounded_and_named(tmp_path, lying_clock):
+    lying_clock[0] = 3
+    res = _evaluate(tmp_path, roofline=(1e15, 1e15), **LONG_CALLS)
     assert res["status"] == "integrity_violation"
     assert res["violation"]["class"] == "timer_tampering", res["message"]
+    w = res["workloads"][0]
+    # What counts is bounded by the judge's clock, not the 3 ns the accused claimed.
+    assert all(r == 3 for r in w["candidate_reported_ns"])
+    assert min(w["candidate_ns"]) > 3
 
 
-def test_non_positive_samples_are_tampering(tmp_path):
-    res = _evaluate(tmp_path, lambda req: LyingTimer(req, fake_ns=0))
+def test_a_report_longer_than_the_window_is_tampering(tmp_path, lying_clock):
+    lying_clock[0] = 10**10
+    res = _evaluate(tmp_path)
+    assert res["status"] == "integrity_violation"
+    assert res["violation"]["class"] == "timer_tampering", res["message"]
+    assert max(res["workloads"][0]["candidate_ns"]) < 10**10
+
+
+def test_non_positive_reports_are_tampering(tmp_path, lying_clock):
+    lying_clock[0] = 0
+    res = _evaluate(tmp_path)
     assert res["violation"]["class"] == "timer_tampering", res["message"]
 
 
 class RecordingAdapter(CpuAdapter):
-    """Records what the core asks of the device around each timed call."""
+    """Records what the core asks of the judge's device around each timed call."""
 
     def __init__(self, request):
         super().__init__(request)
@@ -92,8 +119,15 @@ class RecordingAdapter(CpuAdapter):
         return super().time_call(fn)
 
 
-def test_every_timed_call_follows_a_clock_warm_up_and_then_a_flush(tmp_path):
+def test_every_timed_call_follows_a_clock_warm_up_and_then_a_flush(tmp_path, monkeypatch):
     made = []
+    original = accused_client.AccusedAdapter.time_call
+
+    def candidate_time_call(self, fn):
+        made[0].log.append("time")
+        return original(self, fn)
+
+    monkeypatch.setattr(accused_client.AccusedAdapter, "time_call", candidate_time_call)
 
     def factory(req):
         made.append(RecordingAdapter(req))
@@ -103,7 +137,8 @@ def test_every_timed_call_follows_a_clock_warm_up_and_then_a_flush(tmp_path):
     assert res["status"] == "passed", res["message"]
     log = made[0].log
     timed = [i for i, op in enumerate(log) if op == "time"]
-    assert timed, log
+    # candidate, reference and baseline: three timed calls per repetition
+    assert len(timed) >= 3 * len(driver.SHOWN), log
     # The flush comes last, so the warm-up's own traffic does not warm the caches.
     assert all(i >= 2 and log[i - 2:i] == ["warm", "flush"] for i in timed), log
     assert "clock_warmup" in res["diagnostics"]["phase_seconds"]

@@ -11,9 +11,10 @@ behaviour of real MLX is checked by harness/tests/gpu_smoke.py on the device.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import textwrap
-import types
 from pathlib import Path
 
 import numpy as np
@@ -25,139 +26,36 @@ from ksearch_harness.adapters import device
 from ksearch_harness.protocol import parse_request
 
 
-class Dtype:
-    def __init__(self, name: str, np_dtype):
-        self.name = name
-        self.np = np.dtype(np_dtype)
-        self.size = self.np.itemsize
-
-    def __repr__(self) -> str:
-        return f"mlx.core.{self.name}"
-
-
-class FakeMx(types.ModuleType):
-    def __init__(self):
-        super().__init__("mlx.core")
-        self.float16 = Dtype("float16", np.float16)
-        self.bfloat16 = Dtype("bfloat16", np.uint16)  # holds raw bits
-        self.float32 = Dtype("float32", np.float32)
-        self.int32 = Dtype("int32", np.int32)
-        self.int64 = Dtype("int64", np.int64)
-        self.int8 = Dtype("int8", np.int8)
-        self.int16 = Dtype("int16", np.int16)
-        self.uint8 = Dtype("uint8", np.uint8)
-        self.uint16 = Dtype("uint16", np.uint16)
-        self.uint32 = Dtype("uint32", np.uint32)
-        self.uint64 = Dtype("uint64", np.uint64)
-        self.bool_ = Dtype("bool_", np.bool_)
-        self.evals = 0
-        self.kernel_names: list[str] = []
-        # ("clear",) for clear_cache, ("kernel", input bytes) for each kernel launch.
-        self.events: list[tuple] = []
-        mx = self
-
-        class array:  # noqa: N801 - the real class is mlx.core.array
-            def __init__(self, data, dtype=None):
-                if isinstance(data, array):
-                    data, dtype = data._a, dtype or data.dtype
-                a = np.asarray(data)
-                self.dtype = dtype or mx._from_np(a.dtype)
-                self._a = np.ascontiguousarray(a.astype(self.dtype.np, copy=False))
-
-            @property
-            def shape(self):
-                return tuple(self._a.shape)
-
-            def _values(self):
-                if self.dtype is mx.bfloat16:
-                    return dtypes.get("bf16").decode(self._a).astype(np.float32)
-                return self._a.astype(np.float32)
-
-            def astype(self, dtype):
-                return mx._from_values(self._values(), dtype)
-
-            def reshape(self, shape):
-                return array(self._a.reshape(shape), self.dtype)
-
-            def __mul__(self, k):
-                return mx._from_values(self._values() * k, self.dtype)
-
-            def __add__(self, k):
-                return array(self._a + (k._a if isinstance(k, array) else k), self.dtype)
-
-            def __array__(self, dtype=None, copy=None):
-                if self.dtype is mx.bfloat16:
-                    raise TypeError("numpy has no bfloat16")
-                self._host_read = True
-                return self._a if dtype is None else self._a.astype(dtype)
-
-            def __del__(self):
-                # Real MLX recycles this buffer with its pages on the host.
-                if getattr(self, "_host_read", False):
-                    mx.events.append(("free_host_read",))
-
-        array.__module__ = "mlx.core"
-        self.array = array
-        self._cls = array  # what the fake's own device-side ops construct
-        self.cuda = types.SimpleNamespace(is_available=lambda: True)
-        self.metal = types.SimpleNamespace(is_available=lambda: False)
-
-        def cuda_kernel(name, input_names, output_names, source, header="", **kw):
-            mx.kernel_names.append(name)
-
-            def run(*, inputs, output_shapes, output_dtypes, **launch):
-                mx.events.append(("kernel", inputs[0]._a.tobytes()))
-                return [mx._from_values(inputs[0]._values() * 2, output_dtypes[0])]
-            return run
-
-        def metal_kernel(*a, **k):
-            raise RuntimeError("[metal_kernel] Only supports the Metal backend")
-
-        self.fast = types.ModuleType("mlx.core.fast")
-        self.fast.cuda_kernel = cuda_kernel
-        self.fast.metal_kernel = metal_kernel
-
-    def _from_np(self, dt):
-        for d in (self.float16, self.float32, self.int32, self.int64, self.int8, self.int16,
-                  self.uint8, self.uint16, self.uint32, self.uint64, self.bool_):
-            if d.np == dt:
-                return d
-        return self.float32
-
-    def _from_values(self, values, dtype):
-        if dtype is self.bfloat16:
-            return self._cls(dtypes.get("bf16").encode(values), self.bfloat16)
-        return self._cls(np.asarray(values).astype(dtype.np), dtype)
-
-    def eval(self, *arrays):
-        self.evals += 1
-
-    def synchronize(self, stream=None):
-        pass
-
-    def clear_cache(self):
-        self.events.append(("clear",))
-
-    def zeros(self, shape, dtype=None):
-        return self._cls(np.zeros(shape, (dtype or self.float32).np), dtype or self.float32)
-
-    def concatenate(self, arrays):
-        return self._cls(np.concatenate([a._a for a in arrays]), arrays[0].dtype)
-
-    def view(self, a, dtype):
-        return self._cls(a._a.view(dtype.np), dtype)
+FAKE_MLX = Path(__file__).resolve().parent / "fake_mlx"
 
 
 @pytest.fixture
-def fake_mx(monkeypatch):
-    mx = FakeMx()
-    pkg = types.ModuleType("mlx")
-    pkg.core = mx
-    monkeypatch.setitem(sys.modules, "mlx", pkg)
-    monkeypatch.setitem(sys.modules, "mlx.core", mx)
-    monkeypatch.setitem(sys.modules, "mlx.core.fast", mx.fast)
+def fake_mx(monkeypatch, tmp_path):
+    """The fake MLX for the judge (this process) and for the accused (a child that finds it
+    on PYTHONPATH). Its events, from both, are read back with `events()`."""
+    for name in [m for m in sys.modules if m == "mlx" or m.startswith("mlx.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(FAKE_MLX))
+    path = os.pathsep.join([str(FAKE_MLX)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setenv("KSEARCH_FAKE_MLX_EVENTS", str(tmp_path / "mlx-events.jsonl"))
+    monkeypatch.setenv("KSEARCH_HARNESS_ACCUSED_ENV", "KSEARCH_FAKE_MLX_EVENTS")
+    import mlx.core as mx
     yield mx
     device.deactivate()
+    for name in [m for m in sys.modules if m == "mlx" or m.startswith("mlx.")]:
+        del sys.modules[name]
+
+
+def events(tmp_path: Path, of_accused: bool = True) -> list[tuple]:
+    """The fake's events, from the accused process (or from this one)."""
+    out = []
+    log = tmp_path / "mlx-events.jsonl"
+    for line in (log.read_text().splitlines() if log.exists() else []):
+        pid, *event = json.loads(line)
+        if (pid != os.getpid()) == of_accused:
+            out.append(tuple(event))
+    return out
 
 
 REFERENCE = '''
@@ -299,9 +197,10 @@ def test_honest_candidate_passes_every_check(tmp_path, fake_mx, monkeypatch):
     assert r["status"] == "passed", (r["status"], r["message"])
     assert r["build"]["kernel_dialects"] == ["cuda"]
     assert r["environment"]["kernel_dialects"] == ["cuda"]
-    # The kernel was built under a name carrying the hash of its source.
-    assert fake_mx.kernel_names and fake_mx.kernel_names[0].startswith("scale_")
-    assert len(fake_mx.kernel_names[0]) == len("scale_") + 12
+    # The kernel was built (in the accused) under a name carrying the hash of its source.
+    names = [e[1] for e in events(tmp_path) if e[0] == "kernel_name"]
+    assert names and names[0].startswith("scale_")
+    assert len(names[0]) == len("scale_") + 12
     timed = [w for w in r["workloads"] if not w["held_out"]]
     assert all(len(w["candidate_ns"]) >= 3 and w["baseline_median_ns"] for w in timed)
     assert r["workloads"][2]["correct"] and "candidate_ns" not in r["workloads"][2]
@@ -340,7 +239,7 @@ def test_each_timed_call_follows_a_priming_call_on_the_previous_inputs(tmp_path,
     for w in timed:
         assert set(w["prime_ns"]) == {"candidate", "reference", "baseline"}
         assert all(len(v) == len(w["candidate_ns"]) for v in w["prime_ns"].values())
-    ev = fake_mx.events
+    ev = [e for e in events(tmp_path) if e[0] != "kernel_name"]
     first_clear = next(i for i, e in enumerate(ev) if e[0] == "clear")
     primed = []  # (priming call's input, timed call's input)
     for i in range(first_clear, len(ev) - 2):
@@ -349,6 +248,7 @@ def test_each_timed_call_follows_a_priming_call_on_the_previous_inputs(tmp_path,
             # cache reset, and no buffer read on the host going back to the cache.
             assert ev[i + 2][0] == "kernel", ev[i:i + 3]
             primed.append((ev[i + 1][1], ev[i + 2][1]))
+    assert not any(e[0] == "kernel" for e in events(tmp_path, of_accused=False))
     warmup, reps = 1, [len(w["candidate_ns"]) for w in timed]
     assert len(primed) == sum(n + warmup for n in reps)
     # A priming call never sees the inputs of the call it precedes; within a workload it

@@ -107,6 +107,13 @@ class Adapter(abc.ABC):
 
     # Whether the core calls `prime` before every timed call (see there).
     primes_before_timing = False
+    # Whether timed reference and baseline calls read device copies of the inputs that the
+    # judge uploads with every input set (GPU backends; see adapters/device.py).
+    stages_reference_inputs = False
+
+    def open_device(self) -> None:
+        """Readies the judge's own use of the device (streams, events) for timing reference and
+        baseline calls; the candidate is never loaded in this process."""
 
     def prime(self, fn: Callable[[], Any]) -> int:
         """Brings the device memory into the state a program calling `fn` in a loop would

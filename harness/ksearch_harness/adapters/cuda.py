@@ -482,7 +482,9 @@ class CudaAdapter(DeviceAdapter):
         with self._cuda_errors(when):
             self._torch_mod().cuda.synchronize()
 
-    def load(self, build: BuildInfo, entry: Entry) -> None:
+    def open_device(self) -> None:
+        if self._stream is not None:
+            return
         torch = self._torch_mod()
         # A stream of the harness's own, made current for torch too: the reference and
         # baseline run on it, and a candidate that ignores its `stream` argument (launching
@@ -492,6 +494,9 @@ class CudaAdapter(DeviceAdapter):
         torch.cuda.set_stream(self._stream)
         self._events = (torch.cuda.Event(enable_timing=True),
                         torch.cuda.Event(enable_timing=True))
+
+    def load(self, build: BuildInfo, entry: Entry) -> None:
+        self.open_device()
         try:
             self._lib = ctypes.CDLL(build.artifact, mode=os.RTLD_LOCAL | os.RTLD_NOW)
         except OSError as e:

@@ -294,6 +294,8 @@ class DeviceAdapter(Adapter):
     """Shared by the GPU adapters: the registry of input uploads that lets timed reference and
     baseline calls read the harness's device copies, and the hooks for it."""
 
+    stages_reference_inputs = True
+
     def __init__(self, request: Request):
         super().__init__(request)
         self.timing = False

@@ -1,0 +1,342 @@
+"""The accused process: the only place candidate code runs.
+
+The judge (core.py, through accused_client.py) starts this module inside the sandbox
+(sandbox.py) and drives it over one socket (channel.py). It holds the candidate's artifact, its
+device buffers and the calls, and answers each command with one reply. It knows nothing the
+judge keeps for itself: not the request, its nonce or secret seed, not the reference's outputs,
+not the result channel. Its inputs arrive in shared memory (arena.py) that the judge writes while
+this process is stopped (SIGSTOP); it is continued only to run a command.
+
+Nothing here is trusted once the candidate is loaded: the candidate's native code can rewrite
+this module's functions, forge replies or read the socket. The judge therefore treats every
+reply as a claim to check (outputs it reads itself, timings it bounds with its own clock); this
+module's job is to be correct for honest candidates and to make the cheap cheats loud.
+
+Commands (`op`), each answered with {"seq": <the command's seq>, "ok": true, ...} or
+{"seq", "ok": false, "error": build|runtime|violation|incorrect|task, "message", "class"?}:
+
+- `arena` (with a descriptor): map a shared-memory arena.
+- `load` {artifact, entry, workloads, backend, timing}: load the candidate; resolve every entry.
+- `alloc` {slot, params, tensors: [{name, role, dtype, shape, offset, nbytes}]}: buffers for
+  one workload (on the cpu they are the arena's pages; on GPUs device buffers).
+- `h2d` / `d2h` {slot, names}: copies between the arena and device buffers (GPU backends).
+- `call` {slot, heap_byte, timed}: one call; `timed` answers its duration as measured here
+  (perf_counter, or CUDA events on the cuda backend), which the judge bounds.
+- `prime` {slot}: an untimed call that brings device memory into its steady state (mlx).
+- `noop`: nothing; the judge times these to learn what a round trip costs.
+- `exit`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import mmap
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any, Callable
+
+from . import channel
+
+
+class CommandFailed(Exception):
+    def __init__(self, error: str, message: str, violation: str | None = None):
+        super().__init__(message)
+        self.error, self.message, self.violation = error, message, violation
+
+
+class Accused:
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.arenas: list[mmap.mmap] = []
+        self.adapter: Any = None
+        self.request: Any = None
+        self.slots: dict[int, Slot] = {}
+
+    # -- commands ------------------------------------------------------------------------
+
+    def handle(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        op = msg.get("op")
+        if op == "arena":
+            return self.map_arena(fds, int(msg["size"]))
+        if op == "load":
+            return self.load(msg)
+        if op == "alloc":
+            return self.alloc(msg)
+        if op in ("h2d", "d2h"):
+            return self.copy(op, self.slot(msg), msg.get("names") or [])
+        if op == "call":
+            return self.call(self.slot(msg), int(msg.get("heap_byte", 0)),
+                             bool(msg.get("timed")))
+        if op == "prime":
+            return self.prime(self.slot(msg))
+        if op == "noop":
+            # The judge times these to learn what a round trip costs; a timed one goes through
+            # the same timing code as a timed call, around nothing.
+            if msg.get("timed") and self.adapter is not None:
+                ns, _ = self.adapter.time_call(lambda: None)
+                return {"ns": int(ns)}
+            return {"ns": 0}
+        raise CommandFailed("task", f"unknown command `{op}`")
+
+    def map_arena(self, fds: list[int], size: int) -> dict[str, Any]:
+        if len(fds) != 1:
+            raise CommandFailed("task", f"an arena needs one descriptor, got {len(fds)}")
+        m = mmap.mmap(fds[0], size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        os.close(fds[0])
+        self.arenas.append(m)
+        return {"arena": len(self.arenas) - 1}
+
+    def load(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from . import adapters
+        from .adapters import BuildFailed, BuildInfo
+        from .protocol import Entry, HarnessError
+        self.request = _request_view(msg)
+        self.adapter = adapters.create(self.request)
+        info = BuildInfo(compiler="", command=[], seconds=0.0, log="",
+                         artifact=str(msg["artifact"]))
+        entry = Entry(str(msg["entry"]["symbol"]), tuple(msg["entry"]["args"]))
+        try:
+            self.adapter.load(info, entry)
+        except BuildFailed as e:
+            raise CommandFailed("build", e.message) from None
+        except HarnessError as e:
+            raise _failure(e) from None
+        return {"pid": os.getpid()}
+
+    def alloc(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from .protocol import TensorSpec
+        from . import dtypes
+        import numpy as np
+        if self.adapter is None:
+            raise CommandFailed("task", "alloc before load")
+        arena = self.arenas[int(msg.get("arena", 0))]
+        slot = Slot(params=dict(msg["params"]))
+        for t in msg["tensors"]:
+            spec = TensorSpec(str(t["name"]), str(t["dtype"]), tuple(int(d) for d in t["shape"]))
+            storage = dtypes.get(spec.dtype).storage
+            count = int(np.prod(spec.shape, dtype=np.int64))
+            view = np.frombuffer(arena, dtype=storage, count=count,
+                                 offset=int(t["offset"])).reshape(spec.shape)
+            buf = view if self.backend == "cpu" else self.adapter.alloc(spec)
+            (slot.inputs if t["role"] == "input" else slot.outputs)[spec.name] = buf
+            slot.views[spec.name] = view
+        try:
+            slot.fn = self.adapter.bind(slot.inputs, slot.outputs, slot.params)
+        except Exception as e:  # noqa: BLE001 - binding runs candidate-facing code
+            raise _failure(e) from None
+        self.slots[int(msg["slot"])] = slot
+        return {}
+
+    def slot(self, msg: dict[str, Any]) -> "Slot":
+        s = self.slots.get(int(msg.get("slot", -1)))
+        if s is None:
+            raise CommandFailed("task", f"no slot {msg.get('slot')}")
+        return s
+
+    def copy(self, op: str, slot: "Slot", names: list[str]) -> dict[str, Any]:
+        if self.backend == "cpu":
+            return {}  # the buffers are the arena
+        import numpy as np
+        try:
+            for n in names:
+                buf = slot.inputs.get(n) or slot.outputs.get(n)
+                if buf is None:
+                    raise CommandFailed("task", f"no tensor `{n}` in the slot")
+                if op == "h2d":
+                    self.adapter.upload(buf, slot.views[n])
+                else:
+                    np.copyto(slot.views[n], self.adapter.to_host(buf), casting="no")
+            self.adapter.synchronize()
+        except CommandFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 - a sticky device error is the candidate's
+            raise _failure(e) from None
+        return {}
+
+    def call(self, slot: "Slot", heap_byte: int, timed: bool) -> dict[str, Any]:
+        assert slot.fn is not None
+        a = self.adapter
+        try:
+            if timed:
+                ns, _ = a.time_call(slot.fn)
+                return {"ns": int(ns)}
+            _set_heap_perturb(heap_byte)
+            try:
+                slot.fn()
+                a.synchronize()
+            finally:
+                _set_heap_perturb(0)
+            return {}
+        except Exception as e:  # noqa: BLE001 - everything a call raises is the candidate's
+            raise _failure(e) from None
+
+    def prime(self, slot: "Slot") -> dict[str, Any]:
+        assert slot.fn is not None
+        try:
+            return {"ns": int(self.adapter.prime(slot.fn))}
+        except Exception as e:  # noqa: BLE001
+            raise _failure(e) from None
+
+
+class Slot:
+    """One workload's buffers and its bound call."""
+
+    def __init__(self, params: dict[str, Any]):
+        self.params = params
+        self.inputs: dict[str, Any] = {}
+        self.outputs: dict[str, Any] = {}
+        self.views: dict[str, Any] = {}
+        self.fn: Callable[[], None] | None = None
+
+
+def _failure(e: BaseException) -> CommandFailed:
+    from .protocol import BuildError, HarnessError, Incorrect, TaskError, Violation
+    if isinstance(e, CommandFailed):
+        return e
+    if isinstance(e, Violation) or (isinstance(e, HarnessError) and e.violation
+                                     and e.status == "integrity_violation"):
+        return CommandFailed("violation", e.message, e.violation)
+    if isinstance(e, Incorrect):
+        return CommandFailed("incorrect", e.message)
+    if isinstance(e, BuildError):
+        return CommandFailed("build", e.message)
+    if isinstance(e, TaskError):
+        return CommandFailed("task", e.message)
+    if isinstance(e, HarnessError):
+        return CommandFailed("runtime", e.message, e.violation)
+    return CommandFailed("runtime", f"{type(e).__name__}: {e}")
+
+
+def _request_view(msg: dict[str, Any]) -> Any:
+    """The part of the request an adapter needs to run a candidate: backend, workloads, the
+    timing settings. No nonce, no secret seed, no task directory."""
+    from .protocol import Request, Timing, _Fields, _parse_workload
+    fields = _Fields(msg, "load")
+    workloads = tuple(_parse_workload(w) for w in fields.items("workloads"))
+    t = msg.get("timing") or {}
+    timing = Timing(int(t.get("warmup", 0)), int(t.get("min_reps", 1)),
+                    int(t.get("max_reps", 1)), float(t.get("target_seconds", 0.0)),
+                    int(t.get("flush_bytes", 1 << 20)))
+    return Request(op="evaluate", nonce="", secret_seed=0, backend=str(msg["backend"]),
+                   task=None, candidate=None, build_dir=None, workloads=workloads,
+                   tolerance={}, trials=0, timing=timing, timeout_s=float(msg.get("timeout_s",
+                                                                                  60.0)))
+
+
+# -- process ---------------------------------------------------------------------------------
+
+
+_M_PERTURB = -6
+_mallopt: Any = None
+
+
+def _set_heap_perturb(byte: int) -> None:
+    """glibc fills what malloc hands out (and takes back) with a pattern of `byte`; 0 is off."""
+    global _mallopt
+    if not sys.platform.startswith("linux"):
+        return
+    if _mallopt is None:
+        import ctypes
+        try:
+            fn = ctypes.CDLL(None).mallopt
+            fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+            _mallopt = fn
+        except (OSError, AttributeError):
+            _mallopt = False
+    if _mallopt:
+        _mallopt(_M_PERTURB, byte)
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+        try:
+            ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def _prepare_device(backend: str) -> None:
+    """Device start-up before the lock-down: importing torch or mlx and creating the CUDA
+    context may need what the locked-down process may not do."""
+    if backend == "cuda":
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.init()
+            torch.zeros(1, device="cuda")
+    elif backend == "mlx":
+        os.environ.setdefault("MLX_ENABLE_TF32", "0")
+        import mlx.core as mx
+        mx.eval(mx.zeros((1,)))
+    import numpy  # noqa: F401 - every backend's buffers are numpy views of the arena
+
+
+def _lock_down() -> dict[str, Any]:
+    try:
+        from . import sandbox
+    except ImportError:
+        return {"name": "seccomp_lockdown", "active": False, "detail": "no sandbox module"}
+    lock = getattr(sandbox, "lock_down", None)
+    if lock is None:
+        return {"name": "seccomp_lockdown", "active": False, "detail": "not available"}
+    layer = lock()
+    return {"name": getattr(layer, "name", "seccomp_lockdown"),
+            "active": bool(getattr(layer, "active", False)),
+            "detail": str(getattr(layer, "detail", ""))}
+
+
+def serve(sock: socket.socket, backend: str) -> int:
+    accused = Accused(backend)
+    try:
+        _prepare_device(backend)
+        lockdown = _lock_down()
+    except Exception as e:  # noqa: BLE001 - reported to the judge, which decides
+        channel.send(sock, {"seq": 0, "ok": False, "error": "task",
+                            "message": f"the accused could not start: {type(e).__name__}: {e}"})
+        return 1
+    channel.send(sock, {"seq": 0, "ok": True, "op": "ready", "pid": os.getpid(),
+                        "lockdown": lockdown})
+    while True:
+        try:
+            msg, fds = channel.recv_with_fds(sock)
+        except (channel.AccusedProtocolError, OSError):
+            return 0  # the judge is gone
+        seq = msg.get("seq")
+        if msg.get("op") == "exit":
+            channel.send(sock, {"seq": seq, "ok": True})
+            return 0
+        try:
+            reply = {"seq": seq, "ok": True, **accused.handle(msg, fds)}
+        except CommandFailed as e:
+            reply = {"seq": seq, "ok": False, "error": e.error, "message": e.message[:4000]}
+            if e.violation:
+                reply["class"] = e.violation
+        except Exception as e:  # noqa: BLE001 - the judge gets every failure as a reply
+            reply = {"seq": seq, "ok": False, "error": "runtime",
+                     "message": f"{type(e).__name__}: {e}"[:4000]}
+        sys.stdout.flush()
+        sys.stderr.flush()
+        channel.send(sock, reply)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ksearch_harness.accused")
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--backend", required=True)
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    faulthandler.enable(file=sys.stderr)
+    sock = socket.socket(fileno=args.channel_fd)
+    code = serve(sock, args.backend)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # No interpreter shutdown: threads a candidate left behind cannot hold the process up.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

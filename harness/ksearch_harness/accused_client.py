@@ -1,0 +1,661 @@
+"""The judge's handle on an accused process (accused.py): starting it in the sandbox, freezing
+it between commands, timing its calls with the judge's own clock, and watching what it does
+after a call returns.
+
+The accused is stopped (SIGSTOP) except while it runs a command, so no thread of the candidate
+can compute ahead on inputs the judge is writing, spin while the judge times the baseline, or
+write outputs after the judge has read them. A call is timed twice: by the accused, around the
+call itself (its clock or CUDA events), and by the judge, from before it continues the accused
+to the arrival of the reply (the window). The accused's figure counts only as far as the window
+allows: a reported time shorter than the window minus what a round trip costs (calibrated with
+empty timed calls when the accused starts) is replaced by that bound, and a candidate whose
+reports fall short systematically is rejected (`timer_tampering`). After each call the judge
+watches the accused's threads for a settle window: CPU time spent there (`lingering_work`) or a
+child process is a verdict; an idle thread pool is not.
+
+Everything the accused says is a claim. Frames that break the protocol, replies to the wrong
+command, and a process that dies or hangs become verdicts of their own, never a crash of the
+judge.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import channel
+from .arena import Arena, Layout, Placement
+from .protocol import (BuildError, CandidateRuntimeError, HarnessError, Incorrect, TaskError,
+                       TensorSpec, Violation)
+
+# Empty timed calls measured when the accused starts, to learn what a round trip costs; one more
+# precedes every timed call, so the estimate follows the machine's load.
+CALIBRATION_CALLS = 24
+# The bound on a reported time uses the round trips measured most recently.
+RECENT_ROUND_TRIPS = 32
+# A reply to a command other than a call must come within this (or the evaluation's deadline).
+COMMAND_TIMEOUT_S = 120.0
+# How long to wait for every thread of the accused to reach the stopped state.
+STOP_WAIT_S = 1.0
+# Lingering work: CPU time the accused's threads use within the settle window after a call
+# returned, beyond this share of the window, in at least LINGER_MIN_CALLS calls.
+LINGER_SHARE = 0.25
+LINGER_MIN_CALLS = 2
+# The timer check: a timed call whose window exceeds the accused's own figure by more than the
+# calibrated round trip (95th percentile) plus this slack is a short report. A candidate is
+# rejected when the median shortfall over a workload's timed calls exceeds TAMPER_MARGIN_NS and
+# TAMPER_SPREAD_FACTOR times the round trips' spread (interquartile range).
+TIMER_SLACK_NS = 2_000
+TAMPER_MARGIN_NS = 250_000
+TAMPER_SPREAD_FACTOR = 4.0
+
+
+class CandidateTimeout(HarnessError):
+    status = "timeout"
+
+
+@dataclass
+class Handshake:
+    """What an empty timed call costs, seen from the judge: window - reported time."""
+
+    samples_ns: list[int] = field(default_factory=list)
+
+    def recent(self, n: int = RECENT_ROUND_TRIPS) -> "Handshake":
+        return Handshake(self.samples_ns[-n:])
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.samples_ns)) if self.samples_ns else 0.0
+
+    @property
+    def p95(self) -> float:
+        if not self.samples_ns:
+            return 0.0
+        s = sorted(self.samples_ns)
+        return float(s[min(len(s) - 1, int(round(0.95 * (len(s) - 1))))])
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range: how much round trips vary, unmoved by a rare slow one."""
+        if len(self.samples_ns) < 4:
+            return 0.0
+        q = statistics.quantiles(self.samples_ns, n=4)
+        return float(q[2] - q[0])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"calls": len(self.samples_ns), "median_ns": self.median, "p95_ns": self.p95,
+                "min_ns": min(self.samples_ns) if self.samples_ns else None}
+
+
+@dataclass
+class TimedCall:
+    counted_ns: int  # the duration that counts
+    reported_ns: int  # what the accused said
+    window_ns: int  # the judge's clock around the round trip
+
+
+@dataclass
+class Linger:
+    cpu_ns: int
+    window_ns: int
+    children: list[int]
+    running: list[int]
+
+    @property
+    def lingering(self) -> bool:
+        return self.cpu_ns > LINGER_SHARE * self.window_ns
+
+
+class AccusedProcess:
+    """One accused process. Not thread-safe; the judge drives it from one thread."""
+
+    def __init__(self, backend: str, *, workdir: str, log_fd: int, deadline: float,
+                 python: str | None = None, sandbox_mode: str = "best-effort",
+                 memory_bytes: int | None = None, cpu_seconds: int | None = None):
+        self.backend = backend
+        self.deadline = deadline
+        self.seq = 0
+        self.last_op = ""
+        self.dead: str | None = None
+        self.stopped = False
+        self.layers: list[dict[str, Any]] = []
+        self.handshake = Handshake()
+        self.linger_calls = 0
+        self.linger_worst: Linger | None = None
+        self._launcher: Any = None
+        self._popen: Any = None
+        judge_end, accused_end = channel.pair()
+        self.sock = judge_end
+        argv = [python or sys.executable, "-m", "ksearch_harness.accused",
+                "--channel-fd", str(accused_end.fileno()), "--backend", backend]
+        env = accused_environment(workdir)
+        try:
+            self.pid = self._launch(argv, env, accused_end.fileno(), log_fd, workdir,
+                                    sandbox_mode, memory_bytes, cpu_seconds)
+        finally:
+            accused_end.close()
+        ready = self._reply(0, min(deadline, time.monotonic() + COMMAND_TIMEOUT_S))
+        if not ready.get("ok"):
+            self.kill()
+            raise TaskError(f"the accused process could not start: {ready.get('message')}")
+        lock = ready.get("lockdown")
+        if isinstance(lock, dict):
+            self.layers.append({"name": str(lock.get("name", "seccomp_lockdown")),
+                                "active": bool(lock.get("active")),
+                                "detail": str(lock.get("detail", ""))[:500]})
+        self.stop()
+
+    # -- launching -----------------------------------------------------------------------
+
+    def _launch(self, argv: list[str], env: dict[str, str], fd: int, log_fd: int,
+                workdir: str, mode: str, memory_bytes: int | None,
+                cpu_seconds: int | None) -> int:
+        sandbox = _sandbox_module()
+        if sandbox is not None:
+            policy = sandbox.Policy(
+                workdir=workdir, devices=device_paths(self.backend),
+                address_space_bytes=None, memory_bytes=memory_bytes,
+                cpu_seconds=cpu_seconds, mode=mode)
+            try:
+                self._launcher = sandbox.launch(argv, policy, env=env, pass_fds=(fd,),
+                                                stdout=log_fd, stderr=log_fd, cwd=workdir)
+            except sandbox.SandboxUnavailable as e:
+                raise TaskError(f"--sandbox require: {e}") from None
+            self.layers = [_layer_json(x) for x in self._launcher.report]
+            return int(self._launcher.pid)
+        if mode == "require":
+            raise TaskError("--sandbox require: this harness has no sandbox module")
+        import subprocess
+        self._popen = subprocess.Popen(argv, env=env, pass_fds=(fd,), stdout=log_fd,
+                                       stderr=log_fd, stdin=subprocess.DEVNULL, cwd=workdir,
+                                       start_new_session=True)
+        self.layers = [{"name": "process_group", "active": True,
+                        "detail": "own session; no sandbox module"}]
+        return self._popen.pid
+
+    # -- process control -----------------------------------------------------------------
+
+    def stop(self) -> None:
+        """SIGSTOP, then wait until every thread has stopped."""
+        if self.dead or self.stopped:
+            return
+        try:
+            os.kill(self.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return
+        self.stopped = True
+        end = time.monotonic() + STOP_WAIT_S
+        while time.monotonic() < end:
+            states = task_states(self.pid)
+            if not states or all(s in "Tt" for s, _ in states.values()) or any(
+                    s in "ZX" for s, _ in states.values()):
+                return
+            time.sleep(0.0002)
+
+    def cont(self) -> None:
+        if self.dead or not self.stopped:
+            return
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        self.stopped = False
+
+    def kill(self) -> None:
+        if self._launcher is not None:
+            try:
+                self._launcher.kill()
+            except Exception:  # noqa: BLE001 - best effort; the pid below is killed too
+                pass
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, AttributeError):
+            pass
+        if self._popen is not None:
+            try:
+                os.killpg(self._popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self._popen.wait(timeout=5)
+            except Exception:  # noqa: BLE001
+                pass
+        if self._launcher is not None:
+            try:
+                self._launcher.wait(5)
+            except Exception:  # noqa: BLE001
+                pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self.dead = self.dead or "killed by the judge"
+
+    def close(self) -> None:
+        if self.dead:
+            return
+        try:
+            self.rpc("exit", timeout_s=5.0)
+        except HarnessError:
+            pass
+        self.kill()
+
+    def exit_description(self) -> str:
+        """How the accused ended, when it did (for messages)."""
+        status = None
+        if self._popen is not None:
+            status = self._popen.poll()
+            if status is None:
+                return "it is still running"
+            if status < 0:
+                return f"killed by {_signal_name(-status)}"
+            return f"exit status {status}"
+        if self._launcher is not None:
+            describe = getattr(self._launcher, "describe_exit", None)
+            if callable(describe):
+                return str(describe())
+            code = self._launcher.poll()
+            if code is None:
+                return "it is still running"
+            if code < 0:
+                return f"killed by {_signal_name(-code)}"
+            if code > 128:
+                return f"killed by {_signal_name(code - 128)}"
+            return f"exit status {code}"
+        return "unknown"
+
+    # -- commands ------------------------------------------------------------------------
+
+    def rpc(self, op: str, *, fds: tuple[int, ...] = (), timeout_s: float = COMMAND_TIMEOUT_S,
+            keep_running: bool = False, **fields: Any) -> dict[str, Any]:
+        deadline = min(self.deadline, time.monotonic() + timeout_s)
+        seq = self._send(op, fields, fds)
+        try:
+            return self._checked(self._reply(seq, deadline))
+        finally:
+            if not keep_running:
+                self.stop()
+
+    def _send(self, op: str, fields: dict[str, Any], fds: tuple[int, ...] = ()) -> int:
+        if self.dead:
+            raise CandidateRuntimeError(self.dead)
+        self.seq += 1
+        self.cont()
+        try:
+            channel.send(self.sock, {"seq": self.seq, "op": op, **fields}, fds)
+        except OSError:
+            self._died()
+        return self.seq
+
+    def _reply(self, seq: int, deadline: float) -> dict[str, Any]:
+        try:
+            reply = channel.recv(self.sock, deadline)
+        except channel.AccusedTimeout:
+            self.kill()
+            self.dead = "the candidate did not answer in time"
+            raise CandidateTimeout(f"the candidate's process did not answer within the "
+                                   f"evaluation's time limit; it was killed") from None
+        except channel.AccusedProtocolError as e:
+            self._died(str(e))
+        if reply.get("seq") != seq:
+            self.kill()
+            self.dead = "protocol broken"
+            raise Violation("result_channel", f"the candidate's process answered a command it "
+                            f"was not given (seq {reply.get('seq')!r}, expected {seq}): "
+                            f"something other than the harness wrote to its channel")
+        return reply
+
+    def _died(self, why: str = "") -> None:
+        # The channel closed or broke: the process crashed, exited, or broke the framing.
+        time.sleep(0.05)
+        alive = self._alive()
+        self.kill()
+        if alive:
+            self.dead = "protocol broken"
+            raise Violation("result_channel", f"the candidate's process broke its channel "
+                            f"({why}): something other than the harness wrote to it")
+        self.dead = f"the candidate's process ended ({self.exit_description()})"
+        raise CandidateRuntimeError(f"{self.dead} while running a command; the candidate "
+                                    f"crashed or exited (see log_tail)")
+
+    def _alive(self) -> bool:
+        states = task_states(self.pid)
+        return bool(states) and not all(s in "ZX" for s, _ in states.values())
+
+    @staticmethod
+    def _checked(reply: dict[str, Any]) -> dict[str, Any]:
+        if reply.get("ok") is True:
+            return reply
+        message = str(reply.get("message", "the candidate's process reported a failure"))
+        error = reply.get("error")
+        if error == "build":
+            raise BuildError(message)
+        if error == "incorrect":
+            raise Incorrect(message)
+        if error == "violation":
+            cls = reply.get("class")
+            from .protocol import VIOLATION_CLASSES
+            if cls in VIOLATION_CLASSES:
+                raise Violation(str(cls), message)
+            raise CandidateRuntimeError(message)
+        if error == "task":
+            raise TaskError(message)
+        raise CandidateRuntimeError(message)
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def calibrate(self, calls: int = CALIBRATION_CALLS) -> Handshake:
+        """Empty timed calls through the same path as a timed candidate call."""
+        for _ in range(calls):
+            self.round_trip()
+        return self.handshake
+
+    def round_trip(self) -> int:
+        """One empty timed call: what a round trip costs right now (window - reported)."""
+        t = self.timed("noop")
+        self.stop()
+        sample = max(0, t.window_ns - t.reported_ns)
+        self.handshake.samples_ns.append(sample)
+        return sample
+
+    def timed(self, op: str, **fields: Any) -> TimedCall:
+        """One timed command; the accused keeps running afterwards (settle() stops it)."""
+        deadline = self.deadline
+        if self.dead:
+            raise CandidateRuntimeError(self.dead)
+        self.seq += 1
+        seq = self.seq
+        self.last_op = op
+        message = {"seq": seq, "op": op, "timed": True, **fields}
+        t0 = time.perf_counter_ns()
+        self.cont()  # after t0: whatever runs from here on is inside the window
+        try:
+            channel.send(self.sock, message)
+        except OSError:
+            self._died()
+        reply = self._reply(seq, deadline)
+        t1 = time.perf_counter_ns()
+        self._checked(reply)
+        window = t1 - t0
+        reported = reply.get("ns", 0)
+        if not isinstance(reported, int) or isinstance(reported, bool):
+            self.kill()
+            raise Violation("result_channel", "the candidate's process answered a timed call "
+                            "without a duration")
+        counted = reported
+        if op != "noop" and self.handshake.samples_ns:
+            # The accused's figure cannot be shorter than what the judge saw minus what a
+            # round trip costs, nor longer than the window itself.
+            recent = self.handshake.recent()
+            counted = max(reported, window - int(recent.p95) - TIMER_SLACK_NS)
+        counted = min(counted, window)
+        return TimedCall(counted_ns=max(counted, 1), reported_ns=reported, window_ns=window)
+
+    def call(self, slot: int, heap_byte: int) -> None:
+        """One untimed call; the accused keeps running afterwards (settle() stops it)."""
+        seq = self._send("call", {"slot": slot, "heap_byte": heap_byte, "timed": False})
+        self._checked(self._reply(seq, self.deadline))
+
+    def settle(self, seconds: float) -> Linger:
+        """Watches the accused for `seconds` after a call returned, then stops it. CPU time
+        its threads spend meanwhile, or a child process, is counted; see `linger_verdict`."""
+        before = task_runtimes(self.pid)
+        t0 = time.perf_counter_ns()
+        time.sleep(seconds)
+        after = task_runtimes(self.pid)
+        window = time.perf_counter_ns() - t0
+        states = task_states(self.pid)
+        children = child_pids(self.pid)
+        self.stop()
+        cpu = sum(max(0, ns - before.get(tid, 0)) for tid, ns in after.items())
+        running = [tid for tid, (st, _) in states.items() if st == "R"]
+        linger = Linger(cpu, window, children, running)
+        if linger.lingering:
+            self.linger_calls += 1
+            if self.linger_worst is None or linger.cpu_ns > self.linger_worst.cpu_ns:
+                self.linger_worst = linger
+        return linger
+
+    def linger_verdict(self, linger: Linger, where: str) -> None:
+        if linger.children:
+            raise Violation("lingering_work", f"{where}: the candidate left {len(linger.children)} "
+                            f"child process(es) running after the call returned")
+        if self.linger_calls >= LINGER_MIN_CALLS and linger.lingering:
+            raise Violation("lingering_work", f"{where}: the candidate's threads used "
+                            f"{linger.cpu_ns / 1e6:.2f} ms of CPU within "
+                            f"{linger.window_ns / 1e6:.2f} ms after the call returned (in "
+                            f"{self.linger_calls} calls): work must be finished when the entry "
+                            f"point returns, and idle threads must sleep")
+
+    def threads(self) -> dict[int, tuple[str, int]]:
+        return task_states(self.pid)
+
+
+# -- the Adapter face --------------------------------------------------------------------------
+
+
+class RemoteBuffer:
+    """A tensor of the accused: its arena view (what the judge reads and writes) and where it
+    lives in the accused."""
+
+    def __init__(self, spec: TensorSpec, view: Any, slot: int, role: str):
+        self.spec, self.view, self.slot, self.role = spec, view, slot, role
+
+
+class RemoteCall:
+    """`bench.fn` of core.py for a remote candidate."""
+
+    def __init__(self, owner: "AccusedAdapter", slot: int):
+        self.owner, self.slot = owner, slot
+        self.ksearch_candidate = True
+
+    def __call__(self, heap_byte: int = 0) -> None:
+        self.owner.process.call(self.slot, heap_byte)
+
+
+class AccusedAdapter:
+    """The candidate's side of core.py's adapter interface, carried out by an accused process.
+
+    Buffers live in one shared arena per workload slot; on the cpu backend the candidate works
+    on them directly, so uploads and reads are the judge's own memory accesses. On GPU backends
+    an upload is also a copy to the device (`h2d`) and a read first a copy back (`d2h`)."""
+
+    def __init__(self, process: AccusedProcess, backend: str, arena_bytes: int):
+        self.process = process
+        self.backend = backend
+        self.on_device = backend != "cpu"
+        self.arena = Arena(arena_bytes)
+        self.layout = Layout()
+        self.slots = 0
+        process.rpc("arena", fds=(self.arena.fd,), size=self.arena.size)
+
+    def load(self, artifact: str, entry: Any, request: Any) -> None:
+        from .protocol import jsonable
+        workloads = request.raw.get("workloads") if request.raw else None
+        self.process.rpc("load", artifact=artifact,
+                         entry={"symbol": entry.symbol, "args": list(entry.args)},
+                         workloads=workloads or [], backend=self.backend,
+                         timing=jsonable(request.raw.get("timing") or {}),
+                         timeout_s=request.timeout_s)
+
+    def bench(self, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
+              params: dict[str, Any]) -> tuple[dict[str, RemoteBuffer], dict[str, RemoteBuffer],
+                                               RemoteCall]:
+        import numpy as np
+        from . import dtypes
+        slot = self.slots
+        self.slots += 1
+        tensors = []
+        made: dict[str, RemoteBuffer] = {}
+        for role, specs in (("input", inputs), ("output", outputs)):
+            for s in specs:
+                storage = dtypes.get(s.dtype).storage
+                count = int(np.prod(s.shape, dtype=np.int64))
+                place = self._place(count * storage.itemsize)
+                view = np.frombuffer(self.arena.map, dtype=storage, count=count,
+                                     offset=place.offset).reshape(s.shape)
+                made[s.name] = RemoteBuffer(s, view, slot, role)
+                tensors.append({"name": s.name, "role": role, "dtype": s.dtype,
+                                "shape": list(s.shape), "offset": place.offset,
+                                "nbytes": place.nbytes})
+        self.process.rpc("alloc", slot=slot, params=params, tensors=tensors)
+        ins = {s.name: made[s.name] for s in inputs}
+        outs = {s.name: made[s.name] for s in outputs}
+        return ins, outs, RemoteCall(self, slot)
+
+    def _place(self, nbytes: int) -> Placement:
+        place = self.layout.place(nbytes)
+        if self.layout.size > self.arena.size:
+            raise TaskError(f"harness error: the arena ({self.arena.size} bytes) is too small "
+                            f"for the workloads' tensors")
+        return place
+
+    def upload(self, buf: RemoteBuffer, host: Any) -> None:
+        import numpy as np
+        np.copyto(buf.view, host, casting="no")
+        if self.on_device:
+            self.process.rpc("h2d", slot=buf.slot, names=[buf.spec.name])
+
+    def to_host(self, buf: RemoteBuffer) -> Any:
+        from . import parallel
+        if self.on_device:
+            self.process.rpc("d2h", slot=buf.slot, names=[buf.spec.name])
+        return parallel.copy(buf.view)
+
+    def time_call(self, fn: RemoteCall) -> TimedCall:
+        return self.process.timed("call", slot=fn.slot)
+
+    def prime(self, fn: RemoteCall) -> int:
+        return int(self.process.rpc("prime", slot=fn.slot).get("ns", 0))
+
+    def close(self) -> None:
+        self.process.close()
+        self.arena.close()
+
+
+# -- /proc -------------------------------------------------------------------------------------
+
+
+def task_states(pid: int) -> dict[int, tuple[str, int]]:
+    """tid -> (state letter, utime+stime ticks) for every thread of `pid`."""
+    out: dict[int, tuple[str, int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        try:
+            out[int(tid)] = (fields[0], int(fields[11]) + int(fields[12]))
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def task_runtimes(pid: int) -> dict[int, int]:
+    """tid -> nanoseconds on a CPU (schedstat), for every thread of `pid`."""
+    out: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                out[int(tid)] = int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def child_pids(pid: int) -> list[int]:
+    """Live children of every thread of `pid` (zombies excluded)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids = [int(x) for x in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+        for k in kids:
+            states = task_states(k)
+            if states and not all(s in "ZX" for s, _ in states.values()):
+                out.append(k)
+    return out
+
+
+# -- environment -------------------------------------------------------------------------------
+
+_PASSED = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME",
+           "PYTHONPATH")
+
+
+def accused_environment(workdir: str) -> dict[str, str]:
+    """The accused's environment: what a kernel needs to load and run, nothing of the judge's.
+    Honest thread pools sleep when idle (passive OpenMP), so an idle pool never reads as
+    lingering work; numpy in the accused keeps to one thread."""
+    env = {k: os.environ[k] for k in _PASSED if k in os.environ}
+    harness_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [harness_dir] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env.update({
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+        "HOME": workdir, "TMPDIR": workdir,
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+        "OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "0",
+        "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+    })
+    # More variables by name, for a machine whose kernels need them (the MLX_* or CUDA_*
+    # settings of a device, or a test's fake modules): KSEARCH_HARNESS_ACCUSED_ENV=A,B.
+    extra = [n.strip() for n in os.environ.get("KSEARCH_HARNESS_ACCUSED_ENV", "").split(",")]
+    for name in ["MLX_ENABLE_TF32", *extra]:
+        if name and name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+def device_paths(backend: str) -> tuple[str, ...]:
+    """Device files a backend opens read-write (with ioctls)."""
+    if backend in ("cuda", "mlx") and sys.platform.startswith("linux"):
+        return ("/dev",)
+    return ()
+
+
+def _sandbox_module() -> Any:
+    if os.environ.get("KSEARCH_HARNESS_SANDBOX_DEV") != "1":  # TODO(integration): remove gate
+        return None
+    try:
+        from . import sandbox
+    except ImportError:
+        return None
+    return sandbox if hasattr(sandbox, "launch") else None
+
+
+def _layer_json(layer: Any) -> dict[str, Any]:
+    if isinstance(layer, dict):
+        return {"name": str(layer.get("name")), "active": bool(layer.get("active")),
+                "detail": str(layer.get("detail", ""))}
+    return {"name": str(getattr(layer, "name", "?")), "active": bool(getattr(layer, "active",
+                                                                             False)),
+            "detail": str(getattr(layer, "detail", ""))}
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"

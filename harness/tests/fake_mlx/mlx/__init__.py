@@ -1,0 +1,1 @@
+"""The fake MLX package of the mlx adapter tests (see core.py)."""
