@@ -334,6 +334,62 @@ fn resuming_after_an_interruption_never_redoes_a_completed_evaluation() {
     final_wm(&store).validate().unwrap();
 }
 
+/// A session killed before its first checkpoint has recorded the seed, evaluated or not; the
+/// next session takes it up instead of recording a second seed (found by the CLI's
+/// crash-resume test).
+#[test]
+fn a_seed_recorded_before_a_crash_is_taken_up_not_recorded_again() {
+    let script = |_: &str, round: u32, _: u32| Ok(format!("score={}", 1 + round % 3));
+    for evaluated in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let proposer = ScriptedProposer::new(script);
+        // The evaluator fails on the seed: the session records it and dies before any
+        // checkpoint.
+        let broken = FakeEvaluator::new(Some(1));
+        let engine = new_engine(cfg(4, 0), store(tmp.path()), &proposer, &broken);
+        assert!(engine.run(Some("score=1;seed")).is_err());
+        let dir = engine.into_store().dir().to_path_buf();
+        let store = RunStore::open(&dir).unwrap();
+        assert!(store.get_state("engine").unwrap().is_none());
+        let seed_id = store.candidates().unwrap()[0].id;
+        if evaluated {
+            // As if the kill came after the seed's evaluation committed.
+            let result = json!({"status": "passed", "score": 1.0});
+            store
+                .record_evaluation(seed_id, "passed", Some(1.0), &result)
+                .unwrap();
+        }
+        drop(store);
+
+        let proposer = ScriptedProposer::new(script);
+        let eval = FakeEvaluator::new(None);
+        let engine = new_engine(cfg(4, 0), RunStore::open(&dir).unwrap(), &proposer, &eval);
+        let out = engine.run(Some("score=1;seed")).unwrap();
+        let store = engine.into_store();
+        let seeds: Vec<_> = store
+            .candidates()
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.kind == CandidateKind::Seed)
+            .collect();
+        assert_eq!(seeds.len(), 1, "evaluated before the crash: {evaluated}");
+        assert_eq!(seeds[0].id, seed_id);
+        let evals = store.evaluations().unwrap();
+        assert_eq!(
+            evals.iter().filter(|e| e.candidate_id == seed_id).count(),
+            1
+        );
+        assert_eq!(out.seed_score, Some(1.0));
+        // The seed is measured once in all: by the second session only if the first did not.
+        let attempts = store.candidates().unwrap().len() - 1;
+        assert_eq!(
+            eval.calls.load(Ordering::SeqCst) + reused(&evals),
+            attempts + usize::from(!evaluated)
+        );
+        final_wm(&store).validate().unwrap();
+    }
+}
+
 /// Evaluations copied from an identical earlier source (the compile/eval cache).
 fn reused(evals: &[ksearch_store::EvaluationRow]) -> usize {
     evals

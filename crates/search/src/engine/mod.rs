@@ -373,22 +373,41 @@ impl<'a> Engine<'a> {
         let mut seed_candidate = None;
         let mut seed_score = None;
         let mut seed_summary = None;
-        if let Some(src) = seed {
-            let id = self.record_candidate(
-                &Proposal {
-                    source: src.to_string(),
-                    knobs: None,
-                    note: "the task's seed kernel".into(),
-                },
-                None,
-                None,
-                0,
-                0,
-                0,
-                0,
-                CandidateKind::Seed,
-            )?;
-            let summary = self.evaluate_candidate(id, src, Purpose::Search)?;
+        // A session killed before its first checkpoint may have recorded (and evaluated) the
+        // seed already: take that one up instead of recording a second seed.
+        let recorded = self
+            .store()
+            .candidates()?
+            .into_iter()
+            .find(|c| c.kind == CandidateKind::Seed);
+        let seed = match (recorded, seed) {
+            (Some(row), _) => Some((row.id, self.store().source(&row.source_id)?)),
+            (None, Some(src)) => {
+                let id = self.record_candidate(
+                    &Proposal {
+                        source: src.to_string(),
+                        knobs: None,
+                        note: "the task's seed kernel".into(),
+                    },
+                    None,
+                    None,
+                    0,
+                    0,
+                    0,
+                    0,
+                    CandidateKind::Seed,
+                )?;
+                Some((id, src.to_string()))
+            }
+            (None, None) => None,
+        };
+        if let Some((id, src)) = &seed {
+            let id = *id;
+            let stored = self.store().evaluation_for(id)?;
+            let summary = match stored {
+                Some(ev) => self.summarize_stored(&ev.result),
+                None => self.evaluate_candidate(id, src, Purpose::Search)?,
+            };
             seed_candidate = Some(id);
             if summary.passed {
                 seed_score = summary.score;

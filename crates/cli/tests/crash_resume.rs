@@ -1,0 +1,335 @@
+//! Fault injection: a real `ksearch run` is SIGKILLed at random moments, many times over, and
+//! resumed each time until it finishes. After every kill the run store must hold every
+//! evaluation committed before it, unchanged (same ids, candidates, statuses, scores, results
+//! and sources), with no candidate evaluated twice and no round sample written twice; at the
+//! end the run is finished, every search candidate has exactly one evaluation, the world model
+//! is valid and `ksearch show` works.
+//!
+//! The evaluator is `tests/fixtures/fast_harness`, a stand-in for the Python harness that
+//! answers in milliseconds (a verdict that depends only on the source), reached through a
+//! `KSEARCH_ROOT` whose `harness/` is that stand-in and whose tasks and knowledge are the
+//! checkout's. So the whole ksearch process is real — task loading, offline proposer, lint,
+//! engine, run store, harness processes — and only the measurements are fake.
+//!
+//! `KSEARCH_CRASH_KILLS=N` asks for more kills (the default suits CI), `KSEARCH_CRASH_SEED`
+//! replays a sequence of kill delays (the seed used is printed).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+use ksearch_search::world_model::WorldModel;
+use ksearch_store::{CandidateKind, RunStore};
+
+const DEFAULT_KILLS: usize = 24;
+const ROUNDS: u32 = 30;
+
+#[test]
+fn a_run_killed_at_random_moments_resumes_with_every_evaluation_intact() {
+    let kills_wanted: usize = std::env::var("KSEARCH_CRASH_KILLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_KILLS);
+    let seed = std::env::var("KSEARCH_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("crash-resume: seed {seed} (KSEARCH_CRASH_SEED={seed} replays the kill delays)");
+    let mut rng = XorShift(seed | 1);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let root = fast_root(tmp.path());
+    let env = Env {
+        root,
+        cache: tmp.path().join("cache"),
+    };
+    let runs = tmp.path().join("runs");
+
+    let started = Instant::now();
+    let mut kills = 0usize;
+    let mut sessions = 0usize;
+    let mut rounds = ROUNDS;
+    let mut seen = Snapshot::default();
+    let mut run_dir: Option<PathBuf> = None;
+    while kills < kills_wanted {
+        // Most kills land inside a session; a few late ones let sessions finish, which then
+        // continue under a raised round budget.
+        let delay = Duration::from_millis(rng.below(900));
+        let mut cmd = env.ksearch();
+        match &run_dir {
+            None => cmd
+                .args([
+                    "run",
+                    "--task",
+                    "softmax",
+                    "--backend",
+                    "cpu",
+                    "--seed",
+                    "5",
+                ])
+                .args(["--samples", "2", "--timing", "quick", "--rounds"])
+                .arg(rounds.to_string())
+                .arg("--runs-dir")
+                .arg(&runs),
+            Some(dir) => cmd
+                .args(["resume", "--rounds"])
+                .arg(rounds.to_string())
+                .arg(dir),
+        };
+        sessions += 1;
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (killed, out) = kill_after(child, delay);
+        if killed {
+            kills += 1;
+        } else {
+            assert!(
+                out.status.success(),
+                "session {sessions} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        if run_dir.is_none() {
+            run_dir = find_run(&runs);
+            if run_dir.is_none() {
+                // Killed before the run existed: start again in a clean directory.
+                let _ = std::fs::remove_dir_all(&runs);
+                continue;
+            }
+        }
+        let dir = run_dir.as_ref().unwrap();
+        let now = Snapshot::take(dir);
+        now.check_consistent(&format!("after session {sessions} (killed: {killed})"));
+        seen.check_kept_by(&now, sessions);
+        seen = now;
+        if !killed {
+            // It finished: raise the budget so the next session has work to be killed in.
+            rounds += 6;
+        }
+    }
+
+    // The last session runs to the end.
+    let dir = run_dir.expect("a run was created");
+    let out = env
+        .ksearch()
+        .args(["resume", "--json", "--rounds"])
+        .arg((rounds + 4).to_string())
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the final resume failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(outcome["outcome"]["rounds_used"], rounds + 4, "{outcome}");
+    let last = Snapshot::take(&dir);
+    last.check_consistent("at the end");
+    seen.check_kept_by(&last, sessions + 1);
+
+    let store = RunStore::open(&dir).unwrap();
+    assert!(store.is_finished().unwrap());
+    // Every search candidate was evaluated exactly once, whatever the kills interrupted.
+    for c in store.candidates().unwrap() {
+        if c.kind != CandidateKind::Recheck {
+            let n = last.evaluations.values().filter(|e| e.0 == c.id).count();
+            assert_eq!(
+                n, 1,
+                "candidate {} ({:?}) has {n} evaluations",
+                c.id, c.kind
+            );
+        }
+    }
+    let state = store.get_state("engine").unwrap().unwrap();
+    let wm: WorldModel = serde_json::from_value(state["wm"].clone()).unwrap();
+    wm.validate().unwrap();
+    let show = env.ksearch().arg("show").arg(&dir).output().unwrap();
+    assert!(
+        show.status.success(),
+        "{}",
+        String::from_utf8_lossy(&show.stderr)
+    );
+    assert!(String::from_utf8_lossy(&show.stdout).contains("status: finished"));
+    eprintln!(
+        "crash-resume: {kills} kills over {sessions} sessions, {} evaluations, {:.1} s",
+        last.evaluations.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// What a run's store holds, keyed by row id.
+#[derive(Default)]
+struct Snapshot {
+    /// evaluation id → (candidate, status, score, result)
+    evaluations: BTreeMap<i64, (i64, String, Option<f64>, Value)>,
+    /// candidate id → (source id, kind, round, sample, node, parent)
+    candidates: BTreeMap<i64, (String, CandidateKind, u32, u32, Option<String>, Option<i64>)>,
+}
+
+impl Snapshot {
+    fn take(dir: &Path) -> Snapshot {
+        let store = RunStore::open(dir).unwrap();
+        let problems = store.check_integrity().unwrap();
+        assert!(problems.is_empty(), "integrity: {problems:?}");
+        Snapshot {
+            evaluations: store
+                .evaluations()
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.id, (e.candidate_id, e.status, e.score, e.result)))
+                .collect(),
+            candidates: store
+                .candidates()
+                .unwrap()
+                .into_iter()
+                .map(|c| {
+                    let row = (
+                        c.source_id.as_str().to_string(),
+                        c.kind,
+                        c.round,
+                        c.sample,
+                        c.node_id,
+                        c.parent_candidate,
+                    );
+                    (c.id, row)
+                })
+                .collect(),
+        }
+    }
+
+    /// Nothing evaluated twice, no sample or seed written twice.
+    fn check_consistent(&self, when: &str) {
+        let mut per_candidate: BTreeMap<i64, usize> = BTreeMap::new();
+        for (cid, ..) in self.evaluations.values() {
+            assert!(
+                self.candidates.contains_key(cid),
+                "{when}: evaluation of unknown candidate {cid}"
+            );
+            *per_candidate.entry(*cid).or_default() += 1;
+        }
+        for (cid, n) in &per_candidate {
+            assert!(*n <= 1, "{when}: candidate {cid} was evaluated {n} times");
+        }
+        let mut slots: BTreeMap<(u32, u32), i64> = BTreeMap::new();
+        let mut seeds = 0;
+        for (id, (_, kind, round, sample, ..)) in &self.candidates {
+            match kind {
+                CandidateKind::Seed => seeds += 1,
+                CandidateKind::Attempt => {
+                    if let Some(other) = slots.insert((*round, *sample), *id) {
+                        panic!(
+                            "{when}: round {round} sample {sample} was written twice \
+                             (candidates {other} and {id})"
+                        );
+                    }
+                }
+                CandidateKind::Recheck => {}
+            }
+        }
+        assert!(seeds <= 1, "{when}: the seed was recorded {seeds} times");
+    }
+
+    /// Every row of `self` is in `later`, unchanged.
+    fn check_kept_by(&self, later: &Snapshot, session: usize) {
+        for (id, row) in &self.evaluations {
+            assert_eq!(
+                later.evaluations.get(id),
+                Some(row),
+                "session {session}: evaluation {id} was lost or changed"
+            );
+        }
+        for (id, row) in &self.candidates {
+            assert_eq!(
+                later.candidates.get(id),
+                Some(row),
+                "session {session}: candidate {id} was lost or changed"
+            );
+        }
+    }
+}
+
+struct Env {
+    root: PathBuf,
+    cache: PathBuf,
+}
+
+impl Env {
+    fn ksearch(&self) -> Command {
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("ksearch"));
+        common::configure(&mut cmd);
+        let python = std::env::var_os("KSEARCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
+        cmd.env("KSEARCH_ROOT", &self.root)
+            .env("KSEARCH_CACHE_DIR", &self.cache)
+            .env("KSEARCH_PYTHON", python);
+        cmd
+    }
+}
+
+/// A `KSEARCH_ROOT` with the checkout's tasks and knowledge and the fast harness.
+fn fast_root(tmp: &Path) -> PathBuf {
+    let ws = common::workspace_root().canonicalize().unwrap();
+    let root = tmp.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    for tree in ["tasks", "knowledge"] {
+        std::os::unix::fs::symlink(ws.join(tree), root.join(tree)).unwrap();
+    }
+    std::os::unix::fs::symlink(
+        ws.join("crates/cli/tests/fixtures/fast_harness"),
+        root.join("harness"),
+    )
+    .unwrap();
+    root
+}
+
+/// SIGKILLs `child` after `delay` unless it exits first; returns whether it was killed.
+fn kill_after(mut child: Child, delay: Duration) -> (bool, std::process::Output) {
+    let deadline = Instant::now() + delay;
+    let mut killed = false;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            // SIGKILL: no destructor, no flush, no clean-up in ksearch.
+            child.kill().unwrap();
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    (killed, child.wait_with_output().unwrap())
+}
+
+/// The run directory under `runs` whose store opens (a kill during creation can leave a
+/// directory without a run in it).
+fn find_run(runs: &Path) -> Option<PathBuf> {
+    let dirs = std::fs::read_dir(runs).ok()?;
+    dirs.filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| RunStore::open(p).is_ok())
+}
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
