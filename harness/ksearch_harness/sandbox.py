@@ -217,7 +217,13 @@ class Policy:
     although an ancestor directory is closed to it (a virtualenv's base interpreter under a
     0700 /root, see `interpreter_paths`): inside the sandbox's mount namespace the first closed
     ancestor is covered by a read-only tmpfs holding read-only bind mounts of just these paths,
-    so the rest of that directory stays hidden. `mode`: ``best-effort`` reports a missing layer
+    so the rest of that directory stays hidden. `hide`: directories covered by an empty
+    read-only tmpfs inside the sandbox (e.g. /run and /var/run, whose world-writable unix
+    sockets an AF_UNIX-enabled sandbox could otherwise connect to); the workdir must not be
+    beneath one. `proc_writable`: allow writing files beneath
+    the sandbox's private /proc (only its own processes are there; the CUDA driver names its
+    threads through /proc/self/task/*/comm and cuInit fails without it); never granted on the
+    host's /proc. `mode`: ``best-effort`` reports a missing layer
     and runs anyway; ``require`` raises `SandboxUnavailable` before the target starts.
     """
     workdir: str
@@ -236,6 +242,8 @@ class Policy:
     uid: int = NOBODY
     gid: int = NOBODY
     reveal: tuple[str, ...] = ()
+    hide: tuple[str, ...] = ()
+    proc_writable: bool = False
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -560,8 +568,8 @@ def _expand_devices(patterns: tuple[str, ...]) -> list[str]:
     return out
 
 
-def _landlock_prepare(policy: Policy, exec_files: list[str], private_shm: bool
-                      ) -> tuple[_Ruleset | None, str]:
+def _landlock_prepare(policy: Policy, exec_files: list[str], private_shm: bool,
+                      private_proc: bool) -> tuple[_Ruleset | None, str]:
     """Create the ruleset: read (+execute with allow_exec) beneath `readable`, everything but
     execute (unless allowed) and device nodes beneath `workdir`, read-write+ioctl on `devices`,
     read-write on the harmless character devices and a private /dev/shm, execute on
@@ -591,6 +599,9 @@ def _landlock_prepare(policy: Policy, exec_files: list[str], private_shm: bool
         _landlock_add(rs, fs, p, dev_rw)
     if private_shm:
         _landlock_add(rs, fs, "/dev/shm", write_all & ~LL_EXECUTE)
+    proc_rw = policy.proc_writable and private_proc
+    if proc_rw:
+        _landlock_add(rs, fs, "/proc", LL_WRITE_FILE | LL_TRUNCATE)
     if not policy.allow_exec:
         for p in exec_files:
             _landlock_add(rs, fs, p, LL_EXECUTE | LL_READ_FILE)
@@ -600,6 +611,9 @@ def _landlock_prepare(policy: Policy, exec_files: list[str], private_shm: bool
         parts.append(f"read-write{'+ioctl' if abi >= 5 else ''} on {', '.join(devices)}")
     parts.append("read-write on " + ", ".join(_CHAR_DEVICES + (("/dev/shm",) if private_shm
                                                                else ())))
+    if policy.proc_writable:
+        parts.append("write beneath the private /proc" if proc_rw
+                     else "proc_writable refused: /proc is the host's")
     parts.append("exec: " + ("anything readable" if policy.allow_exec
                              else "only " + ", ".join(exec_files)))
     parts.append("tcp bind/connect denied" if net else "no network rights (ABI < 4)")
@@ -1067,6 +1081,25 @@ def _reveal(policy: Policy, mounts: Layer) -> tuple[Layer, str]:
     return mounts, "; ".join(notes)
 
 
+def _hide(policy: Policy, mounts: Layer) -> tuple[Layer, str]:
+    """Cover each `policy.hide` directory with an empty read-only tmpfs (private mount
+    namespace only). Returns the mounts layer (inactive when a hide fails) and a note."""
+    done: list[str] = []
+    for p in policy.hide:
+        if not os.path.isdir(p):
+            continue  # nothing there to hide
+        if not mounts.active:
+            return Layer("mounts", False, f"{mounts.detail}; cannot hide {p}: no mount "
+                                          f"namespace"), ""
+        try:
+            _mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                   "size=4k,mode=0755")
+        except OSError as e:
+            return Layer("mounts", False, f"{mounts.detail}; hiding {p} failed: {e}"), ""
+        done.append(p)
+    return mounts, ("hidden: " + ", ".join(done)) if done else ""
+
+
 def _bind_readonly(fd: int, dst: str) -> None:
     is_dir = os.path.isdir(f"/proc/self/fd/{fd}")
     os.makedirs(dst if is_dir else os.path.dirname(dst), mode=0o755, exist_ok=True)
@@ -1183,9 +1216,11 @@ def _child(cfg: dict, ns: Layer, status_fd: int, lifeline: int) -> int:
                                         f"namespace")
     layers = [ns]
     mounts, private_shm = _private_mounts(ns)
+    mounts, hidden = _hide(policy, mounts)
     mounts, revealed = _reveal(policy, mounts)
-    if revealed:
-        mounts = Layer(mounts.name, mounts.active, f"{mounts.detail}; {revealed}")
+    for note in (hidden, revealed):
+        if note:
+            mounts = Layer(mounts.name, mounts.active, f"{mounts.detail}; {note}")
     layers.append(mounts)
     layers.append(_join_cgroups(cfg["cgroups"], policy))
     try:
@@ -1193,7 +1228,8 @@ def _child(cfg: dict, ns: Layer, status_fd: int, lifeline: int) -> int:
     except OSError as e:
         _send(status_fd, {"exec_error": e.errno, "message": str(e)})
         return 127
-    ruleset, ll_detail = (_landlock_prepare(policy, _exec_chain(target), private_shm)
+    ruleset, ll_detail = (_landlock_prepare(policy, _exec_chain(target), private_shm,
+                                            mounts.active)
                           if IS_LINUX else (None, "unavailable: not Linux"))
     layers.append(_rlimits(policy))
     layers.append(_drop_uid(policy))
@@ -1415,6 +1451,13 @@ def _validate(argv: list[str], policy: Policy) -> None:
             raise ValueError(f"policy paths must be absolute: {p!r}")
     if not os.path.isdir(policy.workdir):
         raise ValueError(f"workdir {policy.workdir!r} is not a directory")
+    work = os.path.realpath(policy.workdir)
+    for h in policy.hide:
+        if not os.path.isabs(h):
+            raise ValueError(f"policy paths must be absolute: {h!r}")
+        real = os.path.realpath(h)
+        if work == real or work.startswith(real.rstrip("/") + "/"):
+            raise ValueError(f"workdir {policy.workdir!r} is beneath hidden {h!r}")
 
 
 def launch(argv: list[str], policy: Policy, *, env: dict[str, str], pass_fds: tuple[int, ...] = (),

@@ -384,6 +384,36 @@ def test_namespace_clones_denied_even_when_fork_is_allowed(dirs):
     assert not r["clone_newuser"]["ok"] and r["clone_newuser"]["errno"] == 1, r
 
 
+@linux_only
+def test_gpu_policy_knobs(dirs):
+    """What the CUDA driver needs (AF_UNIX sockets, writes beneath the private /proc) is opt-in,
+    and `hide` covers a directory with an empty read-only tmpfs."""
+    Path(dirs["outside"], "visible-outside").write_text("x")
+    code = r"""
+    import socket, threading
+    comm = f"/proc/self/task/{threading.get_native_id()}/comm"
+    attempt("socket_unix", lambda: socket.socket(socket.AF_UNIX).close())
+    attempt("socket_inet", lambda: socket.socket(socket.AF_INET).close())
+    attempt("write_comm", lambda: write(comm))
+    attempt("write_hidden", lambda: write(A["outside"] + "/new"))
+    R["hidden_listing"] = os.listdir(A["outside"])
+    done()
+    """
+    args = {"outside": dirs["outside"]}
+    rc, r, err = run_py(code, policy(dirs["work"], socket_families=(socket.AF_UNIX,),
+                                     proc_writable=True, hide=(dirs["outside"],)), args)
+    assert rc == 0, err
+    assert r["socket_unix"]["ok"] and r["socket_inet"]["errno"] == 1, r
+    assert r["write_comm"]["ok"], r
+    assert r["hidden_listing"] == [] and r["write_hidden"]["errno"] == 30, r  # EROFS
+    rc, r, err = run_py(code, policy(dirs["work"]), args)
+    assert rc == 0, err
+    assert r["socket_unix"]["errno"] == 1 and r["write_comm"]["errno"] == 13, r
+    assert r["hidden_listing"] == ["visible-outside"] and r["write_hidden"]["errno"] == 13, r
+    with pytest.raises(ValueError):
+        launch([PY], policy(dirs["work"], hide=(dirs["root"],)), env={})
+
+
 # --- lock_down -----------------------------------------------------------------------------------
 
 @linux_only
@@ -659,7 +689,8 @@ def test_probe_finds_no_escape():
 
 def test_policy_round_trips_through_json():
     pol = Policy(workdir="/w", readable=("/a", "/b"), devices=("/dev/nvidia*",), tasks=3,
-                 socket_families=(socket.AF_UNIX,), reveal=("/r",))
+                 socket_families=(socket.AF_UNIX,), reveal=("/r",), hide=("/h",),
+                 proc_writable=True)
     assert Policy.from_json(json.loads(json.dumps(pol.to_json()))) == pol
     la = Layer("seccomp", True, "x")
     assert Layer.from_json(la.to_json()) == la
