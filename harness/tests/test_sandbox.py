@@ -530,14 +530,19 @@ def test_openmp_program_compiled_and_run_confined(dirs):
 
 SLEEPERS = r"""
 import time
+started_r, started_w = os.pipe()
 for i in range(3):
     if os.fork() == 0:
         if i == 2:              # a daemon: new session, double fork
             os.setsid()
             if os.fork():
                 os._exit(0)
+        os.write(started_w, b"s")
         time.sleep(120)
         os._exit(0)
+got = b""
+while len(got) < 3:         # every sleeper (the daemon's grandchild too) is running
+    got += os.read(started_r, 3 - len(got))
 print("ready", flush=True)
 time.sleep(120)
 """
