@@ -1145,19 +1145,26 @@ def _drop_uid(policy: Policy) -> Layer:
     try:
         os.chown(policy.workdir, uid, gid)
         os.setgroups([])
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-    except (OSError, AttributeError) as e:
+        if hasattr(os, "setresuid"):
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        else:  # macOS: as root, setgid/setuid set the real, effective and saved ids
+            os.setgid(gid)
+            os.setuid(uid)
+    except OSError as e:
         return Layer("uid", False, f"drop to {uid}:{gid} failed: {e}")
-    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
-        return Layer("uid", False, f"ids read back {os.getresuid()} {os.getresgid()}")
+    ids = (os.getuid(), os.geteuid(), os.getgid(), os.getegid())
+    if ids != (uid, uid, gid, gid) or (hasattr(os, "getresuid") and (
+            os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid))):
+        return Layer("uid", False, f"ids read back {ids}")
     cap = _status_field("CapEff") if IS_LINUX else ""
     if IS_LINUX and cap.strip("0"):
         return Layer("uid", False, f"dropped to {uid} but CapEff is {cap}")
     if not os.access(policy.workdir, os.W_OK | os.X_OK):
         return Layer("uid", False, f"uid {uid} cannot write {policy.workdir} (a parent "
                                    f"directory is not searchable?)")
-    return Layer("uid", True, f"uid/gid {uid}/{gid}, no supplementary groups, no capabilities; "
+    caps = "no capabilities (CapEff 0)" if IS_LINUX else "capabilities not checked"
+    return Layer("uid", True, f"uid/gid {uid}/{gid}, no supplementary groups, {caps}; "
                               f"workdir owned by {uid}")
 
 
