@@ -7,8 +7,9 @@ How a launch goes (Linux):
     caller (judge)  --Popen-->  launcher (this file as a script, stdlib only, single thread)
                                   unshare(pid, mount, net, ipc, uts [, user])
                                   fork --> child = pid 1 of the new PID namespace
-                                             private mounts, fresh /proc, private /dev/shm
-                                             join the caller's cgroup(s), rlimits
+                                             private mounts, fresh /proc, private /dev/shm,
+                                             hide/reveal directories
+                                             join the cgroup(s) the caller made, rlimits
                                              chown workdir, drop to uid/gid 65534
                                              PR_SET_PDEATHSIG, no_new_privs, Landlock,
                                              seccomp stage 1, report --> execve(target)
@@ -589,7 +590,7 @@ def _landlock_prepare(policy: Policy, exec_files: list[str], private_shm: bool,
     if not policy.allow_exec:
         write_all &= ~LL_EXECUTE
     dev_rw = LL_READ_FILE | LL_WRITE_FILE | LL_TRUNCATE
-    for p in policy.readable:
+    for p in (*policy.readable, *policy.reveal):  # what must be reached must be readable
         _landlock_add(rs, fs, p, read)
     _landlock_add(rs, fs, policy.workdir, write_all)
     devices = _expand_devices(policy.devices)
