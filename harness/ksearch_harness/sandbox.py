@@ -562,10 +562,17 @@ def _landlock_add(rs: _Ruleset, handled_fs: int, path: str, rights: int) -> None
 
 
 def _expand_devices(patterns: tuple[str, ...]) -> list[str]:
+    """Device rules as paths: a glob (``/dev/nvidia*``) expands to what exists now, a path that
+    does not exist counts as a prefix (``/dev/nvidia`` means ``/dev/nvidia*``)."""
     import glob
     out: list[str] = []
     for pat in patterns:
-        out += sorted(glob.glob(pat)) if glob.has_magic(pat) else [pat]
+        if glob.has_magic(pat):
+            out += sorted(glob.glob(pat))
+        elif os.path.exists(pat):
+            out.append(pat)
+        else:
+            out += sorted(glob.glob(glob.escape(pat) + "*"))
     return out
 
 
