@@ -608,7 +608,7 @@ time.sleep(120)
 
 @linux_only
 def test_judge_secret_unreadable_and_sandbox_dies_with_judge(dirs):
-    judge = subprocess.Popen([PY, "-S", "-c", JUDGE, HARNESS, dirs["work"], PEEK],
+    judge = subprocess.Popen([PY, "-S", "-B", "-c", JUDGE, HARNESS, dirs["work"], PEEK],
                              env={"KSEARCH_FAKE_SECRET": "hunter2-fake-secret"},
                              stdout=subprocess.PIPE)
     try:
@@ -667,7 +667,7 @@ def test_unprivileged_caller_gets_a_user_namespace_and_require_names_the_gap(dir
                                              sandbox.NOBODY):
         pytest.skip("no interpreter reachable for uid 65534")
     os.chown(dirs["work"], sandbox.NOBODY, sandbox.NOBODY)
-    done_ = subprocess.run([py, "-S", "-c", UNPRIVILEGED, HARNESS, dirs["work"]],
+    done_ = subprocess.run([py, "-S", "-B", "-c", UNPRIVILEGED, HARNESS, dirs["work"]],
                            user=sandbox.NOBODY, group=sandbox.NOBODY, extra_groups=[],
                            env={}, capture_output=True, timeout=60)
     assert done_.returncode == 0, done_.stderr.decode()
