@@ -73,6 +73,20 @@ def make_delta(rng, shape, params):
     return rng.uniform(0.01, 0.2, size=shape).astype(np.float32)
 
 
+def make_delta_spikes(rng, shape, params):
+    """`make_delta`'s draw with every 16th element (from the 8th) replaced by a spike drawn
+    from [20, 100], the first of them exactly 100: dt past 20 takes softplus's threshold
+    branch (dt itself), and past 88.7 a kernel that computes log1p(exp(dt)) in float32 gets
+    inf. Without softplus such a step simply forgets the state (exp(dt A) is 0). Every draw
+    of eight elements or more has a value of 100: the `reach` task.toml declares."""
+    delta = make_delta(rng, shape, params)
+    spikes = delta.reshape(-1)[7::16]
+    spikes[:] = rng.uniform(20.0, 100.0, size=spikes.shape)
+    if spikes.size:
+        spikes[0] = 100.0
+    return delta
+
+
 def make_delta_bias(rng, shape, params):
     """Non-zero, so a kernel that forgets the bias fails; non-negative without softplus, so
     dt stays positive."""

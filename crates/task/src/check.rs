@@ -12,7 +12,7 @@
 //!   declaring it (`values = [16]`); axes with declared `values` are exempt;
 //! - an input with `must_reach` whose workloads' distributions never reach `low` or `high`
 //!   (a `normal` draw reaches mean ± 3 std, `uniform` and `rand_int` their bounds, a `custom`
-//!   generator its declared `reach`, or nothing).
+//!   generator its declared `reach = { low, high }`, or nothing).
 //!
 //! Each problem is a [`SpecError`] pointing at the field (axis, input, `workloads`) to change.
 //! `docs/task-format.md` documents the declarations.
@@ -20,7 +20,7 @@
 use crate::error::SpecError;
 use crate::load::Ctx;
 use crate::source_map::{FieldPath, SourceMap};
-use crate::spec::{Distribution, ParamValue, ResolvedWorkload, NORMAL_REACH_STD};
+use crate::spec::{Distribution, ParamValue, Reach, ResolvedWorkload, NORMAL_REACH_STD};
 use crate::Task;
 use std::collections::BTreeSet;
 
@@ -201,7 +201,7 @@ fn reach(task: &Task, workloads: &[ResolvedWorkload], backend: &str, found: &mut
         };
         let name = &input.name;
         // (workload, its distribution of the input, what that reaches)
-        let draws: Vec<(&str, &Distribution, Option<[f64; 2]>)> = workloads
+        let draws: Vec<(&str, &Distribution, Reach)> = workloads
             .iter()
             .filter_map(|w| {
                 let t = w.inputs.iter().find(|t| &t.name == name)?;
@@ -211,14 +211,14 @@ fn reach(task: &Task, workloads: &[ResolvedWorkload], backend: &str, found: &mut
             .collect();
         let unknown: Vec<&str> = draws
             .iter()
-            .filter(|(_, _, r)| r.is_none())
+            .filter(|(_, _, r)| r.low.is_none() && r.high.is_none())
             .map(|(w, _, _)| *w)
             .collect();
         let unknown_note = if unknown.is_empty() {
             String::new()
         } else {
             format!(
-                "; custom generators without a declared `reach` count as reaching nothing ({})",
+                "; custom generators without a declared `reach` count as drawing nothing ({})",
                 unknown.join(", ")
             )
         };
@@ -229,12 +229,12 @@ fn reach(task: &Task, workloads: &[ResolvedWorkload], backend: &str, found: &mut
         if let Some(low) = want.low {
             let best = draws
                 .iter()
-                .filter_map(|(w, d, r)| r.map(|r| (r[0], *w, *d)))
+                .filter_map(|(w, d, r)| r.low.map(|lo| (lo, *w, *d)))
                 .min_by(|a, b| a.0.total_cmp(&b.0));
             if best.is_none_or(|(lo, _, _)| lo > low) {
                 let closest = match best {
                     Some((lo, w, d)) => format!("the lowest is {lo} ({w}: {})", how(d)),
-                    None => "none has a known range".to_string(),
+                    None => "none declares how low it goes".to_string(),
                 };
                 found.add(
                     path.key("low"),
@@ -249,12 +249,12 @@ fn reach(task: &Task, workloads: &[ResolvedWorkload], backend: &str, found: &mut
         if let Some(high) = want.high {
             let best = draws
                 .iter()
-                .filter_map(|(w, d, r)| r.map(|r| (r[1], *w, *d)))
+                .filter_map(|(w, d, r)| r.high.map(|hi| (hi, *w, *d)))
                 .max_by(|a, b| a.0.total_cmp(&b.0));
             if best.is_none_or(|(hi, _, _)| hi < high) {
                 let closest = match best {
                     Some((hi, w, d)) => format!("the highest is {hi} ({w}: {})", how(d)),
-                    None => "none has a known range".to_string(),
+                    None => "none declares how high it goes".to_string(),
                 };
                 found.add(
                     path.key("high"),

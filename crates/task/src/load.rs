@@ -520,13 +520,13 @@ impl Checker<'_, '_> {
         Ok(a)
     }
 
-    /// An input's `must_reach = { low, high }`.
+    /// An input's `must_reach = { low, high }`, or a custom generator's `reach`.
     fn reach(&self, raw: crate::raw::RawReach, path: &FieldPath) -> Result<Reach, TaskError> {
         if raw.low.is_none() && raw.high.is_none() {
             return Err(self.err(
                 path,
-                "must_reach needs `low` (values at or below it must be drawn), `high` (at or \
-                 above it), or both",
+                "needs `low` (values at or below it are drawn), `high` (at or above it), or \
+                 both",
             ));
         }
         for (field, v) in [("low", raw.low), ("high", raw.high)] {
@@ -770,17 +770,9 @@ impl Checker<'_, '_> {
                         "custom function `{function}` is not a Python identifier"
                     ));
                 }
-                let reach = match reach.as_deref() {
+                let reach = match reach {
                     None => None,
-                    Some(&[lo, hi]) if lo.is_finite() && hi.is_finite() && lo <= hi => {
-                        Some([lo, hi])
-                    }
-                    Some(other) => {
-                        return bad(format!(
-                            "custom `reach` must be [low, high], two finite numbers with low <= \
-                             high (got {other:?})"
-                        ))
-                    }
+                    Some(r) => Some(self.reach(r, &path.key("reach"))?),
                 };
                 Ok(Distribution::Custom { function, reach })
             }

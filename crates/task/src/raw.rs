@@ -171,7 +171,7 @@ pub(crate) enum RawDist {
     },
     Custom {
         function: Option<String>,
-        /// `[low, high]`: values the generator is documented to reach (for the reach check).
-        reach: Option<Vec<f64>>,
+        /// `{ low, high }`: values the generator is documented to draw (for the reach check).
+        reach: Option<RawReach>,
     },
 }

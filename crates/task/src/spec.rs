@@ -125,12 +125,13 @@ pub enum Distribution {
     },
     Custom {
         function: String,
-        /// `[low, high]`: values the generator is documented to reach on every draw, as the
-        /// task declares them (`reach = [-100.0, 100.0]`). ksearch cannot run the generator, so
-        /// this declaration is what `ksearch tasks --check` compares with `must_reach`; the
-        /// task's own tests should confirm it. `None`: the generator's range is unknown.
+        /// Values the generator is documented to draw on every call, as the task declares them
+        /// (`reach = { low = -100.0, high = 100.0 }`: some value at or below -100 and some at
+        /// or above 100). ksearch cannot run the generator, so this declaration is what
+        /// `ksearch tasks --check` compares with `must_reach`; the task's own tests should
+        /// confirm it. `None`: the generator's range is unknown.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        reach: Option<[f64; 2]>,
+        reach: Option<Reach>,
     },
 }
 
@@ -139,17 +140,24 @@ pub enum Distribution {
 pub const NORMAL_REACH_STD: f64 = 3.0;
 
 impl Distribution {
-    /// `[low, high]`: values a draw of this distribution reaches (for `must_reach`); `None`
+    /// How low and how high a draw of this distribution goes (for `must_reach`); both `None`
     /// for a custom generator without a declared `reach`.
-    pub fn reach(&self) -> Option<[f64; 2]> {
+    pub fn reach(&self) -> Reach {
+        let both = |low: f64, high: f64| Reach {
+            low: Some(low),
+            high: Some(high),
+        };
         match self {
-            Distribution::Normal { mean, std } => Some([
+            Distribution::Normal { mean, std } => both(
                 mean - NORMAL_REACH_STD * std,
                 mean + NORMAL_REACH_STD * std,
-            ]),
-            Distribution::Uniform { low, high } => Some([*low, *high]),
-            Distribution::RandInt { low, high } => Some([*low as f64, (*high - 1) as f64]),
-            Distribution::Custom { reach, .. } => *reach,
+            ),
+            Distribution::Uniform { low, high } => both(*low, *high),
+            Distribution::RandInt { low, high } => both(*low as f64, (*high - 1) as f64),
+            Distribution::Custom { reach, .. } => reach.unwrap_or(Reach {
+                low: None,
+                high: None,
+            }),
         }
     }
 
@@ -159,10 +167,18 @@ impl Distribution {
             Distribution::Normal { mean, std } => format!("normal(mean {mean}, std {std})"),
             Distribution::Uniform { low, high } => format!("uniform[{low}, {high})"),
             Distribution::RandInt { low, high } => format!("rand_int[{low}, {high})"),
-            Distribution::Custom { function, reach } => match reach {
-                Some([lo, hi]) => format!("custom {function} (reach [{lo}, {hi}])"),
-                None => format!("custom {function}"),
-            },
+            Distribution::Custom { function, reach } => {
+                let mut out = format!("custom {function}");
+                if let Some(r) = reach {
+                    let side = |name: &str, v: Option<f64>| v.map(|v| format!("{name} {v}"));
+                    let sides: Vec<String> = [side("low", r.low), side("high", r.high)]
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                    out.push_str(&format!(" (declared reach: {})", sides.join(", ")));
+                }
+                out
+            }
         }
     }
 }
@@ -261,13 +277,14 @@ fn join(values: &[i64]) -> String {
         .join(", ")
 }
 
-/// Values of an input that some workload of every backend must draw: at or below `low`, at
-/// or above `high` (`[[inputs]] must_reach`, checked by `ksearch tasks --check`).
-#[derive(Serialize, Clone, Copy, Debug, PartialEq)]
+/// Values at or below `low` and at or above `high`: what some workload of every backend must
+/// draw for an input (`[[inputs]] must_reach`, checked by `ksearch tasks --check`), and what a
+/// custom generator declares that it draws (`reach`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 pub struct Reach {
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub low: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high: Option<f64>,
 }
 
