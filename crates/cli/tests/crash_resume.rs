@@ -171,13 +171,16 @@ fn a_run_killed_at_random_moments_resumes_with_every_evaluation_intact() {
     );
 }
 
+/// An evaluation row: candidate, status, score, result.
+type EvaluationRow = (i64, String, Option<f64>, Value);
+/// A candidate row: source id, kind, round, sample, node, parent candidate.
+type CandidateRow = (String, CandidateKind, u32, u32, Option<String>, Option<i64>);
+
 /// What a run's store holds, keyed by row id.
 #[derive(Default)]
 struct Snapshot {
-    /// evaluation id → (candidate, status, score, result)
-    evaluations: BTreeMap<i64, (i64, String, Option<f64>, Value)>,
-    /// candidate id → (source id, kind, round, sample, node, parent)
-    candidates: BTreeMap<i64, (String, CandidateKind, u32, u32, Option<String>, Option<i64>)>,
+    evaluations: BTreeMap<i64, EvaluationRow>,
+    candidates: BTreeMap<i64, CandidateRow>,
 }
 
 impl Snapshot {

@@ -6,7 +6,7 @@
 mod common;
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -20,15 +20,11 @@ use ksearch_search::engine::{
     CandidateEvaluator, Engine, EngineConfig, EvalFailure, Evaluation, NoProgress, Purpose,
 };
 use ksearch_search::proposer::llm::{LlmProposer, LlmSettings, CODE_ROLE_TAG};
-use ksearch_search::proposer::prompts::{ContextLevel, PromptInputs, PromptSet, TaskView};
+use ksearch_search::proposer::prompts::{ContextLevel, PromptInputs, PromptSet};
 use ksearch_search::proposer::{OutcomeSummary, Proposer, TaskBrief};
 use ksearch_search::selection::KSearchPolicy;
 use ksearch_search::world_model::WorldModel;
 use ksearch_store::{CandidateKind, RunStore};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Sources look like `score=1.5;...` (passes with that score) or anything else (incorrect).
 struct FakeEvaluator {
@@ -148,29 +144,11 @@ impl ChatProvider for ScriptedLlm {
 }
 
 fn inputs() -> PromptInputs {
-    PromptInputs {
-        level: ContextLevel::Spec,
-        task: TaskView {
-            name: "fake".into(),
-            kind: "softmax".into(),
-            backend: "cpu".into(),
-            language: "c".into(),
-            signature: "void kern(float* x)".into(),
-            entry: "kern".into(),
-            fence_tag: "c".into(),
-            target: "cpu".into(),
-            target_title: "CPU kernel in C".into(),
-        },
-        spec: Some("A fake task.".into()),
-        device: None,
-        knowledge: None,
-        code_format: "- One ```c block.".into(),
-        fence_tags: vec!["c".into()],
-    }
+    common::fake_prompt_inputs(ContextLevel::Spec)
 }
 
 fn prompts() -> PromptSet {
-    PromptSet::load(&root().join("knowledge/prompts")).unwrap()
+    common::prompt_set()
 }
 
 fn store(dir: &Path) -> RunStore {

@@ -283,6 +283,9 @@ fn run_step(wm: &mut WorldModel, step: &Step, round: u32) -> Result<(), TestCase
                 }
                 Err(errors) => {
                     prop_assert!(!errors.is_empty());
+                    for e in &errors {
+                        prop_assert!(!e.to_string().trim().is_empty(), "{:?}", e);
+                    }
                     false
                 }
             }
@@ -381,10 +384,18 @@ proptest! {
         }
         let before = wm.to_json().unwrap();
         let value = json!({"ops": ops});
-        if let Ok(e) = Edit::from_json_value(&value) {
-            match wm.apply_edit(&e, 99) {
+        match Edit::from_json_value(&value) {
+            Ok(e) => match wm.apply_edit(&e, 99) {
                 Ok(_) => prop_assert!(wm.validate().is_ok()),
-                Err(_) => prop_assert_eq!(wm.to_json().unwrap(), before),
+                Err(errors) => {
+                    prop_assert!(!errors.is_empty());
+                    prop_assert!(errors.iter().all(|e| !e.to_string().trim().is_empty()));
+                    prop_assert_eq!(wm.to_json().unwrap(), before)
+                }
+            },
+            Err(errors) => {
+                prop_assert!(!errors.is_empty());
+                prop_assert!(errors.iter().all(|e| !e.to_string().trim().is_empty()));
             }
         }
         check_round_trip(&wm)?;
@@ -521,4 +532,138 @@ fn edit_has_unknown_keys(e: &Edit) -> bool {
         }
         PatchOp::Delete { .. } => false,
     })
+}
+
+/// JSON-ish text built from the patch language's own tokens.
+fn edit_text() -> impl Strategy<Value = String> {
+    const TOKENS: &[&str] = &[
+        "{",
+        "}",
+        "[",
+        "]",
+        ",",
+        ":",
+        "\"ops\"",
+        "\"op\"",
+        "\"update\"",
+        "\"insert\"",
+        "\"split\"",
+        "\"delete\"",
+        "\"update_node\"",
+        "\"insert_node\"",
+        "\"node_id\"",
+        "\"parent_id\"",
+        "\"set\"",
+        "\"node\"",
+        "\"patch\"",
+        "\"children\"",
+        "\"action\"",
+        "\"title\"",
+        "\"score\"",
+        "\"difficulty\"",
+        "\"difficulty_0_to_3\"",
+        "\"label\"",
+        "\"impacts\"",
+        "\"memory_bandwidth\"",
+        "\"rating_0_to_10\"",
+        "\"hw_notes\"",
+        "\"active_leaf_id\"",
+        "\"solution_id\"",
+        "\"root\"",
+        "\"n1\"",
+        "\"n2\"",
+        "\"n3\"",
+        "\"x\"",
+        "null",
+        "true",
+        "0",
+        "-1",
+        "2.5",
+        "1e308",
+        "\"3\"",
+        "\"\"",
+    ];
+    proptest::collection::vec(proptest::sample::select(TOKENS), 0..40).prop_map(|t| t.concat())
+}
+
+/// A model with closed, too-hard, pruned and open nodes (the edit targets of the tests).
+fn seeded_model(steps: &[Step]) -> Result<WorldModel, TestCaseError> {
+    let mut wm = WorldModel::new_root("k", vec![]);
+    for (round, s) in steps.iter().enumerate() {
+        run_step(&mut wm, s, round as u32)?;
+    }
+    Ok(wm)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Arbitrary edit text (mostly malformed) never panics the parser; every rejection,
+    /// parse or apply, has a message; what applies keeps the invariants.
+    #[test]
+    fn arbitrary_edit_text_is_parsed_or_rejected_with_reasons(
+        text in edit_text(),
+        steps in proptest::collection::vec(step(), 0..8),
+    ) {
+        let mut wm = seeded_model(&steps)?;
+        let before = wm.to_json().unwrap();
+        match Edit::from_json_str(&text) {
+            Err(errors) => {
+                prop_assert!(!errors.is_empty());
+                prop_assert!(errors.iter().all(|e| !e.to_string().trim().is_empty()));
+            }
+            Ok(e) => match wm.apply_edit(&e, 5) {
+                Ok(_) => prop_assert!(wm.validate().is_ok()),
+                Err(errors) => {
+                    prop_assert!(errors.iter().all(|e| !e.to_string().trim().is_empty()));
+                    prop_assert_eq!(wm.to_json().unwrap(), before);
+                }
+            },
+        }
+    }
+
+    /// A world-model document with one value replaced anywhere loads only if it is valid,
+    /// and a loaded one serves the prompt projections and `show`'s tree.
+    #[test]
+    fn mutated_world_model_documents_load_only_when_valid(
+        steps in proptest::collection::vec(step(), 0..12),
+        pick in any::<usize>(),
+        replacement in json_leaf(),
+    ) {
+        let wm = seeded_model(&steps)?;
+        let mut doc: Value = serde_json::from_str(&wm.to_json().unwrap()).unwrap();
+        let mut leaves = Vec::new();
+        collect_pointers(&doc, String::new(), &mut leaves);
+        let at = &leaves[pick % leaves.len()];
+        *doc.pointer_mut(at).unwrap() = replacement;
+        match WorldModel::from_json(&doc.to_string()) {
+            Ok(loaded) => {
+                prop_assert!(loaded.validate().is_ok());
+                let compact = loaded.compact_json(300);
+                prop_assert!(serde_json::from_str::<Value>(&compact).is_ok(), "{}", compact);
+                let _ = loaded.frontier_listing(10);
+                let _ = loaded.render_tree();
+            }
+            Err(e) => prop_assert!(!e.to_string().trim().is_empty()),
+        }
+    }
+}
+
+/// JSON pointers of every value in `v`.
+fn collect_pointers(v: &Value, at: String, out: &mut Vec<String>) {
+    out.push(at.clone());
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let key = k.replace('~', "~0").replace('/', "~1");
+                collect_pointers(x, format!("{at}/{key}"), out);
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                collect_pointers(x, format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
 }
