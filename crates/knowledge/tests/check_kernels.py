@@ -4,20 +4,28 @@ usage: python check_kernels.py MANIFEST.json
 
 The manifest is {"cc": "cc", "jobs": 2, "kernels": [{"task": ..., "source": ..., "label": ...}]}.
 Each kernel is compiled the way the harness compiles candidates, loaded through ctypes and run
-on small odd shapes (tails everywhere) against a float64 numpy reference. Outputs are poisoned
-with NaN first, and inputs must come back unchanged. One JSON line per kernel goes to stdout,
-then a summary line; the exit status is 0 only when every kernel passed.
+on small odd shapes (tails everywhere) against a float64 numpy reference, then on every cpu
+held-out workload of its task (tasks/<task>/task.toml, inputs drawn by tasks/task_testing.py
+with the workload's own distributions, the task's reference and tolerance): a family whose
+kernels fail those would have its search winners rejected as shape_specialisation. Outputs are
+poisoned with NaN first, and inputs must come back unchanged. One JSON line per kernel goes to
+stdout, then a summary line; the exit status is 0 only when every kernel passed.
 """
 
 import ctypes
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tasks"))
+from task_testing import TaskUnderTest  # noqa: E402
 
 CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-std=c11", "-fopenmp"]
 RTOL = 2e-5
@@ -184,6 +192,40 @@ CHECKS = {
     "selective-scan": check_selective_scan,
 }
 
+# ---------------------------------------------------------------- held-out workloads
+
+OUTPUT = {"softmax": "y", "attention": "out", "selective-scan": "y"}
+_HELD_OUT = {}
+
+
+def held_out_cases(task):
+    """The task and its cpu held-out workloads as (name, params, inputs, expected), drawn and
+    computed once for all kernels."""
+    if task not in _HELD_OUT:
+        t = TaskUnderTest(REPO / "tasks" / task)
+        cases = []
+        for i, w in enumerate(t.workloads("cpu", held_out=True)):
+            params = dict(w["params"])
+            inputs = t.make_inputs(params, seed=4321 + i, workload=w)
+            expected = t.ref.reference(inputs, params)[OUTPUT[task]]
+            cases.append((w["name"], params, inputs, expected))
+        _HELD_OUT[task] = (t, cases)
+    return _HELD_OUT[task]
+
+
+def check_held_out(task, lib):
+    t, cases = held_out_cases(task)
+    for name, params, inputs, expected in cases:
+        before = {k: v.copy() for k, v in inputs.items()}
+        out = t.call_cpu(lib, inputs, OUTPUT[task], params)
+        if not all(np.array_equal(before[k], inputs[k]) for k in inputs):
+            return False, f"held-out workload {name}: input mutated"
+        worst = t.worst(out, expected)
+        if worst > 1.0:
+            return False, (f"held-out workload {name} {params}: error {worst:.3g} times the "
+                           f"task's tolerance")
+    return True, ""
+
 
 def build(cc, source, out_dir, index):
     so = os.path.join(out_dir, f"k{index}.so")
@@ -213,6 +255,8 @@ def main():
                 lib = ctypes.CDLL(so)
                 # A fixed seed per kernel keeps failures reproducible.
                 ok, why = CHECKS[kernel["task"]](lib, np.random.default_rng(1234))
+                if ok:
+                    ok, why = check_held_out(kernel["task"], lib)
                 os.unlink(so)
             record.update(ok=ok, error=why)
             failed += not ok

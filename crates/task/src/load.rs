@@ -521,7 +521,18 @@ impl Checker<'_, '_> {
     }
 
     /// An input's `must_reach = { low, high }`, or a custom generator's `reach`.
-    fn reach(&self, raw: crate::raw::RawReach, path: &FieldPath) -> Result<Reach, TaskError> {
+    fn reach(&self, value: toml::Value, path: &FieldPath) -> Result<Reach, TaskError> {
+        if !value.is_table() {
+            return Err(self.err(
+                path,
+                format!(
+                    "expected a table like {{ low = -100.0, high = 100.0 }}, found {}",
+                    toml_type(&value)
+                ),
+            ));
+        }
+        let raw = crate::raw::RawReach::deserialize(value)
+            .map_err(|e| self.err(path, e.message().trim().to_string()))?;
         if raw.low.is_none() && raw.high.is_none() {
             return Err(self.err(
                 path,

@@ -77,8 +77,10 @@ pub(crate) struct RawTensor {
     pub dtype: Option<String>,
     pub shape: Option<Vec<toml::Value>>,
     pub dist: Option<toml::Value>,
-    /// Values that some workload of every backend must draw (`ksearch tasks --check`).
-    pub must_reach: Option<RawReach>,
+    /// Values that some workload of every backend must draw (`ksearch tasks --check`); a
+    /// `RawReach` table, taken as a value so that an array is an error rather than a
+    /// positional struct.
+    pub must_reach: Option<toml::Value>,
     #[serde(default)]
     pub description: String,
 }
@@ -171,7 +173,8 @@ pub(crate) enum RawDist {
     },
     Custom {
         function: Option<String>,
-        /// `{ low, high }`: values the generator is documented to draw (for the reach check).
-        reach: Option<RawReach>,
+        /// `{ low, high }`: values the generator is documented to draw (for the reach check);
+        /// a `RawReach` table.
+        reach: Option<toml::Value>,
     },
 }
