@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import channel
+from . import channel, sandbox
 from .arena import Arena, Layout, Placement
 from .protocol import (BuildError, CandidateRuntimeError, HarnessError, Incorrect, TaskError,
                        TensorSpec, Violation)
@@ -58,6 +58,13 @@ TAMPER_SPREAD_FACTOR = 4.0
 
 class CandidateTimeout(HarnessError):
     status = "timeout"
+
+
+class SandboxRequired(TaskError):
+    """`--sandbox require` and a layer this machine does not offer."""
+
+    def __init__(self, why: str):
+        super().__init__(f"--sandbox require: the candidate cannot be confined here: {why}")
 
 
 @dataclass
@@ -117,7 +124,8 @@ class AccusedProcess:
 
     def __init__(self, backend: str, *, workdir: str, log_fd: int, deadline: float,
                  python: str | None = None, sandbox_mode: str = "best-effort",
-                 memory_bytes: int | None = None, cpu_seconds: int | None = None):
+                 readable_extra: tuple[str, ...] = (), arena_bytes: int = 0,
+                 cpu_seconds: int | None = None):
         self.backend = backend
         self.deadline = deadline
         self.seq = 0
@@ -129,15 +137,15 @@ class AccusedProcess:
         self.linger_calls = 0
         self.linger_worst: Linger | None = None
         self._launcher: Any = None
-        self._popen: Any = None
         judge_end, accused_end = channel.pair()
         self.sock = judge_end
         argv = [python or sys.executable, "-m", "ksearch_harness.accused",
                 "--channel-fd", str(accused_end.fileno()), "--backend", backend]
         env = accused_environment(workdir)
         try:
-            self.pid = self._launch(argv, env, accused_end.fileno(), log_fd, workdir,
-                                    sandbox_mode, memory_bytes, cpu_seconds)
+            policy = accused_policy(backend, workdir, sandbox_mode, readable_extra,
+                                    arena_bytes, cpu_seconds)
+            self.pid = self._launch(argv, env, accused_end.fileno(), log_fd, policy)
         finally:
             accused_end.close()
         ready = self._reply(0, min(deadline, time.monotonic() + COMMAND_TIMEOUT_S))
@@ -154,30 +162,14 @@ class AccusedProcess:
     # -- launching -----------------------------------------------------------------------
 
     def _launch(self, argv: list[str], env: dict[str, str], fd: int, log_fd: int,
-                workdir: str, mode: str, memory_bytes: int | None,
-                cpu_seconds: int | None) -> int:
-        sandbox = _sandbox_module()
-        if sandbox is not None:
-            policy = sandbox.Policy(
-                workdir=workdir, devices=device_paths(self.backend),
-                address_space_bytes=None, memory_bytes=memory_bytes,
-                cpu_seconds=cpu_seconds, mode=mode)
-            try:
-                self._launcher = sandbox.launch(argv, policy, env=env, pass_fds=(fd,),
-                                                stdout=log_fd, stderr=log_fd, cwd=workdir)
-            except sandbox.SandboxUnavailable as e:
-                raise TaskError(f"--sandbox require: {e}") from None
-            self.layers = [_layer_json(x) for x in self._launcher.report]
-            return int(self._launcher.pid)
-        if mode == "require":
-            raise TaskError("--sandbox require: this harness has no sandbox module")
-        import subprocess
-        self._popen = subprocess.Popen(argv, env=env, pass_fds=(fd,), stdout=log_fd,
-                                       stderr=log_fd, stdin=subprocess.DEVNULL, cwd=workdir,
-                                       start_new_session=True)
-        self.layers = [{"name": "process_group", "active": True,
-                        "detail": "own session; no sandbox module"}]
-        return self._popen.pid
+                policy: Any) -> int:
+        try:
+            self._launcher = sandbox.launch(argv, policy, env=env, pass_fds=(fd,),
+                                            stdout=log_fd, stderr=log_fd, cwd=policy.workdir)
+        except sandbox.SandboxUnavailable as e:
+            raise SandboxRequired(str(e)) from None
+        self.layers = [x.to_json() for x in self._launcher.report]
+        return int(self._launcher.pid)
 
     # -- process control -----------------------------------------------------------------
 
@@ -208,29 +200,9 @@ class AccusedProcess:
         self.stopped = False
 
     def kill(self) -> None:
+        """SIGKILL; the sandbox takes everything the accused started with it."""
         if self._launcher is not None:
-            try:
-                self._launcher.kill()
-            except Exception:  # noqa: BLE001 - best effort; the pid below is killed too
-                pass
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, AttributeError):
-            pass
-        if self._popen is not None:
-            try:
-                os.killpg(self._popen.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                self._popen.wait(timeout=5)
-            except Exception:  # noqa: BLE001
-                pass
-        if self._launcher is not None:
-            try:
-                self._launcher.wait(5)
-            except Exception:  # noqa: BLE001
-                pass
+            self._launcher.kill()
         try:
             self.sock.close()
         except OSError:
@@ -248,27 +220,15 @@ class AccusedProcess:
 
     def exit_description(self) -> str:
         """How the accused ended, when it did (for messages)."""
-        status = None
-        if self._popen is not None:
-            status = self._popen.poll()
-            if status is None:
-                return "it is still running"
-            if status < 0:
-                return f"killed by {_signal_name(-status)}"
-            return f"exit status {status}"
-        if self._launcher is not None:
-            describe = getattr(self._launcher, "describe_exit", None)
-            if callable(describe):
-                return str(describe())
-            code = self._launcher.poll()
-            if code is None:
-                return "it is still running"
-            if code < 0:
-                return f"killed by {_signal_name(-code)}"
-            if code > 128:
-                return f"killed by {_signal_name(code - 128)}"
-            return f"exit status {code}"
-        return "unknown"
+        if self._launcher is None:
+            return "unknown"
+        try:
+            code = self._launcher.wait(1.0)
+        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: still running
+            return "it is still running"
+        if code < 0:
+            return f"killed by {_signal_name(-code)}"
+        return f"exit status {code}"
 
     # -- commands ------------------------------------------------------------------------
 
@@ -628,30 +588,47 @@ def accused_environment(workdir: str) -> dict[str, str]:
     return env
 
 
-def device_paths(backend: str) -> tuple[str, ...]:
-    """Device files a backend opens read-write (with ioctls)."""
-    if backend in ("cuda", "mlx") and sys.platform.startswith("linux"):
-        return ("/dev",)
-    return ()
+# Limits of the accused. Memory: a share of the machine's, so a candidate that allocates without
+# bound meets the cgroup (killed: a runtime error), not the host's OOM killer. Address space
+# (cpu only; CUDA reserves far more than it uses): the machine's memory plus the arena, so that
+# reserving tens of GiB fails at once. Output: what a chatty kernel may print to the log.
+MEMORY_SHARE = 0.5
+MIN_MEMORY_BYTES = 2 << 30
+FILE_BYTES = 256 << 20
+TASKS_PER_CORE = 8
+MIN_TASKS = 256
 
 
-def _sandbox_module() -> Any:
-    if os.environ.get("KSEARCH_HARNESS_SANDBOX_DEV") != "1":  # TODO(integration): remove gate
-        return None
+def accused_policy(backend: str, workdir: str, mode: str, readable_extra: tuple[str, ...],
+                   arena_bytes: int, cpu_seconds: int | None) -> Any:
+    """The sandbox of an accused process (sandbox.Policy): nothing but its working directory to
+    write, no process of its own after its imports, no network. GPU backends also need their
+    device files, a unix socket (the CUDA driver makes one) and writes beneath their private
+    /proc (the driver names its threads); the host's unix sockets are hidden from them."""
+    import socket as _socket
+    ram = _physical_memory()
+    gpu = backend in ("cuda", "mlx")
+    return sandbox.Policy(
+        workdir=workdir,
+        devices=("/dev/nvidia*",) if gpu else (),
+        address_space_bytes=None if gpu else ram + arena_bytes + (4 << 30),
+        memory_bytes=max(MIN_MEMORY_BYTES, int(MEMORY_SHARE * ram)),
+        cpu_seconds=cpu_seconds,
+        file_bytes=FILE_BYTES,
+        tasks=max(MIN_TASKS, TASKS_PER_CORE * (os.cpu_count() or 1)),
+        mode=mode,
+        socket_families=(_socket.AF_UNIX,) if gpu else (),
+        proc_writable=gpu,
+        hide=("/run", "/var/run") if gpu else (),
+        reveal=tuple(dict.fromkeys(sandbox.interpreter_paths() + readable_extra)),
+    )
+
+
+def _physical_memory() -> int:
     try:
-        from . import sandbox
-    except ImportError:
-        return None
-    return sandbox if hasattr(sandbox, "launch") else None
-
-
-def _layer_json(layer: Any) -> dict[str, Any]:
-    if isinstance(layer, dict):
-        return {"name": str(layer.get("name")), "active": bool(layer.get("active")),
-                "detail": str(layer.get("detail", ""))}
-    return {"name": str(getattr(layer, "name", "?")), "active": bool(getattr(layer, "active",
-                                                                             False)),
-            "detail": str(getattr(layer, "detail", ""))}
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
 
 
 def _signal_name(sig: int) -> str:

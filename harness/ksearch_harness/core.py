@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import shutil
 import sys
 import threading
 import time
@@ -499,6 +501,7 @@ class Evaluation:
         self.results: dict[str, dict[str, Any]] = {}
         self.phase = PhaseClock()
         self.accused: AccusedAdapter | None = None
+        self.workdirs: list[str] = []
         self.benches: dict[str, list[Bench]] = {}
         # Per workload: (reported, window) of every timed candidate call, and the round trips
         # measured between them, for the timer check.
@@ -513,6 +516,8 @@ class Evaluation:
         finally:
             if self.accused is not None:
                 self.accused.close()
+            for d in self.workdirs:  # nothing of the candidate's is left behind
+                shutil.rmtree(d, ignore_errors=True)
             # Also when a check fails: the counts and phase times up to the verdict.
             if "diagnostics" in self.out.data:
                 self.out.data["diagnostics"] = self._diagnostics()
@@ -559,8 +564,8 @@ class Evaluation:
             # The judge's own device (reference, baseline, cache flushes); the candidate is
             # loaded only in the accused process.
             self.adapter.open_device()
-            self.accused = self._start_accused()
-            self.accused.load(info.artifact, req.task.entry, req)
+            self.accused, artifact = self._start_accused(info)
+            self.accused.load(artifact, req.task.entry, req)
             out.data["sandbox"] = self.accused.process.layers
         with phase("calibration"):
             handshake = self.accused.process.calibrate()
@@ -597,7 +602,7 @@ class Evaluation:
                 "task_sanity_cached": self.sanity_cached,
                 "phase_seconds": self.phase.snapshot()}
 
-    def _start_accused(self) -> AccusedAdapter:
+    def _start_accused(self, info: BuildInfo) -> tuple[AccusedAdapter, str]:
         """The accused process for this candidate, with an arena for every workload's buffers
         (and a second set for the workloads timed with priming)."""
         req = self.req
@@ -607,13 +612,22 @@ class Evaluation:
         for wl in req.workloads:
             one = sum(_nbytes(s) + 4096 for s in (*wl.inputs, *wl.outputs))
             size += one * (2 if priming and not wl.held_out else 1)
-        workdir = _fresh_dir(req.build_dir, "accused")
+        # The accused's own directory (it may write nothing else), in the system's temporary
+        # directory, with a copy of the artifact: the build directory may sit where the
+        # sandbox's uid cannot go. The harness is made readable for it.
+        workdir = _fresh_dir(None, "ksearch-accused")
+        self.workdirs.append(workdir)
+        artifact = os.path.join(workdir, os.path.basename(info.artifact))
+        shutil.copyfile(info.artifact, artifact)
+        os.chmod(artifact, 0o444)
+        harness_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         process = AccusedProcess(req.backend, workdir=workdir, log_fd=1,
                                  deadline=self.started + req.timeout_s,
-                                 sandbox_mode=req.sandbox,
+                                 sandbox_mode=req.sandbox, readable_extra=(harness_dir,),
+                                 arena_bytes=size,
                                  cpu_seconds=int(req.timeout_s * machine.cores()) + 10)
         try:
-            return AccusedAdapter(process, req.backend, size + (1 << 20))
+            return AccusedAdapter(process, req.backend, size + (1 << 20)), artifact
         except BaseException:
             process.kill()
             raise
@@ -1193,7 +1207,7 @@ def _nbytes(spec: Any) -> int:
     return count * dtypes.get(spec.dtype).storage.itemsize
 
 
-def _fresh_dir(parent: str, prefix: str) -> str:
+def _fresh_dir(parent: str | None, prefix: str) -> str:
     import tempfile
     return tempfile.mkdtemp(prefix=f"{prefix}-", dir=parent)
 

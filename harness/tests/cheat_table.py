@@ -1,5 +1,12 @@
 """What each file of the cheat corpus must be judged: (status, violation class, timeout_s of
-its request)."""
+its request), and for some a fourth element: overrides of the request (driver.softmax_request).
+"""
+
+import driver
+
+# Calls of about ten milliseconds: a tampered clock is told from the judge's own only when the
+# difference is larger than what a round trip costs, which the shown workloads are not.
+LONG_CALLS = {"workloads": [driver.workload(1024, 4096), driver.workload(7, 333, held_out=True)]}
 
 EXPECTED = {
     "writes_nothing.c": ("integrity_violation", "output_not_written", 60),
@@ -26,4 +33,11 @@ EXPECTED = {
     "infinite_loop.c": ("timeout", None, 3),
     "segfault.c": ("runtime_error", None, 60),
     "forged_result.c": ("integrity_violation", "result_channel", 60),
+    "forged_channel_frame.c": ("integrity_violation", "result_channel", 60),
+    "python_timer_patch.c": ("integrity_violation", "timer_tampering", 120, LONG_CALLS),
+    "precompute_thread.c": ("integrity_violation", "lingering_work", 60),
+    "spin_threads.c": ("integrity_violation", "lingering_work", 60),
+    # Tries sandbox escapes and computes correctly: it passes, and test_sandboxed_escapes reads
+    # what it managed. Without a sandbox its child process outlives a call (lingering_work).
+    "escape_attempts.c": (("passed", "integrity_violation"), (None, "lingering_work"), 60),
 }

@@ -19,6 +19,8 @@ FIXTURES = TESTS_DIR / "fixtures"
 CHEATS = TESTS_DIR / "cheats"
 HONEST = TESTS_DIR / "honest"
 NONCE = "5e3c1d2a9b8f4e7d"
+# A stand-in for an API key in the harness's environment: no candidate may ever read it.
+CANARY = "sk-canary-7f3e9a1c5b2d"
 SECRET_SEED = 20260101
 
 # Shown workloads and one held out (odd sizes); the cheats that special-case shapes or count

@@ -3,7 +3,10 @@ boundary (fresh harness process, own process group, private result fd)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import sys
 import tempfile
 import time
 
@@ -18,7 +21,7 @@ def test_every_cheat_file_is_listed_and_names_its_class():
     assert files == sorted(EXPECTED)
     for name in files:
         header = (driver.CHEATS / name).read_text().split("*/", 1)[0]
-        status, cls, _ = EXPECTED[name]
+        status, cls, *_ = EXPECTED[name]
         primary = cls[0] if isinstance(cls, tuple) else cls
         named = re.search(r"Cheat class: ([a-z_]+)", header)
         assert named, f"{name} lacks a 'Cheat class:' header"
@@ -27,7 +30,7 @@ def test_every_cheat_file_is_listed_and_names_its_class():
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_cheat_is_rejected_with_its_class(corpus_results, name):
-    status, cls, _ = EXPECTED[name]
+    status, cls, *_ = EXPECTED[name]
     run = corpus_results[name]
     assert run.result is not None, f"no result line; stderr: {run.stderr[-2000:]}"
     res = run.result
@@ -37,8 +40,9 @@ def test_cheat_is_rejected_with_its_class(corpus_results, name):
     classes = cls if isinstance(cls, tuple) else (cls,)
     got = (res["status"], (res["violation"] or {}).get("class"))
     assert got in list(zip(statuses, classes)), res["message"]
-    assert res["score"] is None
-    assert res["message"]
+    if res["status"] != "passed":
+        assert res["score"] is None
+        assert res["message"]
 
 
 def test_forged_result_line_is_not_accepted(corpus_results):
@@ -80,3 +84,31 @@ def test_segfault_then_next_evaluation_still_works(corpus_results):
         req = driver.softmax_request(driver.HONEST / "naive.c", d)
         after = driver.run_harness("evaluate", req)
         assert after.result["status"] == "passed", after.result["message"]
+
+
+ESCAPES = ("fork", "inet_socket", "inet_connect", "unix_socket", "read_environ", "write_tmp",
+           "write_harness", "reserve_64gib", "signal_init", "signal_parent")
+
+
+def _confined() -> bool:
+    """Linux as root: every layer of the sandbox is available (CI and the GPU machine)."""
+    return sys.platform.startswith("linux") and os.geteuid() == 0
+
+
+def test_sandboxed_escapes(corpus_results):
+    run = corpus_results["escape_attempts.c"]
+    res = run.result
+    log = res["log_tail"]
+    tried = dict(re.findall(r"^ESCAPE (\w+) (ok|denied)$", log, re.M))
+    assert set(tried) == set(ESCAPES), log[-2000:]
+    # The key in the harness's environment never reaches a candidate, sandbox or not.
+    assert driver.CANARY not in json.dumps(res)
+    if not _confined():
+        pytest.skip("the strict part needs Linux and root")
+    layers = {x["name"]: x for x in res["sandbox"]}
+    missing = [n for n, x in layers.items() if not x["active"]]
+    assert not missing, f"sandbox layers not active: {missing}: {res['sandbox']}"
+    escaped = [what for what, outcome in tried.items() if outcome == "ok"]
+    assert not escaped, f"the candidate managed {escaped}"
+    assert res["status"] == "passed", res["message"]
+    assert "LEAKED" not in log

@@ -38,7 +38,7 @@ def fake_mx(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(FAKE_MLX))
     path = os.pathsep.join([str(FAKE_MLX)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     monkeypatch.setenv("PYTHONPATH", path)
-    monkeypatch.setenv("KSEARCH_FAKE_MLX_EVENTS", str(tmp_path / "mlx-events.jsonl"))
+    monkeypatch.setenv("KSEARCH_FAKE_MLX_EVENTS", "1")
     monkeypatch.setenv("KSEARCH_HARNESS_ACCUSED_ENV", "KSEARCH_FAKE_MLX_EVENTS")
     import mlx.core as mx
     yield mx
@@ -47,12 +47,13 @@ def fake_mx(monkeypatch, tmp_path):
         del sys.modules[name]
 
 
-def events(tmp_path: Path, of_accused: bool = True) -> list[tuple]:
-    """The fake's events, from the accused process (or from this one)."""
+def events(captured: str, of_accused: bool = True) -> list[tuple]:
+    """The fake's events in captured stderr, from the accused process (or from this one)."""
     out = []
-    log = tmp_path / "mlx-events.jsonl"
-    for line in (log.read_text().splitlines() if log.exists() else []):
-        pid, *event = json.loads(line)
+    for line in captured.splitlines():
+        if not line.startswith("FAKEMLX "):
+            continue
+        pid, *event = json.loads(line[len("FAKEMLX "):])
         if (pid != os.getpid()) == of_accused:
             out.append(tuple(event))
     return out
@@ -184,7 +185,7 @@ def _evaluate(tmp_path: Path, source: str) -> dict:
     return worker.execute(parse_request(req, "evaluate"), roofline_override=(1e15, 1e18))
 
 
-def test_honest_candidate_passes_every_check(tmp_path, fake_mx, monkeypatch):
+def test_honest_candidate_passes_every_check(tmp_path, fake_mx, monkeypatch, capfd):
     verified = []
     real = device.DeviceAdapter.verify_reference_inputs
 
@@ -198,7 +199,8 @@ def test_honest_candidate_passes_every_check(tmp_path, fake_mx, monkeypatch):
     assert r["build"]["kernel_dialects"] == ["cuda"]
     assert r["environment"]["kernel_dialects"] == ["cuda"]
     # The kernel was built (in the accused) under a name carrying the hash of its source.
-    names = [e[1] for e in events(tmp_path) if e[0] == "kernel_name"]
+    captured = capfd.readouterr()  # the accused writes to the log (fd 1 here), the judge to fd 2
+    names = [e[1] for e in events(captured.out + captured.err) if e[0] == "kernel_name"]
     assert names and names[0].startswith("scale_")
     assert len(names[0]) == len("scale_") + 12
     timed = [w for w in r["workloads"] if not w["held_out"]]
@@ -230,7 +232,8 @@ def test_broken_and_cheating_candidates(tmp_path, fake_mx, name, status, cls):
         assert "no function `scale`" in r["message"]
 
 
-def test_each_timed_call_follows_a_priming_call_on_the_previous_inputs(tmp_path, fake_mx):
+def test_each_timed_call_follows_a_priming_call_on_the_previous_inputs(tmp_path, fake_mx,
+                                                                      capfd):
     r = _evaluate(tmp_path, HONEST)
     assert r["status"] == "passed", (r["status"], r["message"])
     timed = [w for w in r["workloads"] if not w["held_out"]]
@@ -239,7 +242,9 @@ def test_each_timed_call_follows_a_priming_call_on_the_previous_inputs(tmp_path,
     for w in timed:
         assert set(w["prime_ns"]) == {"candidate", "reference", "baseline"}
         assert all(len(v) == len(w["candidate_ns"]) for v in w["prime_ns"].values())
-    ev = [e for e in events(tmp_path) if e[0] != "kernel_name"]
+    captured = capfd.readouterr()
+    err = captured.out + captured.err
+    ev = [e for e in events(err) if e[0] != "kernel_name"]
     first_clear = next(i for i, e in enumerate(ev) if e[0] == "clear")
     primed = []  # (priming call's input, timed call's input)
     for i in range(first_clear, len(ev) - 2):
@@ -248,7 +253,7 @@ def test_each_timed_call_follows_a_priming_call_on_the_previous_inputs(tmp_path,
             # cache reset, and no buffer read on the host going back to the cache.
             assert ev[i + 2][0] == "kernel", ev[i:i + 3]
             primed.append((ev[i + 1][1], ev[i + 2][1]))
-    assert not any(e[0] == "kernel" for e in events(tmp_path, of_accused=False))
+    assert not any(e[0] == "kernel" for e in events(err, of_accused=False))
     warmup, reps = 1, [len(w["candidate_ns"]) for w in timed]
     assert len(primed) == sum(n + warmup for n in reps)
     # A priming call never sees the inputs of the call it precedes; within a workload it

@@ -42,6 +42,9 @@ pub struct EvalArgs {
     #[arg(long)]
     json: bool,
 
+    #[command(flatten)]
+    sandbox: crate::sandbox_arg::SandboxArg,
+
     /// Candidate source files; each is evaluated on its own.
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -62,8 +65,11 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
             bail!("candidate file not found: {}", file.display());
         }
     }
-    let evaluator = Evaluator::new(EvaluatorConfig::default())
-        .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
+    let evaluator = Evaluator::new(EvaluatorConfig {
+        sandbox: args.sandbox.mode,
+        ..EvaluatorConfig::default()
+    })
+    .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
     let secret_seed = match args.seed {
         Some(s) => s,
         None => fresh_secret_seed()?,

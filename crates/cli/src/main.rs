@@ -8,6 +8,7 @@ mod eval;
 mod inspect;
 mod knowledge;
 mod logging;
+mod sandbox_arg;
 mod search;
 mod tasks;
 

@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use ksearch_eval::{fresh_secret_seed, Evaluator, EvaluatorConfig, TimingPreset};
+use ksearch_eval::{fresh_secret_seed, Evaluator, EvaluatorConfig, SandboxMode, TimingPreset};
 use ksearch_knowledge::lint::{self as knowledge_lint, LintTarget};
 use ksearch_knowledge::Catalog;
 use ksearch_knowledge::Packs;
@@ -259,6 +259,9 @@ pub struct RunArgs {
     #[command(flatten)]
     pub search: SearchOptions,
 
+    #[command(flatten)]
+    pub sandbox: crate::sandbox_arg::SandboxArg,
+
     /// Print the outcome as JSON.
     #[arg(long)]
     pub json: bool,
@@ -284,6 +287,9 @@ pub struct ResumeArgs {
     /// Re-check the winner at the end even if the run was started with --no-recheck.
     #[arg(long)]
     pub recheck: bool,
+
+    #[command(flatten)]
+    pub sandbox: crate::sandbox_arg::SandboxArg,
 
     #[arg(long)]
     pub json: bool,
@@ -415,6 +421,7 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
         &task,
         &backend,
         &args.search,
+        args.sandbox.mode,
         seed,
         secret_seed,
         Some(&seed_source),
@@ -464,6 +471,7 @@ pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
         &task,
         &config.backend.clone(),
         &search,
+        args.sandbox.mode,
         config.seed,
         config.secret_seed,
         seed_source.as_deref(),
@@ -478,6 +486,7 @@ fn drive(
     task: &Task,
     backend: &str,
     opts: &SearchOptions,
+    sandbox: SandboxMode,
     seed: u64,
     secret_seed: u64,
     seed_source: Option<&str>,
@@ -523,8 +532,11 @@ fn drive(
             max_difficulty: opts.max_difficulty,
         }),
     };
-    let evaluator = Evaluator::new(EvaluatorConfig::default())
-        .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
+    let evaluator = Evaluator::new(EvaluatorConfig {
+        sandbox,
+        ..EvaluatorConfig::default()
+    })
+    .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
     let evaluator = HarnessEvaluator::new(
         evaluator,
         task.clone(),

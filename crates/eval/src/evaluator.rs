@@ -32,6 +32,50 @@ pub struct EvaluatorConfig {
     /// Check at start-up that the interpreter can import the harness, so a broken set-up is
     /// one clear error instead of a failure on every candidate.
     pub verify_harness: bool,
+    /// How the process that runs candidate code is confined (docs/security.md).
+    pub sandbox: SandboxMode,
+}
+
+/// How strictly the harness confines the process that runs candidate code.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SandboxMode {
+    /// Every layer this machine allows; each result says which were active.
+    #[default]
+    BestEffort,
+    /// Refuse to evaluate (a set-up error) unless every layer is available.
+    Require,
+}
+
+impl SandboxMode {
+    pub const NAMES: [&'static str; 2] = ["best-effort", "require"];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::BestEffort => "best-effort",
+            SandboxMode::Require => "require",
+        }
+    }
+}
+
+impl std::str::FromStr for SandboxMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "best-effort" => Ok(SandboxMode::BestEffort),
+            "require" => Ok(SandboxMode::Require),
+            other => Err(format!(
+                "unknown sandbox mode `{other}` (expected one of: {})",
+                SandboxMode::NAMES.join(", ")
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for SandboxMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Where the harness remembers tasks whose sanity check passed (a `KSEARCH_HARNESS_*` knob).
@@ -64,6 +108,7 @@ impl Default for EvaluatorConfig {
             tail_bytes: 16 * 1024,
             knobs: Vec::new(),
             verify_harness: true,
+            sandbox: SandboxMode::default(),
         }
     }
 }
@@ -233,7 +278,8 @@ impl Evaluator {
         }
         let build_dir = self.build_dir(req)?;
         let nonce = fresh_nonce()?;
-        let wire = req.to_wire(op, &nonce, &build_dir);
+        let mut wire = req.to_wire(op, &nonce, &build_dir);
+        wire["sandbox"] = json!(self.config.sandbox.as_str());
         let request = serde_json::to_vec(&wire)
             .map_err(|e| EvalError::Request(format!("cannot encode the request: {e}")))?;
         let span = tracing::info_span!("harness", op, candidate = %req.candidate.path.display());

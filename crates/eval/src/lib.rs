@@ -17,7 +17,7 @@ pub mod request;
 
 pub use bench::{BenchRequest, BenchResult, BenchSettings, BenchWorkload, Measurement};
 pub use error::EvalError;
-pub use evaluator::{Evaluator, EvaluatorConfig};
+pub use evaluator::{Evaluator, EvaluatorConfig, SandboxMode};
 pub use protocol::{EvalResult, Status, Violation, ViolationClass, WorkloadResult};
 pub use request::{
     default_timeout, device_for, fresh_secret_seed, is_gpu_backend, EvalRequest, TimingPreset,

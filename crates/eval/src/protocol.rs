@@ -74,6 +74,9 @@ pub enum ViolationClass {
     Nondeterministic,
     ImpossibleTime,
     ResultChannel,
+    LazyOutput,
+    LingeringWork,
+    ForbiddenKernel,
     /// A class this version of ksearch does not know; kept verbatim.
     #[serde(untagged)]
     Other(String),
@@ -95,6 +98,9 @@ impl ViolationClass {
             ViolationClass::Nondeterministic => "nondeterministic",
             ViolationClass::ImpossibleTime => "impossible_time",
             ViolationClass::ResultChannel => "result_channel",
+            ViolationClass::LazyOutput => "lazy_output",
+            ViolationClass::LingeringWork => "lingering_work",
+            ViolationClass::ForbiddenKernel => "forbidden_kernel",
             ViolationClass::Other(s) => s,
         }
     }

@@ -44,6 +44,7 @@ fn fixture(knobs: Vec<(String, String)>) -> Fixture {
         tail_bytes: 4096,
         knobs,
         verify_harness: true,
+        sandbox: Default::default(),
     })
     .unwrap();
     Fixture { evaluator, dir }

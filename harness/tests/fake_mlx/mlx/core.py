@@ -3,7 +3,7 @@ process (tests put this directory on PYTHONPATH). It implements the slice of the
 adapter, the device helpers and the test candidates use: arrays with f16/bf16/f32 dtypes,
 eval/synchronize, views, a `fast.cuda_kernel` whose kernels double their input. Events (kernel
 launches, cache clears, host reads) are recorded in memory and, with the recording process's
-pid, as JSON lines in the file named by $KSEARCH_FAKE_MLX_EVENTS."""
+pid, as `FAKEMLX <json>` lines on stderr when $KSEARCH_FAKE_MLX_EVENTS is set."""
 
 from __future__ import annotations
 
@@ -18,13 +18,15 @@ from ksearch_harness import dtypes
 
 
 class _Events(list):
+    """Recorded in memory and, when $KSEARCH_FAKE_MLX_EVENTS is set, written to stderr as
+    `FAKEMLX <json>` lines with the recording process's pid: the accused process may write
+    nothing but its log."""
+
     def append(self, event):
         super().append(event)
-        path = os.environ.get("KSEARCH_FAKE_MLX_EVENTS")
-        if path:
+        if os.environ.get("KSEARCH_FAKE_MLX_EVENTS"):
             record = [os.getpid()] + [e.hex() if isinstance(e, bytes) else e for e in event]
-            with open(path, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            os.write(2, ("FAKEMLX " + json.dumps(record) + "\n").encode())
 
 
 class Dtype:
