@@ -449,8 +449,14 @@ pub fn task_spec_text(task: &Task, backend: &str) -> String {
             .as_ref()
             .map(|d| format!(" (default {d})"))
             .unwrap_or_default();
+        // What the task lets kernels of this backend assume; anything else is varied by
+        // workloads the proposer never sees.
+        let assume = spec
+            .assumption_text(backend, &a.name)
+            .map(|t| format!(" (kernels may assume: {t})"))
+            .unwrap_or_default();
         s.push_str(&format!(
-            "- {}{default}: {}\n",
+            "- {}{default}: {}{assume}\n",
             a.name,
             a.description.trim()
         ));
@@ -498,7 +504,8 @@ pub fn task_spec_text(task: &Task, backend: &str) -> String {
             s.push_str(&format!("- {}: {}\n", w.name, params.join(", ")));
         }
         s.push_str(
-            "Other shapes are checked too before a kernel is accepted: do not specialise on these.\n",
+            "Other shapes and inputs are checked too before a kernel is accepted: do not specialise on these \
+             beyond what the axes say kernels may assume.\n",
         );
     }
     // Only the dtypes this backend's workloads use; the table lists every dtype's default.
@@ -704,6 +711,20 @@ pub fn tree_path(wm: &WorldModel, id: &NodeId) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spec_says_what_kernels_of_the_backend_may_assume() {
+        let task = ksearch_task::resolve("attention").unwrap();
+        let cuda = task_spec_text(&task, "cuda");
+        assert!(
+            cuda.contains("- D: head dimension (kernels may assume: one of 64, 128)\n"),
+            "{cuda}"
+        );
+        let cpu = task_spec_text(&task, "cpu");
+        assert!(cpu.contains("- D: head dimension\n"), "{cpu}");
+        // Held-out workloads stay out of the prompt.
+        assert!(!cuda.contains("hot") && !cpu.contains("b2h3l131d13"), "{cpu}");
+    }
 
     #[test]
     fn context_levels_parse_and_print() {
