@@ -12,7 +12,6 @@
 //! Every call, failed ones included, becomes a `ksearch_store::Exchange` that
 //! [`Proposer::drain_exchanges`] hands to the engine for the run store.
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -697,14 +696,8 @@ pub fn extract_json(text: &str, prefer: &str) -> Option<Value> {
         }
     }
     consider(text, &mut found);
-    let bytes = text.as_bytes();
-    let mut seen = BTreeSet::new();
-    for start in text.match_indices('{').map(|(i, _)| i) {
-        if let Some(end) = balanced_end(bytes, start) {
-            if seen.insert((start, end)) {
-                consider(&text[start..=end], &mut found);
-            }
-        }
+    for (start, end) in balanced_spans(text.as_bytes()) {
+        consider(&text[start..=end], &mut found);
     }
     let preferred = found
         .iter()
@@ -713,35 +706,59 @@ pub fn extract_json(text: &str, prefer: &str) -> Option<Value> {
     preferred.map(|i| found.swap_remove(i))
 }
 
-/// Index of the `}` closing the `{` at `start`, skipping braces inside JSON strings.
-fn balanced_end(bytes: &[u8], start: usize) -> Option<usize> {
-    let mut depth = 0usize;
-    let mut in_str = false;
-    let mut escaped = false;
-    for (i, &b) in bytes.iter().enumerate().skip(start) {
-        if in_str {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_str = false;
-            }
+/// Every `{` of `bytes` with the `}` that closes it, in order: what a scan from that `{`, as
+/// if the text began there, finds when it skips braces inside JSON strings. A `{` never closed
+/// is left out.
+///
+/// Linear time: one scan settles every `{` it meets outside a string (a scan from there would
+/// see the same bytes in the same state), so only a `{` inside some scan's string starts a scan
+/// of its own. (Scanning from each `{` separately took quadratic time: minutes for a reply
+/// holding tens of thousands of unclosed braces, such as long code cut by the token limit.)
+fn balanced_spans(bytes: &[u8]) -> Vec<(usize, usize)> {
+    const UNKNOWN: usize = usize::MAX;
+    const UNCLOSED: usize = usize::MAX - 1;
+    let mut end = vec![UNKNOWN; bytes.len()];
+    let mut open: Vec<usize> = Vec::new();
+    for start in 0..bytes.len() {
+        if bytes[start] != b'{' || end[start] != UNKNOWN {
             continue;
         }
-        match b {
-            b'"' => in_str = true,
-            b'{' => depth += 1,
-            b'}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(i);
+        open.clear();
+        let mut in_str = false;
+        let mut escaped = false;
+        for (i, &b) in bytes.iter().enumerate().skip(start) {
+            if in_str {
+                if escaped {
+                    escaped = false;
+                } else if b == b'\\' {
+                    escaped = true;
+                } else if b == b'"' {
+                    in_str = false;
                 }
+                continue;
             }
-            _ => {}
+            match b {
+                b'"' => in_str = true,
+                b'{' => open.push(i),
+                b'}' => {
+                    if let Some(o) = open.pop() {
+                        end[o] = i;
+                    }
+                    if open.is_empty() {
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        for &o in &open {
+            end[o] = UNCLOSED;
         }
     }
-    None
+    (0..bytes.len())
+        .filter(|&i| bytes[i] == b'{' && end[i] < UNCLOSED)
+        .map(|i| (i, end[i]))
+        .collect()
 }
 
 #[cfg(test)]
@@ -799,6 +816,77 @@ mod tests {
         assert!(v.get("ops").is_none());
         assert!(extract_json("no json here", "ops").is_none());
         assert!(extract_json("", "ops").is_none());
+    }
+
+    /// The per-`{` scan `balanced_spans` replaced, as the reference it must agree with.
+    fn balanced_end_reference(bytes: &[u8], start: usize) -> Option<usize> {
+        let (mut depth, mut in_str, mut escaped) = (0usize, false, false);
+        for (i, &b) in bytes.iter().enumerate().skip(start) {
+            if in_str {
+                if escaped {
+                    escaped = false;
+                } else if b == b'\\' {
+                    escaped = true;
+                } else if b == b'"' {
+                    in_str = false;
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_str = true,
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Some(i);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn balanced_spans_agree_with_a_scan_from_each_brace() {
+        let alphabet = b"{}{}\"\\a ";
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..20_000 {
+            let len = (next() % 40) as usize;
+            let text: Vec<u8> = (0..len)
+                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+                .collect();
+            let want: Vec<(usize, usize)> = (0..text.len())
+                .filter(|&i| text[i] == b'{')
+                .filter_map(|i| balanced_end_reference(&text, i).map(|e| (i, e)))
+                .collect();
+            assert_eq!(
+                balanced_spans(&text),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(&text)
+            );
+        }
+    }
+
+    #[test]
+    fn many_unclosed_braces_take_linear_time() {
+        // Long code cut by the token limit: the per-brace scan took minutes on this.
+        let reply = format!(
+            "```c\nvoid f() {{\n{}",
+            "if (x) { y(\"}\"); }\nwhile (1) {\n".repeat(20_000)
+        );
+        let started = std::time::Instant::now();
+        assert!(extract_json(&reply, "ops").is_none());
+        let flat = "{".repeat(200_000);
+        assert!(extract_json(&flat, "ops").is_none());
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
 
     #[test]
