@@ -70,7 +70,7 @@ class Accused:
             return self.copy(op, self.slot(msg), msg.get("names") or [])
         if op == "call":
             return self.call(self.slot(msg), int(msg.get("heap_byte", 0)),
-                             bool(msg.get("timed")))
+                             bool(msg.get("timed")), bool(msg.get("audit")))
         if op == "prime":
             return self.prime(self.slot(msg))
         if op == "noop":
@@ -157,16 +157,20 @@ class Accused:
             raise _failure(e) from None
         return {}
 
-    def call(self, slot: "Slot", heap_byte: int, timed: bool) -> dict[str, Any]:
+    def call(self, slot: "Slot", heap_byte: int, timed: bool, audit: bool) -> dict[str, Any]:
         assert slot.fn is not None
         a = self.adapter
+        fn = slot.fn
         try:
             if timed:
-                ns, _ = a.time_call(slot.fn)
+                ns, _ = a.time_call(fn)
                 return {"ns": int(ns)}
             _set_heap_perturb(heap_byte)
             try:
-                slot.fn()
+                if audit and AUDIT.available:
+                    kernels = AUDIT.kernels_of(lambda: (fn(), a.synchronize()))
+                    return {"kernels": kernels, "own_kernels": _own_kernels(a)}
+                fn()
                 a.synchronize()
             finally:
                 _set_heap_perturb(0)
@@ -260,18 +264,75 @@ def _die_with_parent() -> None:
             pass
 
 
+class KernelAudit:
+    """Which GPU kernels ran during a call: CUDA activity recorded by PyTorch's profiler
+    (CUPTI), which sees every launch of this process whichever library made it. Set up and
+    warmed before the candidate is loaded (a profiler's first session can drop events).
+
+    It runs in the accused, so it is evidence against kernels reached through library calls
+    (reward hacking), not a defence against native code that disables it (docs/security.md)."""
+
+    def __init__(self) -> None:
+        self.available = False
+        self.why = "not a GPU backend"
+
+    def prepare(self, sync: Callable[[], None], touch: Callable[[], None]) -> None:
+        try:
+            from torch.autograd import DeviceType  # noqa: F401
+            from torch.profiler import ProfilerActivity, profile  # noqa: F401
+        except Exception as e:  # noqa: BLE001 - no torch: no audit, said so in the result
+            self.why = f"PyTorch's profiler is not available ({type(e).__name__}: {e})"
+            return
+        self._sync = sync
+        try:
+            for _ in range(2):
+                seen = self.kernels_of(touch)
+        except Exception as e:  # noqa: BLE001
+            self.why = f"the profiler failed: {type(e).__name__}: {e}"
+            return
+        if not seen:
+            self.why = "the profiler recorded no kernel of a test launch"
+            return
+        self.available, self.why = True, "torch.profiler (CUPTI) CUDA activity"
+
+    def kernels_of(self, fn: Callable[[], Any]) -> list[str]:
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            self._sync()
+        names: list[str] = []
+        for e in prof.events():
+            if e.device_type == DeviceType.CUDA and e.name not in names:
+                names.append(e.name)
+        return names[:200]
+
+
+AUDIT = KernelAudit()
+
+
+def _own_kernels(adapter: Any) -> list[str]:
+    """Kernels the candidate built at run time (mlx: through mx.fast.cuda_kernel)."""
+    return list(getattr(adapter, "built_kernels", []))[:200]
+
+
 def _prepare_device(backend: str) -> None:
     """Device start-up before the lock-down: importing torch or mlx and creating the CUDA
-    context may need what the locked-down process may not do."""
+    context may need what the locked-down process may not do; the kernel audit starts here
+    too."""
     if backend == "cuda":
         import torch
         if torch.cuda.is_available():
             torch.cuda.init()
-            torch.zeros(1, device="cuda")
+            probe = torch.zeros(1 << 10, device="cuda")
+            AUDIT.prepare(torch.cuda.synchronize, lambda: probe.add_(1))
     elif backend == "mlx":
         os.environ.setdefault("MLX_ENABLE_TF32", "0")
         import mlx.core as mx
         mx.eval(mx.zeros((1,)))
+        if getattr(mx, "cuda", None) is not None and mx.cuda.is_available():
+            probe = mx.zeros((1 << 10,))
+            AUDIT.prepare(mx.synchronize, lambda: mx.eval(probe + 1))
     import numpy  # noqa: F401 - every backend's buffers are numpy views of the arena
 
 
@@ -299,7 +360,8 @@ def serve(sock: socket.socket, backend: str) -> int:
                             "message": f"the accused could not start: {type(e).__name__}: {e}"})
         return 1
     channel.send(sock, {"seq": 0, "ok": True, "op": "ready", "pid": os.getpid(),
-                        "lockdown": lockdown})
+                        "lockdown": lockdown,
+                        "kernel_audit": {"active": AUDIT.available, "detail": AUDIT.why}})
     while True:
         try:
             msg, fds = channel.recv_with_fds(sock)

@@ -48,12 +48,14 @@ STOP_WAIT_S = 1.0
 LINGER_SHARE = 0.25
 LINGER_MIN_CALLS = 2
 # The timer check: a timed call whose window exceeds the accused's own figure by more than the
-# calibrated round trip (95th percentile) plus this slack is a short report. A candidate is
-# rejected when the median shortfall over a workload's timed calls exceeds TAMPER_MARGIN_NS and
-# TAMPER_SPREAD_FACTOR times the round trips' spread (interquartile range).
+# recent round trips' 95th percentile plus this slack counts the window's bound instead. A
+# candidate is rejected when, over at least TAMPER_MIN_CALLS timed calls of a workload, the
+# lower quartile of (window - report - the round trip measured just before) exceeds
+# TAMPER_MARGIN_NS and TAMPER_SPREAD_FACTOR times the round trips' spread (interquartile range).
 TIMER_SLACK_NS = 2_000
 TAMPER_MARGIN_NS = 250_000
 TAMPER_SPREAD_FACTOR = 4.0
+TAMPER_MIN_CALLS = 5
 
 
 class CandidateTimeout(HarnessError):
@@ -152,6 +154,10 @@ class AccusedProcess:
         if not ready.get("ok"):
             self.kill()
             raise TaskError(f"the accused process could not start: {ready.get('message')}")
+        audit = ready.get("kernel_audit")
+        self.kernel_audit = ({"active": bool(audit.get("active")),
+                              "detail": str(audit.get("detail", ""))[:300]}
+                             if isinstance(audit, dict) else {"active": False, "detail": ""})
         lock = ready.get("lockdown")
         if isinstance(lock, dict):
             self.layers.append({"name": str(lock.get("name", "seccomp_lockdown")),
@@ -357,10 +363,12 @@ class AccusedProcess:
         counted = min(counted, window)
         return TimedCall(counted_ns=max(counted, 1), reported_ns=reported, window_ns=window)
 
-    def call(self, slot: int, heap_byte: int) -> None:
-        """One untimed call; the accused keeps running afterwards (settle() stops it)."""
-        seq = self._send("call", {"slot": slot, "heap_byte": heap_byte, "timed": False})
-        self._checked(self._reply(seq, self.deadline))
+    def call(self, slot: int, heap_byte: int, audit: bool = False) -> dict[str, Any]:
+        """One untimed call; the accused keeps running afterwards (settle() stops it). With
+        `audit`, the reply lists the GPU kernels that ran (accused.KernelAudit)."""
+        seq = self._send("call", {"slot": slot, "heap_byte": heap_byte, "timed": False,
+                                  "audit": audit})
+        return self._checked(self._reply(seq, self.deadline))
 
     def settle(self, seconds: float) -> Linger:
         """Watches the accused for `seconds` after a call returned, then stops it. CPU time
@@ -415,8 +423,8 @@ class RemoteCall:
         self.owner, self.slot = owner, slot
         self.ksearch_candidate = True
 
-    def __call__(self, heap_byte: int = 0) -> None:
-        self.owner.process.call(self.slot, heap_byte)
+    def __call__(self, heap_byte: int = 0, audit: bool = False) -> dict[str, Any]:
+        return self.owner.process.call(self.slot, heap_byte, audit)
 
 
 class AccusedAdapter:

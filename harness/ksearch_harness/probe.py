@@ -94,10 +94,28 @@ def collect() -> dict[str, Any]:
     }
 
 
-def run(nonce: str | None) -> dict[str, Any]:
+def sandbox_probe() -> dict[str, Any]:
+    """The sandbox an accused process of the cpu backend gets, tried: which layers are active
+    and which forbidden things a confined process still managed (sandbox.probe)."""
+    import tempfile
+    from . import sandbox
+    from .accused_client import accused_policy
+    work = tempfile.mkdtemp(prefix="ksearch-sandbox-probe-")
+    try:
+        found = sandbox.probe(accused_policy("cpu", work, "best-effort", (), 0, 60))
+    finally:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    return {"layers": found.get("layers", []), "escapes": found.get("escapes", []),
+            "ok": bool(found.get("ok")), "error": found.get("error")}
+
+
+def run(nonce: str | None, with_sandbox: bool = False) -> dict[str, Any]:
     from .protocol import ResultBuilder
     out = ResultBuilder("probe", nonce)
     info = collect()
+    if with_sandbox:
+        info["sandbox"] = _safe(sandbox_probe)
     out.data["probe"] = info
     out.data["environment"] = {k: info[k] for k in ("cpu_model", "cores", "python", "numpy")}
     out.data["environment"]["hostname"] = _safe(lambda: __import__("socket").gethostname())

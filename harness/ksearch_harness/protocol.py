@@ -132,6 +132,9 @@ class Task:
     baseline_function: str | None
     entry: Entry | None
     forbidden: tuple[str, ...]
+    # Patterns (Python regular expressions, searched) of library kernels a candidate may run
+    # besides its own, on top of the backend's defaults (core.py, the kernel audit).
+    allowed_kernels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -387,8 +390,14 @@ def _parse_task(t: _Fields, require_entry: bool, require_reference: bool) -> Tas
     for i, ident in enumerate(forbidden):
         if not isinstance(ident, str) or not ident:
             raise TaskError(f"task.forbidden[{i}]: expected a non-empty string")
+    allowed = t.get("allowed_kernels", list, [])
+    for i, pattern in enumerate(allowed):
+        try:
+            re.compile(pattern)
+        except (TypeError, re.error) as e:
+            raise TaskError(f"task.allowed_kernels[{i}]: not a regular expression: {e}") from None
     return Task(name, tdir, ref_module, ref_function, baseline_name, baseline_function, entry,
-                tuple(forbidden))
+                tuple(forbidden), tuple(allowed))
 
 
 def _parse_tensor(t: _Fields, with_dist: bool) -> TensorSpec:

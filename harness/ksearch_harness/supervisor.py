@@ -44,13 +44,15 @@ def serve(op: str, result_fd: int) -> int:
         if op == "probe":
             # probe never fails: a missing or unreadable request only costs the nonce.
             try:
-                nonce = protocol.request_nonce(protocol.decode_request(raw))
+                obj = protocol.decode_request(raw)
+                nonce = protocol.request_nonce(obj)
+                with_sandbox = obj.get("sandbox_probe") is True
             except HarnessError:
-                nonce = None
+                nonce, with_sandbox = None, False
             log_path, temp_log = _temp_log(), True
             protocol.redirect_output(log_path)
             from . import probe
-            result = probe.run(nonce)
+            result = probe.run(nonce, with_sandbox)
         else:
             obj = protocol.decode_request(raw)
             nonce = protocol.request_nonce(obj)

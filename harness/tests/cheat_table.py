@@ -40,4 +40,6 @@ EXPECTED = {
     # Tries sandbox escapes and computes correctly: it passes, and test_sandboxed_escapes reads
     # what it managed. Without a sandbox its child process outlives a call (lingering_work).
     "escape_attempts.c": (("passed", "integrity_violation"), (None, "lingering_work"), 60),
+    # Includes /proc/*/environ through macros; test_cheats checks no secret reached the log.
+    "include_environ.c": (("build_error", "passed"), (None, None), 60),
 }

@@ -141,6 +141,19 @@ def attention(*, q, k, v, B, H, L, D, causal):
 
 MLX_LIST = SEED_MLX.replace("    return out\n", "    return [out]\n")
 
+# MLX's native attention reached at run time under a name built from pieces: the static checks
+# cannot see it; the kernel audit must.
+MLX_HIDDEN_NATIVE = """
+import math
+import mlx.core as mx
+
+_OP = getattr(mx.fast, "scaled_dot_" + "product_attention")
+
+
+def attention(*, q, k, v, B, H, L, D, causal):
+    return _OP(q, k, v, scale=1 / math.sqrt(D), mask="causal" if causal else None)
+"""
+
 
 # -- running -----------------------------------------------------------------------------------
 
@@ -170,6 +183,10 @@ class Cases:
              "max_abs_err": w.get("max_abs_err")} for w in ws]
         env = result.get("environment") or {}
         row["roofline"] = {k: env.get(k) for k in ("mem_bandwidth_gbs", "peak_gflops")}
+        row["handshake"] = env.get("handshake")
+        row["sandbox"] = {x["name"]: x["active"] for x in result.get("sandbox") or []}
+        row["kernel_audit"] = result.get("kernel_audit")
+        row["phase_seconds"] = (result.get("diagnostics") or {}).get("phase_seconds")
         if isinstance(result.get("build"), dict) and result["build"].get("ptxas"):
             row["ptxas"] = [(k["name"][:60], k["registers"], k["spill_store_bytes"])
                             for k in result["build"]["ptxas"]["kernels"]]
@@ -181,6 +198,18 @@ class Cases:
               flush=True)
         if not ok or not judged:
             print(f"       {row['message']}", flush=True)
+        if row["sandbox"]:
+            off = [n for n, a in row["sandbox"].items() if not a]
+            print(f"       sandbox: {len(row['sandbox']) - len(off)} layers active"
+                  f"{'; inactive: ' + ', '.join(off) if off else ''}", flush=True)
+        if row["kernel_audit"]:
+            ka = row["kernel_audit"]
+            print(f"       kernel audit: {'on' if ka.get('active') else 'off'} "
+                  f"({ka.get('detail')}); kernels: {ka.get('kernels')}", flush=True)
+        if row["handshake"]:
+            print(f"       round trip: median {row['handshake']['median_ns'] / 1e3:.1f} us, "
+                  f"p95 {row['handshake']['p95_ns'] / 1e3:.1f} us; phases "
+                  f"{row['phase_seconds']}", flush=True)
         for t in row["timings"]:
             print(f"       {t['workload']:28s} cand {t['candidate_us']:9.1f} us  base "
                   f"{t['baseline_us']:8.1f} us  ref {t['reference_us']:8.1f} us  err "
@@ -274,6 +303,10 @@ def run_mlx(c: Cases) -> None:
     c.in_process("mlx cheat native attention", request("mlx", native, c.root / "m3", F16, "f16",
                                                        "attention"),
                  ["static_check_failed/reference_call"], roof)
+    hidden = c.path("mlx_hidden_native", MLX_HIDDEN_NATIVE, ".py")
+    c.in_process("mlx cheat hidden native attention",
+                 request("mlx", hidden, c.root / "m6", F16, "f16", "attention"),
+                 ["integrity_violation/forbidden_kernel"], roof)
     lazy = c.path("mlx_list", MLX_LIST, ".py")
     c.in_process("mlx cheat non-array output", request("mlx", lazy, c.root / "m4", F16, "f16",
                                                        "attention"),

@@ -438,6 +438,7 @@ def test_cuda_kernel_and_sdpa_on_the_same_inputs(fake_torch, tmp_path, scale, co
     assert "CUDA events" in result["settings"]["kernel_timing"]
     for w in result["workloads"]:
         kernel, sdpa = w["results"]["kernel"], w["results"]["sdpa"]
+        assert "correct" in kernel, kernel
         assert kernel["correct"] is correct, (w["name"], kernel)
         assert sdpa["correct"] is True, (w["name"], sdpa)
         for r in (kernel, sdpa):

@@ -112,3 +112,11 @@ def test_sandboxed_escapes(corpus_results):
     assert not escaped, f"the candidate managed {escaped}"
     assert res["status"] == "passed", res["message"]
     assert "LEAKED" not in log
+
+
+def test_the_compiler_cannot_print_a_secret(corpus_results):
+    res = corpus_results["include_environ.c"].result
+    assert driver.CANARY not in json.dumps(res)
+    if _confined():
+        layers = {x["name"]: x["active"] for x in res["build"]["sandbox"]}
+        assert layers and all(layers.values()), res["build"]["sandbox"]

@@ -13,10 +13,10 @@ behaviour is checked by harness/tests/gpu_smoke.py on the device.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import sys
 import textwrap
-import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -30,126 +30,33 @@ from ksearch_harness.protocol import Entry, parse_request
 pytestmark = pytest.mark.skipif(cuda.find_nvcc() is None, reason="nvcc not installed")
 
 
-class FakeTorch(types.ModuleType):
-    def __init__(self):
-        super().__init__("torch")
-        self.__version__ = "0.0-fake"
-        self.version = types.SimpleNamespace(cuda="13.0")
-        self.sync_delay_s = 0.0
-        self.sticky: str | None = None
-        self.device_syncs = 0
-        for name, np_dtype, is_float in [
-                ("float16", np.float16, True), ("bfloat16", np.uint16, True),
-                ("float32", np.float32, True), ("float64", np.float64, True),
-                ("int8", np.int8, False), ("int16", np.int16, False),
-                ("int32", np.int32, False), ("int64", np.int64, False),
-                ("uint8", np.uint8, False), ("bool", np.bool_, False)]:
-            setattr(self, name, types.SimpleNamespace(name=name, np=np.dtype(np_dtype),
-                                                      is_float=is_float))
-        torch = self
-
-        class Tensor:
-            def __init__(self, a, dtype):
-                self.a, self.dtype = a, dtype
-
-            def view(self, dtype):
-                return Tensor(self.a.view(dtype.np), dtype)
-
-            def copy_(self, src):
-                np.copyto(self.a, src.a.reshape(self.a.shape))
-                return self
-
-            def data_ptr(self):
-                return self.a.ctypes.data
-
-            def clone(self):
-                return Tensor(self.a.copy(), self.dtype)
-
-            def detach(self):
-                return self
-
-            def cpu(self):
-                return self
-
-            def numpy(self):
-                return self.a
-
-            def element_size(self):
-                return self.a.itemsize
-
-            def is_floating_point(self):
-                return self.dtype.is_float
-
-            def add_(self, k):
-                self.a += k
-                return self
-
-            def float(self):
-                values = (dtypes.get("bf16").decode(self.a) if self.dtype is torch.bfloat16
-                          else self.a)
-                return Tensor(np.asarray(values, dtype=np.float32), torch.float32)
-
-            def __mul__(self, k):
-                return Tensor(self.a * np.float32(k), self.dtype)
-
-        Tensor.__module__ = "torch"
-        self.Tensor = Tensor
-
-        class Stream:
-            cuda_stream = 0x5EED
-
-            def synchronize(self):
-                pass  # host code is done when it returns: the harness stream is idle
-
-        class Event:
-            def __init__(self, enable_timing=False):
-                self.t = 0
-
-            def record(self, stream=None):
-                self.t = time.perf_counter_ns()
-
-            def synchronize(self):
-                pass
-
-            def elapsed_time(self, end):
-                return (end.t - self.t) / 1e6
-
-        def synchronize():
-            torch.device_syncs += 1
-            time.sleep(torch.sync_delay_s)
-            if torch.sticky:
-                raise RuntimeError(f"CUDA error: {torch.sticky}")
-
-        props = types.SimpleNamespace(name="Fake H200", major=9, minor=0,
-                                      multi_processor_count=132, total_memory=141 << 30,
-                                      L2_cache_size=60 << 20)
-        self.cuda = types.SimpleNamespace(
-            is_available=lambda: True, Stream=Stream, Event=Event, synchronize=synchronize,
-            set_stream=lambda s: None, get_device_properties=lambda i: props)
-
-    def empty(self, shape, dtype, device=None):
-        return self.Tensor(np.empty(shape, dtype=dtype.np), dtype)
-
-    def zeros(self, n, dtype, device=None):
-        return self.Tensor(np.zeros(n, dtype=dtype.np), dtype)
-
-    def from_numpy(self, a):
-        for d in (self.uint8, self.int16, self.int32, self.int64, self.float32, self.float16):
-            if d.np == a.dtype:
-                return self.Tensor(a, d)
-        raise TypeError(a.dtype)
-
-    def equal(self, x, y):
-        return bool(np.array_equal(x.a, y.a))
+FAKE_TORCH = Path(__file__).resolve().parent / "fake_torch"
+sys.path.insert(0, str(FAKE_TORCH))
+from fake_torch_impl import FakeTorch  # noqa: E402 - see fake_torch/
 
 
 @pytest.fixture
 def torch(monkeypatch):
+    """The judge's fake (this process) and the accused's (a child importing the fake package
+    from PYTHONPATH, configured through $KSEARCH_FAKE_TORCH by `accused_settings`)."""
     fake = FakeTorch()
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.setitem(sys.modules, "torch.cuda", fake.cuda)
+    path = os.pathsep.join([str(FAKE_TORCH)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setenv("KSEARCH_HARNESS_ACCUSED_ENV", "KSEARCH_FAKE_TORCH")
+    monkeypatch.setenv("KSEARCH_FAKE_TORCH", "{}")
     yield fake
     device.deactivate()
+
+
+def accused_settings(monkeypatch, **settings) -> None:
+    monkeypatch.setenv("KSEARCH_FAKE_TORCH", json.dumps(settings))
+
+
+def accused_syncs(capfd) -> int:
+    captured = capfd.readouterr()
+    return (captured.out + captured.err).count("FAKETORCH sync")
 
 
 REFERENCE = '''
@@ -275,7 +182,7 @@ def _evaluate(tmp_path: Path, source: str) -> dict:
     return worker.execute(req, roofline_override=(1e15, 1e18))
 
 
-def test_honest_candidate_passes_with_dtype_resolved_per_workload(tmp_path, torch):
+def test_honest_candidate_passes_with_dtype_resolved_per_workload(tmp_path, torch, capfd):
     r = _evaluate(tmp_path, HONEST)
     assert r["status"] == "passed", (r["status"], r["message"])
     assert r["build"]["ptxas"]["kernels"] == []  # host code only
@@ -285,8 +192,9 @@ def test_honest_candidate_passes_with_dtype_resolved_per_workload(tmp_path, torc
     assert env["compiler"].startswith("nvcc")
     timed = [w for w in r["workloads"] if not w["held_out"]]
     assert all(len(w["candidate_ns"]) >= 3 and w["baseline_median_ns"] for w in timed)
-    # Every untimed call was followed by a device-wide synchronize (the stream check).
-    assert torch.device_syncs > 2 * 2 * 3
+    # Every untimed call in the accused was followed by a device-wide synchronize (the stream
+    # check).
+    assert accused_syncs(capfd) > 2 * 2 * 3
 
 
 def test_error_codes_are_runtime_errors(tmp_path, torch):
@@ -295,16 +203,16 @@ def test_error_codes_are_runtime_errors(tmp_path, torch):
     assert "returned CUDA error 9 (cudaErrorInvalidConfiguration)" in r["message"]
 
 
-def test_sticky_error_ends_the_evaluation(tmp_path, torch):
-    torch.sticky = "an illegal memory access was encountered"
+def test_sticky_error_ends_the_evaluation(tmp_path, torch, monkeypatch, capfd):
+    accused_settings(monkeypatch, sticky="an illegal memory access was encountered")
     r = _evaluate(tmp_path, CANDIDATES["illegal_address"])
     assert r["status"] == "runtime_error"
     assert "illegal memory access" in r["message"] and "fresh one" in r["message"]
-    assert torch.device_syncs == 1  # nothing touched the lost context afterwards
+    assert accused_syncs(capfd) == 1  # nothing touched the lost context afterwards
 
 
-def test_work_escaping_the_stream_is_deferred_work(tmp_path, torch):
-    torch.sync_delay_s = 0.1  # the device-wide wait outlasts the late writes
+def test_work_escaping_the_stream_is_deferred_work(tmp_path, torch, monkeypatch):
+    accused_settings(monkeypatch, sync_delay_s=0.1)  # the wait outlasts the late writes
     r = _evaluate(tmp_path, CANDIDATES["escapes_the_stream"])
     assert r["status"] == "integrity_violation"
     assert r["violation"]["class"] == "deferred_work"
@@ -317,11 +225,12 @@ def test_a_missing_dtype_entry_point_is_a_build_error(tmp_path, torch):
     assert "does not export `scale_f16`" in r["message"]
 
 
-def test_device_busy_after_the_stream_in_timed_calls_is_deferred_work(tmp_path, torch):
+def test_device_busy_after_the_stream_in_timed_calls_is_deferred_work(tmp_path, torch,
+                                                                    monkeypatch):
     """Outputs already final on the stream, yet the device stays busy after each call (a
     side-stream kernel whose work does not show in the outputs checked): the timed calls'
     tails give it away."""
-    torch.sync_delay_s = 0.002
+    accused_settings(monkeypatch, sync_delay_s=0.002)
     r = _evaluate(tmp_path, HONEST)
     assert r["status"] == "integrity_violation", (r["status"], r["message"])
     assert r["violation"]["class"] == "deferred_work"

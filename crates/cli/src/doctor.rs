@@ -8,7 +8,7 @@ use anyhow::Result;
 use clap::Args;
 use ksearch_eval::harness_env;
 use ksearch_eval::report::{Align, Table};
-use ksearch_eval::{Evaluator, EvaluatorConfig};
+use ksearch_eval::{Evaluator, EvaluatorConfig, SandboxMode};
 use serde::Serialize;
 use serde_json::Value;
 use std::path::Path;
@@ -23,6 +23,10 @@ pub struct DoctorArgs {
     /// Set up the evaluation environment and print only its Python interpreter (for scripts).
     #[arg(long, conflicts_with = "json")]
     python_path: bool,
+
+    /// With `require`, a sandbox layer this machine lacks fails the check.
+    #[command(flatten)]
+    sandbox: crate::sandbox_arg::SandboxArg,
 }
 
 #[derive(Debug, Serialize)]
@@ -111,13 +115,20 @@ pub fn run(args: &DoctorArgs) -> Result<u8> {
             python: Some(env.python.clone()),
             ..EvaluatorConfig::default()
         })
-        .and_then(|ev| ev.probe());
+        .and_then(|ev| ev.probe_with_sandbox());
         match answer {
             Ok(v) => {
                 // The harness nests its findings under `probe`; accept a flat answer too.
                 probe = v.get("probe").cloned().unwrap_or(v);
                 checks.push(Check::new("harness", true, Ok(harness_summary(&probe)), ""));
                 checks.extend(probe_checks(&probe));
+                checks.push(Check::new(
+                    "sandbox",
+                    args.sandbox.mode == SandboxMode::Require,
+                    sandbox_summary(probe.get("sandbox")),
+                    "candidates run with the layers listed; all of them need Linux and root \
+                     (docs/security.md)",
+                ));
             }
             Err(e) => checks.push(Check::new(
                 "harness",
@@ -145,6 +156,50 @@ pub fn run(args: &DoctorArgs) -> Result<u8> {
         }
     }
     Ok(if healthy { exit::OK } else { exit::REJECTED })
+}
+
+/// The sandbox probe in one line: the layers active, or what is missing and what got out.
+fn sandbox_summary(found: Option<&Value>) -> Result<String, String> {
+    let Some(found) = found.filter(|v| v.is_object()) else {
+        return Err(match found.and_then(Value::as_str) {
+            Some(e) => e.to_string(),
+            None => "the harness did not report on the sandbox".into(),
+        });
+    };
+    let layers = found["layers"].as_array().cloned().unwrap_or_default();
+    let name = |l: &Value| l["name"].as_str().unwrap_or("?").to_string();
+    let active: Vec<String> = layers
+        .iter()
+        .filter(|l| l["active"] == Value::Bool(true))
+        .map(name)
+        .collect();
+    let inactive: Vec<String> = layers
+        .iter()
+        .filter(|l| l["active"] != Value::Bool(true))
+        .map(name)
+        .collect();
+    let escapes: Vec<String> = found["escapes"]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.as_str().unwrap_or("?").to_string()).collect())
+        .unwrap_or_default();
+    if inactive.is_empty() && escapes.is_empty() && found["ok"] == Value::Bool(true) {
+        return Ok(format!(
+            "{} layers active ({}); a confined probe escaped nothing",
+            active.len(),
+            active.join(", ")
+        ));
+    }
+    let mut why = Vec::new();
+    if !inactive.is_empty() {
+        why.push(format!("inactive: {}", inactive.join(", ")));
+    }
+    if !escapes.is_empty() {
+        why.push(format!("a confined probe managed: {}", escapes.join(", ")));
+    }
+    if let Some(e) = found["error"].as_str() {
+        why.push(e.to_string());
+    }
+    Err(why.join("; "))
 }
 
 fn render(checks: &[Check]) -> String {

@@ -322,9 +322,20 @@ impl Evaluator {
     /// Runs the harness `probe` op: what the machine offers (interpreter, numpy, torch, mlx,
     /// compilers, CPU, GPUs). The answer is returned as the harness wrote it.
     pub fn probe(&self) -> Result<Value> {
+        self.probe_op(false)
+    }
+
+    /// [`probe`](Self::probe), and a confined process that tries every sandbox escape: which
+    /// layers are active here and whether anything got out (`sandbox` in the answer).
+    pub fn probe_with_sandbox(&self) -> Result<Value> {
+        self.probe_op(true)
+    }
+
+    fn probe_op(&self, sandbox: bool) -> Result<Value> {
         let nonce = fresh_nonce()?;
         let request = serde_json::to_vec(&json!({
             "protocol": PROTOCOL_VERSION, "op": "probe", "nonce": nonce,
+            "sandbox_probe": sandbox,
         }))
         .map_err(|e| EvalError::Request(e.to_string()))?;
         let outcome = harness::run(&Invocation {

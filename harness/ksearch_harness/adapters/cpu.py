@@ -89,40 +89,36 @@ class CpuAdapter(Adapter):
                              log=cached.get("log", ""), artifact=artifact, cached=True)
 
         # The compiler reads a private copy, so the bytes the static checks passed are the
-        # bytes that get compiled even if the candidate file changes meanwhile.
+        # bytes that get compiled even if the candidate file changes meanwhile; it runs in a
+        # sandbox (toolchain.py) and sees only that copy.
         with open(src_path, "wb") as fh:
             fh.write(source)
-        tmp = f"{artifact}.tmp{os.getpid()}"
         timeout = max(5.0, min(120.0, req.timeout_s * 0.8))
-        cmd = compiler + flags + [src_path, "-o", tmp, "-lm"]
-        info, ok = self._compile(cmd, version, artifact, timeout)
-        if not ok and OPENMP_FLAG in cmd and "openmp" in info.log.lower():
+        name = os.path.basename(src_path)
+        info, ok = self._compile(compiler + flags, name, source, version, artifact, timeout)
+        if not ok and "openmp" in info.log.lower():
             # Compilers without OpenMP (Apple clang) still build kernels that do not use it.
-            cmd = [c for c in cmd if c != OPENMP_FLAG]
-            info, ok = self._compile(cmd, version, artifact, timeout)
+            flags = [f for f in flags if f != OPENMP_FLAG]
+            info, ok = self._compile(compiler + flags, name, source, version, artifact,
+                                     timeout)
         if not ok:
             raise BuildFailed(_first_error(info.log) or "compilation failed", info)
-        os.replace(tmp, artifact)
-        info.command = [artifact if c == tmp else c for c in cmd]
         with open(meta_path, "w") as fh:
             json.dump({"key": key, "command": info.command, "log": info.log}, fh)
         return info
 
-    def _compile(self, cmd: list[str], version: str, artifact: str, timeout: float
-                 ) -> tuple[BuildInfo, bool]:
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL, cwd=os.path.dirname(artifact))
-            log, ok = (proc.stdout + proc.stderr), proc.returncode == 0
-        except subprocess.TimeoutExpired:
-            log, ok = f"compiler timed out after {timeout:.0f} s", False
-        except OSError as e:
-            log, ok = f"cannot run the compiler `{cmd[0]}`: {e}", False
+    def _compile(self, base: list[str], source_name: str, source: bytes, version: str,
+                 artifact: str, timeout: float) -> tuple[BuildInfo, bool]:
+        from ..toolchain import compile_confined
+        done = compile_confined(lambda src, out: base + [src, "-o", out, "-lm"],
+                                source=source, source_name=source_name, output=artifact,
+                                timeout_s=timeout, mode=self.request.sandbox)
+        log = done.log
         if len(log) > MAX_LOG:
             log = log[:MAX_LOG // 2] + "\n[...]\n" + log[-MAX_LOG // 2:]
-        return BuildInfo(compiler=version, command=list(cmd), seconds=time.monotonic() - t0,
-                         log=log, artifact=artifact), ok
+        command = base + [source_name, "-o", artifact, "-lm"]
+        return BuildInfo(compiler=version, command=command, seconds=done.seconds, log=log,
+                         artifact=artifact, extra={"sandbox": done.layers}), done.ok
 
     def load(self, build: BuildInfo, entry: Entry) -> None:
         try:

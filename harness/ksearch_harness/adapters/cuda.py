@@ -415,30 +415,26 @@ class CudaAdapter(DeviceAdapter):
                              log=cached.get("log", ""), artifact=artifact, cached=True,
                              extra={**extra_base, "ptxas": cached.get("ptxas")})
 
-        # nvcc reads a private copy: the bytes the static checks passed are the bytes built.
+        # nvcc reads a private copy: the bytes the static checks passed are the bytes built. It
+        # runs in a sandbox of its own (toolchain.py) and sees only that copy.
         with open(src_path, "wb") as fh:
             fh.write(source)
-        tmp = f"{artifact}.tmp{os.getpid()}"
-        cmd = nvcc_command(nvcc, arch, src_path, tmp, lib_dirs)
         timeout = max(10.0, min(NVCC_TIMEOUT_MAX_S, req.timeout_s * 0.8))
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL, cwd=req.build_dir)
-            log, ok = proc.stdout + proc.stderr, proc.returncode == 0
-        except subprocess.TimeoutExpired:
-            log, ok = f"nvcc timed out after {timeout:.0f} s", False
-        except OSError as e:
-            log, ok = f"cannot run nvcc `{nvcc}`: {e}", False
+        from ..toolchain import compile_confined
+        done = compile_confined(lambda src, out: nvcc_command(nvcc, arch, src, out, lib_dirs),
+                                source=source, source_name=os.path.basename(src_path),
+                                output=artifact, timeout_s=timeout, mode=req.sandbox)
+        log = done.log
         report = parse_ptxas(log, cxxfilt)
         if len(log) > MAX_LOG:
             log = log[:MAX_LOG // 2] + "\n[...]\n" + log[-MAX_LOG // 2:]
-        info = BuildInfo(compiler=version, command=[artifact if c == tmp else c for c in cmd],
-                         seconds=time.monotonic() - t0, log=log, artifact=artifact,
-                         extra={**extra_base, "ptxas": report})
-        if not ok:
+        info = BuildInfo(compiler=version,
+                         command=nvcc_command(nvcc, arch, os.path.basename(src_path), artifact,
+                                              lib_dirs),
+                         seconds=done.seconds, log=log, artifact=artifact,
+                         extra={**extra_base, "ptxas": report, "sandbox": done.layers})
+        if not done.ok:
             raise BuildFailed(_first_error(log) or "nvcc failed", info)
-        os.replace(tmp, artifact)
         with open(meta_path, "w") as fh:
             json.dump({"key": key, "command": info.command, "log": info.log, "ptxas": report},
                       fh)

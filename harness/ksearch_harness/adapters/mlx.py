@@ -57,6 +57,10 @@ def kernel_name(name: str, source: str, header: str = "") -> str:
     return f"{name}_{digest}"
 
 
+# Names of the kernels candidates built in this process, for the kernel audit.
+BUILT_KERNELS: list[str] = []
+
+
 def _hashing_builder(original: Callable[..., Any]) -> Callable[..., Any]:
     positional = ("name", "input_names", "output_names", "source", "header")
 
@@ -65,6 +69,7 @@ def _hashing_builder(original: Callable[..., Any]) -> Callable[..., Any]:
         bound.update(kwargs)
         bound["name"] = kernel_name(str(bound.get("name", "kernel")), str(bound.get("source", "")),
                                     str(bound.get("header", "") or ""))
+        BUILT_KERNELS.append(bound["name"])
         return original(**bound)
 
     builder.ksearch_wrapped = True  # type: ignore[attr-defined]
@@ -197,6 +202,10 @@ class MlxAdapter(DeviceAdapter):
         self._entry = entry
         for wl in self.request.workloads:
             self._function(resolve_entry(entry.symbol, wl.params), build)
+
+    @property
+    def built_kernels(self) -> list[str]:
+        return list(BUILT_KERNELS)
 
     def _function(self, name: str, build: BuildInfo | None = None) -> Callable[..., Any]:
         fn = getattr(self._module, name, None)

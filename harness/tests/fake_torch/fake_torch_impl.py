@@ -1,0 +1,146 @@
+"""A numpy stand-in for PyTorch (`FakeTorch`); `torch/` beside this file makes it importable
+as `torch` by the accused process (tests put this directory on PYTHONPATH). It hands out host buffers where PyTorch would hand out
+device memory, so CUDA C++ whose entry points run on the host can be evaluated without a GPU. A
+device-wide synchronize can be told to take time (work still running elsewhere) or to fail the
+way a sticky CUDA error does; in the accused those settings come from $KSEARCH_FAKE_TORCH."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import types
+
+import numpy as np
+
+from ksearch_harness import dtypes
+
+
+class FakeTorch(types.ModuleType):
+    def __init__(self):
+        super().__init__("torch")
+        self.__version__ = "0.0-fake"
+        self.version = types.SimpleNamespace(cuda="13.0")
+        self.sync_delay_s = 0.0
+        self.sticky: str | None = None
+        self.device_syncs = 0
+        self.announce = False  # print `FAKETORCH sync` per device-wide synchronize
+        for name, np_dtype, is_float in [
+                ("float16", np.float16, True), ("bfloat16", np.uint16, True),
+                ("float32", np.float32, True), ("float64", np.float64, True),
+                ("int8", np.int8, False), ("int16", np.int16, False),
+                ("int32", np.int32, False), ("int64", np.int64, False),
+                ("uint8", np.uint8, False), ("bool", np.bool_, False)]:
+            setattr(self, name, types.SimpleNamespace(name=name, np=np.dtype(np_dtype),
+                                                      is_float=is_float))
+        torch = self
+
+        class Tensor:
+            def __init__(self, a, dtype):
+                self.a, self.dtype = a, dtype
+
+            def view(self, dtype):
+                return Tensor(self.a.view(dtype.np), dtype)
+
+            def copy_(self, src):
+                np.copyto(self.a, src.a.reshape(self.a.shape))
+                return self
+
+            def data_ptr(self):
+                return self.a.ctypes.data
+
+            def clone(self):
+                return Tensor(self.a.copy(), self.dtype)
+
+            def detach(self):
+                return self
+
+            def cpu(self):
+                return self
+
+            def numpy(self):
+                return self.a
+
+            def element_size(self):
+                return self.a.itemsize
+
+            def is_floating_point(self):
+                return self.dtype.is_float
+
+            def add_(self, k):
+                self.a += k
+                return self
+
+            def float(self):
+                values = (dtypes.get("bf16").decode(self.a) if self.dtype is torch.bfloat16
+                          else self.a)
+                return Tensor(np.asarray(values, dtype=np.float32), torch.float32)
+
+            def __mul__(self, k):
+                return Tensor(self.a * np.float32(k), self.dtype)
+
+        Tensor.__module__ = "torch"
+        self.Tensor = Tensor
+
+        class Stream:
+            cuda_stream = 0x5EED
+
+            def synchronize(self):
+                pass  # host code is done when it returns: the harness stream is idle
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = 0
+
+            def record(self, stream=None):
+                self.t = time.perf_counter_ns()
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return (end.t - self.t) / 1e6
+
+        def synchronize():
+            torch.device_syncs += 1
+            if torch.announce:
+                os.write(2, b"FAKETORCH sync\n")
+            time.sleep(torch.sync_delay_s)
+            if torch.sticky:
+                raise RuntimeError(f"CUDA error: {torch.sticky}")
+
+        props = types.SimpleNamespace(name="Fake H200", major=9, minor=0,
+                                      multi_processor_count=132, total_memory=141 << 30,
+                                      L2_cache_size=60 << 20)
+        self.cuda = types.SimpleNamespace(
+            is_available=lambda: True, Stream=Stream, Event=Event, synchronize=synchronize,
+            set_stream=lambda s: None, get_device_properties=lambda i: props,
+            init=lambda: None)
+
+    def empty(self, shape, dtype, device=None):
+        return self.Tensor(np.empty(shape, dtype=dtype.np), dtype)
+
+    def zeros(self, n, dtype=None, device=None):
+        dtype = dtype or self.float32
+        return self.Tensor(np.zeros(n, dtype=dtype.np), dtype)
+
+    def from_numpy(self, a):
+        for d in (self.uint8, self.int16, self.int32, self.int64, self.float32, self.float16):
+            if d.np == a.dtype:
+                return self.Tensor(a, d)
+        raise TypeError(a.dtype)
+
+    def equal(self, x, y):
+        return bool(np.array_equal(x.a, y.a))
+
+    @classmethod
+    def from_env(cls) -> "FakeTorch":
+        """The fake as the accused process gets it: the test's settings arrive in
+        $KSEARCH_FAKE_TORCH (JSON: sync_delay_s, sticky), and every device-wide synchronize is
+        announced on stderr so the test can count them."""
+        fake = cls()
+        settings = json.loads(os.environ.get("KSEARCH_FAKE_TORCH") or "{}")
+        fake.sync_delay_s = float(settings.get("sync_delay_s", 0.0))
+        fake.sticky = settings.get("sticky")
+        fake.announce = True
+        return fake
