@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The GPU held-out workloads of one task (attention or selective-scan, tasks/<task>/task.toml)
+# on the device, through the cuda backend: the seed and named points of the task's cuda
+# template family are evaluated together with --held-out, then every candidate's verdict on
+# every held-out workload is printed. One device call per task (kind nvidia-h200):
+#
+#   run(command="TASK=attention bash gpu/heldout_check.sh", timeout_s=600,
+#       carry=["target/release/ksearch"])
+#   run(command="TASK=selective-scan bash gpu/heldout_check.sh", timeout_s=600, carry=[...])
+#
+# Prepare here (the device cannot build Rust): cargo build --release -p ksearch-cli && strip
+# target/release/ksearch, or name another binary with KSEARCH_BIN. VARIANTS overrides the
+# family points (names in gpu/attention/variants.toml or gpu/mamba/variants.toml). Results in
+# $OUT: <task>.json (ksearch eval --json) and log.txt.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+TASK=${TASK:?set TASK=attention or TASK=selective-scan}
+OUT=${OUT:-/tmp/ksearch-heldout}
+WORK=${WORK:-/tmp/ksearch-heldout-work}
+KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
+mkdir -p "$OUT" "$WORK"
+exec > >(tee "$OUT/log.txt") 2>&1
+# This checkout's tasks and harness, with the image's python3 (torch, nvcc, jinja2).
+export KSEARCH_ROOT=$ROOT KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
+export KSEARCH_CACHE_DIR=$WORK/cache
+nvidia-smi -L
+"$KS" --version || { echo "cannot run $KS" >&2; exit 2; }
+
+files=("tasks/$TASK/seed/naive.cu")
+case "$TASK" in
+attention)
+    for v in ${VARIANTS:-s1_tiled s4_mma s7_causal_skip wg_m64n64s2 wg_m64n64_ov wg_m128n128s3_pp}; do
+        python3 gpu/attention/render.py --variants gpu/attention/variants.toml --name "$v" \
+            --backend cuda -o "$WORK/$v.cu" && files+=("$WORK/$v.cu")
+    done
+    ;;
+selective-scan)
+    for v in ${VARIANTS:-s1_state_lanes s3_items s6_vec ch_t256_i4 seq_lanes8_fused tiled_c32_t256}; do
+        knobs=$(python3 - "$v" <<'PY'
+import sys, tomllib
+v = next(x for x in tomllib.load(open("gpu/mamba/variants.toml", "rb"))["variant"]
+         if x["name"] == sys.argv[1])
+print(" ".join(f"{k}={str(x).lower() if isinstance(x, bool) else x}"
+               for k, x in v["knobs"].items()))
+PY
+)
+        # shellcheck disable=SC2086
+        python3 gpu/mamba/render.py cuda $knobs > "$WORK/$v.cu" && files+=("$WORK/$v.cu")
+    done
+    ;;
+*)
+    echo "unknown TASK $TASK" >&2
+    exit 2
+    ;;
+esac
+
+echo "== ksearch eval --task $TASK --backend cuda --held-out: ${files[*]}"
+timeout "${EVAL_S:-520}" "$KS" eval --task "$TASK" --backend cuda --held-out --timing quick \
+    --json "${files[@]}" > "$OUT/$TASK.json"
+echo "eval exit code $?"
+python3 - "$OUT/$TASK.json" <<'PY'
+import json, os, sys
+items = json.load(open(sys.argv[1]))
+for item in items:
+    r = item.get("result") or {}
+    v = r.get("violation") or {}
+    print(f"\n{os.path.basename(item.get('file', '?'))}: {r.get('status')} "
+          f"{v.get('class') or ''} {(r.get('message') or '')[:300]}")
+    for w in r.get("workloads", []):
+        if w.get("held_out"):
+            print(f"  {w['name']:34s} correct={w.get('correct')} "
+                  f"abs={w.get('max_abs_err')} rel={w.get('max_rel_err')}")
+    bad = [w["name"] for w in r.get("workloads", []) if w.get("correct") is False]
+    print("  wrong on:", bad or "none")
+PY
