@@ -22,8 +22,9 @@ WORK=${WORK:-/tmp/ksearch-heldout-work}
 KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
 mkdir -p "$OUT" "$WORK"
 exec > >(tee "$OUT/log.txt") 2>&1
-# This checkout's tasks and harness, with the image's python3 (torch, nvcc, jinja2).
-export KSEARCH_ROOT=$ROOT KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
+# This checkout's tasks and harness (or KSEARCH_ROOT's), with the image's python3 (torch, nvcc,
+# jinja2).
+export KSEARCH_ROOT=${KSEARCH_ROOT:-$ROOT} KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
 export KSEARCH_CACHE_DIR=$WORK/cache
 nvidia-smi -L
 "$KS" --version || { echo "cannot run $KS" >&2; exit 2; }
