@@ -115,6 +115,7 @@ impl Expr {
             tokens: &tokens,
             pos: 0,
             end: source.len(),
+            depth: 0,
         };
         let root = parser.expr(0)?;
         if let Some(tok) = parser.peek() {
@@ -338,7 +339,14 @@ struct Parser<'t> {
     tokens: &'t [Token],
     pos: usize,
     end: usize,
+    /// Nesting of the recursive descent (parentheses, calls, unary signs).
+    depth: usize,
 }
+
+/// Nesting levels an expression may have. Every recursion of the parser (and of evaluating,
+/// walking and dropping the tree) goes through `unary`, so this bounds the stack: without it a
+/// few thousand `(` in a task file overflowed the stack and aborted the process.
+const MAX_DEPTH: usize = 128;
 
 impl Parser<'_> {
     fn peek(&self) -> Option<&Token> {
@@ -372,6 +380,20 @@ impl Parser<'_> {
     }
 
     fn unary(&mut self) -> Result<Node, ExprError> {
+        if self.depth >= MAX_DEPTH {
+            let offset = self.peek().map_or(self.end, |t| t.offset);
+            return Err(ExprError::at(
+                offset,
+                format!("the expression is nested more than {MAX_DEPTH} levels deep"),
+            ));
+        }
+        self.depth += 1;
+        let node = self.unary_inner();
+        self.depth -= 1;
+        node
+    }
+
+    fn unary_inner(&mut self) -> Result<Node, ExprError> {
         match self.peek() {
             Some(Token {
                 kind: TokKind::Op(BinOp::Sub),
@@ -612,6 +634,23 @@ mod tests {
             Err(e) => e,
             Ok(v) => panic!("{src}: expected an error, got {v:?}"),
         }
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        // Found by the task_toml fuzz target's corpus: 5,000 `(` aborted the process.
+        for deep in [
+            format!("{}1{}", "(".repeat(100_000), ")".repeat(100_000)),
+            format!("{}1", "-".repeat(100_000)),
+            format!("{}1{}", "min(1, ".repeat(50_000), ")".repeat(50_000)),
+        ] {
+            let e = Expr::parse(&deep).unwrap_err();
+            assert!(e.to_string().contains("nested more than 128"), "{e}");
+        }
+        // Ordinary nesting is untouched.
+        let ok = format!("{}7{}", "(".repeat(100), ")".repeat(100));
+        assert_eq!(int(&ok), 7);
+        assert_eq!(int(&format!("{}7", "- ".repeat(120))), 7);
     }
 
     #[test]
