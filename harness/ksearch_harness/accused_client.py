@@ -598,8 +598,10 @@ def accused_environment(workdir: str) -> dict[str, str]:
 
 # Limits of the accused. Memory: a share of the machine's, so a candidate that allocates without
 # bound meets the cgroup (killed: a runtime error), not the host's OOM killer. Address space
-# (cpu only; CUDA reserves far more than it uses): the machine's memory plus the arena, so that
-# reserving tens of GiB fails at once. Output: what a chatty kernel may print to the log.
+# (cpu only; CUDA reserves far more than it uses): the arena plus room for the interpreter,
+# thread stacks and glibc's per-thread heaps, so that reserving tens of GiB fails at once.
+# Output: what a chatty kernel may print to the log.
+ADDRESS_SPACE_ROOM = 16 << 30
 MEMORY_SHARE = 0.5
 MIN_MEMORY_BYTES = 2 << 30
 FILE_BYTES = 256 << 20
@@ -619,7 +621,7 @@ def accused_policy(backend: str, workdir: str, mode: str, readable_extra: tuple[
     return sandbox.Policy(
         workdir=workdir,
         devices=("/dev/nvidia*",) if gpu else (),
-        address_space_bytes=None if gpu else ram + arena_bytes + (4 << 30),
+        address_space_bytes=None if gpu else arena_bytes + ADDRESS_SPACE_ROOM,
         memory_bytes=max(MIN_MEMORY_BYTES, int(MEMORY_SHARE * ram)),
         cpu_seconds=cpu_seconds,
         file_bytes=FILE_BYTES,

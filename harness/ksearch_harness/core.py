@@ -30,7 +30,7 @@ from .adapters import Adapter, BuildFailed, BuildInfo
 from .protocol import (BuildError, Incorrect, Request, ResultBuilder, StaticCheckFailed,
                        TaskError, Tolerance, Violation, Workload)
 from .dtypes import same_bytes
-from .task_code import (ORDER, PRIME, PROBE, TIMING, TRIAL, WARMUP, Inputs, TaskCode,
+from .task_code import (AUDIT, ORDER, PRIME, PROBE, TIMING, TRIAL, WARMUP, Inputs, TaskCode,
                         derive_seed)
 
 MAX_SOURCE_BYTES = 1 << 20
@@ -748,19 +748,44 @@ class Evaluation:
     def _changed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
         return any(not same_bytes(a[n], b[n]) for n in a)
 
+    def _audits(self, wl: Workload, wi: int) -> set[int]:
+        """Which correctness calls of a workload (counted from 0) the kernel audit watches:
+        the first, and one of the later calls of the trials chosen from the secret seed, so a
+        candidate cannot tell audited calls from the others by counting."""
+        if not self.audit_kernels:
+            return set()
+        later = 2 * self.req.trials - 1
+        rng = np.random.default_rng(derive_seed(self.req.secret_seed, AUDIT, wi))
+        return {0, 1 + int(rng.integers(later))} if later > 0 else {0}
+
+    def _audit_after_timing(self, wl: Workload, wi: int, bench: Bench) -> None:
+        """One more checked call after a workload's timed calls, watched by the kernel audit:
+        a candidate that switches to a library kernel once it has seen enough calls to be past
+        the correctness checks is caught here."""
+        if not self.audit_kernels:
+            return
+        where = f"workload `{wl.name}`, call after timing"
+        inputs = self._make_inputs(wl, derive_seed(self.req.secret_seed, AUDIT, wi, 1), wi)
+        truth = self._reference(inputs, wl)
+        self._upload_inputs(bench, inputs)
+        call = self._checked_call(bench, inputs, truth, "a", 0, where, audit=True)
+        if not call.cmp.ok:
+            raise Violation("phase_dependent", f"{where}: wrong outputs after the timed calls "
+                            f"although every correctness check passed")
+
     def _checked_call(self, bench: Bench, inputs: Inputs, truth: dict[str, np.ndarray],
-                      which: str, heap_byte: int, where: str) -> Call:
+                      which: str, heap_byte: int, where: str, audit: bool = False) -> Call:
         """One correctness call: poisoned outputs, the call, then the deferred-work and
         input checks. Returns the outputs and their comparison with `truth`."""
         acc = self.accused
         assert acc is not None
         self._poison(bench, which)
         with self.phase("candidate"):
-            reply = bench.fn(heap_byte, audit=self.audit_kernels)
+            reply = bench.fn(heap_byte, audit=audit)
             first = self._snapshot(bench)
         self.calls += 1
         busy = self._after_call(where, SETTLE_SHORT_S)
-        if self.audit_kernels:
+        if audit:
             self._check_kernels(reply, where)
         settled = self._snapshot(bench)
         if self._changed(first, settled):
@@ -869,13 +894,16 @@ class Evaluation:
             worst = Comparison(True, 0.0, 0.0)
             failed: tuple[Comparison, bool] | None = None
             last: Inputs | None = None
+            audits = self._audits(wl, wi)
             for t, seed in enumerate(self.trial_seeds):
                 where = f"workload `{wl.name}`, trial {t}"
                 inputs = self._make_inputs(wl, seed, wi)
                 truth = self._reference(inputs, wl)
                 self._upload_inputs(bench, inputs)
-                call_a = self._checked_call(bench, inputs, truth, "a", HEAP_BYTE_A, where)
-                call_b = self._checked_call(bench, inputs, truth, "b", HEAP_BYTE_B, where)
+                call_a = self._checked_call(bench, inputs, truth, "a", HEAP_BYTE_A, where,
+                                            audit=2 * t in audits)
+                call_b = self._checked_call(bench, inputs, truth, "b", HEAP_BYTE_B, where,
+                                            audit=2 * t + 1 in audits)
                 self._check_written(wl, call_a.stored, call_b.stored, truth, where)
                 # An earlier answer explains a disagreement between the two calls more
                 # precisely than nondeterminism does, so it is looked for first.
@@ -1064,6 +1092,7 @@ class Evaluation:
             total_all += total
             self._record_timing(wl, samples, primes)
             self.check_reports(wl)
+            self._audit_after_timing(wl, wi, bench)
             self._log_slow("timing", wl, since)
         return total_all
 

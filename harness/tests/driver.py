@@ -90,7 +90,8 @@ def run_harness(op: str, request: dict | bytes, timeout: float = 120.0,
     payload = request if isinstance(request, bytes) else json.dumps(request).encode()
     r, w = os.pipe()
     e = dict(os.environ)
-    e["PYTHONPATH"] = str(HARNESS_DIR)
+    e["PYTHONPATH"] = os.pathsep.join([str(HARNESS_DIR)] + [p for p in [e.get("PYTHONPATH")]
+                                                             if p])
     e["PYTHONDONTWRITEBYTECODE"] = "1"
     if env:
         e.update(env)

@@ -142,12 +142,13 @@ def attention(*, q, k, v, B, H, L, D, causal):
 MLX_LIST = SEED_MLX.replace("    return out\n", "    return [out]\n")
 
 # MLX's native attention reached at run time under a name built from pieces: the static checks
-# cannot see it; the kernel audit must.
+# do not see it; the kernel audit must.
 MLX_HIDDEN_NATIVE = """
 import math
+import operator
 import mlx.core as mx
 
-_OP = getattr(mx.fast, "scaled_dot_" + "product_attention")
+_OP = operator.attrgetter("scaled_dot_" + "product_attention")(mx.fast)
 
 
 def attention(*, q, k, v, B, H, L, D, causal):
