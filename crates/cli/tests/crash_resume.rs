@@ -67,27 +67,7 @@ fn a_run_killed_at_random_moments_resumes_with_every_evaluation_intact() {
         // Most kills land inside a session; a few late ones let sessions finish, which then
         // continue under a raised round budget.
         let delay = Duration::from_millis(rng.below(1500));
-        let mut cmd = env.ksearch();
-        match &run_dir {
-            None => cmd
-                .args([
-                    "run",
-                    "--task",
-                    "softmax",
-                    "--backend",
-                    "cpu",
-                    "--seed",
-                    "5",
-                ])
-                .args(["--samples", "2", "--timing", "quick", "--rounds"])
-                .arg(rounds.to_string())
-                .arg("--runs-dir")
-                .arg(&runs),
-            Some(dir) => cmd
-                .args(["resume", "--rounds"])
-                .arg(rounds.to_string())
-                .arg(dir),
-        };
+        let mut cmd = env.session(run_dir.as_deref(), rounds, &runs);
         sessions += 1;
         let child = cmd
             .stdout(Stdio::null())
@@ -126,22 +106,21 @@ fn a_run_killed_at_random_moments_resumes_with_every_evaluation_intact() {
         }
     }
 
-    // The last session runs to the end.
-    let dir = run_dir.expect("a run was created");
+    // The last session runs to the end (a `run` still, if every kill came before the run
+    // existed).
     let out = env
-        .ksearch()
-        .args(["resume", "--json", "--rounds"])
-        .arg((rounds + 4).to_string())
-        .arg(&dir)
+        .session(run_dir.as_deref(), rounds + 4, &runs)
+        .arg("--json")
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "the final resume failed: {}",
+        "the final session failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(outcome["outcome"]["rounds_used"], rounds + 4, "{outcome}");
+    let dir = PathBuf::from(outcome["dir"].as_str().unwrap());
     let last = Snapshot::take(&dir);
     last.check_consistent("at the end");
     seen.check_kept_by(&last, sessions + 1);
@@ -288,6 +267,28 @@ struct Env {
 }
 
 impl Env {
+    /// The next session: `run` until the run exists, then `resume` (with the round budget).
+    fn session(&self, run_dir: Option<&Path>, rounds: u32, runs: &Path) -> Command {
+        let mut cmd = self.ksearch();
+        match run_dir {
+            None => cmd
+                .args([
+                    "run",
+                    "--task",
+                    "softmax",
+                    "--backend",
+                    "cpu",
+                    "--seed",
+                    "5",
+                ])
+                .args(["--samples", "2", "--timing", "quick", "--runs-dir"])
+                .arg(runs),
+            Some(dir) => cmd.arg("resume").arg(dir),
+        };
+        cmd.arg("--rounds").arg(rounds.to_string());
+        cmd
+    }
+
     fn ksearch(&self) -> Command {
         let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("ksearch"));
         common::configure(&mut cmd);

@@ -65,8 +65,10 @@ fn check_error(e: &TaskError, dir: &Path) {
             spec.file.starts_with(dir) || spec.file.starts_with(canonical(dir)),
             "the error names a file outside the task: {shown}"
         );
+        // The one error the TOML parser cannot place is its nesting limit (thousands of
+        // nested tables or dotted keys); it names the file only.
         assert!(
-            !spec.field.is_empty() || spec.line.is_some(),
+            !spec.field.is_empty() || spec.line.is_some() || spec.message == "recursion limit",
             "the error names neither a field nor a line: {shown}"
         );
     }
