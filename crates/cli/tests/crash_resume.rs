@@ -1,9 +1,9 @@
 //! Fault injection: a real `ksearch run` is SIGKILLed at random moments, many times over, and
 //! resumed each time until it finishes. After every kill the run store must hold every
 //! evaluation committed before it, unchanged (same ids, candidates, statuses, scores, results
-//! and sources), with no candidate evaluated twice and no round sample written twice; at the
-//! end the run is finished, every search candidate has exactly one evaluation, the world model
-//! is valid and `ksearch show` works.
+//! and sources), with no candidate evaluated twice and no round sample, seed or re-check
+//! written twice; at the end the run is finished, every candidate has exactly one evaluation,
+//! the world model is valid and `ksearch show` works.
 //!
 //! The evaluator is `tests/fixtures/fast_harness`, a stand-in for the Python harness that
 //! answers in milliseconds (a verdict that depends only on the source), reached through a
@@ -127,16 +127,15 @@ fn a_run_killed_at_random_moments_resumes_with_every_evaluation_intact() {
 
     let store = RunStore::open(&dir).unwrap();
     assert!(store.is_finished().unwrap());
-    // Every search candidate was evaluated exactly once, whatever the kills interrupted.
+    // Every candidate, re-checks included, was evaluated exactly once, whatever the kills
+    // interrupted.
     for c in store.candidates().unwrap() {
-        if c.kind != CandidateKind::Recheck {
-            let n = last.evaluations.values().filter(|e| e.0 == c.id).count();
-            assert_eq!(
-                n, 1,
-                "candidate {} ({:?}) has {n} evaluations",
-                c.id, c.kind
-            );
-        }
+        let n = last.evaluations.values().filter(|e| e.0 == c.id).count();
+        assert_eq!(
+            n, 1,
+            "candidate {} ({:?}) has {n} evaluations",
+            c.id, c.kind
+        );
     }
     let state = store.get_state("engine").unwrap().unwrap();
     let wm: WorldModel = serde_json::from_value(state["wm"].clone()).unwrap();
@@ -148,19 +147,9 @@ fn a_run_killed_at_random_moments_resumes_with_every_evaluation_intact() {
         String::from_utf8_lossy(&show.stderr)
     );
     assert!(String::from_utf8_lossy(&show.stdout).contains("status: finished"));
-    // A kill during the final re-check leaves that re-check's candidate without a result; the
-    // next session re-checks afresh (a new process and seed, as a re-check must be).
-    let unfinished_rechecks = last
-        .candidates
-        .iter()
-        .filter(|(id, c)| {
-            c.1 == CandidateKind::Recheck && !last.evaluations.values().any(|e| e.0 == **id)
-        })
-        .count();
     eprintln!(
         "crash-resume: {kills} kills over {sessions} sessions ({progressed} committed \
-         evaluations), {} evaluations, {} candidates ({unfinished_rechecks} interrupted \
-         re-checks), {:.1} s",
+         evaluations), {} evaluations, {} candidates, {:.1} s",
         last.evaluations.len(),
         last.candidates.len(),
         started.elapsed().as_secs_f64()
@@ -210,7 +199,7 @@ impl Snapshot {
         }
     }
 
-    /// Nothing evaluated twice, no sample or seed written twice.
+    /// Nothing evaluated twice; no sample, seed or re-check written twice.
     fn check_consistent(&self, when: &str) {
         let mut per_candidate: BTreeMap<i64, usize> = BTreeMap::new();
         for (cid, ..) in self.evaluations.values() {
@@ -224,8 +213,9 @@ impl Snapshot {
             assert!(*n <= 1, "{when}: candidate {cid} was evaluated {n} times");
         }
         let mut slots: BTreeMap<(u32, u32), i64> = BTreeMap::new();
+        let mut rechecks: BTreeMap<(Option<i64>, u32), i64> = BTreeMap::new();
         let mut seeds = 0;
-        for (id, (_, kind, round, sample, ..)) in &self.candidates {
+        for (id, (_, kind, round, sample, _, parent)) in &self.candidates {
             match kind {
                 CandidateKind::Seed => seeds += 1,
                 CandidateKind::Attempt => {
@@ -236,7 +226,14 @@ impl Snapshot {
                         );
                     }
                 }
-                CandidateKind::Recheck => {}
+                CandidateKind::Recheck => {
+                    if let Some(other) = rechecks.insert((*parent, *round), *id) {
+                        panic!(
+                            "{when}: candidate {parent:?} was re-checked twice at round {round} \
+                             (candidates {other} and {id})"
+                        );
+                    }
+                }
             }
         }
         assert!(seeds <= 1, "{when}: the seed was recorded {seeds} times");

@@ -24,6 +24,8 @@ struct FakeEvaluator {
     calls: AtomicUsize,
     /// Fail (as an infrastructure error) on this call number, 1-based.
     crash_on: Option<usize>,
+    /// Fail every re-check (acceptance) evaluation the same way.
+    crash_on_acceptance: bool,
 }
 
 impl FakeEvaluator {
@@ -31,6 +33,7 @@ impl FakeEvaluator {
         Self {
             calls: AtomicUsize::new(0),
             crash_on,
+            crash_on_acceptance: false,
         }
     }
 }
@@ -38,7 +41,8 @@ impl FakeEvaluator {
 impl CandidateEvaluator for FakeEvaluator {
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.crash_on == Some(n) {
+        if self.crash_on == Some(n) || (self.crash_on_acceptance && purpose == Purpose::Acceptance)
+        {
             return Err(EvalFailure("harness could not start".into()));
         }
         let head = source.split(';').next().unwrap_or("");
@@ -388,6 +392,59 @@ fn a_seed_recorded_before_a_crash_is_taken_up_not_recorded_again() {
         );
         final_wm(&store).validate().unwrap();
     }
+}
+
+/// A session killed during the final re-checks left a re-check candidate; the next session
+/// takes it up instead of recording (and measuring) the same re-check again (found by the
+/// CLI's crash-resume test).
+#[test]
+fn a_recheck_interrupted_by_a_crash_is_taken_up_not_recorded_again() {
+    let script = |_: &str, round: u32, _: u32| Ok(format!("score={}", 1 + round % 3));
+    let tmp = tempfile::tempdir().unwrap();
+    let with_recheck = EngineConfig {
+        recheck: true,
+        ..cfg(3, 0)
+    };
+    let proposer = ScriptedProposer::new(script);
+    let broken = FakeEvaluator {
+        crash_on_acceptance: true,
+        ..FakeEvaluator::new(None)
+    };
+    let engine = new_engine(with_recheck.clone(), store(tmp.path()), &proposer, &broken);
+    assert!(engine.run(Some("score=1;seed")).is_err());
+    let dir = engine.into_store().dir().to_path_buf();
+    let rechecks = |store: &RunStore| -> Vec<i64> {
+        store
+            .candidates()
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.kind == CandidateKind::Recheck)
+            .map(|c| c.id)
+            .collect()
+    };
+    let interrupted = rechecks(&RunStore::open(&dir).unwrap());
+    assert_eq!(interrupted.len(), 1);
+
+    let proposer = ScriptedProposer::new(script);
+    let eval = FakeEvaluator::new(None);
+    let engine = new_engine(
+        with_recheck,
+        RunStore::open(&dir).unwrap(),
+        &proposer,
+        &eval,
+    );
+    let out = engine.run(Some("score=1;seed")).unwrap();
+    assert_eq!(out.recheck.as_ref().unwrap()["status"], "passed");
+    let store = engine.into_store();
+    let all = rechecks(&store);
+    // The winner's re-check (taken up) and the seed's; each evaluated once.
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(all[0], interrupted[0]);
+    let evals = store.evaluations().unwrap();
+    for id in &all {
+        assert_eq!(evals.iter().filter(|e| e.candidate_id == *id).count(), 1);
+    }
+    assert_eq!(eval.calls.load(Ordering::SeqCst), 2);
 }
 
 /// Evaluations copied from an identical earlier source (the compile/eval cache).

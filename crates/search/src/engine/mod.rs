@@ -1239,21 +1239,37 @@ impl Engine<'_> {
         note: String,
         state: &EngineState,
     ) -> Result<(i64, OutcomeSummary), EngineError> {
-        let rid = self.record_candidate(
-            &Proposal {
-                source: view.source.clone(),
-                knobs,
-                note,
-            },
-            Some(view.candidate_id).filter(|id| *id > 0),
-            None,
-            state.rounds_used,
-            state.cycles,
-            0,
-            0,
-            CandidateKind::Recheck,
-        )?;
-        let summary = self.evaluate_candidate(rid, &view.source, Purpose::Acceptance)?;
+        let parent = Some(view.candidate_id).filter(|id| *id > 0);
+        // A session killed during the re-checks left this one in the store (with or without
+        // its result): take it up rather than record and measure it again.
+        let earlier = self.store().candidates()?.into_iter().find(|c| {
+            c.kind == CandidateKind::Recheck
+                && c.parent_candidate == parent
+                && c.round == state.rounds_used
+                && c.source_id.as_str() == view.source_id
+        });
+        let rid = match earlier {
+            Some(c) => c.id,
+            None => self.record_candidate(
+                &Proposal {
+                    source: view.source.clone(),
+                    knobs,
+                    note,
+                },
+                parent,
+                None,
+                state.rounds_used,
+                state.cycles,
+                0,
+                0,
+                CandidateKind::Recheck,
+            )?,
+        };
+        let stored = self.store().evaluation_for(rid)?;
+        let summary = match stored {
+            Some(ev) => self.summarize_stored(&ev.result),
+            None => self.evaluate_candidate(rid, &view.source, Purpose::Acceptance)?,
+        };
         Ok((rid, summary))
     }
 }
