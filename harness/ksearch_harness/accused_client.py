@@ -127,7 +127,7 @@ class AccusedProcess:
     def __init__(self, backend: str, *, workdir: str, log_fd: int, deadline: float,
                  python: str | None = None, sandbox_mode: str = "best-effort",
                  readable_extra: tuple[str, ...] = (), arena_bytes: int = 0,
-                 cpu_seconds: int | None = None):
+                 cpu_seconds: int | None = None, module: str = "ksearch_harness.accused"):
         self.backend = backend
         self.deadline = deadline
         self.seq = 0
@@ -141,7 +141,7 @@ class AccusedProcess:
         self._launcher: Any = None
         judge_end, accused_end = channel.pair()
         self.sock = judge_end
-        argv = [python or sys.executable, "-m", "ksearch_harness.accused",
+        argv = [python or sys.executable, "-m", module,
                 "--channel-fd", str(accused_end.fileno()), "--backend", backend]
         env = accused_environment(workdir)
         try:

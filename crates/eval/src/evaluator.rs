@@ -80,6 +80,9 @@ impl std::fmt::Display for SandboxMode {
 
 /// Where the harness remembers tasks whose sanity check passed (a `KSEARCH_HARNESS_*` knob).
 const SANITY_CACHE: &str = "KSEARCH_HARNESS_SANITY_CACHE";
+/// Where the harness keeps what it measured of this machine (bandwidth and peak, for the floors
+/// and the fraction of peak), so every evaluation uses the same numbers (machine.py).
+const MACHINE_CACHE: &str = "KSEARCH_HARNESS_MACHINE_CACHE";
 
 /// The sanity-cache knob to add: the task sanity check judges the task, not the candidate, and
 /// the harness remembers a pass in this directory (harness/ksearch_harness/sanity_cache.py).
@@ -91,11 +94,22 @@ fn sanity_cache_knob(
     in_environment: bool,
     cache_dir: &Path,
 ) -> Option<(String, String)> {
-    if in_environment || knobs.iter().any(|(k, _)| k == SANITY_CACHE) {
+    cache_knob(SANITY_CACHE, "task-sanity", knobs, in_environment, cache_dir)
+}
+
+/// A `KSEARCH_HARNESS_*` directory knob under ksearch's cache, unless the caller chose one.
+fn cache_knob(
+    name: &str,
+    subdir: &str,
+    knobs: &[(String, String)],
+    in_environment: bool,
+    cache_dir: &Path,
+) -> Option<(String, String)> {
+    if in_environment || knobs.iter().any(|(k, _)| k == name) {
         return None;
     }
-    let dir = std::path::absolute(cache_dir.join("task-sanity")).ok()?;
-    Some((SANITY_CACHE.into(), dir.to_string_lossy().into_owned()))
+    let dir = std::path::absolute(cache_dir.join(subdir)).ok()?;
+    Some((name.into(), dir.to_string_lossy().into_owned()))
 }
 
 impl Default for EvaluatorConfig {
@@ -169,6 +183,15 @@ impl Evaluator {
         if let Some(knob) = sanity_cache_knob(
             &config.knobs,
             std::env::var_os(SANITY_CACHE).is_some(),
+            &ksearch_assets::cache_dir(),
+        ) {
+            config.knobs.push(knob);
+        }
+        if let Some(knob) = cache_knob(
+            MACHINE_CACHE,
+            "machine",
+            &config.knobs,
+            std::env::var_os(MACHINE_CACHE).is_some(),
             &ksearch_assets::cache_dir(),
         ) {
             config.knobs.push(knob);

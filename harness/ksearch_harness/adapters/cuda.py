@@ -661,7 +661,9 @@ class CudaAdapter(DeviceAdapter):
     def roofline(self) -> tuple[float, float]:
         global _DEVICE_ROOFLINE
         if _DEVICE_ROOFLINE is None:
-            _DEVICE_ROOFLINE = self.roofline_fresh()
+            from ..machine import remembered_roofline
+            name = self._torch_mod().cuda.get_device_properties(0).name
+            _DEVICE_ROOFLINE = remembered_roofline(f"cuda:{name}", self.roofline_fresh)
         return _DEVICE_ROOFLINE
 
     def roofline_fresh(self) -> tuple[float, float]:

@@ -328,8 +328,17 @@ class MlxAdapter(DeviceAdapter):
     def roofline(self) -> tuple[float, float]:
         global _DEVICE_ROOFLINE
         if _DEVICE_ROOFLINE is None:
-            _DEVICE_ROOFLINE = self.roofline_fresh()
+            from ..machine import remembered_roofline
+            _DEVICE_ROOFLINE = remembered_roofline(f"mlx:{self._device_name()}",
+                                                   self.roofline_fresh)
         return _DEVICE_ROOFLINE
+
+    def _device_name(self) -> str:
+        info = getattr(self._mx(), "device_info", None)
+        try:
+            return str(info().get("device_name")) if callable(info) else "unknown"
+        except Exception:  # noqa: BLE001 - a name is a courtesy
+            return "unknown"
 
     def roofline_fresh(self) -> tuple[float, float]:
         """Bandwidth of an elementwise pass (one read and one write per byte) and f16 matrix

@@ -1,0 +1,87 @@
+"""The judge against an accused process that breaks the protocol: garbage, oversized or torn
+frames, replies to commands it was not given, a process that exits, crashes or hangs. Each is a
+verdict of its own (channel tampering, a runtime error, a timeout), never a crash of the judge,
+and nothing of the accused is left running."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from ksearch_harness import accused_client
+from ksearch_harness.accused_client import AccusedProcess, CandidateTimeout, task_states
+from ksearch_harness.protocol import CandidateRuntimeError, Violation
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    def start(mode: str, timeout_s: float = 20.0) -> AccusedProcess:
+        monkeypatch.setenv("FAKE_ACCUSED_MODE", mode)
+        monkeypatch.setenv("KSEARCH_HARNESS_ACCUSED_ENV", "FAKE_ACCUSED_MODE")
+        path = os.pathsep.join([str(TESTS)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        monkeypatch.setenv("PYTHONPATH", path)
+        work = tempfile.mkdtemp(prefix="ksearch-test-accused-")
+        return AccusedProcess("cpu", workdir=work, log_fd=2,
+                              deadline=time.monotonic() + timeout_s, module="fake_accused")
+    return start
+
+
+def _gone(proc: AccusedProcess) -> bool:
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        states = task_states(proc.pid)
+        if not states or all(s in "ZX" for s, _ in states.values()):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("mode", ["garbage", "oversized", "not_an_object", "wrong_seq"])
+def test_a_broken_frame_is_channel_tampering(fake, mode):
+    proc = fake(mode)
+    with pytest.raises(Violation) as e:
+        proc.rpc("noop")
+    assert e.value.violation == "result_channel", e.value.message
+    assert _gone(proc)
+
+
+def test_a_process_that_exits_is_a_runtime_error(fake):
+    proc = fake("exit")
+    with pytest.raises(CandidateRuntimeError) as e:
+        proc.rpc("noop")
+    assert "ended" in e.value.message and "status 3" in e.value.message
+    assert _gone(proc)
+
+
+def test_a_crash_is_a_runtime_error_that_names_the_signal(fake):
+    proc = fake("crash")
+    with pytest.raises(CandidateRuntimeError) as e:
+        proc.rpc("noop")
+    assert "SIGSEGV" in e.value.message, e.value.message
+    assert _gone(proc)
+
+
+@pytest.mark.parametrize("mode", ["hang", "torn"])
+def test_a_silent_or_torn_reply_times_out_and_is_killed(fake, mode):
+    proc = fake(mode, timeout_s=3.0)
+    t0 = time.monotonic()
+    with pytest.raises(CandidateTimeout):
+        proc.rpc("noop")
+    assert time.monotonic() - t0 < 10
+    assert _gone(proc)
+    # Later commands fail at once instead of waiting again.
+    with pytest.raises(CandidateRuntimeError):
+        proc.rpc("noop")
+
+
+def test_an_honest_reply_is_accepted(fake):
+    proc = fake("honest")
+    assert proc.rpc("noop")["ok"] is True
+    proc.kill()
+    assert _gone(proc)
