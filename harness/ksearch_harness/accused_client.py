@@ -150,7 +150,15 @@ class AccusedProcess:
             self.pid = self._launch(argv, env, accused_end.fileno(), log_fd, policy)
         finally:
             accused_end.close()
-        ready = self._reply(0, min(deadline, time.monotonic() + COMMAND_TIMEOUT_S))
+        self.ready = False
+        self.kernel_audit: dict[str, Any] = {"active": False, "detail": ""}
+
+    def wait_ready(self) -> None:
+        """Waits for the accused to finish starting (imports, device, lock-down), which it
+        does while the judge builds the candidate, then stops it."""
+        if self.ready:
+            return
+        ready = self._reply(0, min(self.deadline, time.monotonic() + COMMAND_TIMEOUT_S))
         if not ready.get("ok"):
             self.kill()
             raise TaskError(f"the accused process could not start: {ready.get('message')}")
@@ -163,6 +171,7 @@ class AccusedProcess:
             self.layers.append({"name": str(lock.get("name", "seccomp_lockdown")),
                                 "active": bool(lock.get("active")),
                                 "detail": str(lock.get("detail", ""))[:500]})
+        self.ready = True
         self.stop()
 
     # -- launching -----------------------------------------------------------------------
@@ -251,6 +260,7 @@ class AccusedProcess:
     def _send(self, op: str, fields: dict[str, Any], fds: tuple[int, ...] = ()) -> int:
         if self.dead:
             raise CandidateRuntimeError(self.dead)
+        self.wait_ready()
         self.seq += 1
         self.cont()
         try:
@@ -335,6 +345,7 @@ class AccusedProcess:
         deadline = self.deadline
         if self.dead:
             raise CandidateRuntimeError(self.dead)
+        self.wait_ready()
         self.seq += 1
         seq = self.seq
         self.last_op = op

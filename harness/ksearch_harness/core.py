@@ -505,6 +505,9 @@ class Evaluation:
         self.results: dict[str, dict[str, Any]] = {}
         self.phase = PhaseClock()
         self.accused: AccusedAdapter | None = None
+        self.process: AccusedProcess | None = None
+        self.workdir: str | None = None
+        self.arena_bytes = 0
         self.workdirs: list[str] = []
         self.audit_kernels = False
         self.own_kernels: set[str] = set()
@@ -522,6 +525,8 @@ class Evaluation:
         finally:
             if self.accused is not None:
                 self.accused.close()
+            elif self.process is not None:
+                self.process.kill()
             for d in self.workdirs:  # nothing of the candidate's is left behind
                 shutil.rmtree(d, ignore_errors=True)
             # Also when a check fails: the counts and phase times up to the verdict.
@@ -549,10 +554,12 @@ class Evaluation:
         with phase("build"):
             source = read_candidate(req)
             run_static_checks(req, source)
-
-            out.stage = "build"
             if self.adapter is None:
                 self.adapter = adapters.create(req)
+            # The accused starts now and readies itself while the candidate is built.
+            self._start_accused()
+
+            out.stage = "build"
             info = build_and_record(self.adapter, source, out)
 
         # Measured before the candidate is loaded, so it cannot disturb the measurement.
@@ -570,7 +577,7 @@ class Evaluation:
             # The judge's own device (reference, baseline, cache flushes); the candidate is
             # loaded only in the accused process.
             self.adapter.open_device()
-            self.accused, artifact = self._start_accused(info)
+            self.accused, artifact = self._accused_ready(info)
             self.accused.load(artifact, req.task.entry, req)
             out.data["sandbox"] = self.accused.process.layers
         with phase("calibration"):
@@ -615,35 +622,38 @@ class Evaluation:
                 "task_sanity_cached": self.sanity_cached,
                 "phase_seconds": self.phase.snapshot()}
 
-    def _start_accused(self, info: BuildInfo) -> tuple[AccusedAdapter, str]:
-        """The accused process for this candidate, with an arena for every workload's buffers
+    def _start_accused(self) -> None:
+        """Starts the accused process for this candidate (it imports and readies the device
+        while the judge builds the candidate), with an arena sized for every workload's buffers
         (and a second set for the workloads timed with priming)."""
         req = self.req
-        assert req.build_dir is not None and self.adapter is not None
+        assert self.adapter is not None
         priming = self.adapter.primes_before_timing
         size = 0
         for wl in req.workloads:
             one = sum(_nbytes(s) + 4096 for s in (*wl.inputs, *wl.outputs))
             size += one * (2 if priming and not wl.held_out else 1)
+        self.arena_bytes = size + (1 << 20)
         # The accused's own directory (it may write nothing else), in the system's temporary
-        # directory, with a copy of the artifact: the build directory may sit where the
-        # sandbox's uid cannot go. The harness is made readable for it.
-        workdir = _fresh_dir(None, "ksearch-accused")
-        self.workdirs.append(workdir)
-        artifact = os.path.join(workdir, os.path.basename(info.artifact))
+        # directory: the build directory may sit where the sandbox's uid cannot go. The harness
+        # is made readable for it.
+        self.workdir = _fresh_dir(None, "ksearch-accused")
+        self.workdirs.append(self.workdir)
+        harness_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.process = AccusedProcess(req.backend, workdir=self.workdir, log_fd=1,
+                                      deadline=self.started + req.timeout_s,
+                                      sandbox_mode=req.sandbox, readable_extra=(harness_dir,),
+                                      arena_bytes=size,
+                                      cpu_seconds=int(req.timeout_s * machine.cores()) + 10)
+
+    def _accused_ready(self, info: BuildInfo) -> tuple[AccusedAdapter, str]:
+        """The started accused, ready, with a copy of the artifact in its directory."""
+        assert self.process is not None and self.workdir is not None
+        artifact = os.path.join(self.workdir, os.path.basename(info.artifact))
         shutil.copyfile(info.artifact, artifact)
         os.chmod(artifact, 0o444)
-        harness_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        process = AccusedProcess(req.backend, workdir=workdir, log_fd=1,
-                                 deadline=self.started + req.timeout_s,
-                                 sandbox_mode=req.sandbox, readable_extra=(harness_dir,),
-                                 arena_bytes=size,
-                                 cpu_seconds=int(req.timeout_s * machine.cores()) + 10)
-        try:
-            return AccusedAdapter(process, req.backend, size + (1 << 20)), artifact
-        except BaseException:
-            process.kill()
-            raise
+        self.process.wait_ready()
+        return AccusedAdapter(self.process, self.req.backend, self.arena_bytes), artifact
 
     def _log_slow(self, stage: str, wl: Workload, since: dict[str, float]) -> None:
         """A line in the log (whose tail a timeout result carries) for a workload whose stage
@@ -1275,6 +1285,8 @@ class Evaluation:
                 with self.phase("roofline"):
                     bw, peak = self.adapter.roofline_fresh()
                 self.bandwidth, self.peak = max(self.bandwidth, bw), max(self.peak, peak)
+                machine.remember_roofline(self.adapter.roofline_key(), self.bandwidth,
+                                          self.peak)
         if suspects:
             wl, median, floor = suspects[0]
             raise Violation("impossible_time", f"`{wl.name}`: median {median:.0f} ns is below "

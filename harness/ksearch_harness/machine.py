@@ -60,7 +60,12 @@ def measure_roofline() -> tuple[float, float]:
     process and, where ksearch gives the harness a cache (KSEARCH_HARNESS_MACHINE_CACHE), kept:
     the best figures ever measured on the machine are used, so a measurement taken while the
     machine was busy never lowers them (and every evaluation uses the same floors)."""
-    return remembered_roofline(f"cpu:{cpu_model()}:{cores()}", measure_roofline_fresh)
+    return remembered_roofline(roofline_key(), measure_roofline_fresh)
+
+
+def roofline_key() -> str:
+    """What the host's figures are remembered under."""
+    return f"cpu:{cpu_model()}:{cores()}"
 
 
 # Plausible ranges of a measurement; one outside is discarded (a clock glitch, a swapped core).
@@ -69,35 +74,63 @@ PEAK_RANGE = (1e8, 1e17)
 
 
 def remembered_roofline(key: str, measure) -> tuple[float, float]:
-    """`measure()` combined with the best plausible figures remembered for `key`; the result
-    is remembered in turn. Without a cache directory, just `measure()`."""
-    import hashlib
-    import json
-    raw_bw, raw_peak = measure()
+    """The figures remembered for `key` (a machine or device), or `measure()` when there are
+    none yet (or they are implausible), which are then remembered. Without a cache directory,
+    just `measure()`. Measuring once per machine keeps every evaluation's floors and fractions
+    of peak the same; core.py re-measures before it condemns a candidate on them, and
+    `remember_roofline` keeps the better figures."""
     directory = os.environ.get("KSEARCH_HARNESS_MACHINE_CACHE", "")
     if not directory:
-        return raw_bw, raw_peak
-    path = os.path.join(directory, "roofline-"
-                        + hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
-    bw, peak = _plausible(raw_bw, BANDWIDTH_RANGE), _plausible(raw_peak, PEAK_RANGE)
-    try:
-        with open(path) as fh:
-            old = json.load(fh)
-        if old.get("key") == key:
-            bw = max(bw, _plausible(old.get("bandwidth"), BANDWIDTH_RANGE))
-            peak = max(peak, _plausible(old.get("peak"), PEAK_RANGE))
-    except (OSError, ValueError, TypeError, AttributeError):
-        pass
-    bw, peak = bw or raw_bw, peak or raw_peak  # nothing plausible: what was measured
+        return measure()
+    known = _cached_roofline(directory, key)
+    if known is not None:
+        return known
+    bw, peak = measure()
+    remember_roofline(key, bw, peak)
+    return bw, peak
+
+
+def remember_roofline(key: str, bw: float, peak: float) -> None:
+    """Keeps the best plausible figures for `key` (a better measurement replaces them, a worse
+    or implausible one does not)."""
+    import json
+    directory = os.environ.get("KSEARCH_HARNESS_MACHINE_CACHE", "")
+    if not directory:
+        return
+    old = _cached_roofline(directory, key) or (0.0, 0.0)
+    best = (max(old[0], _plausible(bw, BANDWIDTH_RANGE)),
+            max(old[1], _plausible(peak, PEAK_RANGE)))
+    if best == old or not all(best):
+        return
     try:
         os.makedirs(directory, exist_ok=True)
+        path = _roofline_path(directory, key)
         tmp = f"{path}.{os.getpid()}"
         with open(tmp, "w") as fh:
-            json.dump({"key": key, "bandwidth": bw, "peak": peak}, fh)
+            json.dump({"key": key, "bandwidth": best[0], "peak": best[1]}, fh)
         os.replace(tmp, path)
     except OSError:
         pass
-    return bw, peak
+
+
+def _roofline_path(directory: str, key: str) -> str:
+    import hashlib
+    return os.path.join(directory, "roofline-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+                        + ".json")
+
+
+def _cached_roofline(directory: str, key: str) -> tuple[float, float] | None:
+    import json
+    try:
+        with open(_roofline_path(directory, key)) as fh:
+            old = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(old, dict) or old.get("key") != key:
+        return None
+    bw = _plausible(old.get("bandwidth"), BANDWIDTH_RANGE)
+    peak = _plausible(old.get("peak"), PEAK_RANGE)
+    return (bw, peak) if bw and peak else None
 
 
 def _plausible(value, bounds: tuple[float, float]) -> float:

@@ -37,9 +37,11 @@ def request(backend: str, root: Path) -> dict:
     return gpu_smoke.request("cuda", seed, root / "build", gpu_smoke.F16, "f16", "attention_f16")
 
 
-def one(harness: Path, raw: dict) -> dict:
-    env = {"PYTHONPATH": os.pathsep.join([str(harness)] + [p for p in
-                                                          [os.environ.get("PYTHONPATH")] if p])}
+def one(harness: Path, raw: dict, trees: tuple[Path, ...]) -> dict:
+    """One evaluation by the harness in `harness`; no other harness tree stays on the path."""
+    others = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+              if p and Path(p).resolve() not in trees]
+    env = {"PYTHONPATH": os.pathsep.join([str(harness)] + others)}
     saved = driver.HARNESS_DIR
     driver.HARNESS_DIR = harness
     try:
@@ -61,13 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    now = HERE.parent
+    now = HERE.parent.resolve()
+    before = args.before.resolve()
+    trees = (now, before)
     rows: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as d:
         for i in range(args.runs):
-            for name, tree in (("before", args.before), ("after", now))[:: 1 if i % 2 else -1]:
+            for name, tree in (("before", before), ("after", now))[:: 1 if i % 2 else -1]:
                 raw = request(args.backend, Path(d) / f"{name}-{i}")
-                r = one(tree, raw)
+                r = one(tree, raw, trees)
                 rows[name].append(r)
                 print(f"{name:6s} run {i}: {r['wall_s']:.2f} s {r['status']}", flush=True)
     summary = {}

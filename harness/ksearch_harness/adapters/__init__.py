@@ -152,6 +152,11 @@ class Adapter(abc.ABC):
         from .. import machine
         return machine.measure_roofline_fresh()
 
+    def roofline_key(self) -> str:
+        """What this device's figures are remembered under (machine.remembered_roofline)."""
+        from .. import machine
+        return machine.roofline_key()
+
 
 BACKENDS = ("cpu", "cuda", "mlx")
 

@@ -662,9 +662,11 @@ class CudaAdapter(DeviceAdapter):
         global _DEVICE_ROOFLINE
         if _DEVICE_ROOFLINE is None:
             from ..machine import remembered_roofline
-            name = self._torch_mod().cuda.get_device_properties(0).name
-            _DEVICE_ROOFLINE = remembered_roofline(f"cuda:{name}", self.roofline_fresh)
+            _DEVICE_ROOFLINE = remembered_roofline(self.roofline_key(), self.roofline_fresh)
         return _DEVICE_ROOFLINE
+
+    def roofline_key(self) -> str:
+        return f"cuda:{self._torch_mod().cuda.get_device_properties(0).name}"
 
     def roofline_fresh(self) -> tuple[float, float]:
         """Device memory bandwidth (a device-to-device copy: one read and one write per byte)

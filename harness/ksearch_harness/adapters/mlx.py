@@ -329,9 +329,11 @@ class MlxAdapter(DeviceAdapter):
         global _DEVICE_ROOFLINE
         if _DEVICE_ROOFLINE is None:
             from ..machine import remembered_roofline
-            _DEVICE_ROOFLINE = remembered_roofline(f"mlx:{self._device_name()}",
-                                                   self.roofline_fresh)
+            _DEVICE_ROOFLINE = remembered_roofline(self.roofline_key(), self.roofline_fresh)
         return _DEVICE_ROOFLINE
+
+    def roofline_key(self) -> str:
+        return f"mlx:{self._device_name()}"
 
     def _device_name(self) -> str:
         info = getattr(self._mx(), "device_info", None)
