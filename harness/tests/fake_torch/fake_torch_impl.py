@@ -105,7 +105,8 @@ class FakeTorch(types.ModuleType):
             torch.device_syncs += 1
             if torch.announce:
                 os.write(2, b"FAKETORCH sync\n")
-            time.sleep(torch.sync_delay_s)
+            if torch.sync_delay_s:
+                time.sleep(torch.sync_delay_s)
             if torch.sticky:
                 raise RuntimeError(f"CUDA error: {torch.sticky}")
 
