@@ -243,6 +243,24 @@ impl EvalResult {
         }
     }
 
+    /// The confinement of the process that ran the candidate, as the harness reported it:
+    /// (layer, active). Empty when the result has none (a synthesised result, an old harness).
+    pub fn sandbox_layers(&self) -> Vec<(String, bool)> {
+        self.extra
+            .get("sandbox")
+            .and_then(Value::as_array)
+            .map(|layers| {
+                layers
+                    .iter()
+                    .filter_map(|l| {
+                        let name = l.get("name")?.as_str()?.to_string();
+                        Some((name, l.get("active").and_then(Value::as_bool) == Some(true)))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn passed(&self) -> bool {
         self.status.is_passed()
     }

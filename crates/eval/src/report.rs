@@ -214,7 +214,33 @@ pub fn render_result(label: &str, result: &EvalResult) -> String {
             let _ = writeln!(out, "  {line}");
         }
     }
+    if let Some(line) = sandbox_line(result) {
+        let _ = writeln!(out, "  {line}");
+    }
     out
+}
+
+/// How the candidate's process was confined, in one line (docs/security.md).
+fn sandbox_line(result: &EvalResult) -> Option<String> {
+    let layers = result.sandbox_layers();
+    if layers.is_empty() {
+        return None;
+    }
+    let inactive: Vec<&str> = layers
+        .iter()
+        .filter(|(_, active)| !active)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    Some(if inactive.is_empty() {
+        format!("sandbox: all {} layers active", layers.len())
+    } else {
+        format!(
+            "sandbox: {} of {} layers active; not available here: {}",
+            layers.len() - inactive.len(),
+            layers.len(),
+            inactive.join(", ")
+        )
+    })
 }
 
 /// One line per result: for the end of a multi-file evaluation.
@@ -263,6 +289,27 @@ mod tests {
         let text = render_result("cheat.c", &r);
         assert!(text.contains("integrity_violation (stale_output)"));
         insta::assert_snapshot!(text);
+    }
+
+    #[test]
+    fn the_sandbox_line_names_missing_layers() {
+        let mut r = fixture("result_passed.json");
+        assert!(!render_result("naive.c", &r).contains("sandbox"));
+        let layer = |name: &str, active: bool| serde_json::json!({"name": name, "active": active});
+        r.extra.insert(
+            "sandbox".into(),
+            serde_json::json!([layer("namespaces", true), layer("seccomp", true)]),
+        );
+        assert!(render_result("naive.c", &r).contains("sandbox: all 2 layers active"));
+        r.extra.insert(
+            "sandbox".into(),
+            serde_json::json!([layer("namespaces", false), layer("seccomp", true)]),
+        );
+        let text = render_result("naive.c", &r);
+        assert!(
+            text.contains("sandbox: 1 of 2 layers active; not available here: namespaces"),
+            "{text}"
+        );
     }
 
     #[test]
