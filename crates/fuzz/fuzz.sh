@@ -7,7 +7,7 @@
 #
 #   crates/fuzz/fuzz.sh build                    # build the instrumented binary only
 #   crates/fuzz/fuzz.sh TARGET [SECONDS] [ARGS]  # fuzz task_toml|wm_patch|llm_reply (default 600 s)
-#   crates/fuzz/fuzz.sh merge TARGET             # fold the new inputs into the committed corpus
+#   crates/fuzz/fuzz.sh merge TARGET             # add inputs that cover new edges to the corpus
 #
 # New inputs go to target/fuzz-work/TARGET (not committed), crashes to
 # target/fuzz-crashes/TARGET. A crash is fixed with a regression test, and its minimised
@@ -38,9 +38,10 @@ build)
 merge)
     target=${2:?usage: fuzz.sh merge TARGET}
     build
-    # Keeps the smallest set of inputs that covers everything both directories cover.
-    KSEARCH_FUZZ_TARGET=$target "$bin" -merge=1 "$here/corpus/$target" \
-        "$root/target/fuzz-work/$target"
+    # Adds to the committed corpus the new inputs that cover edges it does not (edges only:
+    # keeping every counter feature would add thousands of files).
+    KSEARCH_FUZZ_TARGET=$target "$bin" -merge=1 -use_counters=0 -use_cmp=0 \
+        "$here/corpus/$target" "$root/target/fuzz-work/$target"
     ;;
 task_toml | wm_patch | llm_reply)
     target=$1
