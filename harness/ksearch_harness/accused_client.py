@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from . import channel, sandbox
 from .arena import Arena, Layout, Placement
+from .machine import child_pids, thread_runtimes, thread_states
 from .protocol import (BuildError, CandidateRuntimeError, HarnessError, Incorrect, TaskError,
                        TensorSpec, Violation)
 
@@ -199,7 +200,7 @@ class AccusedProcess:
         self.stopped = True
         end = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < end:
-            states = task_states(self.pid)
+            states = thread_states(self.pid)
             if not states or all(s in "Tt" for s, _ in states.values()) or any(
                     s in "ZX" for s, _ in states.values()):
                 return
@@ -301,7 +302,7 @@ class AccusedProcess:
                                     f"crashed or exited (see log_tail)")
 
     def _alive(self) -> bool:
-        states = task_states(self.pid)
+        states = thread_states(self.pid)
         return bool(states) and not all(s in "ZX" for s, _ in states.values())
 
     @staticmethod
@@ -384,12 +385,12 @@ class AccusedProcess:
     def settle(self, seconds: float) -> Linger:
         """Watches the accused for `seconds` after a call returned, then stops it. CPU time
         its threads spend meanwhile, or a child process, is counted; see `linger_verdict`."""
-        before = task_runtimes(self.pid)
+        before = thread_runtimes(self.pid)
         t0 = time.perf_counter_ns()
         time.sleep(seconds)
-        after = task_runtimes(self.pid)
+        after = thread_runtimes(self.pid)
         window = time.perf_counter_ns() - t0
-        states = task_states(self.pid)
+        states = thread_states(self.pid)
         children = child_pids(self.pid)
         self.stop()
         cpu = sum(max(0, ns - before.get(tid, 0)) for tid, ns in after.items())
@@ -413,7 +414,7 @@ class AccusedProcess:
                             f"point returns, and idle threads must sleep")
 
     def threads(self) -> dict[int, tuple[str, int]]:
-        return task_states(self.pid)
+        return thread_states(self.pid)
 
 
 # -- the Adapter face --------------------------------------------------------------------------
@@ -516,66 +517,6 @@ class AccusedAdapter:
     def close(self) -> None:
         self.process.close()
         self.arena.close()
-
-
-# -- /proc -------------------------------------------------------------------------------------
-
-
-def task_states(pid: int) -> dict[int, tuple[str, int]]:
-    """tid -> (state letter, utime+stime ticks) for every thread of `pid`."""
-    out: dict[int, tuple[str, int]] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        try:
-            out[int(tid)] = (fields[0], int(fields[11]) + int(fields[12]))
-        except (IndexError, ValueError):
-            continue
-    return out
-
-
-def task_runtimes(pid: int) -> dict[int, int]:
-    """tid -> nanoseconds on a CPU (schedstat), for every thread of `pid`."""
-    out: dict[int, int] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                out[int(tid)] = int(fh.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def child_pids(pid: int) -> list[int]:
-    """Live children of every thread of `pid` (zombies excluded)."""
-    out: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                kids = [int(x) for x in fh.read().split()]
-        except (OSError, ValueError):
-            continue
-        for k in kids:
-            states = task_states(k)
-            if states and not all(s in "ZX" for s, _ in states.values()):
-                out.append(k)
-    return out
 
 
 # -- environment -------------------------------------------------------------------------------

@@ -172,24 +172,52 @@ def measure_roofline_fresh() -> tuple[float, float]:
 # -- threads ---------------------------------------------------------------------------------
 
 
-def thread_states() -> dict[int, tuple[str, int]]:
-    """tid -> (state letter, utime+stime ticks) for every thread of this process (Linux)."""
-    out: dict[int, tuple[str, int]] = {}
+def _task_files(pid: int | str, name: str):
+    """(tid, contents of /proc/<pid>/task/<tid>/<name>) for every thread of `pid` that is still
+    there when read (Linux; nothing elsewhere)."""
     try:
-        tids = os.listdir("/proc/self/task")
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return out
+        return
     for tid in tids:
         try:
-            with open(f"/proc/self/task/{tid}/stat") as fh:
-                stat = fh.read()
-        except OSError:
+            with open(f"/proc/{pid}/task/{tid}/{name}") as fh:
+                yield int(tid), fh.read()
+        except (OSError, ValueError):
             continue
+
+
+def thread_states(pid: int | str = "self") -> dict[int, tuple[str, int]]:
+    """tid -> (state letter, utime+stime ticks) for every thread of `pid`."""
+    out: dict[int, tuple[str, int]] = {}
+    for tid, stat in _task_files(pid, "stat"):
         fields = stat[stat.rfind(")") + 2:].split()
         try:
-            out[int(tid)] = (fields[0], int(fields[11]) + int(fields[12]))
+            out[tid] = (fields[0], int(fields[11]) + int(fields[12]))
         except (IndexError, ValueError):
             continue
+    return out
+
+
+def thread_runtimes(pid: int | str = "self") -> dict[int, int]:
+    """tid -> nanoseconds spent on a CPU (schedstat) for every thread of `pid`."""
+    out: dict[int, int] = {}
+    for tid, text in _task_files(pid, "schedstat"):
+        try:
+            out[tid] = int(text.split()[0])
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def child_pids(pid: int | str) -> list[int]:
+    """Live children of every thread of `pid` (zombies excluded)."""
+    out: list[int] = []
+    for _tid, text in _task_files(pid, "children"):
+        for child in (int(x) for x in text.split()):
+            states = thread_states(child)
+            if states and not all(s in "ZX" for s, _ in states.values()):
+                out.append(child)
     return out
 
 

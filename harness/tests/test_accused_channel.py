@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from ksearch_harness import accused_client
-from ksearch_harness.accused_client import AccusedProcess, CandidateTimeout, task_states
+from ksearch_harness.accused_client import AccusedProcess, CandidateTimeout
+from ksearch_harness.machine import thread_states
 from ksearch_harness.protocol import CandidateRuntimeError, Violation
 
 TESTS = Path(__file__).resolve().parent
@@ -35,7 +36,7 @@ def fake(monkeypatch):
 def _gone(proc: AccusedProcess) -> bool:
     end = time.monotonic() + 5
     while time.monotonic() < end:
-        states = task_states(proc.pid)
+        states = thread_states(proc.pid)
         if not states or all(s in "ZX" for s, _ in states.values()):
             return True
         time.sleep(0.05)
