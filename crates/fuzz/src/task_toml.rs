@@ -84,14 +84,18 @@ pub fn fixture_dir() -> &'static Path {
     DIR.get_or_init(|| {
         // Every input is written to disk: a memory file system keeps that cheap.
         let shm = Path::new("/dev/shm");
-        let mut builder = tempfile::Builder::new();
-        builder.prefix("ksearch-fuzz-task-");
-        let tmp = if shm.is_dir() {
-            builder.tempdir_in(shm)
+        let parent = if shm.is_dir() {
+            shm.to_path_buf()
         } else {
-            builder.tempdir()
-        }
-        .expect("temporary directory");
+            std::env::temp_dir()
+        };
+        // A static is never dropped, so the directory outlives the process: it carries the
+        // process id, and those of processes that are gone are removed here.
+        remove_stale(&parent);
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("{PREFIX}{}-", std::process::id()))
+            .tempdir_in(&parent)
+            .expect("temporary directory");
         let tasks = ksearch_task::builtin::dir().expect("the built-in tasks");
         let mut reference = String::new();
         let mut dirs: Vec<PathBuf> = std::fs::read_dir(&tasks)
@@ -112,6 +116,31 @@ pub fn fixture_dir() -> &'static Path {
         tmp
     })
     .path()
+}
+
+const PREFIX: &str = "ksearch-fuzz-task-";
+
+/// Removes the fixture directories of processes that no longer run (Linux: `/proc/<pid>`).
+fn remove_stale(parent: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 fn copy_tree(from: &Path, to: &Path) {
