@@ -5,7 +5,6 @@
 //! coverage guidance; this runs in every `cargo test`.)
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use ksearch_task::{load_task, DType, TaskError};
 use proptest::prelude::*;
@@ -121,21 +120,15 @@ fn apply(text: &str, m: &Mutation) -> String {
     lines.join("\n")
 }
 
-/// A copy of each built-in task's directory, made once; cases overwrite its `task.toml`.
-fn fixture(task: &str) -> &'static Path {
-    static DIRS: OnceLock<Vec<(String, tempfile::TempDir)>> = OnceLock::new();
-    let dirs = DIRS.get_or_init(|| {
-        let tasks = ksearch_task::builtin::dir().unwrap();
-        TASKS
-            .iter()
-            .map(|t| {
-                let tmp = tempfile::tempdir().unwrap();
-                copy_tree(&tasks.join(t), tmp.path());
-                (t.to_string(), tmp)
-            })
-            .collect()
-    });
-    dirs.iter().find(|(t, _)| t == task).unwrap().1.path()
+/// A copy of a built-in task's directory for one case (a `static` would never be dropped and
+/// would leave its directories behind).
+fn fixture(task: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_tree(
+        &ksearch_task::builtin::dir().unwrap().join(task),
+        tmp.path(),
+    );
+    tmp
 }
 
 fn copy_tree(from: &Path, to: &Path) {
@@ -210,7 +203,7 @@ proptest! {
         for m in &mutations {
             text = apply(&text, m);
         }
-        check(fixture(name), &text)?;
+        check(fixture(name).path(), &text)?;
     }
 
     /// Arbitrary short text, mostly TOML-shaped, as a whole file.
@@ -218,6 +211,6 @@ proptest! {
     fn arbitrary_task_files_never_panic(
         text in "(format = 1\n)?(name = \"[a-z]{0,4}\"\n)?([a-z\\[\\]\\.=\" 0-9{},\n]{0,200})",
     ) {
-        check(fixture("softmax"), &text)?;
+        check(fixture("softmax").path(), &text)?;
     }
 }
