@@ -250,3 +250,63 @@ fn doctor_reports_the_cpu_backend_ready() {
     let python = String::from_utf8(path.stdout).unwrap();
     assert!(Path::new(python.trim()).exists(), "{python}");
 }
+
+/// A SIGKILLed ksearch takes its harness with it (PR_SET_PDEATHSIG): nothing goes on building or
+/// timing beside the next session. The harness here is the eval tests' stand-in, which reports
+/// its pid and then waits for ever.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_killed_ksearch_leaves_no_harness_running() {
+    let root = workspace_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let fake_root = tmp.path().join("root");
+    std::fs::create_dir(&fake_root).unwrap();
+    for tree in ["tasks", "knowledge"] {
+        std::os::unix::fs::symlink(root.join(tree), fake_root.join(tree)).unwrap();
+    }
+    std::os::unix::fs::symlink(
+        root.join("crates/eval/tests/fixtures/fake_harness"),
+        fake_root.join("harness"),
+    )
+    .unwrap();
+    let pid_file = tmp.path().join("harness.pid");
+    let cand = candidate(tmp.path(), "hang.c", "mode: hang_self\n");
+    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("ksearch"));
+    common::configure(&mut cmd);
+    let python = std::env::var_os("KSEARCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
+    let mut child = cmd
+        .env("KSEARCH_ROOT", &fake_root)
+        .env("KSEARCH_PYTHON", python)
+        .env("KSEARCH_HARNESS_FAKE_PID_FILE", &pid_file)
+        .args(["eval", "--task", "softmax", "--timeout", "300"])
+        .arg(&cand)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let pid = loop {
+        if let Ok(text) = std::fs::read_to_string(&pid_file) {
+            if let Ok(pid) = text.trim().parse::<i32>() {
+                break pid;
+            }
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the harness never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let gone = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z')))
+            .unwrap_or(true)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !gone(pid) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(gone(pid), "the harness {pid} outlived the ksearch that started it");
+}

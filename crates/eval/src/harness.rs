@@ -157,7 +157,7 @@ pub fn run(inv: &Invocation<'_>) -> Result<Outcome> {
         .stderr(Stdio::piped())
         .process_group(0);
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls
-    // (dup2, fcntl) on a descriptor number captured by value.
+    // (dup2, fcntl, prctl) on a descriptor number captured by value.
     unsafe {
         cmd.pre_exec(move || {
             if write_raw == RESULT_FD {
@@ -166,6 +166,12 @@ pub fn run(inv: &Invocation<'_>) -> Result<Outcome> {
                     return Err(std::io::Error::last_os_error());
                 }
             } else if libc::dup2(write_raw, RESULT_FD) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // A harness outliving a killed ksearch would go on building and timing beside the
+            // next session; it dies with the thread that started it (which waits for it).
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) == -1 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
