@@ -12,14 +12,14 @@ import driver
 @pytest.fixture(scope="module")
 def honest_runs(tmp_path_factory):
     runs = {}
-    for name in ("naive.c", "optimised.c"):
+    for name in ("naive.c", "optimised.c", "threads_joined.c"):
         d = tmp_path_factory.mktemp(name[:-2])
         runs[name] = driver.run_harness("evaluate",
                                         driver.softmax_request(driver.HONEST / name, d))
     return runs
 
 
-@pytest.mark.parametrize("name", ["naive.c", "optimised.c"])
+@pytest.mark.parametrize("name", ["naive.c", "optimised.c", "threads_joined.c"])
 def test_honest_kernel_passes(honest_runs, name):
     res = honest_runs[name].result
     assert res["status"] == "passed", res["message"]
