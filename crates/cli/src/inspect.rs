@@ -117,30 +117,32 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
         .filter(|b| !b.is_null())
     {
         let score = best["score"].as_f64().unwrap_or(0.0);
-        write!(
+        writeln!(
             s,
-            "best: candidate {} (round {}, node {}), score {:.3}",
+            "best: candidate {} (round {}, node {})",
             best["candidate_id"],
             best["round"],
             best["node"].as_str().unwrap_or("-"),
-            score
         )?;
-        if let Some(seed) = seed_score.filter(|v| *v > 0.0) {
-            write!(s, " = {:.2}x the seed", score / seed)?;
-        }
-        writeln!(s)?;
         let seed_re = summary
             .as_ref()
             .and_then(|s| s["seed_recheck_score"].as_f64());
-        if let (Some(b), Some(seed)) = (best["rechecked_score"].as_f64(), seed_re) {
-            if seed > 0.0 {
-                writeln!(
-                    s,
-                    "re-measured on all workloads: {b:.3} vs the seed's {seed:.3} = {:.2}x faster than the seed",
-                    b / seed
-                )?;
-            }
+        if let Some(line) = best["rechecked_score"]
+            .as_f64()
+            .zip(seed_re)
+            .and_then(|(b, seed)| crate::headline::remeasured(b, seed))
+        {
+            writeln!(s, "{line}")?;
         }
+        write!(s, "search score {score:.3}")?;
+        if let Some(seed) = seed_score.filter(|v| *v > 0.0) {
+            write!(
+                s,
+                " ({} by the search's own measurements)",
+                crate::headline::versus_seed(score / seed)
+            )?;
+        }
+        writeln!(s)?;
         if let Some(r) = summary
             .as_ref()
             .and_then(|s| s.get("recheck"))
@@ -378,9 +380,20 @@ pub fn export(args: &ExportArgs) -> Result<u8> {
         config.proposer,
         config.seed
     )?;
+    let seed_re = summary["seed_recheck_score"].as_f64();
+    if let Some(line) = best["rechecked_score"]
+        .as_f64()
+        .zip(seed_re)
+        .and_then(|(b, seed)| crate::headline::remeasured(b, seed))
+    {
+        let mut line = line;
+        line[..1].make_ascii_uppercase();
+        writeln!(readme, "{line}.\n")?;
+    }
     writeln!(
         readme,
-        "Score {:.3} (geometric mean of the speedup over the task's baseline), found in round {}.",
+        "Search score {:.3} (geometric mean of the speedup over the task's baseline, as the \
+         search measured it), found in round {}.",
         best["score"].as_f64().unwrap_or(0.0),
         cand.round
     )?;

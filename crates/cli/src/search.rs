@@ -802,29 +802,28 @@ fn render_outcome(run_id: &str, o: &RunOutcome) -> String {
     match &o.best {
         Some(best) => {
             s.push_str(&format!(
-                "best: candidate {} (round {}, node {}), search score {:.3}",
+                "best: candidate {} (round {}, node {})\n",
                 best.candidate_id,
                 best.round,
                 best.node.as_deref().unwrap_or("-"),
-                best.score
             ));
+            // The re-check's numbers lead: same conditions for both kernels, every workload,
+            // fresh process and seed. The search's own score follows as what it ranked by.
+            if let Some(line) = best
+                .rechecked_score
+                .zip(o.seed_recheck_score)
+                .and_then(|(b, seed)| crate::headline::remeasured(b, seed))
+            {
+                s.push_str(&format!("{line}\n"));
+            }
+            s.push_str(&format!("search score {:.3}", best.score));
             if let Some(seed) = o.seed_score.filter(|v| *v > 0.0) {
                 s.push_str(&format!(
-                    " ({:.2}x the seed's {seed:.3})",
-                    best.score / seed
+                    " ({} by the search's own measurements, {seed:.3})",
+                    crate::headline::versus_seed(best.score / seed)
                 ));
             }
             s.push('\n');
-            // The re-check numbers are the ones to trust: same conditions for both kernels,
-            // every workload, fresh process and seed.
-            if let (Some(b), Some(seed)) = (best.rechecked_score, o.seed_recheck_score) {
-                if seed > 0.0 {
-                    s.push_str(&format!(
-                        "re-measured on all workloads: {b:.3} vs the seed's {seed:.3} = {:.2}x faster than the seed\n",
-                        b / seed
-                    ));
-                }
-            }
         }
         None => s.push_str("no candidate passed the final re-check\n"),
     }
