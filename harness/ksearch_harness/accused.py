@@ -33,13 +33,12 @@ import argparse
 import faulthandler
 import mmap
 import os
-import signal
 import socket
 import sys
-import time
 from typing import Any, Callable
 
-from . import channel
+from . import channel, sandbox
+from .machine import die_with_parent, set_heap_perturb
 
 
 class CommandFailed(Exception):
@@ -165,7 +164,7 @@ class Accused:
             if timed:
                 ns, _ = a.time_call(fn)
                 return {"ns": int(ns)}
-            _set_heap_perturb(heap_byte)
+            set_heap_perturb(heap_byte)
             try:
                 if audit and AUDIT.available:
                     kernels = AUDIT.kernels_of(lambda: (fn(), a.synchronize()))
@@ -173,7 +172,7 @@ class Accused:
                 fn()
                 a.synchronize()
             finally:
-                _set_heap_perturb(0)
+                set_heap_perturb(0)
             return {}
         except Exception as e:  # noqa: BLE001 - everything a call raises is the candidate's
             raise _failure(e) from None
@@ -232,36 +231,6 @@ def _request_view(msg: dict[str, Any]) -> Any:
 
 
 # -- process ---------------------------------------------------------------------------------
-
-
-_M_PERTURB = -6
-_mallopt: Any = None
-
-
-def _set_heap_perturb(byte: int) -> None:
-    """glibc fills what malloc hands out (and takes back) with a pattern of `byte`; 0 is off."""
-    global _mallopt
-    if not sys.platform.startswith("linux"):
-        return
-    if _mallopt is None:
-        import ctypes
-        try:
-            fn = ctypes.CDLL(None).mallopt
-            fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            _mallopt = fn
-        except (OSError, AttributeError):
-            _mallopt = False
-    if _mallopt:
-        _mallopt(_M_PERTURB, byte)
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-        try:
-            ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
 
 
 class KernelAudit:
@@ -336,25 +305,11 @@ def _prepare_device(backend: str) -> None:
     import numpy  # noqa: F401 - every backend's buffers are numpy views of the arena
 
 
-def _lock_down() -> dict[str, Any]:
-    try:
-        from . import sandbox
-    except ImportError:
-        return {"name": "seccomp_lockdown", "active": False, "detail": "no sandbox module"}
-    lock = getattr(sandbox, "lock_down", None)
-    if lock is None:
-        return {"name": "seccomp_lockdown", "active": False, "detail": "not available"}
-    layer = lock()
-    return {"name": getattr(layer, "name", "seccomp_lockdown"),
-            "active": bool(getattr(layer, "active", False)),
-            "detail": str(getattr(layer, "detail", ""))}
-
-
 def serve(sock: socket.socket, backend: str) -> int:
     accused = Accused(backend)
     try:
         _prepare_device(backend)
-        lockdown = _lock_down()
+        lockdown = sandbox.lock_down().to_json()
     except Exception as e:  # noqa: BLE001 - reported to the judge, which decides
         channel.send(sock, {"seq": 0, "ok": False, "error": "task",
                             "message": f"the accused could not start: {type(e).__name__}: {e}"})
@@ -390,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channel-fd", type=int, required=True)
     parser.add_argument("--backend", required=True)
     args = parser.parse_args(argv)
-    _die_with_parent()
+    die_with_parent()
     faulthandler.enable(file=sys.stderr)
     sock = socket.socket(fileno=args.channel_fd)
     code = serve(sock, args.backend)

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from . import channel, sandbox
 from .arena import Arena, Layout, Placement
@@ -115,7 +114,6 @@ class Linger:
     cpu_ns: int
     window_ns: int
     children: list[int]
-    running: list[int]
 
     @property
     def lingering(self) -> bool:
@@ -138,7 +136,6 @@ class AccusedProcess:
         self.layers: list[dict[str, Any]] = []
         self.handshake = Handshake()
         self.linger_calls = 0
-        self.linger_worst: Linger | None = None
         self._launcher: Any = None
         judge_end, accused_end = channel.pair()
         self.sock = judge_end
@@ -276,8 +273,8 @@ class AccusedProcess:
         except channel.AccusedTimeout:
             self.kill()
             self.dead = "the candidate did not answer in time"
-            raise CandidateTimeout(f"the candidate's process did not answer within the "
-                                   f"evaluation's time limit; it was killed") from None
+            raise CandidateTimeout("the candidate's process did not answer within the "
+                                   "evaluation's time limit; it was killed") from None
         except channel.AccusedProtocolError as e:
             self._died(str(e))
         if reply.get("seq") != seq:
@@ -390,16 +387,12 @@ class AccusedProcess:
         time.sleep(seconds)
         after = thread_runtimes(self.pid)
         window = time.perf_counter_ns() - t0
-        states = thread_states(self.pid)
         children = child_pids(self.pid)
         self.stop()
         cpu = sum(max(0, ns - before.get(tid, 0)) for tid, ns in after.items())
-        running = [tid for tid, (st, _) in states.items() if st == "R"]
-        linger = Linger(cpu, window, children, running)
+        linger = Linger(cpu, window, children)
         if linger.lingering:
             self.linger_calls += 1
-            if self.linger_worst is None or linger.cpu_ns > self.linger_worst.cpu_ns:
-                self.linger_worst = linger
         return linger
 
     def linger_verdict(self, linger: Linger, where: str) -> None:

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from . import adapters, dtypes, machine, parallel, sanity_cache, static_checks
 from .accused_client import (TAMPER_MARGIN_NS, TAMPER_MIN_CALLS, TAMPER_SPREAD_FACTOR,
                              AccusedAdapter, AccusedProcess, RemoteCall)
 from .adapters import Adapter, BuildFailed, BuildInfo
+from .arena import Layout
 from .protocol import (BuildError, Incorrect, Request, ResultBuilder, StaticCheckFailed,
                        TaskError, Tolerance, Violation, Workload)
 from .dtypes import same_bytes
@@ -508,7 +509,6 @@ class Evaluation:
         self.process: AccusedProcess | None = None
         self.workdir: str | None = None
         self.arena_bytes = 0
-        self.workdirs: list[str] = []
         self.audit_kernels = False
         self.own_kernels: set[str] = set()
         self.kernels_seen: list[str] = []
@@ -527,8 +527,8 @@ class Evaluation:
                 self.accused.close()
             elif self.process is not None:
                 self.process.kill()
-            for d in self.workdirs:  # nothing of the candidate's is left behind
-                shutil.rmtree(d, ignore_errors=True)
+            if self.workdir is not None:  # nothing of the candidate's is left behind
+                shutil.rmtree(self.workdir, ignore_errors=True)
             # Also when a check fails: the counts and phase times up to the verdict.
             if "diagnostics" in self.out.data:
                 self.out.data["diagnostics"] = self._diagnostics()
@@ -629,21 +629,21 @@ class Evaluation:
         req = self.req
         assert self.adapter is not None
         priming = self.adapter.primes_before_timing
-        size = 0
+        layout = Layout()  # as AccusedAdapter.bench will lay the tensors out
         for wl in req.workloads:
-            one = sum(_nbytes(s) + 4096 for s in (*wl.inputs, *wl.outputs))
-            size += one * (2 if priming and not wl.held_out else 1)
-        self.arena_bytes = size + (1 << 20)
+            for _copy in range(2 if priming and not wl.held_out else 1):
+                for s in (*wl.inputs, *wl.outputs):
+                    layout.place(_nbytes(s))
+        self.arena_bytes = layout.size
         # The accused's own directory (it may write nothing else), in the system's temporary
         # directory: the build directory may sit where the sandbox's uid cannot go. The harness
         # is made readable for it.
         self.workdir = _fresh_dir(None, "ksearch-accused")
-        self.workdirs.append(self.workdir)
         harness_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.process = AccusedProcess(req.backend, workdir=self.workdir, log_fd=1,
                                       deadline=self.started + req.timeout_s,
                                       sandbox_mode=req.sandbox, readable_extra=(harness_dir,),
-                                      arena_bytes=size,
+                                      arena_bytes=self.arena_bytes,
                                       cpu_seconds=int(req.timeout_s * machine.cores()) + 10)
 
     def _accused_ready(self, info: BuildInfo) -> tuple[AccusedAdapter, str]:
@@ -1221,24 +1221,24 @@ class Evaluation:
 
     def check_reports(self, wl: Workload) -> None:
         """The accused's own timings against the judge's windows: an honest report falls
-        short of the window by what a round trip costs (calibrated with empty timed calls),
-        so a median shortfall well beyond that means the accused's clock or its report was
-        tampered with. Each counted sample is already bounded (AccusedProcess.timed); this
-        names the candidate."""
+        short of its window by about a round trip (an empty timed call measured just before),
+        so shortfalls well beyond that in most calls mean the accused's clock or its reports
+        were tampered with. Each counted sample is already bounded (AccusedProcess.timed);
+        this names the candidate."""
         triples = self.windows.get(wl.name) or []
         r = self.results[wl.name]
         r["candidate_reported_ns"] = [t[0] for t in triples]
         r["candidate_window_ns"] = [t[1] for t in triples]
         r["round_trip_ns"] = [t[2] for t in triples]
-        pairs = [(t[0], t[1]) for t in triples]
         # The spread from every round trip of recent calls: one slow round trip among a few
         # must not widen what is allowed.
         spread = self.accused.process.handshake.recent().spread  # type: ignore[union-attr]
-        if not pairs:
+        if not triples:
             return
         # The accused's interval lies inside the judge's on the same monotonic clock, so a
         # report that is not positive or longer than its window cannot be a measurement.
-        impossible = [(rep, w) for rep, w in pairs if rep <= 0 or rep > w + CLOCK_GRAIN_NS]
+        impossible = [(rep, w) for rep, w, _ in triples
+                      if rep <= 0 or rep > w + CLOCK_GRAIN_NS]
         if impossible:
             rep, w = impossible[0]
             raise Violation("timer_tampering", f"`{wl.name}`: the candidate's process reported "

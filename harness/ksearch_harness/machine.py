@@ -4,7 +4,6 @@ process, and the glibc heap-perturbation switch."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import os
 import platform
@@ -57,9 +56,8 @@ def measure_roofline() -> tuple[float, float]:
     """(memory bandwidth in bytes/s, peak FLOP/s) of this machine: best of a few copies of a
     32 MiB array (a read and a write per byte) and of float32 matmuls. Both are lower bounds on
     what the hardware can do; core.py applies slack factors for that. Measured once per
-    process and, where ksearch gives the harness a cache (KSEARCH_HARNESS_MACHINE_CACHE), kept:
-    the best figures ever measured on the machine are used, so a measurement taken while the
-    machine was busy never lowers them (and every evaluation uses the same floors)."""
+    process and, where ksearch gives the harness a cache (KSEARCH_HARNESS_MACHINE_CACHE), once
+    per machine (remembered_roofline), so every evaluation uses the same floors."""
     return remembered_roofline(roofline_key(), measure_roofline_fresh)
 
 
@@ -154,8 +152,8 @@ def measure_roofline_fresh() -> tuple[float, float]:
         np.copyto(dst, src)
         best = min(best, time.perf_counter_ns() - t0)
     bandwidth = 2 * src.nbytes / (max(best, 1) * 1e-9)
-    # Products large enough that BLAS reaches its stride (a 384-wide one measured 5.7 GFLOP/s
-    # once, against about 300 on the same machine, and floors from it rejected honest kernels).
+    # Products large enough that BLAS reaches its stride: small ones can measure a fraction of
+    # the machine's peak, and floors from such a figure reject honest kernels.
     m = 1024
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, m), dtype=np.float32)
@@ -231,8 +229,9 @@ def _mallopt():
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.mallopt
+        # The process's own libc: ctypes.util.find_library would start a process (ldconfig),
+        # which the locked-down accused may not.
+        fn = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -246,6 +245,17 @@ def set_heap_perturb(byte: int) -> bool:
     uninitialised malloc'd scratch, which the determinism check turns into a verdict."""
     fn = _mallopt()
     return bool(fn and fn(_M_PERTURB, byte))
+
+
+def die_with_parent() -> None:
+    """Asks the kernel to SIGKILL this process when its parent dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import signal
+    try:
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def flush_c_stdio() -> None:

@@ -43,7 +43,8 @@ def child_main(req: Request, fd: int) -> None:
     try:
         import faulthandler
         faulthandler.enable(file=sys.stderr)  # a crash in candidate code leaves a trace in the log
-        _die_with_parent()
+        from .machine import die_with_parent
+        die_with_parent()
         result = execute(req)
         from .machine import flush_c_stdio
         flush_c_stdio()
@@ -64,14 +65,3 @@ def child_main(req: Request, fd: int) -> None:
         # process up or run atexit handlers.
         os._exit(code)
 
-
-def _die_with_parent() -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-        libc = ctypes.CDLL(None)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass

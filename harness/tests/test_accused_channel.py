@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_harness import accused_client
 from ksearch_harness.accused_client import AccusedProcess, CandidateTimeout
 from ksearch_harness.machine import thread_states
 from ksearch_harness.protocol import CandidateRuntimeError, Violation

@@ -19,11 +19,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import driver
-from ksearch_harness import dtypes, worker
+from ksearch_harness import worker
 from ksearch_harness.adapters import cuda, device
 from ksearch_harness.protocol import Entry, parse_request
 

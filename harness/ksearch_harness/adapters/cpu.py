@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 import subprocess
-import time
 from typing import Any, Callable
 
 import numpy as np
