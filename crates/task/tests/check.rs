@@ -2,8 +2,11 @@
 //! kernel may assume is declared and enforced at load, everything else must be varied by the
 //! workloads, and inputs must reach what `must_reach` says matters.
 
+mod common;
+
+use common::Fixture;
 use ksearch_task::check::check;
-use ksearch_task::{builtin, load_task, Distribution, Reach, SpecError, TaskError};
+use ksearch_task::{builtin, Distribution, Reach, SpecError};
 
 /// A small valid task whose workloads pass the check: cols vary in divisibility, x reaches
 /// +-100 through a held-out workload's own distribution.
@@ -54,51 +57,16 @@ signature = "void softmax_f32(const float* x, float* y, int64_t rows, int64_t co
 
 const REFERENCE: &str = "import numpy as np\n\ndef reference(inputs, params):\n    pass\n\ndef make_rows(rng, shape, params):\n    pass\n";
 
-struct Fixture {
-    dir: tempfile::TempDir,
-    toml: String,
+fn fixture() -> Fixture {
+    Fixture::new(TASK, &[("reference.py", REFERENCE)])
 }
 
-impl Fixture {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("reference.py"), REFERENCE).unwrap();
-        Fixture {
-            dir,
-            toml: TASK.to_string(),
-        }
-    }
-
-    /// A new fixture with exactly one occurrence of `from` replaced.
-    fn replace(&self, from: &str, to: &str) -> Self {
-        assert_eq!(self.toml.matches(from).count(), 1, "edit target {from:?}");
-        let mut f = Fixture::new();
-        f.toml = self.toml.replacen(from, to, 1);
-        f
-    }
-
-    fn load(&self) -> Result<ksearch_task::Task, TaskError> {
-        std::fs::write(self.dir.path().join("task.toml"), &self.toml).unwrap();
-        load_task(self.dir.path())
-    }
-
-    fn problems(&self) -> Vec<SpecError> {
-        check(&self.load().unwrap_or_else(|e| panic!("loads: {e}")))
-    }
-
-    /// The load error, with the temporary directory replaced by `<task>`.
-    fn error(&self) -> String {
-        match self.load() {
-            Ok(_) => panic!("expected a load error"),
-            Err(e) => e
-                .to_string()
-                .replace(&self.dir.path().canonicalize().unwrap().display().to_string(), "<task>"),
-        }
-    }
+fn problems_of(f: &Fixture) -> Vec<SpecError> {
+    check(&f.load().unwrap_or_else(|e| panic!("loads: {e}")))
 }
 
-fn render(problems: &[SpecError], dir: &tempfile::TempDir) -> String {
-    let root = dir.path().canonicalize().unwrap().display().to_string();
+fn render(problems: &[SpecError], dir: &std::path::Path) -> String {
+    let root = dir.canonicalize().unwrap().display().to_string();
     problems
         .iter()
         .map(|p| p.to_string().replace(&root, "<task>"))
@@ -125,19 +93,19 @@ fn the_builtin_tasks_pass() {
 
 #[test]
 fn the_fixture_passes() {
-    assert!(Fixture::new().problems().is_empty());
+    assert!(problems_of(&fixture()).is_empty());
 }
 
 #[test]
 fn an_undeclared_shared_divisor_fails_with_the_axis_line() {
-    let f = Fixture::new().replace("cols = 7 }", "cols = 8 }");
-    let problems = f.problems();
+    let f = fixture().replace("cols = 7 }", "cols = 8 }");
+    let problems = problems_of(&f);
     assert_eq!(problems.len(), 1);
     let p = &problems[0];
     assert_eq!(p.field, "axes.cols");
     assert_eq!(p.line, Some(7));
     assert_eq!(
-        render(&problems, &f.dir),
+        render(&problems, f.path()),
         "<task>/task.toml:7:7: axes.cols: backend `cpu`: every value of `cols` (8, 64, 1000) is \
          a multiple of 8, which the task does not declare: add a held-out workload whose `cols` \
          is not a multiple of 8 (an odd or prime size), or declare `multiple_of = 8`\n 7 | \
@@ -147,14 +115,14 @@ fn an_undeclared_shared_divisor_fails_with_the_axis_line() {
 
 #[test]
 fn a_declared_divisor_passes_and_a_smaller_one_does_not() {
-    let even = Fixture::new().replace("cols = 7 }", "cols = 8 }");
+    let even = fixture().replace("cols = 7 }", "cols = 8 }");
     let declared = even.replace("[axes.cols]\n", "[axes.cols]\nmultiple_of = 8\n");
-    assert!(declared.problems().is_empty());
+    assert!(problems_of(&declared).is_empty());
 
-    let too_weak = Fixture::new()
+    let too_weak = fixture()
         .replace("cols = 7 }", "cols = 8 }")
         .replace("[axes.cols]\n", "[axes.cols]\nmultiple_of = 4\n");
-    let problems = too_weak.problems();
+    let problems = problems_of(&too_weak);
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(
         problems[0].message.contains(
@@ -168,10 +136,10 @@ fn a_declared_divisor_passes_and_a_smaller_one_does_not() {
 
 #[test]
 fn an_axis_with_one_value_fails_unless_its_values_are_declared() {
-    let f = Fixture::new()
+    let f = fixture()
         .replace("rows = 3, cols = 7", "rows = 4, cols = 7")
         .replace("rows = 2, cols = 1000", "rows = 4, cols = 1000");
-    let problems = f.problems();
+    let problems = problems_of(&f);
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert_eq!(problems[0].field, "axes.rows");
     assert!(problems[0].message.contains(
@@ -179,15 +147,15 @@ fn an_axis_with_one_value_fails_unless_its_values_are_declared() {
          with another `rows`, or declare `values = [4]`"
     ));
     let declared = f.replace("[axes.rows]\n", "[axes.rows]\nvalues = [4]\n");
-    assert!(declared.problems().is_empty());
+    assert!(problems_of(&declared).is_empty());
 }
 
 #[test]
 fn no_held_out_workload_fails() {
-    let f = Fixture::new()
+    let f = fixture()
         .replace("held_out = true\n\n[[workloads]]", "\n[[workloads]]")
         .replace("held_out = true\ndist", "dist");
-    let problems = f.problems();
+    let problems = problems_of(&f);
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert_eq!(problems[0].field, "workloads");
     assert!(problems[0]
@@ -198,12 +166,12 @@ fn no_held_out_workload_fails() {
 #[test]
 fn inputs_must_reach_what_the_task_says_matters() {
     // Without the wide workload's own distribution, std-4 logits reach only +-12.
-    let f = Fixture::new().replace(
+    let f = fixture().replace(
         "dist = { x = { kind = \"uniform\", low = -120.0, high = 120.0 } }\n",
         "",
     );
-    let problems = f.problems();
-    let text = render(&problems, &f.dir);
+    let problems = problems_of(&f);
+    let text = render(&problems, f.path());
     assert_eq!(problems.len(), 2, "{text}");
     assert_eq!(problems[0].field, "inputs[0].must_reach.low");
     assert_eq!(problems[1].field, "inputs[0].must_reach.high");
@@ -221,14 +189,18 @@ fn inputs_must_reach_what_the_task_says_matters() {
         "held_out = true\n\n[roofline]",
         "held_out = true\ndist = { x = { kind = \"normal\", mean = 0.0, std = 34.0 } }\n\n[roofline]",
     );
-    assert!(normal.problems().is_empty(), "{:?}", normal.problems());
+    assert!(
+        problems_of(&normal).is_empty(),
+        "{:?}",
+        problems_of(&normal)
+    );
 
     // A custom generator reaches only what it declares.
-    let custom = Fixture::new().replace(
+    let custom = fixture().replace(
         "{ kind = \"uniform\", low = -120.0, high = 120.0 }",
         "{ kind = \"custom\", function = \"make_rows\" }",
     );
-    let problems = custom.problems();
+    let problems = problems_of(&custom);
     assert_eq!(problems.len(), 2);
     assert!(
         problems[1].message.contains(
@@ -241,19 +213,19 @@ fn inputs_must_reach_what_the_task_says_matters() {
         "function = \"make_rows\" }",
         "function = \"make_rows\", reach = { low = -100.0, high = 100.0 } }",
     );
-    assert!(declared.problems().is_empty());
+    assert!(problems_of(&declared).is_empty());
     let one_sided = custom.replace(
         "function = \"make_rows\" }",
         "function = \"make_rows\", reach = { high = 100.0 } }",
     );
-    let problems = one_sided.problems();
+    let problems = problems_of(&one_sided);
     assert_eq!(problems.len(), 1);
     assert_eq!(problems[0].field, "inputs[0].must_reach.low");
 }
 
 #[test]
 fn a_workloads_own_distribution_reaches_the_harness() {
-    let task = Fixture::new().load().unwrap();
+    let task = fixture().load().unwrap();
     let w = task.workloads("cpu").unwrap();
     assert_eq!(
         w[0].inputs[0].dist,
@@ -277,7 +249,7 @@ fn a_workloads_own_distribution_reaches_the_harness() {
         })
     );
     // A declared reach travels with a custom dist; the harness ignores it.
-    let custom = Fixture::new()
+    let custom = fixture()
         .replace(
             "{ kind = \"uniform\", low = -120.0, high = 120.0 }",
             "{ kind = \"custom\", function = \"make_rows\", reach = { high = 100.0 } }",
@@ -293,7 +265,7 @@ fn a_workloads_own_distribution_reaches_the_harness() {
 
 #[test]
 fn backend_assumptions_apply_to_their_backend_only() {
-    let two = Fixture::new()
+    let two = fixture()
         .replace("cols = 7 }", "cols = 8 }")
         .replace("name = \"shown\"\n", "name = \"shown\"\nbackends = [\"cpu\"]\n")
         .replace("name = \"odd\"\n", "name = \"odd\"\nbackends = [\"cpu\"]\n")
@@ -310,7 +282,7 @@ fn backend_assumptions_apply_to_their_backend_only() {
              signature = \"int softmax_f32(void)\"\nassume = { cols = { values = [64, 128] } }\n\n\
              [backends.cpu]",
         );
-    let problems = two.problems();
+    let problems = problems_of(&two);
     // cuda declares its cols; cpu's still share 8 (and its rows are fine; cuda's rows are 5).
     let fields: Vec<String> = problems
         .iter()
@@ -318,10 +290,7 @@ fn backend_assumptions_apply_to_their_backend_only() {
         .collect();
     assert_eq!(
         fields,
-        [
-            "axes.cols backend `cpu`",
-            "axes.rows backend `cuda`"
-        ],
+        ["axes.cols backend `cpu`", "axes.rows backend `cuda`"],
         "{problems:?}"
     );
     let task = two.load().unwrap();
@@ -334,7 +303,7 @@ fn backend_assumptions_apply_to_their_backend_only() {
 
 #[test]
 fn a_workload_that_breaks_a_declared_assumption_does_not_load() {
-    let f = Fixture::new().replace("[axes.cols]\n", "[axes.cols]\nmin = 2\nmax = 999\n");
+    let f = fixture().replace("[axes.cols]\n", "[axes.cols]\nmin = 2\nmax = 999\n");
     assert_eq!(
         f.error(),
         "<task>/task.toml:34:29: workloads[2].params.cols: cols = 1000 breaks what kernels may \
@@ -428,7 +397,7 @@ fn malformed_declarations_are_reported_with_their_field() {
         ),
     ];
     for (from, to, want) in cases {
-        let f = Fixture::new().replace(from, to);
+        let f = fixture().replace(from, to);
         assert!(f.load().is_err(), "{to:?} loads");
         let err = f.error();
         assert!(err.contains(want), "{to:?}:\n{err}\nwanted: {want}");

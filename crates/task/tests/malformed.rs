@@ -1,8 +1,10 @@
 //! Malformed tasks: each case breaks one thing in a small valid task and snapshots the error,
 //! which must name the file, the field and (when known) the line.
 
+mod common;
+
+use common::Fixture;
 use ksearch_task::{load_task, DType, Distribution, ParamValue, TaskError};
-use std::path::Path;
 
 const TASK: &str = r#"format = 1
 name = "mini"
@@ -50,52 +52,14 @@ baseline = "baseline_numpy"
 const REFERENCE: &str = "import numpy as np\n\ndef reference(inputs, params):\n    pass\n\ndef baseline_numpy(inputs, params):\n    pass\n";
 
 /// A valid task in a temporary directory, to be broken by one edit.
-struct Fixture {
-    dir: tempfile::TempDir,
-    toml: String,
-}
-
-impl Fixture {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("reference.py"), REFERENCE).unwrap();
-        std::fs::create_dir(dir.path().join("seed")).unwrap();
-        std::fs::write(
-            dir.path().join("seed/naive.c"),
-            "void softmax_f32(void) {}\n",
-        )
-        .unwrap();
-        Fixture {
-            dir,
-            toml: TASK.to_string(),
-        }
-    }
-
-    /// Replaces exactly one occurrence of `from`, so a stale edit fails loudly.
-    fn replace(mut self, from: &str, to: &str) -> Self {
-        assert_eq!(self.toml.matches(from).count(), 1, "edit target {from:?}");
-        self.toml = self.toml.replacen(from, to, 1);
-        self
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn load(&self) -> Result<ksearch_task::Task, TaskError> {
-        std::fs::write(self.path().join("task.toml"), &self.toml).unwrap();
-        load_task(self.path())
-    }
-
-    /// The error message with the temporary directory replaced by `<task>`.
-    fn error(&self) -> String {
-        let err = match self.load() {
-            Ok(task) => panic!("expected an error, loaded {}", task.name()),
-            Err(e) => e,
-        };
-        let dir = self.path().canonicalize().unwrap();
-        err.to_string().replace(dir.to_str().unwrap(), "<task>")
-    }
+fn fixture() -> Fixture {
+    Fixture::new(
+        TASK,
+        &[
+            ("reference.py", REFERENCE),
+            ("seed/naive.c", "void softmax_f32(void) {}\n"),
+        ],
+    )
 }
 
 macro_rules! malformed {
@@ -111,64 +75,64 @@ macro_rules! malformed {
 }
 
 malformed! {
-    toml_syntax_error => Fixture::new().replace("name = \"mini\"", "name = \"mini");
-    unknown_field => Fixture::new().replace("held_out = true", "held_ot = true");
-    missing_format => Fixture::new().replace("format = 1\n", "");
-    unsupported_format => Fixture::new().replace("format = 1", "format = 2");
-    missing_name => Fixture::new().replace("name = \"mini\"\n", "");
-    unknown_axis_in_params => Fixture::new().replace("{ rows = 4, cols = 8 }", "{ rows = 4, cols = 8, depth = 2 }");
-    missing_axis_value => Fixture::new().replace("{ rows = 3, cols = 7 }", "{ rows = 3 }");
-    wrong_param_type => Fixture::new().replace("cols = 8", "cols = \"8\"");
-    float_param => Fixture::new().replace("cols = 8", "cols = 8.0");
-    bad_axis_type => Fixture::new().replace("description = \"rows\"", "description = \"rows\"\ntype = \"float\"");
-    shape_parse_error => Fixture::new().replace("shape = [\"rows\", \"cols\"]\ndist", "shape = [\"rows\", \"cols *\"]\ndist");
-    unknown_identifier_in_shape => Fixture::new().replace("shape = [\"rows\", \"cols\"]\n\n[[work", "shape = [\"rows\", \"colz\"]\n\n[[work");
-    non_integer_shape => Fixture::new().replace("shape = [\"rows\", \"cols\"]\ndist", "shape = [\"rows\", \"cols / 2\"]\ndist");
-    non_positive_shape => Fixture::new().replace("shape = [\"rows\", \"cols\"]\ndist", "shape = [\"rows\", \"cols - 8\"]\ndist");
-    negative_literal_shape => Fixture::new().replace("shape = [\"rows\", \"cols\"]\ndist", "shape = [\"rows\", -3]\ndist");
-    str_axis_in_expression => Fixture::new()
+    toml_syntax_error => fixture().replace("name = \"mini\"", "name = \"mini");
+    unknown_field => fixture().replace("held_out = true", "held_ot = true");
+    missing_format => fixture().replace("format = 1\n", "");
+    unsupported_format => fixture().replace("format = 1", "format = 2");
+    missing_name => fixture().replace("name = \"mini\"\n", "");
+    unknown_axis_in_params => fixture().replace("{ rows = 4, cols = 8 }", "{ rows = 4, cols = 8, depth = 2 }");
+    missing_axis_value => fixture().replace("{ rows = 3, cols = 7 }", "{ rows = 3 }");
+    wrong_param_type => fixture().replace("cols = 8", "cols = \"8\"");
+    float_param => fixture().replace("cols = 8", "cols = 8.0");
+    bad_axis_type => fixture().replace("description = \"rows\"", "description = \"rows\"\ntype = \"float\"");
+    shape_parse_error => fixture().replace("shape = [\"rows\", \"cols\"]\ndist", "shape = [\"rows\", \"cols *\"]\ndist");
+    unknown_identifier_in_shape => fixture().replace("shape = [\"rows\", \"cols\"]\n\n[[work", "shape = [\"rows\", \"colz\"]\n\n[[work");
+    non_integer_shape => fixture().replace("shape = [\"rows\", \"cols\"]\ndist", "shape = [\"rows\", \"cols / 2\"]\ndist");
+    non_positive_shape => fixture().replace("shape = [\"rows\", \"cols\"]\ndist", "shape = [\"rows\", \"cols - 8\"]\ndist");
+    negative_literal_shape => fixture().replace("shape = [\"rows\", \"cols\"]\ndist", "shape = [\"rows\", -3]\ndist");
+    str_axis_in_expression => fixture()
         .replace("description = \"columns\"", "description = \"columns\"\n\n[axes.mode]\ntype = \"str\"")
         .replace("{ rows = 4, cols = 8 }", "{ rows = 4, cols = 8, mode = \"a\" }")
         .replace("{ rows = 3, cols = 7 }", "{ rows = 3, cols = 7, mode = \"b\" }")
         .replace("flops = \"5 * rows * cols\"", "flops = \"5 * rows * mode\"");
-    unknown_dtype => Fixture::new().replace("dtype = \"f32\"\nshape = [\"rows\", \"cols\"]\ndist", "dtype = \"float32\"\nshape = [\"rows\", \"cols\"]\ndist");
-    dtype_param_without_str_axis => Fixture::new().replace("dtype = \"f32\"\nshape = [\"rows\", \"cols\"]\ndist", "dtype = \"$dtype\"\nshape = [\"rows\", \"cols\"]\ndist");
-    dtype_param_not_a_dtype => Fixture::new()
+    unknown_dtype => fixture().replace("dtype = \"f32\"\nshape = [\"rows\", \"cols\"]\ndist", "dtype = \"float32\"\nshape = [\"rows\", \"cols\"]\ndist");
+    dtype_param_without_str_axis => fixture().replace("dtype = \"f32\"\nshape = [\"rows\", \"cols\"]\ndist", "dtype = \"$dtype\"\nshape = [\"rows\", \"cols\"]\ndist");
+    dtype_param_not_a_dtype => fixture()
         .replace("description = \"columns\"", "description = \"columns\"\n\n[axes.dtype]\ntype = \"str\"")
         .replace("dtype = \"f32\"\nshape = [\"rows\", \"cols\"]\ndist", "dtype = \"$dtype\"\nshape = [\"rows\", \"cols\"]\ndist")
         .replace("{ rows = 4, cols = 8 }", "{ rows = 4, cols = 8, dtype = \"f32\" }")
         .replace("{ rows = 3, cols = 7 }", "{ rows = 3, cols = 7, dtype = \"fp8\" }");
-    elem_bytes_without_dtype_axis => Fixture::new().replace("bytes = \"8 * rows * cols\"", "bytes = \"2 * elem_bytes * rows * cols\"");
-    bad_dist_kind => Fixture::new().replace("kind = \"normal\", mean = 0.0, std = 4.0", "kind = \"gauss\", mean = 0.0, std = 4.0");
-    bad_dist_value => Fixture::new().replace("std = 4.0", "std = -1.0");
-    dist_not_a_table => Fixture::new().replace("dist = { kind = \"normal\", mean = 0.0, std = 4.0 }", "dist = \"normal\"");
-    custom_dist_without_generator => Fixture::new().replace("kind = \"normal\", mean = 0.0, std = 4.0", "kind = \"custom\"");
-    duplicate_tensor_name => Fixture::new().replace("name = \"y\"", "name = \"x\"");
-    tensor_named_like_an_axis => Fixture::new().replace("name = \"y\"", "name = \"rows\"");
-    args_naming_nothing => Fixture::new().replace("args = [\"x\", \"y\", \"rows\", \"cols\"]", "args = [\"x\", \"y\", \"rows\", \"colls\"]");
-    args_missing_output => Fixture::new().replace("args = [\"x\", \"y\", \"rows\", \"cols\"]", "args = [\"x\", \"rows\", \"cols\"]");
-    args_twice => Fixture::new().replace("args = [\"x\", \"y\", \"rows\", \"cols\"]", "args = [\"x\", \"y\", \"rows\", \"rows\", \"cols\"]");
-    signature_without_entry => Fixture::new().replace("entry = \"softmax_f32\"", "entry = \"softmax\"");
-    seed_file_missing => Fixture::new().replace("seed = \"seed/naive.c\"", "seed = \"seed/fast.c\"");
-    baseline_not_defined => Fixture::new().replace("baseline = \"baseline_numpy\"", "baseline = \"baseline_torch\"");
-    unknown_backend_table => Fixture::new().replace("[backends.cpu]", "[backends.gpu]");
-    no_backends => Fixture::new().replace(&TASK[TASK.find("[backends.cpu]").unwrap()..], "");
-    no_workloads => Fixture::new()
+    elem_bytes_without_dtype_axis => fixture().replace("bytes = \"8 * rows * cols\"", "bytes = \"2 * elem_bytes * rows * cols\"");
+    bad_dist_kind => fixture().replace("kind = \"normal\", mean = 0.0, std = 4.0", "kind = \"gauss\", mean = 0.0, std = 4.0");
+    bad_dist_value => fixture().replace("std = 4.0", "std = -1.0");
+    dist_not_a_table => fixture().replace("dist = { kind = \"normal\", mean = 0.0, std = 4.0 }", "dist = \"normal\"");
+    custom_dist_without_generator => fixture().replace("kind = \"normal\", mean = 0.0, std = 4.0", "kind = \"custom\"");
+    duplicate_tensor_name => fixture().replace("name = \"y\"", "name = \"x\"");
+    tensor_named_like_an_axis => fixture().replace("name = \"y\"", "name = \"rows\"");
+    args_naming_nothing => fixture().replace("args = [\"x\", \"y\", \"rows\", \"cols\"]", "args = [\"x\", \"y\", \"rows\", \"colls\"]");
+    args_missing_output => fixture().replace("args = [\"x\", \"y\", \"rows\", \"cols\"]", "args = [\"x\", \"rows\", \"cols\"]");
+    args_twice => fixture().replace("args = [\"x\", \"y\", \"rows\", \"cols\"]", "args = [\"x\", \"y\", \"rows\", \"rows\", \"cols\"]");
+    signature_without_entry => fixture().replace("entry = \"softmax_f32\"", "entry = \"softmax\"");
+    seed_file_missing => fixture().replace("seed = \"seed/naive.c\"", "seed = \"seed/fast.c\"");
+    baseline_not_defined => fixture().replace("baseline = \"baseline_numpy\"", "baseline = \"baseline_torch\"");
+    unknown_backend_table => fixture().replace("[backends.cpu]", "[backends.gpu]");
+    no_backends => fixture().replace(&TASK[TASK.find("[backends.cpu]").unwrap()..], "");
+    no_workloads => fixture()
         .replace("[[workloads]]\nname = \"small\"\nparams = { rows = 4, cols = 8 }\n\n", "")
         .replace("[[workloads]]\nname = \"odd\"\nparams = { rows = 3, cols = 7 }\nheld_out = true\n\n", "");
-    held_out_only_workloads => Fixture::new().replace("params = { rows = 4, cols = 8 }", "params = { rows = 4, cols = 8 }\nheld_out = true");
-    duplicate_workload_names => Fixture::new().replace("name = \"odd\"", "name = \"small\"");
-    workload_names_unknown_backend => Fixture::new().replace("held_out = true", "held_out = true\nbackends = [\"cuda\"]");
-    missing_roofline => Fixture::new().replace("[roofline]\nflops = \"5 * rows * cols\"\nbytes = \"8 * rows * cols\"\n", "");
-    division_by_zero_in_formula => Fixture::new().replace("flops = \"5 * rows * cols\"", "flops = \"5 * rows / (cols - 7)\"");
-    unknown_tolerance_dtype => Fixture::new().replace("[roofline]", "[tolerance.float32]\nrtol = 1e-3\n\n[roofline]");
-    negative_tolerance => Fixture::new().replace("[roofline]", "[tolerance.f32]\natol = -1.0\n\n[roofline]");
-    integer_input_with_normal_dist => Fixture::new().replace("dtype = \"f32\"\nshape = [\"rows\", \"cols\"]\ndist", "dtype = \"i32\"\nshape = [\"rows\", \"cols\"]\ndist");
+    held_out_only_workloads => fixture().replace("params = { rows = 4, cols = 8 }", "params = { rows = 4, cols = 8 }\nheld_out = true");
+    duplicate_workload_names => fixture().replace("name = \"odd\"", "name = \"small\"");
+    workload_names_unknown_backend => fixture().replace("held_out = true", "held_out = true\nbackends = [\"cuda\"]");
+    missing_roofline => fixture().replace("[roofline]\nflops = \"5 * rows * cols\"\nbytes = \"8 * rows * cols\"\n", "");
+    division_by_zero_in_formula => fixture().replace("flops = \"5 * rows * cols\"", "flops = \"5 * rows / (cols - 7)\"");
+    unknown_tolerance_dtype => fixture().replace("[roofline]", "[tolerance.float32]\nrtol = 1e-3\n\n[roofline]");
+    negative_tolerance => fixture().replace("[roofline]", "[tolerance.f32]\natol = -1.0\n\n[roofline]");
+    integer_input_with_normal_dist => fixture().replace("dtype = \"f32\"\nshape = [\"rows\", \"cols\"]\ndist", "dtype = \"i32\"\nshape = [\"rows\", \"cols\"]\ndist");
 }
 
 #[test]
 fn missing_reference_module() {
-    let f = Fixture::new();
+    let f = fixture();
     std::fs::remove_file(f.path().join("reference.py")).unwrap();
     let msg = f.error();
     assert!(msg.starts_with("<task>/task.toml: reference.module: cannot read the reference module <task>/reference.py"), "{msg}");
@@ -186,7 +150,7 @@ fn not_a_task_directory() {
 
 #[test]
 fn unknown_backend_lookup() {
-    let task = Fixture::new().load().unwrap();
+    let task = fixture().load().unwrap();
     insta::assert_snapshot!(
         "unknown_backend_lookup",
         task.backend("cuda").unwrap_err().to_string()
@@ -199,7 +163,7 @@ fn unknown_backend_lookup() {
 
 #[test]
 fn errors_carry_structured_locations() {
-    let f = Fixture::new().replace("cols = 8", "cols = \"8\"");
+    let f = fixture().replace("cols = 8", "cols = \"8\"");
     match f.load() {
         Err(TaskError::Invalid(e)) => {
             assert!(e.file.ends_with("task.toml"));
@@ -213,7 +177,7 @@ fn errors_carry_structured_locations() {
 
 #[test]
 fn the_valid_fixture_loads_with_defaults_filled_in() {
-    let task = Fixture::new().load().unwrap();
+    let task = fixture().load().unwrap();
     assert_eq!(task.name(), "mini");
     assert_eq!(task.kind(), "softmax");
     let axes: Vec<&str> = task.spec().axes.iter().map(|a| a.name.as_str()).collect();
@@ -238,7 +202,7 @@ fn the_valid_fixture_loads_with_defaults_filled_in() {
 
 #[test]
 fn dtype_params_tolerances_filters_and_int_inputs() {
-    let task = Fixture::new()
+    let task = fixture()
         .replace("description = \"columns\"", "description = \"columns\"\n\n[axes.dtype]\ntype = \"str\"")
         .replace("dtype = \"f32\"\nshape = [\"rows\", \"cols\"]\ndist", "dtype = \"$dtype\"\nshape = [\"rows\", \"cols\"]\ndist")
         .replace("{ rows = 4, cols = 8 }", "{ rows = 4, cols = 8, dtype = \"f16\" }")
@@ -275,7 +239,7 @@ fn dtype_params_tolerances_filters_and_int_inputs() {
 /// Loading never panics, whatever prefix of a task file it is given.
 #[test]
 fn every_truncation_loads_or_fails_cleanly() {
-    let f = Fixture::new();
+    let f = fixture();
     let mut errors = 0;
     for (cut, _) in TASK.char_indices().step_by(3) {
         std::fs::write(f.path().join("task.toml"), &TASK[..cut]).unwrap();
@@ -290,7 +254,7 @@ fn every_truncation_loads_or_fails_cleanly() {
 /// Non-ASCII text in values and expressions is reported, not a panic on a char boundary.
 #[test]
 fn non_ascii_expressions_are_reported() {
-    let msg = Fixture::new()
+    let msg = fixture()
         .replace("flops = \"5 * rows * cols\"", "flops = \"5 × rows × cols\"")
         .error();
     assert!(
