@@ -180,7 +180,11 @@ fn sandbox_summary(found: Option<&Value>) -> Result<String, String> {
         .collect();
     let escapes: Vec<String> = found["escapes"]
         .as_array()
-        .map(|a| a.iter().map(|v| v.as_str().unwrap_or("?").to_string()).collect())
+        .map(|a| {
+            a.iter()
+                .map(|v| v.as_str().unwrap_or("?").to_string())
+                .collect()
+        })
         .unwrap_or_default();
     if inactive.is_empty() && escapes.is_empty() && found["ok"] == Value::Bool(true) {
         return Ok(format!(

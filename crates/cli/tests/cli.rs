@@ -301,12 +301,19 @@ fn a_killed_ksearch_leaves_no_harness_running() {
     child.wait().unwrap();
     let gone = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z')))
+            .map(|s| {
+                s.split(") ")
+                    .nth(1)
+                    .is_some_and(|rest| rest.starts_with('Z'))
+            })
             .unwrap_or(true)
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !gone(pid) && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    assert!(gone(pid), "the harness {pid} outlived the ksearch that started it");
+    assert!(
+        gone(pid),
+        "the harness {pid} outlived the ksearch that started it"
+    );
 }

@@ -70,10 +70,7 @@ fn a_task_with_an_undeclared_divisor_and_unreached_inputs_fails_the_check() {
         ),
         "{stdout}"
     );
-    assert!(
-        stdout.contains("inputs[0].must_reach.high"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("inputs[0].must_reach.high"), "{stdout}");
 
     // Declaring the divisor settles the first problem; the inputs still fall short.
     std::fs::write(

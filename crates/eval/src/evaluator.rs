@@ -94,7 +94,13 @@ fn sanity_cache_knob(
     in_environment: bool,
     cache_dir: &Path,
 ) -> Option<(String, String)> {
-    cache_knob(SANITY_CACHE, "task-sanity", knobs, in_environment, cache_dir)
+    cache_knob(
+        SANITY_CACHE,
+        "task-sanity",
+        knobs,
+        in_environment,
+        cache_dir,
+    )
 }
 
 /// A `KSEARCH_HARNESS_*` directory knob under ksearch's cache, unless the caller chose one.

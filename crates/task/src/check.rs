@@ -156,10 +156,7 @@ fn divisibility(task: &Task, workloads: &[ResolvedWorkload], backend: &str, foun
             continue;
         }
         let shared = values.iter().fold(0, |g, v| gcd(g, *v));
-        let multiple_of = declared
-            .iter()
-            .filter_map(|a| a.multiple_of)
-            .fold(1, lcm);
+        let multiple_of = declared.iter().filter_map(|a| a.multiple_of).fold(1, lcm);
         if shared <= 1 || multiple_of == 0 || shared == multiple_of {
             continue;
         }
@@ -186,10 +183,9 @@ fn divisibility(task: &Task, workloads: &[ResolvedWorkload], backend: &str, foun
 /// How a distribution reaches, in words, for messages.
 fn how(dist: &Distribution) -> String {
     match dist {
-        Distribution::Normal { .. } => format!(
-            "{} reaching mean ± {NORMAL_REACH_STD} std",
-            dist.describe()
-        ),
+        Distribution::Normal { .. } => {
+            format!("{} reaching mean ± {NORMAL_REACH_STD} std", dist.describe())
+        }
         _ => dist.describe(),
     }
 }
@@ -222,10 +218,7 @@ fn reach(task: &Task, workloads: &[ResolvedWorkload], backend: &str, found: &mut
                 unknown.join(", ")
             )
         };
-        let path = FieldPath::root()
-            .key("inputs")
-            .index(i)
-            .key("must_reach");
+        let path = FieldPath::root().key("inputs").index(i).key("must_reach");
         if let Some(low) = want.low {
             let best = draws
                 .iter()

@@ -1343,11 +1343,14 @@ impl Checker<'_, '_> {
                         ));
                     }
                 }
-                if let (DTypeSpec::Fixed(dt), false) = (t.dtype, dist_suits_dtype(t.dtype, Some(&d)))
+                if let (DTypeSpec::Fixed(dt), false) =
+                    (t.dtype, dist_suits_dtype(t.dtype, Some(&d)))
                 {
                     return Err(self.err(
                         &p,
-                        format!("integer input `{input}` ({dt}) needs a `rand_int` or `custom` dist"),
+                        format!(
+                            "integer input `{input}` ({dt}) needs a `rand_int` or `custom` dist"
+                        ),
                     ));
                 }
                 dist.insert(input, d);

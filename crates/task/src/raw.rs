@@ -167,10 +167,7 @@ pub(crate) enum RawDist {
         high: f64,
     },
     #[serde(alias = "randint")]
-    RandInt {
-        low: i64,
-        high: i64,
-    },
+    RandInt { low: i64, high: i64 },
     Custom {
         function: Option<String>,
         /// `{ low, high }`: values the generator is documented to draw (for the reach check);

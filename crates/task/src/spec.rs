@@ -148,10 +148,9 @@ impl Distribution {
             high: Some(high),
         };
         match self {
-            Distribution::Normal { mean, std } => both(
-                mean - NORMAL_REACH_STD * std,
-                mean + NORMAL_REACH_STD * std,
-            ),
+            Distribution::Normal { mean, std } => {
+                both(mean - NORMAL_REACH_STD * std, mean + NORMAL_REACH_STD * std)
+            }
             Distribution::Uniform { low, high } => both(*low, *high),
             Distribution::RandInt { low, high } => both(*low as f64, (*high - 1) as f64),
             Distribution::Custom { reach, .. } => reach.unwrap_or(Reach {

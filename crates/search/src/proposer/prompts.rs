@@ -723,7 +723,10 @@ mod tests {
         let cpu = task_spec_text(&task, "cpu");
         assert!(cpu.contains("- D: head dimension\n"), "{cpu}");
         // Held-out workloads stay out of the prompt.
-        assert!(!cuda.contains("hot") && !cpu.contains("b2h3l131d13"), "{cpu}");
+        assert!(
+            !cuda.contains("hot") && !cpu.contains("b2h3l131d13"),
+            "{cpu}"
+        );
     }
 
     #[test]
