@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -124,6 +125,10 @@ def seed_variant(kind: str) -> str:
                "naive_attention<T, D><<<(unsigned)blocks, threads, 0, 0>>>(")
     elif kind == "illegal_address":
         return src.replace("(T*)out, rows", "(T*)out + (1LL << 40), rows", 1)
+    elif kind == "escape_attempts":
+        # The cpu corpus's sandbox escapes (tests/cheats/escape_attempts.c), tried from a cuda
+        # accused, whose sandbox differs (device files, a unix socket, writes in its /proc).
+        return ESCAPES + src.replace(LAUNCH, "ksmoke_escape();\n  " + LAUNCH, 1)
     elif kind == "timer_patch":
         # On its first call, reaches the interpreter of its process through the Python C API
         # (names built at run time) and makes CUDA events report a tenth of the truth.
@@ -132,6 +137,12 @@ def seed_variant(kind: str) -> str:
         raise ValueError(kind)
     return src.replace(LAUNCH, new, 1)
 
+
+_ESCAPE_C = (HERE / "cheats" / "escape_attempts.c").read_text()
+ESCAPES = (_ESCAPE_C[_ESCAPE_C.index("#define _GNU_SOURCE"):_ESCAPE_C.index("void softmax_f32")]
+           .replace("#define _GNU_SOURCE\n", "")
+           + "static void ksmoke_escape() {\n  static int done = 0;\n"
+           "  if (!done) { done = 1; attempts(); }\n}\n")
 
 TIMER_PATCH = r"""
 #define KSMOKE_J(a, b) a##b
@@ -314,6 +325,13 @@ def run_cuda(c: Cases) -> None:
         src = c.path(kind, seed_variant(kind), ".cu")
         c.process(f"cheat {kind}", request("cuda", src, c.root / f"b-{kind}", F16, "f16",
                                            "attention_f16"), deferred)
+    escapes = c.path("escapes", seed_variant("escape_attempts"), ".cu")
+    result = c.process("cheat escape attempts", request("cuda", escapes, c.root / "b-esc", F16,
+                                                        "f16", "attention_f16"), ["passed"])
+    escaped = re.findall(r"^ESCAPE (\w+) ok$", result.get("log_tail", ""), re.M)
+    if result and (escaped or "LEAKED" in result.get("log_tail", "")):
+        c.rows[-1]["ok"] = False
+        print(f"[FAIL] the cuda accused managed {escaped}", flush=True)
     patched = c.path("timer_patch", seed_variant("timer_patch"), ".cu")
     raw = request("cuda", patched, c.root / "b-timer", F16, "f16", "attention_f16")
     raw["timing"].update(min_reps=8, max_reps=8)
