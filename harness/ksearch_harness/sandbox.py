@@ -141,7 +141,7 @@ class _Arch:
 
 _ARCHES: dict[str, _Arch] = {
     "x86_64": _Arch(0xC000003E, 0x40000000, {
-        "socket": 41, "socketpair": 53, "ptrace": 101, "process_vm_readv": 310,
+        "socket": 41, "socketpair": 53, "connect": 42, "ptrace": 101, "process_vm_readv": 310,
         "process_vm_writev": 311, "process_madvise": 440, "mount": 165, "umount2": 166,
         "pivot_root": 155, "chroot": 161, "unshare": 272, "setns": 308, "bpf": 321,
         "perf_event_open": 298, "keyctl": 250, "add_key": 248, "request_key": 249,
@@ -156,7 +156,7 @@ _ARCHES: dict[str, _Arch] = {
         "seccomp": 317,
     }),
     "aarch64": _Arch(0xC00000B7, None, {
-        "socket": 198, "socketpair": 199, "ptrace": 117, "process_vm_readv": 270,
+        "socket": 198, "socketpair": 199, "connect": 203, "ptrace": 117, "process_vm_readv": 270,
         "process_vm_writev": 271, "process_madvise": 440, "mount": 40, "umount2": 39,
         "pivot_root": 41, "chroot": 51, "unshare": 97, "setns": 268, "bpf": 280,
         "perf_event_open": 241, "keyctl": 219, "add_key": 217, "request_key": 218,
@@ -483,17 +483,20 @@ def _seccomp_stage1(policy: Policy) -> Layer:
 
 def lock_down(allow_threads: bool = True) -> Layer:
     """Seccomp stage 2, called by the confined process itself once its imports are done: from
-    here on execve/execveat and fork-like clones fail with EPERM (clone3 with ENOSYS); threads
-    (clone with CLONE_THREAD) stay allowed unless `allow_threads` is false. The filter stacks on
-    stage 1 and covers every thread of the process (TSYNC), including pools started by the
-    imports. Sets no_new_privs first (unprivileged processes need it to install a filter)."""
+    here on execve/execveat and fork-like clones fail with EPERM (clone3 with ENOSYS), and so do
+    socket, socketpair and connect (the unix sockets stage 1 leaves to GPU backends are for the
+    CUDA driver's start-up, which is over by now; sockets already open, such as the channel to
+    the judge, keep working); threads (clone with CLONE_THREAD) stay allowed unless
+    `allow_threads` is false. The filter stacks on stage 1 and covers every thread of the
+    process (TSYNC), including pools started by the imports. Sets no_new_privs first
+    (unprivileged processes need it to install a filter)."""
     if not IS_LINUX:
         return Layer("lockdown", False, "unavailable: not Linux")
     arch = _ARCHES.get(_machine())
     if arch is None:
         return Layer("lockdown", False, f"unavailable: no system-call table for {_machine()}")
     deny = {"execve": _EPERM, "execveat": _EPERM, "fork": _EPERM, "vfork": _EPERM,
-            "clone3": _ENOSYS}
+            "clone3": _ENOSYS, "socket": _EPERM, "socketpair": _EPERM, "connect": _EPERM}
     prog = _seccomp_program(arch, deny, families=None, clone=(False, allow_threads))
     try:
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
@@ -502,7 +505,8 @@ def lock_down(allow_threads: bool = True) -> Layer:
         return Layer("lockdown", False, f"stage 2 not installed: {e}")
     return Layer("lockdown", True,
                  f"stage 2 ({len(prog)} instructions, {how}): execve/execveat EPERM, fork/vfork "
-                 f"and fork-like clone EPERM, clone3 ENOSYS, threads "
+                 f"and fork-like clone EPERM, clone3 ENOSYS, socket/socketpair/connect "
+                 f"EPERM, threads "
                  f"{'allowed' if allow_threads else 'EPERM'}")
 
 

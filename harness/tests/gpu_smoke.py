@@ -328,7 +328,10 @@ def run_cuda(c: Cases) -> None:
     escapes = c.path("escapes", seed_variant("escape_attempts"), ".cu")
     result = c.process("cheat escape attempts", request("cuda", escapes, c.root / "b-esc", F16,
                                                         "f16", "attention_f16"), ["passed"])
-    escaped = re.findall(r"^ESCAPE (\w+) ok$", result.get("log_tail", ""), re.M)
+    # GPU accused processes have no address-space limit (CUDA reserves far more than it uses;
+    # the memory cgroup bounds what is touched), so reserving 64 GiB succeeds by design.
+    escaped = [e for e in re.findall(r"^ESCAPE (\w+) ok$", result.get("log_tail", ""), re.M)
+               if e != "reserve_64gib"]
     if result and (escaped or "LEAKED" in result.get("log_tail", "")):
         c.rows[-1]["ok"] = False
         print(f"[FAIL] the cuda accused managed {escaped}", flush=True)

@@ -418,20 +418,27 @@ def test_gpu_policy_knobs(dirs):
 
 @linux_only
 def test_lock_down_covers_threads_started_before_it(dirs):
-    """Exec and fork work before lock_down(); afterwards they fail in a thread that already
-    existed (TSYNC), while new threads still start."""
+    """Exec, fork and unix sockets work before lock_down(); afterwards they fail in a thread
+    that already existed (TSYNC), while new threads still start and a socket opened before
+    still carries data."""
     code = r"""
-    import threading, subprocess
+    import socket, threading, subprocess
     from ksearch_harness.sandbox import lock_down
     go, finished = threading.Event(), threading.Event()
     def old_thread():
         go.wait()
         attempt("fork_in_old_thread", lambda: subprocess.run(["/bin/true"]).returncode)
         attempt("exec_in_old_thread", lambda: os.execv("/bin/true", ["true"]))
+        attempt("unix_socket_in_old_thread", lambda: socket.socket(socket.AF_UNIX).close())
+        attempt("socketpair_in_old_thread", lambda: socket.socketpair())
         finished.set()
     threading.Thread(target=old_thread).start()
     attempt("exec_before", lambda: subprocess.run(["/bin/true"]).returncode)
+    attempt("unix_socket_before", lambda: socket.socket(socket.AF_UNIX).close())
+    a, b = socket.socketpair()
     layer = lock_down()
+    attempt("old_pair_carries", lambda: (a.send(b"x"), b.recv(1))[1].decode())
+    attempt("connect_after", lambda: a.connect("\0ksearch-lock-down-test"))
     R["layer"] = [layer.active, layer.detail]
     go.set()
     finished.wait(10)
@@ -439,11 +446,15 @@ def test_lock_down_covers_threads_started_before_it(dirs):
     t.start(); t.join()
     done()
     """
-    rc, r, err = run_py(code, policy(dirs["work"], allow_exec=True, allow_fork=True))
+    rc, r, err = run_py(code, policy(dirs["work"], allow_exec=True, allow_fork=True,
+                                     socket_families=(socket.AF_UNIX,)))
     assert rc == 0, err
     assert r["exec_before"] == {"ok": True, "value": "0"}, r
+    assert r["unix_socket_before"]["ok"], r
+    assert r["old_pair_carries"] == {"ok": True, "value": "'x'"}, r
     assert r["layer"][0], r["layer"]
-    for name in ("fork_in_old_thread", "exec_in_old_thread"):
+    for name in ("fork_in_old_thread", "exec_in_old_thread", "unix_socket_in_old_thread",
+                 "socketpair_in_old_thread", "connect_after"):
         assert not r[name]["ok"] and r[name]["errno"] == 1, (name, r[name])
     assert r["new_thread"] == "ran"
 
