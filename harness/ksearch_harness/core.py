@@ -23,13 +23,13 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import adapters, dtypes, machine, parallel, sanity_cache, static_checks
+from . import adapters, dtypes, intervals, machine, parallel, sanity_cache, static_checks
 from .accused_client import (TAMPER_MARGIN_NS, TAMPER_MIN_CALLS, TAMPER_SPREAD_FACTOR,
                              AccusedAdapter, AccusedProcess, RemoteCall)
 from .adapters import Adapter, BuildFailed, BuildInfo
 from .arena import Layout
-from .protocol import (BuildError, Incorrect, Request, ResultBuilder, StaticCheckFailed,
-                       TaskError, Tolerance, Violation, Workload)
+from .protocol import (BuildError, Incorrect, Measured, Request, ResultBuilder,
+                       StaticCheckFailed, TaskError, Tolerance, Violation, Workload)
 from .dtypes import same_bytes
 from .task_code import (AUDIT, ORDER, PRIME, PROBE, TIMING, TRIAL, WARMUP, Inputs, TaskCode,
                         derive_seed)
@@ -611,6 +611,9 @@ class Evaluation:
             self.check_timer(timed_total)
             self.check_floors()
         out.data["score"] = self.score()
+        out.data["score_interval"] = self.score_interval()
+        if self.req.yardstick is not None:
+            out.data["drift"] = self.drift()
 
     def _diagnostics(self) -> dict[str, Any]:
         proc = self.accused.process if self.accused is not None else None
@@ -1033,7 +1036,7 @@ class Evaluation:
             seeds_used: list[int] = []
             self.seeds["timing_seeds"][wl.name] = seeds_used
             contenders = ["candidate", "reference"]
-            if task.baseline_fn is not None:
+            if task.baseline_fn is not None and self._yardstick_for(wl) is None:
                 contenders.append("baseline")
             samples: dict[str, list[int]] = {c: [] for c in contenders}
             primes: dict[str, list[int]] = {c: [] for c in contenders}
@@ -1194,17 +1197,58 @@ class Evaluation:
         base = stats(samples.get("baseline", []))
         floor_ns, ideal_ns = roofline(wl, self.bandwidth, self.peak)
         median = cand["median"]
+        cand_iv = intervals.median_interval(samples["candidate"])
+        # What the score divides: the yardstick's time when the request carries one for this
+        # workload, else this evaluation's own samples.
+        key = "baseline" if self.task.baseline_fn is not None else "reference"
+        ys = self._yardstick_for(wl)
+        if ys is not None:
+            yard = ys[key]
+            num: tuple[float, float] | None = yard.interval
+            spread = yard.spread
+            if key == "baseline":
+                base["median"] = yard.median_ns
+            r["baseline_source"] = "yardstick"
+            r["yardstick_median_ns"] = yard.median_ns
+            r["drift"] = _ratio(ref["median"], ys["reference"].median_ns)
+        else:
+            num = intervals.median_interval(samples.get(key, []))
+            spread = 0.0
+        num_median = base["median"] if key == "baseline" else (
+            ys[key].median_ns if ys is not None else ref["median"])
+        interval = (intervals.ratio_interval(num, cand_iv, spread)
+                    if num is not None and cand_iv is not None else None)
+        drift = r.get("drift")
+        if interval is not None and drift:
+            # The machine ran the reference `drift` times slower (or faster) than when the
+            # yardstick was timed: the candidate's time moved with it, so the true ratio lies
+            # that much further out on one side.
+            interval = intervals.widen_by_drift(interval, drift)
         r.update({
             "candidate_ns": samples["candidate"], "reference_ns": samples["reference"],
             "baseline_ns": samples.get("baseline", []),
             "candidate_median_ns": median, "candidate_p10_ns": cand["p10"],
-            "candidate_p90_ns": cand["p90"], "reference_median_ns": ref["median"],
+            "candidate_p90_ns": cand["p90"],
+            "candidate_interval_ns": list(cand_iv) if cand_iv else None,
+            "reference_median_ns": ref["median"],
             "baseline_median_ns": base["median"],
             "speedup_vs_reference": _ratio(ref["median"], median),
             "speedup_vs_baseline": _ratio(base["median"], median),
             "floor_ns": floor_ns if floor_ns > 0 else None,
             "roofline_fraction": _ratio(ideal_ns, median) if ideal_ns > 0 else None,
         })
+        r[f"speedup_vs_{key}"] = _ratio(num_median, median)
+        r["speedup_interval"] = list(interval) if interval else None
+
+    def _yardstick_for(self, wl: Workload) -> dict[str, Measured] | None:
+        """The request's yardstick entry for `wl` when it has what the score divides (the
+        baseline, or the reference for tasks without one) and the reference (for the drift)."""
+        ys = self.req.yardstick
+        entry = ys.get(wl.name) if ys is not None else None
+        key = "baseline" if self.task.baseline_fn is not None else "reference"
+        if entry is None or key not in entry or "reference" not in entry:
+            return None
+        return entry
 
     # -- final checks --------------------------------------------------------------------
 
@@ -1300,6 +1344,21 @@ class Evaluation:
                else "speedup_vs_reference")
         values = [self.results[wl.name].get(key) for wl in self.req.workloads
                   if not wl.held_out]
+        return geomean(values) if values else None
+
+    def score_interval(self) -> list[float] | None:
+        """The score's interval: the geometric means of the workloads' bounds."""
+        ivs = [self.results[wl.name].get("speedup_interval") for wl in self.req.workloads
+               if not wl.held_out]
+        iv = intervals.geomean_interval([tuple(x) if x else None for x in ivs])
+        return list(iv) if iv else None
+
+    def drift(self) -> float | None:
+        """Geometric mean over the timed workloads of the reference's median here divided by
+        the yardstick's: how much slower (> 1) or faster the machine ran the same code than
+        when the yardstick was measured. `None` without a yardstick."""
+        values = [self.results[wl.name].get("drift") for wl in self.req.workloads
+                  if not wl.held_out and self._yardstick_for(wl) is not None]
         return geomean(values) if values else None
 
 

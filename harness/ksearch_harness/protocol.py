@@ -18,7 +18,7 @@ from typing import Any
 
 from . import PROTOCOL_VERSION
 
-OPS = ("evaluate", "build", "probe", "check-task")
+OPS = ("evaluate", "build", "probe", "check-task", "yardstick")
 STATUSES = (
     "passed", "build_error", "static_check_failed", "incorrect", "integrity_violation",
     "runtime_error", "timeout", "task_error",
@@ -176,6 +176,22 @@ class Request:
     # How the accused process is confined: `best-effort` runs with whatever layers this
     # machine allows (the result says which), `require` refuses to run without all of them.
     sandbox: str = "best-effort"
+    # Per workload, the baseline and reference times to score against (yardstick.py); `None`
+    # times the baseline in the evaluation itself.
+    yardstick: dict[str, dict[str, "Measured"]] | None = None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A time from the yardstick: median, its interval, and the drift between blocks."""
+    median_ns: float
+    lo_ns: float
+    hi_ns: float
+    spread: float = 0.0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return (self.lo_ns, self.hi_ns)
 
 
 class _Fields:
@@ -282,13 +298,13 @@ def parse_request(obj: dict, op: str) -> Request:
         raise TaskError(f"op: request says `{req_op}` but the harness was started for `{op}`")
     nonce = f.get("nonce", str, check=lambda v: None if v else "must not be empty")
 
-    needs_task = op in ("evaluate", "check-task")
+    needs_task = op in ("evaluate", "check-task", "yardstick")
     needs_candidate = op in ("evaluate", "build")
-    needs_workloads = op in ("evaluate", "check-task")
+    needs_workloads = op in ("evaluate", "check-task", "yardstick")
 
     secret_seed = f.get("secret_seed", int, ... if needs_workloads else 0,
                         check=lambda v: None if 0 <= v < 2**128 else "must be in [0, 2^128)")
-    backend = f.get("backend", str, ... if needs_candidate else "cpu")
+    backend = f.get("backend", str, ... if needs_candidate or op == "yardstick" else "cpu")
     build_dir = f.get("build_dir", str, ... if needs_candidate else None)
     if build_dir is not None and not os.path.isabs(build_dir):
         raise TaskError(f"build_dir: must be an absolute path, got `{build_dir}`")
@@ -357,10 +373,38 @@ def parse_request(obj: dict, op: str) -> Request:
                     check=lambda v: None if v in SANDBOX_MODES
                     else f"must be one of {', '.join(SANDBOX_MODES)}")
 
+    yardstick = _parse_yardstick(f.sub("yardstick")) if f.has("yardstick") else None
+
     return Request(op=op, nonce=nonce, secret_seed=secret_seed, backend=backend, task=task,
                    candidate=candidate, build_dir=build_dir, workloads=workloads,
                    tolerance=tolerance, trials=trials, timing=timing, timeout_s=timeout_s,
-                   raw=obj, sandbox=sandbox)
+                   raw=obj, sandbox=sandbox, yardstick=yardstick)
+
+
+def _parse_yardstick(f: "_Fields") -> dict[str, dict[str, "Measured"]]:
+    """An evaluate request's `yardstick` (what the yardstick op reported): per workload, the
+    baseline's and the reference's median, interval and spread."""
+    out: dict[str, dict[str, Measured]] = {}
+    wls = f.sub("workloads")
+    positive = lambda v: None if v > 0 else "must be > 0"  # noqa: E731
+    for name in wls.obj:
+        w = wls.sub(name)
+        entry = {}
+        for contender in ("baseline", "reference"):
+            if not w.has(contender):
+                continue
+            c = w.sub(contender)
+            entry[contender] = Measured(
+                median_ns=c.get("median_ns", float, check=positive),
+                lo_ns=c.get("lo_ns", float, check=positive),
+                hi_ns=c.get("hi_ns", float, check=positive),
+                spread=c.get("spread", float, 0.0, check=_non_negative))
+            if not entry[contender].lo_ns <= entry[contender].median_ns <= \
+                    entry[contender].hi_ns:
+                raise TaskError(f"yardstick.workloads.{name}.{contender}: the median is not "
+                                f"inside lo_ns..hi_ns")
+        out[name] = entry
+    return out
 
 
 def _parse_task(t: _Fields, require_entry: bool, require_reference: bool) -> Task:

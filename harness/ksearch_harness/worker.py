@@ -26,6 +26,9 @@ def execute(req: Request, adapter=None, roofline_override=None) -> dict:
             core.build(req, out, adapter)
         elif req.op == "check-task":
             core.check_task(req, out)
+        elif req.op == "yardstick":
+            from . import yardstick
+            yardstick.measure(req, out, adapter)
         else:
             raise TaskError(f"op `{req.op}` does not run in a worker")
     except HarnessError as e:

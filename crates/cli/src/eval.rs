@@ -6,7 +6,7 @@ use clap::Args;
 use ksearch_eval::report::{render_result, render_summary};
 use ksearch_eval::{
     fresh_secret_seed, EvalRequest, EvalResult, Evaluator, EvaluatorConfig, TimingPreset,
-    WorkloadSet,
+    WorkloadSet, Yardstick,
 };
 use serde_json::json;
 use std::path::PathBuf;
@@ -42,10 +42,16 @@ pub struct EvalArgs {
     #[arg(long)]
     json: bool,
 
+    /// Time the baseline inside each evaluation instead of scoring every file against one
+    /// yardstick measured first (docs/search.md, "Scores").
+    #[arg(long)]
+    no_yardstick: bool,
+
     #[command(flatten)]
     sandbox: crate::sandbox_arg::SandboxArg,
 
-    /// Candidate source files; each is evaluated on its own.
+    /// Candidate source files; each is evaluated on its own, all against one yardstick (a file
+    /// may be given more than once: each copy is evaluated again).
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
 }
@@ -80,6 +86,12 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
         WorkloadSet::Search
     };
 
+    let yardstick = if args.no_yardstick {
+        None
+    } else {
+        Some(measure_yardstick(args, &task, &evaluator, set, secret_seed, quiet)?)
+    };
+
     let mut results: Vec<(String, EvalResult)> = Vec::new();
     let mut json_items = Vec::new();
     let mut setup_failed = false;
@@ -89,6 +101,7 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
             EvalRequest::from_task(&task, &args.backend, file, set, secret_seed, args.timing)
                 .and_then(|mut req| {
                     req.timeout = Duration::from_secs_f64(args.timeout);
+                    req.yardstick = yardstick.clone();
                     if !quiet {
                         eprintln!(
                             "ksearch: evaluating {label} on {}/{} ({} workloads)",
@@ -106,7 +119,7 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
                 }
                 json_items.push(json!({
                     "file": label, "task": task.name(), "backend": args.backend,
-                    "held_out": args.held_out, "result": result,
+                    "held_out": args.held_out, "result": result, "yardstick": yardstick,
                 }));
                 results.push((label, result));
             }
@@ -134,4 +147,46 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
     } else {
         exit::REJECTED
     })
+}
+
+/// Times the baseline and reference once, for every file to be scored against.
+fn measure_yardstick(
+    args: &EvalArgs,
+    task: &ksearch_task::Task,
+    evaluator: &Evaluator,
+    set: WorkloadSet,
+    secret_seed: u64,
+    quiet: bool,
+) -> Result<Yardstick> {
+    let mut req = EvalRequest::from_task(
+        task,
+        &args.backend,
+        &args.files[0],
+        set,
+        secret_seed,
+        args.timing,
+    )?;
+    req.timeout = Duration::from_secs_f64(args.timeout);
+    if !quiet {
+        eprintln!(
+            "ksearch: timing the yardstick ({} and the reference) on {} workloads",
+            req.task
+                .baseline
+                .as_ref()
+                .map(|b| format!("baseline {}", b.name))
+                .unwrap_or_else(|| "no baseline".into()),
+            req.workloads.len()
+        );
+    }
+    let y = evaluator
+        .yardstick(&req)
+        .context("cannot time the yardstick (--no-yardstick times the baseline per file)")?;
+    if !quiet {
+        eprintln!(
+            "ksearch: yardstick measured in {:.1} s; its blocks agree within ±{:.1}%",
+            y.seconds,
+            y.spread() * 100.0
+        );
+    }
+    Ok(y)
 }

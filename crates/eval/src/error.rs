@@ -62,6 +62,9 @@ pub enum EvalError {
     #[error("invalid request: {0}")]
     Request(String),
 
+    #[error("cannot measure the yardstick (the baseline and reference times scores divide): {0}")]
+    Yardstick(String),
+
     #[error("OS call failed while running the harness: {0}")]
     Os(#[from] nix::Error),
 }

@@ -1,5 +1,6 @@
 //! The [`Evaluator`]: turns an [`EvalRequest`] into an [`EvalResult`] by running the harness.
 
+use crate::yardstick::Yardstick;
 use crate::error::{EvalError, Result};
 use crate::harness::{self, Invocation, Outcome};
 use crate::protocol::{
@@ -291,6 +292,17 @@ impl Evaluator {
         let lock = device_lock(&req.device_key());
         let _timing = lock.lock().unwrap_or_else(|p| p.into_inner());
         self.run_op("evaluate", req)
+    }
+
+    /// Times the baseline and reference of `req`'s workloads for scores to divide (the
+    /// `yardstick` op; `req`'s candidate is not used). Holds the device's timing lock.
+    pub fn yardstick(&self, req: &EvalRequest) -> Result<Yardstick> {
+        let mut req = req.clone();
+        req.timing = crate::yardstick::YARDSTICK_TIMING;
+        req.yardstick = None;
+        let lock = device_lock(&req.device_key());
+        let _timing = lock.lock().unwrap_or_else(|p| p.into_inner());
+        Yardstick::from_result(&self.run_op("yardstick", &req)?)
     }
 
     /// Compile only (parallel pre-compilation); may run concurrently with anything.

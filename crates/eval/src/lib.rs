@@ -14,6 +14,7 @@ pub mod harness_env;
 pub mod protocol;
 pub mod report;
 pub mod request;
+pub mod yardstick;
 
 pub use bench::{BenchRequest, BenchResult, BenchSettings, BenchWorkload, Measurement};
 pub use error::EvalError;
@@ -23,3 +24,4 @@ pub use request::{
     default_timeout, device_for, fresh_secret_seed, is_gpu_backend, EvalRequest, TimingPreset,
     WorkloadSet, DEFAULT_TIMEOUT, DEFAULT_TRIALS, GPU_DEFAULT_TIMEOUT,
 };
+pub use yardstick::Yardstick;

@@ -182,6 +182,12 @@ pub struct WorkloadResult {
     pub floor_ns: Option<f64>,
     #[serde(default)]
     pub roofline_fraction: Option<f64>,
+    /// Interval of the speedup the score uses (vs the baseline, or the reference).
+    #[serde(default)]
+    pub speedup_interval: Option<[f64; 2]>,
+    /// This evaluation's reference median over the yardstick's (with a yardstick only).
+    #[serde(default)]
+    pub drift: Option<f64>,
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -212,6 +218,12 @@ pub struct EvalResult {
     pub workloads: Vec<WorkloadResult>,
     #[serde(default)]
     pub score: Option<f64>,
+    /// The score's interval: geometric means of the workloads' bounds (docs/search.md).
+    #[serde(default)]
+    pub score_interval: Option<[f64; 2]>,
+    /// Geometric mean of the workloads' drift (with a yardstick only).
+    #[serde(default)]
+    pub drift: Option<f64>,
     #[serde(default)]
     pub log_tail: String,
     #[serde(default)]
@@ -236,6 +248,8 @@ impl EvalResult {
             seeds: None,
             workloads: Vec::new(),
             score: None,
+            score_interval: None,
+            drift: None,
             log_tail: String::new(),
             wall_seconds: 0.0,
             harness_output: String::new(),

@@ -115,6 +115,20 @@ fn format_speedup(x: Option<f64>) -> String {
     }
 }
 
+/// A speedup interval, `1.91–2.07x`.
+pub fn format_interval(iv: [f64; 2]) -> String {
+    if iv.iter().all(|v| v.is_finite()) {
+        format!("{}–{}x", sig3(iv[0]), sig3(iv[1]))
+    } else {
+        "-".into()
+    }
+}
+
+/// A drift ratio as a signed percentage, `+3.1%`.
+pub fn format_drift(d: f64) -> String {
+    format!("{:+.1}%", (d - 1.0) * 100.0)
+}
+
 fn format_fraction(x: Option<f64>) -> String {
     match x {
         Some(v) if v.is_finite() => format!("{:.1}%", v * 100.0),
@@ -157,6 +171,12 @@ pub fn render_result(label: &str, result: &EvalResult) -> String {
     }
     if let Some(score) = result.score.filter(|s| s.is_finite()) {
         let _ = write!(out, "  score {}x vs baseline", sig3(score));
+        if let Some(iv) = result.score_interval {
+            let _ = write!(out, " ({})", format_interval(iv));
+        }
+    }
+    if let Some(d) = result.drift.filter(|d| d.is_finite()) {
+        let _ = write!(out, "  drift {}", format_drift(d));
     }
     let _ = writeln!(out, "  [{:.1} s]", result.wall_seconds);
     if !result.passed() {
@@ -249,6 +269,7 @@ pub fn render_summary(results: &[(String, &EvalResult)]) -> String {
         ("candidate", Align::Left),
         ("status", Align::Left),
         ("score", Align::Right),
+        ("interval", Align::Right),
         ("wall", Align::Right),
     ]);
     for (label, r) in results {
@@ -260,6 +281,10 @@ pub fn render_summary(results: &[(String, &EvalResult)]) -> String {
             label.clone(),
             status,
             format_speedup(r.score),
+            r.score_interval
+                .filter(|_| r.score.is_some())
+                .map(format_interval)
+                .unwrap_or_else(|| "-".into()),
             format!("{:.1} s", r.wall_seconds),
         ]);
     }

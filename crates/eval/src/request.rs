@@ -1,6 +1,7 @@
 //! What to evaluate: [`EvalRequest`] and the knobs that shape it.
 
 use crate::error::{EvalError, Result};
+use crate::yardstick::Yardstick;
 use crate::protocol::{
     BaselineRef, CandidateSection, CorrectnessConfig, EntrySpec, FunctionRef, TaskSection,
     TimingConfig, ToleranceSpec, PROTOCOL_VERSION,
@@ -155,6 +156,9 @@ pub struct EvalRequest {
     /// Per-run secret from which the harness derives trial seeds.
     pub secret_seed: u64,
     pub timeout: Duration,
+    /// The baseline and reference times to score against; `None` times the baseline in the
+    /// evaluation itself.
+    pub yardstick: Option<Yardstick>,
 }
 
 impl EvalRequest {
@@ -242,6 +246,7 @@ impl EvalRequest {
             timing: preset.config(),
             secret_seed,
             timeout: default_timeout(backend),
+            yardstick: None,
         })
     }
 
@@ -254,9 +259,9 @@ impl EvalRequest {
         }
     }
 
-    /// The protocol request for `op` (`evaluate` or `build`).
+    /// The protocol request for `op` (`evaluate`, `build` or `yardstick`).
     pub fn to_wire(&self, op: &str, nonce: &str, build_dir: &Path) -> Value {
-        json!({
+        let mut wire = json!({
             "protocol": PROTOCOL_VERSION,
             "op": op,
             "nonce": nonce,
@@ -270,7 +275,11 @@ impl EvalRequest {
             "correctness": self.correctness,
             "timing": self.timing,
             "timeout_s": self.timeout.as_secs_f64(),
-        })
+        });
+        if let (Some(y), "evaluate") = (&self.yardstick, op) {
+            wire["yardstick"] = y.to_value();
+        }
+        wire
     }
 }
 

@@ -93,6 +93,7 @@ impl Fixture {
             timing: TimingPreset::Quick.config(),
             secret_seed: 4242,
             timeout: Duration::from_secs(30),
+            yardstick: None,
         }
     }
 }

@@ -1,0 +1,123 @@
+"""The yardstick op, scores against it, and the intervals every score carries."""
+
+from __future__ import annotations
+
+import random
+import tempfile
+
+import pytest
+
+import driver
+from ksearch_harness import intervals
+
+
+# --- intervals -----------------------------------------------------------------------------------
+
+def test_median_interval_uses_order_statistics():
+    assert intervals.median_interval([]) is None
+    assert intervals.median_interval([7]) == (7.0, 7.0)
+    # Five samples: no pair reaches 95%, so the full range (93.75%).
+    assert intervals.median_interval([5, 1, 4, 2, 3]) == (1.0, 5.0)
+    # Ten: (x_2, x_9) covers 97.9%, (x_3, x_8) only 89%.
+    assert intervals.median_interval(list(range(1, 11))) == (2.0, 9.0)
+    # Many: the interval narrows around the median.
+    lo, hi = intervals.median_interval(list(range(1001)))
+    assert 460 < lo < 500 < hi < 540
+
+
+def test_median_interval_covers_the_median_as_often_as_it_claims():
+    rng = random.Random(5)
+    for n in (6, 15, 40):
+        hits = 0
+        for _ in range(2000):
+            xs = [rng.lognormvariate(0.0, 0.3) for _ in range(n)]  # population median 1
+            lo, hi = intervals.median_interval(xs)
+            hits += lo <= 1.0 <= hi
+        assert hits / 2000 >= 0.93, (n, hits)
+
+
+def test_ratio_and_geomean_intervals():
+    lo, hi = intervals.ratio_interval((90.0, 110.0), (9.0, 11.0))
+    assert lo == pytest.approx(90 / 11) and hi == pytest.approx(110 / 9)
+    wide = intervals.ratio_interval((90.0, 110.0), (9.0, 11.0), spread=0.1)
+    assert wide[0] == pytest.approx(lo / 1.1) and wide[1] == pytest.approx(hi * 1.1)
+    assert intervals.ratio_interval((0.0, 1.0), (1.0, 2.0)) is None
+    g = intervals.geomean_interval([(1.0, 4.0), (4.0, 16.0)])
+    assert g == pytest.approx((2.0, 8.0))
+    assert intervals.geomean_interval([(1.0, 2.0), None]) is None
+    assert intervals.block_spread([100, 110, 105]) == pytest.approx(0.05)
+    assert intervals.block_spread([100]) == 0.0
+    assert intervals.widen_by_drift((1.0, 2.0), 1.5) == (1.0, 3.0)
+    assert intervals.widen_by_drift((1.0, 2.0), 0.5) == (0.5, 2.0)
+
+
+# --- the op and scores against it ----------------------------------------------------------------
+
+def _yardstick(d: str, **timing) -> dict:
+    req = driver.softmax_request(None, d, op="yardstick")
+    req["workloads"] = [w for w in req["workloads"] if not w.get("held_out")]
+    req["timing"] = {"warmup": 1, "min_reps": 5, "max_reps": 40, "target_seconds": 0.05,
+                     "flush_bytes": 1 << 20, **timing}
+    run = driver.run_harness("yardstick", req)
+    assert run.result is not None, run.stderr[-2000:]
+    assert run.result["status"] == "passed", run.result.get("message")
+    return run.result["yardstick"]
+
+
+def test_yardstick_times_baseline_and_reference_of_every_workload():
+    with tempfile.TemporaryDirectory() as d:
+        ys = _yardstick(d)
+    shown = [f"r{r}c{c}" for r, c in driver.SHOWN]
+    assert sorted(ys["workloads"]) == sorted(shown)
+    assert ys["baseline"] is True
+    for name, entry in ys["workloads"].items():
+        for contender in ("baseline", "reference"):
+            m = entry[contender]
+            assert len(m["samples_ns"]) >= 15, (name, contender)
+            assert m["lo_ns"] <= m["median_ns"] <= m["hi_ns"]
+            assert len(m["block_medians_ns"]) == 5 and m["spread"] >= 0
+
+
+def test_an_evaluation_with_a_yardstick_scores_against_it():
+    with tempfile.TemporaryDirectory() as d:
+        ys = _yardstick(d)
+        req = driver.softmax_request(driver.HONEST / "naive.c", d, yardstick=ys)
+        run = driver.run_harness("evaluate", req)
+    res = run.result
+    assert res["status"] == "passed", res["message"]
+    lo, hi = res["score_interval"]
+    assert lo <= res["score"] <= hi
+    assert res["drift"] > 0
+    for w in res["workloads"]:
+        if w["held_out"]:
+            continue
+        entry = ys["workloads"][w["name"]]
+        assert w["baseline_ns"] == []  # not timed here
+        assert w["baseline_source"] == "yardstick"
+        assert w["baseline_median_ns"] == entry["baseline"]["median_ns"]
+        assert w["speedup_vs_baseline"] == pytest.approx(
+            entry["baseline"]["median_ns"] / w["candidate_median_ns"])
+        assert w["drift"] == pytest.approx(
+            w["reference_median_ns"] / entry["reference"]["median_ns"])
+        wlo, whi = w["speedup_interval"]
+        assert wlo <= w["speedup_vs_baseline"] <= whi
+
+
+def test_without_a_yardstick_the_baseline_is_timed_and_the_score_has_an_interval():
+    with tempfile.TemporaryDirectory() as d:
+        run = driver.run_harness("evaluate", driver.softmax_request(driver.HONEST / "naive.c", d))
+    res = run.result
+    assert res["status"] == "passed", res["message"]
+    assert "drift" not in res
+    lo, hi = res["score_interval"]
+    assert lo <= res["score"] <= hi
+    assert all(len(w["baseline_ns"]) >= 5 for w in res["workloads"] if not w["held_out"])
+
+
+def test_a_malformed_yardstick_is_the_requests_fault():
+    ys = {"workloads": {"r64c100": {"baseline": {"median_ns": 10, "lo_ns": 20, "hi_ns": 30}}}}
+    with tempfile.TemporaryDirectory() as d:
+        run = driver.run_harness("evaluate", driver.softmax_request(
+            driver.HONEST / "naive.c", d, yardstick=ys))
+    assert run.result["status"] == "task_error"
+    assert "yardstick.workloads.r64c100.baseline" in run.result["message"]
