@@ -18,6 +18,34 @@ pub fn versus_seed(ratio: f64) -> String {
     }
 }
 
+/// The confirmed comparison, the run's headline: the winner's score in the final confirmation
+/// (it, the runner-ups and the seed evaluated in turn) with its interval, and how it compares
+/// with the seed measured there. `summary` is the run's outcome as stored.
+pub fn confirmed(summary: &serde_json::Value) -> Option<String> {
+    let c = ksearch_search::engine::ranking::confirmation_of(summary)?;
+    let best_id = summary["best"]["candidate_id"].as_i64()?;
+    let w = c.of(best_id)?;
+    let score = w.score?;
+    let mut line = format!("confirmed: {score:.3}x the baseline");
+    if let Some([lo, hi]) = w.interval {
+        line.push_str(&format!(" ({lo:.3}–{hi:.3})"));
+    }
+    if let Some(seed) = c.seed().filter(|s| s.candidate_id != best_id) {
+        if let Some(s) = seed.score.filter(|s| *s > 0.0) {
+            line.push_str(&format!(", {}", versus_seed(score / s)));
+        }
+    }
+    let others = c.contenders.len() - 1;
+    line.push_str(&format!(
+        " ({} kernel{} re-measured in turn with it, {} round{})",
+        others,
+        if others == 1 { "" } else { "s" },
+        c.rounds,
+        if c.rounds == 1 { "" } else { "s" }
+    ));
+    Some(line)
+}
+
 /// The re-measured comparison: `best` and `seed` are the two kernels' scores in the final
 /// re-check (every workload, a fresh process and seed).
 pub fn remeasured(best: f64, seed: f64) -> Option<String> {
@@ -44,5 +72,26 @@ mod tests {
             "re-measured on all workloads: 2.00x slower than the seed (1.500 vs the seed's 3.000)"
         );
         assert!(remeasured(1.0, 0.0).is_none());
+    }
+
+    #[test]
+    fn the_confirmation_leads_with_its_interval_and_the_seed() {
+        let summary = serde_json::json!({
+            "best": {"candidate_id": 7},
+            "confirmation": {"rounds": 2, "winner": 7, "contenders": [
+                {"candidate_id": 7, "role": "winner", "scores": [2.0, 2.2], "score": 2.1,
+                 "interval": [1.9, 2.3]},
+                {"candidate_id": 1, "role": "seed", "scores": [1.0, 1.1], "score": 1.05,
+                 "interval": [0.9, 1.2]},
+                {"candidate_id": 5, "role": "runner-up", "scores": [1.9, 2.0], "score": 1.95,
+                 "interval": null},
+            ]},
+        });
+        assert_eq!(
+            confirmed(&summary).unwrap(),
+            "confirmed: 2.100x the baseline (1.900–2.300), 2.00x faster than the seed \
+             (2 kernels re-measured in turn with it, 2 rounds)"
+        );
+        assert!(confirmed(&serde_json::json!({"best": {"candidate_id": 7}})).is_none());
     }
 }

@@ -124,6 +124,9 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
             best["round"],
             best["node"].as_str().unwrap_or("-"),
         )?;
+        if let Some(line) = summary.as_ref().and_then(crate::headline::confirmed) {
+            writeln!(s, "{line}")?;
+        }
         let seed_re = summary
             .as_ref()
             .and_then(|s| s["seed_recheck_score"].as_f64());
@@ -380,6 +383,10 @@ pub fn export(args: &ExportArgs) -> Result<u8> {
         config.proposer,
         config.seed
     )?;
+    if let Some(mut line) = crate::headline::confirmed(&summary) {
+        line[..1].make_ascii_uppercase();
+        writeln!(readme, "{line}.\n")?;
+    }
     let seed_re = summary["seed_recheck_score"].as_f64();
     if let Some(line) = best["rechecked_score"]
         .as_f64()

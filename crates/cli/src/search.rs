@@ -142,6 +142,12 @@ pub struct SearchOptions {
     #[arg(long)]
     pub no_recheck: bool,
 
+    /// Rounds of the final confirmation: the winner, two runner-ups and the seed evaluated in
+    /// turn, whose numbers are the run's headline (0 skips it).
+    #[arg(long, value_name = "N", default_value_t = ksearch_search::engine::DEFAULT_CONFIRM_ROUNDS)]
+    #[serde(default = "default_confirm_rounds")]
+    pub confirm_rounds: u32,
+
     /// Model name for LLM proposers (required for openai and anthropic).
     #[arg(long, help_heading = "LLM proposers")]
     #[serde(default)]
@@ -555,6 +561,7 @@ fn drive(
         max_tokens: opts.max_tokens,
         max_cost_usd: opts.max_cost,
         recheck: !opts.no_recheck,
+        confirm_rounds: opts.confirm_rounds,
     };
     let brief = TaskBrief {
         name: task.name().to_string(),
@@ -807,8 +814,15 @@ fn render_outcome(run_id: &str, o: &RunOutcome) -> String {
                 best.round,
                 best.node.as_deref().unwrap_or("-"),
             ));
-            // The re-check's numbers lead: same conditions for both kernels, every workload,
-            // fresh process and seed. The search's own score follows as what it ranked by.
+            // The confirmation leads (the winner, runner-ups and seed measured in turn), then
+            // the re-check's comparison (fresh process and seed, every workload); the search's
+            // own score follows as what it ranked by.
+            if let Some(line) = serde_json::to_value(o)
+                .ok()
+                .and_then(|v| crate::headline::confirmed(&v))
+            {
+                s.push_str(&format!("{line}\n"));
+            }
             if let Some(line) = best
                 .rechecked_score
                 .zip(o.seed_recheck_score)
@@ -1024,4 +1038,8 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+}
+
+fn default_confirm_rounds() -> u32 {
+    ksearch_search::engine::DEFAULT_CONFIRM_ROUNDS
 }

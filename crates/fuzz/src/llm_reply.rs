@@ -162,6 +162,7 @@ fn attempt(id: i64, passed: bool) -> AttemptView {
             status: if passed { "passed" } else { "incorrect" }.into(),
             passed,
             score: passed.then_some(1.5),
+            score_interval: passed.then_some([1.4, 1.6]),
             latency_ms: Some(0.5),
             speedup_vs_reference: Some(3.0),
             message: if passed { "" } else { "wrong answer on w0" }.into(),

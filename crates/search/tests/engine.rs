@@ -19,9 +19,13 @@ use ksearch_search::selection::KSearchPolicy;
 use ksearch_search::world_model::{ActionPatch, Edit, NodePatch, NodeState, WorldModel};
 use ksearch_store::{CandidateKind, RunStore};
 
-/// Sources look like `score=1.5;tag` (passes with that score) or `fail;tag`.
+/// Sources look like `score=1.5;tag` (passes with that score) or `fail;tag`. `score=2/1.5~0.3`
+/// passes with 2 on its first search evaluation and 1.5 on later ones (re-checks get the last
+/// value), with the interval ±0.3 around each.
 struct FakeEvaluator {
     calls: AtomicUsize,
+    /// Search evaluations so far, per source.
+    seen: Mutex<std::collections::HashMap<String, usize>>,
     /// Fail (as an infrastructure error) on this call number, 1-based.
     crash_on: Option<usize>,
     /// Fail every re-check (acceptance) evaluation the same way.
@@ -32,6 +36,7 @@ impl FakeEvaluator {
     fn new(crash_on: Option<usize>) -> Self {
         Self {
             calls: AtomicUsize::new(0),
+            seen: Mutex::new(Default::default()),
             crash_on,
             crash_on_acceptance: false,
         }
@@ -47,8 +52,25 @@ impl CandidateEvaluator for FakeEvaluator {
         }
         let head = source.split(';').next().unwrap_or("");
         let result = match head.strip_prefix("score=") {
-            Some(s) => json!({"status": "passed", "score": s.parse::<f64>().unwrap(),
-                              "purpose": format!("{purpose:?}")}),
+            Some(s) => {
+                let (values, width) = s.split_once('~').unwrap_or((s, ""));
+                let values: Vec<f64> = values.split('/').map(|v| v.parse().unwrap()).collect();
+                let k = if purpose == Purpose::Search {
+                    let mut seen = self.seen.lock().unwrap();
+                    let k = seen.entry(source.to_string()).or_insert(0);
+                    *k += 1;
+                    *k - 1
+                } else {
+                    values.len() - 1
+                };
+                let score = values[k.min(values.len() - 1)];
+                let interval = width
+                    .parse::<f64>()
+                    .ok()
+                    .map(|w| json!([score - w, score + w]));
+                json!({"status": "passed", "score": score, "score_interval": interval,
+                       "purpose": format!("{purpose:?}")})
+            }
             None => json!({"status": "incorrect", "message": "wrong answer"}),
         };
         Ok(Evaluation {
@@ -63,6 +85,7 @@ impl CandidateEvaluator for FakeEvaluator {
             status: result["status"].as_str().unwrap_or("").to_string(),
             passed,
             score: result["score"].as_f64().filter(|_| passed),
+            score_interval: serde_json::from_value(result["score_interval"].clone()).ok(),
             message: result["message"].as_str().unwrap_or("").to_string(),
             ..OutcomeSummary::default()
         }
@@ -403,6 +426,7 @@ fn a_recheck_interrupted_by_a_crash_is_taken_up_not_recorded_again() {
     let tmp = tempfile::tempdir().unwrap();
     let with_recheck = EngineConfig {
         recheck: true,
+        confirm_rounds: 0,
         ..cfg(3, 0)
     };
     let proposer = ScriptedProposer::new(script);
@@ -486,6 +510,7 @@ fn the_winner_and_the_seed_are_re_measured_under_the_same_conditions() {
     let eval = FakeEvaluator::new(None);
     let config = EngineConfig {
         recheck: true,
+        confirm_rounds: 0,
         ..cfg(1, 0)
     };
     let out = new_engine(config, store(tmp.path()), &proposer, &eval)
@@ -499,4 +524,117 @@ fn the_winner_and_the_seed_are_re_measured_under_the_same_conditions() {
     assert_eq!(out.recheck.unwrap()["status"], "passed");
     // Seed, one attempt, the winner's re-check and the seed's.
     assert_eq!(eval.calls.load(Ordering::SeqCst), 4);
+}
+
+fn events(store: &RunStore, kind: &str) -> Vec<Value> {
+    store
+        .events_after(0)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == kind)
+        .map(|e| e.data)
+        .collect()
+}
+
+/// A higher score inside the incumbent's interval is measured again, incumbent first, and the
+/// better pooled score is kept; a higher score beyond the interval replaces it at once.
+#[test]
+fn a_new_best_within_noise_is_re_measured_against_the_incumbent() {
+    let script = |_: &str, round: u32, _: u32| {
+        Ok(match round {
+            1 => "score=2.0/1.5~0.5;lucky",
+            2 => "score=2.1/1.9~0.5;steady",
+            _ => "score=0.5;slow",
+        }
+        .to_string())
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(script);
+    let eval = FakeEvaluator::new(None);
+    let engine = new_engine(cfg(3, 0), store(tmp.path()), &proposer, &eval);
+    let out = engine.run(Some("score=1~0.1;seed")).unwrap();
+    let store = engine.into_store();
+    let duels = events(&store, "remeasure");
+    // Round 1 beat the seed beyond noise (1.5 > 1.1): no re-measure. Round 2 did not.
+    assert_eq!(duels.len(), 1, "{duels:?}");
+    assert_eq!(duels[0]["incumbent_scores"], json!([2.0, 1.5]));
+    assert_eq!(duels[0]["challenger_scores"], json!([2.1, 1.9]));
+    let best = out.best.unwrap();
+    assert_eq!(duels[0]["kept"], json!(best.candidate_id));
+    assert_eq!(best.scores, vec![2.1, 1.9]);
+    assert!((best.score - (2.1f64 * 1.9).sqrt()).abs() < 1e-12);
+}
+
+#[test]
+fn a_challenger_that_falls_back_on_a_re_measure_loses_the_duel() {
+    let script = |_: &str, round: u32, _: u32| {
+        Ok(match round {
+            1 => "score=2.0~0.5;first",
+            _ => "score=2.2/1.0~0.5;fluke",
+        }
+        .to_string())
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(script);
+    let eval = FakeEvaluator::new(None);
+    let engine = new_engine(cfg(2, 0), store(tmp.path()), &proposer, &eval);
+    let out = engine.run(Some("score=1~0.1;seed")).unwrap();
+    let store = engine.into_store();
+    let first = store
+        .candidates()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.round == 1)
+        .unwrap();
+    assert_eq!(out.best.unwrap().candidate_id, first.id);
+    assert_eq!(events(&store, "remeasure").len(), 1);
+}
+
+/// The winner, the runner-ups and the seed are evaluated in turn at the end; a runner-up that
+/// confirms faster, and passes its re-check, becomes the best, and the confirmation is what
+/// the run reports.
+#[test]
+fn the_confirmation_re_ranks_the_winner_against_the_runner_ups() {
+    let script = |_: &str, round: u32, _: u32| {
+        Ok(match round {
+            1 => "score=3/2~0.2;lucky",
+            2 => "score=2.5~0.2;solid",
+            _ => "score=0.5~0.1;slow",
+        }
+        .to_string())
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(script);
+    let eval = FakeEvaluator::new(None);
+    let config = EngineConfig {
+        recheck: true,
+        confirm_rounds: 2,
+        ..cfg(3, 0)
+    };
+    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
+    let out = engine.run(Some("score=1~0.1;seed")).unwrap();
+    let c = out.confirmation.clone().unwrap();
+    assert_eq!(c.rounds, 2);
+    // Winner, seed and two runner-ups (solid, slow), each measured twice.
+    assert_eq!(c.contenders.len(), 4);
+    assert!(c.contenders.iter().all(|k| k.scores.len() == 2));
+    let store = engine.into_store();
+    let id_of = |tag: &str| {
+        store
+            .candidates()
+            .unwrap()
+            .into_iter()
+            .find(|k| store.source(&k.source_id).unwrap().contains(tag))
+            .unwrap()
+            .id
+    };
+    let (lucky, solid) = (id_of(";lucky"), id_of(";solid"));
+    assert_eq!(c.of(lucky).unwrap().role, "winner");
+    assert_eq!(c.of(lucky).unwrap().score, Some(2.0));
+    assert_eq!(c.winner, solid);
+    let best = out.best.unwrap();
+    assert_eq!(best.candidate_id, solid);
+    assert_eq!(best.rechecked_score, Some(2.5));
+    assert_eq!(c.seed().unwrap().score, Some(1.0));
+    assert_eq!(events(&store, "confirmation").len(), 1);
 }

@@ -6,7 +6,7 @@ use ksearch_task::{builtin, resolve, DType, Distribution, ParamValue, TaskError}
 fn every_builtin_task_loads_and_resolves() {
     let tasks = builtin::list().expect("built-in tasks load");
     let names: Vec<&str> = tasks.iter().map(|t| t.name()).collect();
-    for expected in ["attention", "selective-scan", "softmax"] {
+    for expected in ["attention", "copy", "selective-scan", "softmax"] {
         assert!(
             names.contains(&expected),
             "{expected} missing from {names:?}"
@@ -24,7 +24,13 @@ fn every_builtin_task_loads_and_resolves() {
             assert!(workloads.iter().any(|w| !w.held_out), "{}", task.name());
             assert!(workloads.iter().any(|w| w.held_out), "{}", task.name());
             for w in &workloads {
-                assert!(w.flops > 0.0 && w.bytes > 0.0, "{}/{}", task.name(), w.name);
+                // A copy does no arithmetic: the calibration task counts no FLOPs.
+                if task.kind() == "copy" {
+                    assert_eq!(w.flops, 0.0, "{}/{}", task.name(), w.name);
+                } else {
+                    assert!(w.flops > 0.0, "{}/{}", task.name(), w.name);
+                }
+                assert!(w.bytes > 0.0, "{}/{}", task.name(), w.name);
                 // Every kernel argument is bound: a tensor or an int param.
                 for arg in &spec.args {
                     let bound = w.inputs.iter().chain(&w.outputs).any(|t| &t.name == arg)
@@ -76,6 +82,44 @@ fn attention_workloads_match_the_protocol_example() {
     assert_eq!(w[1].flops, first.flops / 2.0);
     let back: ksearch_task::ResolvedWorkload = serde_json::from_value(json).unwrap();
     assert_eq!(&back, first);
+}
+
+#[test]
+fn copy_is_a_calibration_task_on_every_backend() {
+    let task = resolve("copy").unwrap();
+    assert_eq!(task.kind(), "copy");
+    assert_eq!(task.backend_names(), vec!["cpu", "cuda", "mlx"]);
+    let labels: Vec<_> = ["cpu", "cuda", "mlx"]
+        .iter()
+        .map(|b| task.backend(b).unwrap().baseline_label().unwrap().to_string())
+        .collect();
+    assert_eq!(labels, ["numpy", "torch_copy", "mlx_copy"]);
+    // The cpu workloads leave the dtype axis at its default, so the harness sees only `n`.
+    for w in task.workloads("cpu").unwrap() {
+        assert_eq!(w.params.len(), 1, "{}", w.name);
+        assert_eq!(w.inputs[0].dtype, DType::F32);
+    }
+    let cuda = task.backend("cuda").unwrap();
+    let gpu = task.workloads("cuda").unwrap();
+    assert_eq!(gpu, task.workloads("mlx").unwrap());
+    for w in &gpu {
+        let n = match w.params.get("n") {
+            Some(ParamValue::Int(n)) => *n as f64,
+            other => panic!("{}: n = {other:?}", w.name),
+        };
+        let elem = w.inputs[0].dtype.size_bytes() as f64;
+        // One read and one write of n elements, no arithmetic.
+        assert_eq!((w.bytes, w.flops), (2.0 * elem * n, 0.0), "{}", w.name);
+        let entry = cuda.entry_for(&w.params).unwrap();
+        assert!(entry == "copy_f32" || entry == "copy_f16", "{entry}");
+    }
+    // The bandwidth-bound GPU workloads: 64 and 256 MiB per buffer are shown, not held out.
+    let big: Vec<_> = gpu
+        .iter()
+        .filter(|w| !w.held_out && w.inputs[0].size_bytes() >= 64 << 20)
+        .map(|w| w.inputs[0].size_bytes() >> 20)
+        .collect();
+    assert!(big.contains(&64) && big.contains(&256), "{big:?}");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use ksearch_task::{load_task, DType, TaskError};
 use proptest::prelude::*;
 
-const TASKS: &[&str] = &["attention", "selective-scan", "softmax"];
+const TASKS: &[&str] = &["attention", "copy", "selective-scan", "softmax"];
 
 /// Values and fragments a mutation puts into the text.
 const TOKENS: &[&str] = &[

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use ksearch_eval::{EvalRequest, EvalResult, Evaluator, TimingPreset, WorkloadSet};
+use ksearch_eval::{EvalRequest, EvalResult, Evaluator, TimingPreset, WorkloadSet, Yardstick};
 use ksearch_task::Task;
 
 use crate::proposer::OutcomeSummary;
@@ -40,8 +40,14 @@ pub trait CandidateEvaluator: Sync {
 }
 
 /// The real evaluator: the harness, through `ksearch-eval`.
+///
+/// It measures the run's yardstick (the baseline and reference times every score divides) on
+/// its first evaluation, so a resumed session measures its own, and again whenever an
+/// evaluation's drift says the machine changed; that evaluation is then repeated against the
+/// new yardstick. Every stored result carries the yardstick it was scored against.
 pub struct HarnessEvaluator {
     evaluator: Evaluator,
+    yardstick: std::sync::Mutex<Option<Yardstick>>,
     task: Task,
     backend: String,
     secret_seed: u64,
@@ -64,6 +70,7 @@ impl HarnessEvaluator {
     ) -> Self {
         Self {
             evaluator,
+            yardstick: std::sync::Mutex::new(None),
             task,
             backend: backend.to_string(),
             secret_seed,
@@ -89,6 +96,61 @@ impl HarnessEvaluator {
                 .map_err(|e| EvalFailure(format!("{}: {e}", path.display())))?;
         }
         Ok(path)
+    }
+}
+
+impl HarnessEvaluator {
+    /// The run's yardstick, measured now if there is none yet (`req` names the workloads).
+    fn current_yardstick(&self, req: &EvalRequest) -> Result<Yardstick, EvalFailure> {
+        let mut slot = self.yardstick.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(y) = slot.as_ref() {
+            return Ok(y.clone());
+        }
+        let mut yreq = req.clone();
+        yreq.workload_set = WorkloadSet::Search;
+        let y = self
+            .evaluator
+            .yardstick(&yreq)
+            .map_err(|e| EvalFailure(e.to_string()))?;
+        tracing::info!(
+            seconds = y.seconds,
+            spread = y.spread(),
+            "yardstick measured"
+        );
+        *slot = Some(y.clone());
+        Ok(y)
+    }
+
+    /// Evaluates `req` against the yardstick; an evaluation whose drift is beyond the
+    /// yardstick's limit has the yardstick measured again and is repeated once against it.
+    fn evaluate_against_yardstick(
+        &self,
+        req: &mut EvalRequest,
+    ) -> Result<(EvalResult, Option<Yardstick>), EvalFailure> {
+        let mut yardstick = self.current_yardstick(req)?;
+        req.yardstick = Some(yardstick.clone());
+        let mut result = self
+            .evaluator
+            .evaluate(req)
+            .map_err(|e| EvalFailure(e.to_string()))?;
+        if let Some(d) = result.drift.filter(|d| yardstick.drifted(*d)) {
+            tracing::warn!(
+                drift = d,
+                limit = yardstick.drift_limit(),
+                "the machine drifted from the yardstick: measuring it again"
+            );
+            *self.yardstick.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            yardstick = self.current_yardstick(req)?;
+            req.yardstick = Some(yardstick.clone());
+            result = self
+                .evaluator
+                .evaluate(req)
+                .map_err(|e| EvalFailure(e.to_string()))?;
+            result
+                .extra
+                .insert("drift_before_repeat".into(), serde_json::json!(d));
+        }
+        Ok((result, Some(yardstick)))
     }
 }
 
@@ -129,17 +191,18 @@ impl CandidateEvaluator for HarnessEvaluator {
             .evaluator
             .build(&req)
             .map_err(|e| EvalFailure(e.to_string()))?;
-        let result = if matches!(
+        let (result, yardstick) = if matches!(
             built.status.as_str(),
             "build_error" | "static_check_failed" | "task_error" | "timeout"
         ) {
-            built
+            (built, None)
         } else {
-            self.evaluator
-                .evaluate(&req)
-                .map_err(|e| EvalFailure(e.to_string()))?
+            self.evaluate_against_yardstick(&mut req)?
         };
-        let value = serde_json::to_value(&result).map_err(|e| EvalFailure(e.to_string()))?;
+        let mut value = serde_json::to_value(&result).map_err(|e| EvalFailure(e.to_string()))?;
+        if let Some(y) = yardstick {
+            value["yardstick"] = y.to_value();
+        }
         Ok(Evaluation {
             summary: summarize_result(&result),
             result: value,
@@ -227,6 +290,7 @@ pub fn summarize_result(r: &EvalResult) -> OutcomeSummary {
         status: r.status.as_str().to_string(),
         passed,
         score: if passed { r.score } else { None },
+        score_interval: if passed { r.score_interval } else { None },
         latency_ms: geomean(&medians).map(|ns| ns / 1e6),
         speedup_vs_reference: geomean(&vs_ref),
         message,

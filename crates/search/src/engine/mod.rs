@@ -19,8 +19,10 @@
 //! flags: `cycle_cap` (0 = unlimited, as the original) and the selection policy.
 
 pub mod evaluation;
+pub mod ranking;
 
 pub use evaluation::{CandidateEvaluator, EvalFailure, Evaluation, Purpose};
+pub use ranking::{Confirmation, Confirmed};
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -60,7 +62,18 @@ pub struct EngineConfig {
     /// Re-check the winner in a fresh process with fresh seeds on every workload (held-out
     /// included) before reporting it.
     pub recheck: bool,
+    /// Rounds of the final confirmation (the winner, the runner-ups and the seed evaluated in
+    /// turn; engine/ranking.rs); 0 skips it.
+    #[serde(default = "default_confirm_rounds")]
+    pub confirm_rounds: u32,
 }
+
+fn default_confirm_rounds() -> u32 {
+    DEFAULT_CONFIRM_ROUNDS
+}
+
+/// Rounds of the final confirmation unless configured.
+pub const DEFAULT_CONFIRM_ROUNDS: u32 = 2;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -73,6 +86,7 @@ impl Default for EngineConfig {
             max_tokens: None,
             max_cost_usd: None,
             recheck: true,
+            confirm_rounds: DEFAULT_CONFIRM_ROUNDS,
         }
     }
 }
@@ -135,6 +149,9 @@ pub struct RunOutcome {
     /// two can be compared directly.
     #[serde(default)]
     pub seed_recheck_score: Option<f64>,
+    /// The winner, the runner-ups and the seed re-measured in turn: the run's headline.
+    #[serde(default)]
+    pub confirmation: Option<Confirmation>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -148,6 +165,12 @@ pub struct BestRef {
     /// trust, since the search's maximum over noisy measurements is biased upwards.
     #[serde(default)]
     pub rechecked_score: Option<f64>,
+    /// The interval of `score` (pooled over `scores` after a re-measure).
+    #[serde(default)]
+    pub interval: Option<[f64; 2]>,
+    /// Every search-time score of this kernel; `score` is their geometric mean.
+    #[serde(default)]
+    pub scores: Vec<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -442,6 +465,8 @@ impl<'a> Engine<'a> {
                 node: Some(root.to_string()),
                 round: 0,
                 rechecked_score: None,
+                interval: summary.score_interval,
+                scores: vec![score],
             });
         }
         let state = EngineState {
@@ -739,14 +764,28 @@ impl<'a> Engine<'a> {
             if round_best.is_none_or(|(_, s)| score > s) {
                 round_best = Some((id, score));
             }
-            if state.best.as_ref().is_none_or(|b| score > b.score) {
-                state.best = Some(BestRef {
-                    candidate_id: id,
-                    score,
-                    node: Some(c.node.to_string()),
-                    round,
-                    rechecked_score: None,
-                });
+            let challenger = BestRef {
+                candidate_id: id,
+                score,
+                node: Some(c.node.to_string()),
+                round,
+                rechecked_score: None,
+                interval: o.summary.score_interval,
+                scores: vec![score],
+            };
+            match &state.best {
+                None => state.best = Some(challenger),
+                Some(b) if score > b.score => {
+                    // A higher score inside the incumbent's noise is measured again first.
+                    state.best = Some(
+                        if ranking::clearly_better((score, o.summary.score_interval), b) {
+                            challenger
+                        } else {
+                            self.duel(b, challenger)?
+                        },
+                    );
+                }
+                Some(_) => {}
             }
             if c.best.is_none_or(|(_, s)| score > s) {
                 c.best = Some((id, score));
@@ -1117,6 +1156,7 @@ impl<'a> Engine<'a> {
         self.checkpoint(&state)?;
         let mut best = state.best.clone();
         let mut recheck = None;
+        let mut confirm_pool: Vec<(i64, f64)> = Vec::new();
         if self.cfg.recheck {
             let mut ranked: Vec<(i64, f64)> = Vec::new();
             {
@@ -1132,6 +1172,15 @@ impl<'a> Engine<'a> {
                 }
             }
             ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            // The search's best (a re-measure may have preferred it over a higher single
+            // score) is re-checked first; the others follow by score.
+            if let Some(b) = &state.best {
+                if let Some(pos) = ranked.iter().position(|(id, _)| *id == b.candidate_id) {
+                    let first = ranked.remove(pos);
+                    ranked.insert(0, (first.0, b.score));
+                }
+            }
+            confirm_pool = ranked.clone();
             let mut seen = BTreeSet::new();
             for (id, score) in ranked.into_iter().take(8) {
                 let Some(view) = self.attempt_view(id)? else {
@@ -1152,12 +1201,15 @@ impl<'a> Engine<'a> {
                                       "message": summary.message}));
                 let row = self.store().candidate(id)?;
                 if passed {
+                    let prior = state.best.as_ref().filter(|b| b.candidate_id == id);
                     best = Some(BestRef {
                         candidate_id: id,
                         score,
                         node: row.as_ref().and_then(|r| r.node_id.clone()),
                         round: row.map(|r| r.round).unwrap_or(0),
                         rechecked_score: summary.score,
+                        interval: prior.and_then(|b| b.interval),
+                        scores: prior.map(|b| b.scores.clone()).unwrap_or_else(|| vec![score]),
                     });
                     break;
                 }
@@ -1167,6 +1219,22 @@ impl<'a> Engine<'a> {
                                                    "message": summary.message}),
                 )?;
                 best = None;
+            }
+        }
+        let mut confirmation = None;
+        if let (true, Some(b)) = (self.cfg.recheck, best.clone()) {
+            let others: Vec<(i64, f64)> = confirm_pool
+                .iter()
+                .copied()
+                .filter(|(id, _)| *id != b.candidate_id)
+                .collect();
+            confirmation =
+                self.confirm(&b, &others, state.seed_candidate, self.cfg.confirm_rounds)?;
+            if let Some(c) = confirmation.as_mut() {
+                if c.winner != b.candidate_id {
+                    // A runner-up confirmed faster: it must pass the re-check too.
+                    best = self.accept_confirmed(c, &b, &state)?;
+                }
             }
         }
         let mut seed_recheck_score = None;
@@ -1187,6 +1255,7 @@ impl<'a> Engine<'a> {
             seed_score: state.seed_score,
             best,
             recheck,
+            confirmation,
         };
         let summary =
             serde_json::to_value(&outcome).map_err(|e| EngineError::State(e.to_string()))?;

@@ -49,6 +49,9 @@ pub struct OutcomeSummary {
     pub status: String,
     pub passed: bool,
     pub score: Option<f64>,
+    /// The score's interval (docs/search.md, "Scores"); `None` for old results.
+    #[serde(default)]
+    pub score_interval: Option<[f64; 2]>,
     pub latency_ms: Option<f64>,
     pub speedup_vs_reference: Option<f64>,
     /// Why it failed (violation class and message, compiler output tail, …); empty if passed.
