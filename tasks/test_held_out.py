@@ -16,8 +16,8 @@ import pytest
 from task_testing import TaskUnderTest
 
 TASKS = pathlib.Path(__file__).resolve().parent
-NAMES = ("softmax", "attention", "selective-scan")
-OUTPUT = {"softmax": "y", "attention": "out", "selective-scan": "y"}
+NAMES = ("softmax", "attention", "selective-scan", "copy")
+OUTPUT = {"softmax": "y", "attention": "out", "selective-scan": "y", "copy": "y"}
 _loaded = {}
 
 
@@ -73,6 +73,9 @@ LAZY = [
      {"b3d7l61n5-z-softplus", "b2d5l1n1-z", "b1d17l257n7-z-softplus-spikes"}),
     ("selective-scan", "dim a multiple of 8", ("d < dim", "d < (dim & ~(int64_t)7)"),
      {"b3d7l61n5-z-softplus", "b1d33l1001-softplus", "b2d5l1n1-z"}),
+    ("copy", "n a multiple of 8", ("(size_t)n * sizeof(float)",
+                                   "(size_t)(n & ~(int64_t)7) * sizeof(float)"),
+     {"f32-n3", "f32-n7", "f32-n1001", "f32-n65537"}),
 ]
 
 

@@ -91,7 +91,13 @@ fn copy_is_a_calibration_task_on_every_backend() {
     assert_eq!(task.backend_names(), vec!["cpu", "cuda", "mlx"]);
     let labels: Vec<_> = ["cpu", "cuda", "mlx"]
         .iter()
-        .map(|b| task.backend(b).unwrap().baseline_label().unwrap().to_string())
+        .map(|b| {
+            task.backend(b)
+                .unwrap()
+                .baseline_label()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     assert_eq!(labels, ["numpy", "torch_copy", "mlx_copy"]);
     // The cpu workloads leave the dtype axis at its default, so the harness sees only `n`.
