@@ -1198,32 +1198,9 @@ class Evaluation:
         floor_ns, ideal_ns = roofline(wl, self.bandwidth, self.peak)
         median = cand["median"]
         cand_iv = intervals.median_interval(samples["candidate"])
-        # What the score divides: the yardstick's time when the request carries one for this
-        # workload, else this evaluation's own samples.
-        key = "baseline" if self.task.baseline_fn is not None else "reference"
-        ys = self._yardstick_for(wl)
-        if ys is not None:
-            yard = ys[key]
-            num: tuple[float, float] | None = yard.interval
-            spread = yard.spread
-            if key == "baseline":
-                base["median"] = yard.median_ns
-            r["baseline_source"] = "yardstick"
-            r["yardstick_median_ns"] = yard.median_ns
-            r["drift"] = _ratio(ref["median"], ys["reference"].median_ns)
-        else:
-            num = intervals.median_interval(samples.get(key, []))
-            spread = 0.0
-        num_median = base["median"] if key == "baseline" else (
-            ys[key].median_ns if ys is not None else ref["median"])
-        interval = (intervals.ratio_interval(num, cand_iv, spread)
-                    if num is not None and cand_iv is not None else None)
-        drift = r.get("drift")
-        if interval is not None and drift:
-            # The machine ran the reference `drift` times slower (or faster) than when the
-            # yardstick was timed: the candidate's time moved with it, so the true ratio lies
-            # that much further out on one side.
-            interval = intervals.widen_by_drift(interval, drift)
+        # Speedups are medians of paired ratios: each repetition times the contenders back to
+        # back, so what slows the machine for a moment slows both and cancels.
+        vs_ref = intervals.paired_ratios(samples["reference"], samples["candidate"])
         r.update({
             "candidate_ns": samples["candidate"], "reference_ns": samples["reference"],
             "baseline_ns": samples.get("baseline", []),
@@ -1232,21 +1209,44 @@ class Evaluation:
             "candidate_interval_ns": list(cand_iv) if cand_iv else None,
             "reference_median_ns": ref["median"],
             "baseline_median_ns": base["median"],
-            "speedup_vs_reference": _ratio(ref["median"], median),
-            "speedup_vs_baseline": _ratio(base["median"], median),
+            "speedup_vs_reference": intervals.median(vs_ref),
             "floor_ns": floor_ns if floor_ns > 0 else None,
             "roofline_fraction": _ratio(ideal_ns, median) if ideal_ns > 0 else None,
         })
-        r[f"speedup_vs_{key}"] = _ratio(num_median, median)
+        interval = intervals.median_interval(vs_ref)
+        if self.task.baseline_fn is None:
+            r["speedup_interval"] = list(interval) if interval else None
+            ys = self._yardstick_for(wl)
+            if ys is not None:
+                r["drift"] = _ratio(ref["median"], ys["reference"].median)
+            return
+        ys = self._yardstick_for(wl)
+        if ys is None:
+            vs_base = intervals.paired_ratios(samples["baseline"], samples["candidate"])
+            r["speedup_vs_baseline"] = intervals.median(vs_base)
+            interval = intervals.median_interval(vs_base)
+        else:
+            # The baseline was not timed here: the yardstick's baseline/reference ratio (paired
+            # there, with many samples) times this evaluation's reference/candidate ratio.
+            transfer = ys["baseline_over_reference"]
+            r["baseline_source"] = "yardstick"
+            r["baseline_median_ns"] = ys["baseline"].median
+            r["drift"] = _ratio(ref["median"], ys["reference"].median)
+            q = r["speedup_vs_reference"]
+            r["speedup_vs_baseline"] = transfer.median * q if q is not None else None
+            interval = (intervals.product_interval(transfer.interval, interval,
+                                                   transfer.spread)
+                        if interval is not None else None)
         r["speedup_interval"] = list(interval) if interval else None
 
     def _yardstick_for(self, wl: Workload) -> dict[str, Measured] | None:
-        """The request's yardstick entry for `wl` when it has what the score divides (the
-        baseline, or the reference for tasks without one) and the reference (for the drift)."""
+        """The request's yardstick entry for `wl` when it has the reference (for the drift)
+        and, for tasks with a baseline, the baseline and the baseline/reference ratio."""
         ys = self.req.yardstick
         entry = ys.get(wl.name) if ys is not None else None
-        key = "baseline" if self.task.baseline_fn is not None else "reference"
-        if entry is None or key not in entry or "reference" not in entry:
+        need = ("reference",) + (("baseline", "baseline_over_reference")
+                                 if self.task.baseline_fn is not None else ())
+        if entry is None or any(k not in entry for k in need):
             return None
         return entry
 

@@ -1,12 +1,14 @@
-"""Intervals around medians and the ratios built from them.
+"""Intervals around medians and the speedups built from them.
 
 A time is reported as the median of its samples with a distribution-free confidence interval
 from order statistics (no assumption about the shape of timing noise, which is skewed and often
-multimodal). A speedup is a ratio of two medians; its interval takes the worst pairing of the
-two intervals and is widened by the machine's drift between blocks of samples (the yardstick's
-`spread`), which the within-evaluation samples cannot see. A geometric mean over workloads takes
-the geometric means of the bounds: the workloads' errors are not assumed independent, so the
-interval does not shrink with their number.
+multimodal). A speedup is the median of paired ratios (two contenders timed back to back in one
+repetition), with the same kind of interval: a moment of machine load slows both members of a
+pair and cancels. A product of two such ratios (the yardstick's baseline/reference times an
+evaluation's reference/candidate) multiplies the bounds and is widened by the yardstick's
+`spread` between blocks. A geometric mean over workloads takes the geometric means of the
+bounds: the workloads' errors are not assumed independent, so the interval does not shrink with
+their number.
 """
 
 from __future__ import annotations
@@ -60,25 +62,17 @@ def block_spread(block_medians: Sequence[float]) -> float:
     return (max(xs) / min(xs) - 1.0) / 2.0
 
 
-def ratio_interval(num: tuple[float, float], den: tuple[float, float], spread: float = 0.0
-                   ) -> tuple[float, float] | None:
-    """Interval of num/den from the intervals of numerator and denominator (times in the same
-    unit), widened by the relative `spread` on each side."""
-    (nlo, nhi), (dlo, dhi) = num, den
-    if min(nlo, nhi, dlo, dhi) <= 0:
-        return None
+def paired_ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
+    """num[i] / den[i] for samples taken together (one repetition each)."""
+    return [float(a) / float(b) for a, b in zip(num, den) if a > 0 and b > 0]
+
+
+def product_interval(a: tuple[float, float], b: tuple[float, float], spread: float = 0.0
+                     ) -> tuple[float, float]:
+    """Interval of a product of two positive quantities from theirs, widened by the relative
+    `spread` on each side."""
     widen = 1.0 + max(spread, 0.0)
-    return nlo / dhi / widen, nhi / dlo * widen
-
-
-def widen_by_drift(interval: tuple[float, float], drift: float) -> tuple[float, float]:
-    """A speedup interval measured while the machine ran `drift` times slower (> 1) or
-    faster (< 1) than when its denominator was timed: slower makes the candidate look slower,
-    so the upper bound moves up by `drift`; faster moves the lower bound down."""
-    lo, hi = interval
-    if drift > 1.0:
-        return lo, hi * drift
-    return lo * drift, hi
+    return a[0] * b[0] / widen, a[1] * b[1] * widen
 
 
 def geomean_interval(intervals: Sequence[tuple[float, float] | None]

@@ -183,15 +183,16 @@ class Request:
 
 @dataclass(frozen=True)
 class Measured:
-    """A time from the yardstick: median, its interval, and the drift between blocks."""
-    median_ns: float
-    lo_ns: float
-    hi_ns: float
+    """A median from the yardstick (a time in ns, or a ratio), its interval, and the relative
+    drift between blocks of samples."""
+    median: float
+    lo: float
+    hi: float
     spread: float = 0.0
 
     @property
     def interval(self) -> tuple[float, float]:
-        return (self.lo_ns, self.hi_ns)
+        return (self.lo, self.hi)
 
 
 class _Fields:
@@ -383,26 +384,28 @@ def parse_request(obj: dict, op: str) -> Request:
 
 def _parse_yardstick(f: "_Fields") -> dict[str, dict[str, "Measured"]]:
     """An evaluate request's `yardstick` (what the yardstick op reported): per workload, the
-    baseline's and the reference's median, interval and spread."""
+    baseline's and the reference's median time, interval and spread (`median_ns`, `lo_ns`,
+    `hi_ns`), and the median of their paired ratio (`baseline_over_reference`: `median`,
+    `lo`, `hi`)."""
     out: dict[str, dict[str, Measured]] = {}
     wls = f.sub("workloads")
     positive = lambda v: None if v > 0 else "must be > 0"  # noqa: E731
     for name in wls.obj:
         w = wls.sub(name)
         entry = {}
-        for contender in ("baseline", "reference"):
-            if not w.has(contender):
+        for key, unit in (("baseline", "_ns"), ("reference", "_ns"),
+                          ("baseline_over_reference", "")):
+            if not w.has(key):
                 continue
-            c = w.sub(contender)
-            entry[contender] = Measured(
-                median_ns=c.get("median_ns", float, check=positive),
-                lo_ns=c.get("lo_ns", float, check=positive),
-                hi_ns=c.get("hi_ns", float, check=positive),
-                spread=c.get("spread", float, 0.0, check=_non_negative))
-            if not entry[contender].lo_ns <= entry[contender].median_ns <= \
-                    entry[contender].hi_ns:
-                raise TaskError(f"yardstick.workloads.{name}.{contender}: the median is not "
-                                f"inside lo_ns..hi_ns")
+            c = w.sub(key)
+            m = Measured(median=c.get("median" + unit, float, check=positive),
+                         lo=c.get("lo" + unit, float, check=positive),
+                         hi=c.get("hi" + unit, float, check=positive),
+                         spread=c.get("spread", float, 0.0, check=_non_negative))
+            if not m.lo <= m.median <= m.hi:
+                raise TaskError(f"yardstick.workloads.{name}.{key}: the median is not inside "
+                                f"its interval")
+            entry[key] = m
         out[name] = entry
     return out
 

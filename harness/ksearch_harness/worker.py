@@ -20,6 +20,8 @@ def execute(req: Request, adapter=None, roofline_override=None) -> dict:
     out = ResultBuilder(req.op, req.nonce)
     try:
         from . import core
+        from .machine import steady_heap
+        steady_heap()
         if req.op == "evaluate":
             core.evaluate(req, out, adapter, roofline_override)
         elif req.op == "build":

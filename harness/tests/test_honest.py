@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 
 import driver
@@ -42,8 +44,11 @@ def test_honest_kernel_passes(honest_runs, name):
         assert len(w["reference_ns"]) == n == len(w["baseline_ns"])
         assert all(s > 0 for s in w["candidate_ns"])
         assert w["candidate_p10_ns"] <= w["candidate_median_ns"] <= w["candidate_p90_ns"]
-        assert math.isclose(w["speedup_vs_baseline"],
-                            w["baseline_median_ns"] / w["candidate_median_ns"])
+        # A median of ratios paired within each repetition (intervals.py).
+        paired = [b / c for b, c in zip(w["baseline_ns"], w["candidate_ns"])]
+        assert math.isclose(w["speedup_vs_baseline"], float(np.median(paired)))
+        lo, hi = w["speedup_interval"]
+        assert lo <= w["speedup_vs_baseline"] <= hi
         assert 0 < w["floor_ns"] < w["candidate_median_ns"]
         assert 0 < w["roofline_fraction"] < 1
         speedups.append(w["speedup_vs_baseline"])

@@ -36,19 +36,17 @@ def test_median_interval_covers_the_median_as_often_as_it_claims():
         assert hits / 2000 >= 0.93, (n, hits)
 
 
-def test_ratio_and_geomean_intervals():
-    lo, hi = intervals.ratio_interval((90.0, 110.0), (9.0, 11.0))
-    assert lo == pytest.approx(90 / 11) and hi == pytest.approx(110 / 9)
-    wide = intervals.ratio_interval((90.0, 110.0), (9.0, 11.0), spread=0.1)
-    assert wide[0] == pytest.approx(lo / 1.1) and wide[1] == pytest.approx(hi * 1.1)
-    assert intervals.ratio_interval((0.0, 1.0), (1.0, 2.0)) is None
+def test_paired_product_and_geomean_intervals():
+    assert intervals.paired_ratios([10, 20, 0], [5, 4, 1]) == [2.0, 5.0]
+    lo, hi = intervals.product_interval((1.0, 2.0), (3.0, 4.0))
+    assert (lo, hi) == (3.0, 8.0)
+    wide = intervals.product_interval((1.0, 2.0), (3.0, 4.0), spread=0.1)
+    assert wide[0] == pytest.approx(3 / 1.1) and wide[1] == pytest.approx(8 * 1.1)
     g = intervals.geomean_interval([(1.0, 4.0), (4.0, 16.0)])
     assert g == pytest.approx((2.0, 8.0))
     assert intervals.geomean_interval([(1.0, 2.0), None]) is None
     assert intervals.block_spread([100, 110, 105]) == pytest.approx(0.05)
     assert intervals.block_spread([100]) == 0.0
-    assert intervals.widen_by_drift((1.0, 2.0), 1.5) == (1.0, 3.0)
-    assert intervals.widen_by_drift((1.0, 2.0), 0.5) == (0.5, 2.0)
 
 
 # --- the op and scores against it ----------------------------------------------------------------
@@ -76,6 +74,11 @@ def test_yardstick_times_baseline_and_reference_of_every_workload():
             assert len(m["samples_ns"]) >= 15, (name, contender)
             assert m["lo_ns"] <= m["median_ns"] <= m["hi_ns"]
             assert len(m["block_medians_ns"]) == 5 and m["spread"] >= 0
+        ratio = entry["baseline_over_reference"]
+        pairs = [b / r for b, r in zip(entry["baseline"]["samples_ns"],
+                                        entry["reference"]["samples_ns"])]
+        assert ratio["samples"] == pytest.approx(pairs)
+        assert ratio["lo"] <= ratio["median"] <= ratio["hi"]
 
 
 def test_an_evaluation_with_a_yardstick_scores_against_it():
@@ -95,8 +98,10 @@ def test_an_evaluation_with_a_yardstick_scores_against_it():
         assert w["baseline_ns"] == []  # not timed here
         assert w["baseline_source"] == "yardstick"
         assert w["baseline_median_ns"] == entry["baseline"]["median_ns"]
+        paired = sorted(r / c for r, c in zip(w["reference_ns"], w["candidate_ns"]))
+        assert w["speedup_vs_reference"] == pytest.approx(intervals.median(paired))
         assert w["speedup_vs_baseline"] == pytest.approx(
-            entry["baseline"]["median_ns"] / w["candidate_median_ns"])
+            entry["baseline_over_reference"]["median"] * w["speedup_vs_reference"])
         assert w["drift"] == pytest.approx(
             w["reference_median_ns"] / entry["reference"]["median_ns"])
         wlo, whi = w["speedup_interval"]

@@ -1,13 +1,15 @@
 //! The yardstick: a task's baseline and reference timed once, for many evaluations.
 //!
-//! Scores divide the baseline's time by the candidate's. [`Evaluator::yardstick`] has the
-//! harness time the baseline and the reference of every workload of a request, with many samples
-//! (harness/ksearch_harness/yardstick.py); requests that carry the result
-//! ([`EvalRequest::yardstick`]) are scored against it instead of re-timing the baseline with a
-//! handful of samples each, so candidates of one run, or the files of one `ksearch eval`, share
-//! one denominator. Each evaluation still times the reference and reports its `drift`: its
-//! reference median over the yardstick's. A drift far from 1 means the machine changed, and the
-//! yardstick is measured again ([`Yardstick::drifted`]).
+//! A score is the candidate's speedup over the task's baseline. [`Evaluator::yardstick`] has the
+//! harness time the baseline and the reference of every workload back to back, with many
+//! samples (harness/ksearch_harness/yardstick.py). Requests that carry the result
+//! ([`EvalRequest::yardstick`]) do not time the baseline: their speedup is the yardstick's
+//! baseline/reference ratio times the evaluation's own reference/candidate ratio, both medians of
+//! ratios paired within one repetition, so the candidates of one run, or the files of one
+//! `ksearch eval`, share one conversion factor measured with care, and a moment of machine load
+//! slows both members of a pair alike. Each evaluation reports its `drift`: its reference median
+//! over the yardstick's. A drift far from 1 means the machine changed, and the yardstick is
+//! measured again ([`Yardstick::drifted`]).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -16,22 +18,32 @@ use std::collections::BTreeMap;
 use crate::error::{EvalError, Result};
 use crate::protocol::{EvalResult, TimingConfig};
 
-/// How the yardstick op times: it stops at whichever comes first of a tight median (±0.5%,
-/// after at least 15 samples per contender), `target_seconds` of timed calls per workload, or
-/// `max_reps` samples.
-pub const YARDSTICK_TIMING: TimingConfig = TimingConfig {
-    warmup: 2,
-    min_reps: 15,
-    max_reps: 400,
-    target_seconds: 2.0,
-    flush_bytes: 64 << 20,
-};
+/// How the yardstick op times for evaluations timed with `eval`: it stops at whichever comes
+/// first of tight medians (±0.5%, after at least 15 samples per contender), twice the
+/// evaluations' `target_seconds` of wall time per workload (at least half a second), or 200
+/// samples.
+pub fn yardstick_timing(eval: &TimingConfig) -> TimingConfig {
+    TimingConfig {
+        warmup: eval.warmup.max(2),
+        min_reps: 15,
+        max_reps: 200,
+        target_seconds: (2.0 * eval.target_seconds).max(0.5),
+        flush_bytes: eval.flush_bytes,
+    }
+}
 
 /// Below this relative drift a re-measure is never asked for: the per-evaluation reference
 /// median is itself a handful of samples.
 pub const MIN_DRIFT_LIMIT: f64 = 0.10;
-/// The drift limit in units of the yardstick's own spread between blocks.
+/// Beyond this one it always is, however noisy the yardstick was.
+pub const MAX_DRIFT_LIMIT: f64 = 0.25;
+/// The drift limit in units of the reference's spread between the yardstick's blocks.
 pub const DRIFT_SPREADS: f64 = 4.0;
+/// A yardstick whose baseline/reference ratio drifted more than this between its blocks was
+/// measured on a busy machine: it is measured again (the tightest of a few attempts is kept).
+pub const MAX_RATIO_SPREAD: f64 = 0.05;
+/// Attempts at a yardstick within [`MAX_RATIO_SPREAD`].
+pub const YARDSTICK_ATTEMPTS: usize = 2;
 
 /// One contender's time in the yardstick.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,12 +58,28 @@ pub struct Measured {
     pub samples_ns: Vec<f64>,
 }
 
+/// The median of a paired ratio in the yardstick.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ratio {
+    pub median: f64,
+    pub lo: f64,
+    pub hi: f64,
+    #[serde(default)]
+    pub spread: f64,
+    #[serde(default)]
+    pub samples: Vec<f64>,
+}
+
 /// The yardstick of one workload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkloadYardstick {
     #[serde(default)]
     pub baseline: Option<Measured>,
     pub reference: Measured,
+    /// The baseline's time over the reference's, paired per repetition (tasks with a
+    /// baseline): what converts an evaluation's speedup over the reference into its score.
+    #[serde(default)]
+    pub baseline_over_reference: Option<Ratio>,
 }
 
 /// What the harness's `yardstick` op reported, kept whole (it travels back to the harness in
@@ -93,29 +121,27 @@ impl Yardstick {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
 
-    /// What scores divide, for one workload.
-    pub fn denominator(&self, workload: &str) -> Option<&Measured> {
-        let w = self.workloads.get(workload)?;
-        if self.baseline {
-            w.baseline.as_ref()
-        } else {
-            Some(&w.reference)
-        }
+    /// The largest spread between blocks of the baseline/reference ratios: how much the
+    /// conversion every score uses moved while it was measured.
+    pub fn ratio_spread(&self) -> f64 {
+        self.workloads
+            .values()
+            .filter_map(|w| w.baseline_over_reference.as_ref())
+            .map(|r| r.spread)
+            .fold(0.0, f64::max)
     }
 
-    /// The largest spread between blocks among the measured times: the machine's drift while
-    /// the yardstick was timed.
+    /// The largest spread between blocks of the reference's times.
     pub fn spread(&self) -> f64 {
         self.workloads
             .values()
-            .flat_map(|w| w.baseline.iter().chain(std::iter::once(&w.reference)))
-            .map(|m| m.spread)
+            .map(|w| w.reference.spread)
             .fold(0.0, f64::max)
     }
 
     /// The relative drift beyond which an evaluation's reference says the machine changed.
     pub fn drift_limit(&self) -> f64 {
-        MIN_DRIFT_LIMIT.max(DRIFT_SPREADS * self.spread())
+        (DRIFT_SPREADS * self.spread()).clamp(MIN_DRIFT_LIMIT, MAX_DRIFT_LIMIT)
     }
 
     /// Whether `drift` (an evaluation's reference median over the yardstick's) is beyond
@@ -135,30 +161,37 @@ mod tests {
                "spread": spread, "samples_ns": [median]})
     }
 
+    fn ratio(median: f64, spread: f64) -> Value {
+        json!({"median": median, "lo": median * 0.99, "hi": median * 1.01, "spread": spread})
+    }
+
     fn sample() -> Yardstick {
         Yardstick::from_value(json!({
             "version": 1, "backend": "cpu", "baseline": true, "seconds": 1.5,
             "workloads": {
-                "a": {"baseline": measured(100.0, 0.01), "reference": measured(300.0, 0.04)},
-                "b": {"baseline": measured(50.0, 0.0), "reference": measured(70.0, 0.0)},
+                "a": {"baseline": measured(100.0, 0.01), "reference": measured(300.0, 0.04),
+                      "baseline_over_reference": ratio(0.33, 0.02)},
+                "b": {"baseline": measured(50.0, 0.0), "reference": measured(70.0, 0.0),
+                      "baseline_over_reference": ratio(0.7, 0.01)},
             },
         }))
         .unwrap()
     }
 
     #[test]
-    fn denominators_spread_and_drift() {
+    fn spreads_and_drift() {
         let y = sample();
-        assert_eq!(y.denominator("a").unwrap().median_ns, 100.0);
-        assert!(y.denominator("c").is_none());
         assert!((y.spread() - 0.04).abs() < 1e-12);
+        assert!((y.ratio_spread() - 0.02).abs() < 1e-12);
         assert!((y.drift_limit() - 0.16).abs() < 1e-12);
         assert!(!y.drifted(1.15) && !y.drifted(1.0 / 1.15));
         assert!(y.drifted(1.2) && y.drifted(1.0 / 1.2));
         assert!(!y.drifted(f64::NAN));
-        let mut no_base = y.clone();
-        no_base.baseline = false;
-        assert_eq!(no_base.denominator("b").unwrap().median_ns, 70.0);
+        // However noisy the reference was, a 30% drift asks for a re-measure.
+        let mut noisy = y.clone();
+        noisy.workloads.get_mut("a").unwrap().reference.spread = 0.5;
+        assert!((noisy.drift_limit() - MAX_DRIFT_LIMIT).abs() < 1e-12);
+        assert!(noisy.drifted(1.3));
         assert_eq!(Yardstick::from_value(y.to_value()).unwrap(), y);
     }
 
