@@ -332,3 +332,82 @@ def test_an_expected_array_changed_before_the_call_is_still_caught(fake):
     assert got is buf
     with pytest.raises(TaskError, match="did not hold that call's inputs"):
         fake.verify_reference_inputs()
+
+
+class _DeviceClock:
+    """A stand-in for torch.cuda with a device clock: `_sleep` queues busy work, events
+    record when the queue reaches them, and host time (perf_counter) passes as the test says."""
+
+    def __init__(self, monkeypatch):
+        import time as _time
+        import types
+        self.host = 0
+        self.queue_end = 0  # when the device finishes what is queued
+        self.sleeps: list[int] = []
+        monkeypatch.setattr(_time, "perf_counter_ns", lambda: self.host)
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = 0
+
+            def record(self, stream=None):
+                clock.queue_end = max(clock.queue_end, clock.host)
+                self.t = clock.queue_end
+
+            def synchronize(self):
+                clock.host = max(clock.host, self.t)
+
+            def elapsed_time(self, end):
+                return (end.t - self.t) / 1e6
+
+        def _sleep(cycles):
+            clock.sleeps.append(cycles)
+            clock.queue_end = max(clock.queue_end, clock.host) + cycles  # 1 cycle per ns
+
+        self.cuda = types.SimpleNamespace(
+            Event=Event, _sleep=_sleep, synchronize=lambda: None,
+            Stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
+            set_stream=lambda s: None)
+
+    def launch(self, host_ns: int, device_ns: int):
+        """A call that spends `host_ns` on the host, then queues `device_ns` of work."""
+        def fn():
+            self.host += host_ns
+            self.queue_end = max(self.queue_end, self.host) + device_ns
+        return fn
+
+
+def test_timed_cuda_calls_hold_the_stream_while_the_host_enqueues(monkeypatch):
+    """The start event waits behind a busy kernel long enough for the enqueue, so the host's
+    launch overhead stays out of the device time; a candidate's call still counts at least its
+    enqueue time (host work hidden behind the hold), the task's own calls their device time."""
+    clock = _DeviceClock(monkeypatch)
+    a = cuda.CudaAdapter(_request("cuda"))
+    monkeypatch.setattr(a, "_torch_mod", lambda: clock)
+    monkeypatch.setattr(a, "_device_sync", lambda when: None)
+    monkeypatch.setattr(a, "verify_reference_inputs", lambda: None)
+    a._stream = object()
+    a._events = (clock.cuda.Event(), clock.cuda.Event())
+    a._hold_ns = cuda.HOLD_MARGIN_NS
+    a._cycles_per_ns = 1.0
+    # The first call's enqueue (300 us) outlasts the initial hold: the device idled after the
+    # start event and the host's time leaked in. The hold grows from what it saw.
+    first, _ = a.time_call(clock.launch(host_ns=300_000, device_ns=100_000))
+    assert first > 100_000
+    assert a._hold_ns == int(cuda.HOLD_FACTOR * 300_000) + cuda.HOLD_MARGIN_NS
+    for _ in range(3):
+        ns, _ = a.time_call(clock.launch(host_ns=300_000, device_ns=100_000))
+        assert ns == 100_000  # the device's time only
+    assert clock.sleeps[-1] == a._hold_ns
+    # A candidate whose call does 2 ms of host work and queues 10 us counts the 2 ms.
+    cheat = clock.launch(host_ns=2_000_000, device_ns=10_000)
+    cheat.ksearch_candidate = True
+    monkeypatch.setattr(a, "_check_escape", lambda *args: None)
+    ns, _ = a.time_call(cheat)
+    assert ns >= 2_000_000
+    # The same call as the task's own code counts its device time.
+    plain = clock.launch(host_ns=2_000_000, device_ns=10_000)
+    a._hold_ns = cuda.HOLD_MAX_NS
+    ns, _ = a.time_call(plain)
+    assert ns == 10_000

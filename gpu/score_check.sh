@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Whether the scores the search ranks by can be trusted on this GPU (issue: scores you can
+# trust), for one backend, in one device call:
+#   1. one attention kernel evaluated five (EVALS) times in one `ksearch eval` (one
+#      yardstick): each score with its interval, and their spread;
+#   2. `ksearch bench` of the same kernel: its ratio to the native attention per workload next
+#      to the evaluations' median speedup over the same native (the task's baseline);
+#   3. the calibration task `copy`: its seed does the baseline's device copy, three times in
+#      one eval; the scores should be 1.00.
+#
+#   run(command="BACKEND=cuda bash gpu/score_check.sh", carry=["target/release/ksearch"])
+#   with MLX (../shared/device): call 1 `bash .device-carry/mlx1/stash.sh`, then
+#   run(command="source .device-carry/mlx2/assemble.sh && BACKEND=mlx bash gpu/score_check.sh",
+#       carry=[".device-carry/mlx2", "target/release/ksearch"])
+#
+# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. KERNEL
+# names the attention variant (gpu/attention/variants.toml). Results in $OUT: eval.json,
+# bench.json, copy.json, summary.txt, log.txt.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BACKEND=${BACKEND:?set BACKEND=cuda or BACKEND=mlx}
+OUT=${OUT:-/tmp/ksearch-score-check}
+WORK=${WORK:-/tmp/ksearch-score-check-work}
+KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
+mkdir -p "$OUT" "$WORK"
+exec > >(tee "$OUT/log.txt") 2>&1
+export KSEARCH_ROOT=${KSEARCH_ROOT:-$ROOT} KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
+export KSEARCH_CACHE_DIR=$WORK/cache
+nvidia-smi -L
+"$KS" --version || { echo "cannot run $KS" >&2; exit 2; }
+
+case "$BACKEND" in
+cuda) KERNEL=${KERNEL:-wg_m128n128s3_pp}; EXT=cu; COPY=tasks/copy/seed/copy.cu ;;
+mlx) KERNEL=${KERNEL:-s7_causal_skip}; EXT=py; COPY=tasks/copy/seed/copy_mlx.py ;;
+*) echo "unknown BACKEND $BACKEND" >&2; exit 2 ;;
+esac
+F="$WORK/$KERNEL.$EXT"
+python3 gpu/attention/render.py --variants gpu/attention/variants.toml --name "$KERNEL" \
+    --backend "$BACKEND" -o "$F" || exit 2
+
+started=$SECONDS
+copies=()
+for _ in $(seq "${EVALS:-5}"); do copies+=("$F"); done
+"$KS" eval --task attention --backend "$BACKEND" --json "${copies[@]}" > "$OUT/eval.json"
+echo "${EVALS:-5} evaluations took $((SECONDS - started)) s"
+started=$SECONDS
+"$KS" bench attention --backend "$BACKEND" --kernel "$F" --json > "$OUT/bench.json"
+echo "bench took $((SECONDS - started)) s"
+started=$SECONDS
+"$KS" eval --task copy --backend "$BACKEND" --json "$COPY" "$COPY" "$COPY" > "$OUT/copy.json"
+echo "copy calibration took $((SECONDS - started)) s"
+
+python3 - "$OUT" "$BACKEND" <<'PY' | tee "$OUT/summary.txt"
+import json, statistics, sys
+out, backend = sys.argv[1], sys.argv[2]
+native = {"cuda": "sdpa", "mlx": "mlx"}[backend]
+
+def evals(name):
+    try:
+        return json.load(open(f"{out}/{name}"))
+    except (OSError, ValueError) as e:
+        print(f"{name}: unreadable ({e})")
+        return []
+
+items = evals("eval.json")
+scores = [i["result"].get("score") for i in items]
+print(f"== {backend}: one kernel evaluated {len(items)} times against one yardstick ==")
+for i in items:
+    r = i["result"]
+    print(f"  {r['status']:<10} score {r.get('score')}  interval {r.get('score_interval')}  "
+          f"drift {r.get('drift')}  [{r.get('wall_seconds', 0):.1f} s]")
+ok = [s for s in scores if s]
+if ok:
+    print(f"  spread (max/min - 1): {100 * (max(ok) / min(ok) - 1):.2f}%  "
+          f"median {statistics.median(ok):.4f}")
+    inside = all(i["result"]["score_interval"][0] <= s <= i["result"]["score_interval"][1]
+                 for s in ok for i in items if i["result"].get("score_interval"))
+    print(f"  every score inside every interval: {inside}")
+per = {}
+for i in items:
+    for w in i["result"].get("workloads", []):
+        if w.get("speedup_vs_baseline"):
+            per.setdefault(w["name"], []).append(w["speedup_vs_baseline"])
+
+bench = evals("bench.json")
+print(f"== eval vs bench ({native}) per workload: kernel speedup over the native ==")
+rows = []
+for w in (bench or {}).get("workloads", []) if isinstance(bench, dict) else []:
+    k, n = w["contenders"].get("kernel", {}), w["contenders"].get(native, {})
+    if not (k.get("median_ms") and n.get("median_ms")) or w["name"] not in per:
+        continue
+    b = n["median_ms"] / k["median_ms"]
+    e = statistics.median(per[w["name"]])
+    rows.append((w["name"], e, b))
+    print(f"  {w['name']:<28} eval {e:.4f}  bench {b:.4f}  eval/bench {e / b:.4f}")
+if rows:
+    print(f"  median eval/bench: {statistics.median(e / b for _, e, b in rows):.4f}")
+
+print("== calibration: the copy task's seed against its baseline (should be 1.00) ==")
+for i in evals("copy.json"):
+    r = i["result"]
+    ws = ", ".join(f"{w['name']} {w.get('speedup_vs_baseline') or 0:.3f}"
+                   for w in r.get("workloads", []) if not w.get("held_out"))
+    print(f"  {r['status']:<10} score {r.get('score')}  interval {r.get('score_interval')}  "
+          f"({ws})")
+PY
