@@ -126,3 +126,23 @@ def test_a_malformed_yardstick_is_the_requests_fault():
             driver.HONEST / "naive.c", d, yardstick=ys))
     assert run.result["status"] == "task_error"
     assert "yardstick.workloads.r64c100.baseline" in run.result["message"]
+
+
+def test_an_openmp_candidate_does_not_move_the_baseline():
+    """The baseline is timed in the judge while the accused (and its OpenMP team) is stopped:
+    evaluated beside an OpenMP candidate it takes as long as beside a serial one. Before the
+    judge/accused split the team's spinning threads made the same numpy baseline 40-365x
+    slower; the bound here leaves room for a busy 2-core CI machine."""
+    medians = {}
+    with tempfile.TemporaryDirectory() as d:
+        for name in ("naive.c", "openmp.c", "naive.c"):
+            req = driver.softmax_request(driver.HONEST / name, d)
+            req["timing"] = {"warmup": 2, "min_reps": 15, "max_reps": 15,
+                             "target_seconds": 0.0, "flush_bytes": 1 << 20}
+            res = driver.run_harness("evaluate", req).result
+            assert res["status"] == "passed", res["message"]
+            for w in res["workloads"]:
+                if not w["held_out"]:
+                    medians.setdefault(w["name"], []).append(w["baseline_median_ns"])
+    for name, (serial, beside_openmp, serial_again) in medians.items():
+        assert beside_openmp < 2.0 * max(serial, serial_again), (name, medians[name])

@@ -191,6 +191,46 @@ fn a_failing_candidate_does_not_stop_the_others_and_json_has_everything() {
     assert!(seed["wall_seconds"].as_f64().unwrap() > 0.0);
 }
 
+/// One kernel evaluated five times in one `ksearch eval`: all five are scored against the same
+/// yardstick, and every score lies inside every other's reported interval.
+#[test]
+fn five_evaluations_of_one_kernel_agree_within_their_intervals() {
+    let out = ksearch()
+        .args(["eval", "--task", "softmax", "--timing", "quick", "--json"])
+        .args([SOFTMAX_SEED; 5])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let items: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(items.len(), 5);
+    let yardstick = &items[0]["yardstick"];
+    assert!(yardstick["workloads"].is_object(), "{yardstick:#}");
+    let mut scored = Vec::new();
+    for item in &items {
+        assert_eq!(&item["yardstick"], yardstick);
+        let r = &item["result"];
+        let score = r["score"].as_f64().unwrap();
+        let lo = r["score_interval"][0].as_f64().unwrap();
+        let hi = r["score_interval"][1].as_f64().unwrap();
+        assert!(lo <= score && score <= hi, "{r:#}");
+        assert!(r["drift"].as_f64().unwrap() > 0.0);
+        scored.push((score, lo, hi));
+    }
+    for (i, (s, _, _)) in scored.iter().enumerate() {
+        for (j, (_, lo, hi)) in scored.iter().enumerate() {
+            assert!(
+                lo <= s && s <= hi,
+                "score {i} ({s}) outside interval {j} ({lo}..{hi}): {scored:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_candidate_that_does_not_compile_is_rejected() {
     let dir = tempfile::tempdir().unwrap();
