@@ -63,6 +63,8 @@ SOFT_DEADLINE_FRACTION = 0.6
 # A workload whose correctness or timing stage takes this long gets a line in the log saying
 # where the time went (the log's tail is all a timed-out evaluation leaves).
 SLOW_LOG_S = 2.0
+# Consecutive blocks of an evaluation's paired ratios whose medians measure its drift.
+EVAL_BLOCKS = 3
 # Resolution allowed between the judge's and the accused's readings of the monotonic clock.
 CLOCK_GRAIN_NS = 1_000
 
@@ -1214,6 +1216,13 @@ class Evaluation:
             "roofline_fraction": _ratio(ideal_ns, median) if ideal_ns > 0 else None,
         })
         interval = intervals.median_interval(vs_ref)
+        # How far the ratio moved between consecutive thirds of this evaluation: load that
+        # comes and goes hits the candidate's process and the judge unevenly, which the
+        # order statistics of one run cannot see.
+        drift_here = intervals.block_spread(intervals.block_medians(vs_ref, EVAL_BLOCKS))
+        r["ratio_spread"] = drift_here
+        if interval is not None:
+            interval = intervals.product_interval(interval, (1.0, 1.0), drift_here)
         if self.task.baseline_fn is None:
             r["speedup_interval"] = list(interval) if interval else None
             ys = self._yardstick_for(wl)
@@ -1225,6 +1234,9 @@ class Evaluation:
             vs_base = intervals.paired_ratios(samples["baseline"], samples["candidate"])
             r["speedup_vs_baseline"] = intervals.median(vs_base)
             interval = intervals.median_interval(vs_base)
+            if interval is not None:
+                spread = intervals.block_spread(intervals.block_medians(vs_base, EVAL_BLOCKS))
+                interval = intervals.product_interval(interval, (1.0, 1.0), spread)
         else:
             # The baseline was not timed here: the yardstick's baseline/reference ratio (paired
             # there, with many samples) times this evaluation's reference/candidate ratio.

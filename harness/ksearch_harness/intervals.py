@@ -53,6 +53,19 @@ def median(samples: Sequence[float]) -> float | None:
     return xs[mid] if n % 2 else 0.5 * (xs[mid - 1] + xs[mid])
 
 
+def block_medians(samples: Sequence[float], blocks: int) -> list[float]:
+    """Medians of `blocks` consecutive, nearly equal runs of `samples` (fewer if there are
+    fewer samples)."""
+    n = len(samples)
+    k = min(blocks, n)
+    out = []
+    for i in range(k):
+        m = median(samples[i * n // k:(i + 1) * n // k])
+        if m is not None:
+            out.append(m)
+    return out
+
+
 def block_spread(block_medians: Sequence[float]) -> float:
     """Relative half-range of the medians of consecutive blocks of samples: how far the
     machine drifts between measurements taken some time apart (0 for fewer than two)."""

@@ -145,8 +145,7 @@ def _tight(samples: dict[str, list[int]]) -> bool:
 
 def _summary(samples: list[Any], unit: str = "_ns") -> dict[str, Any]:
     iv = intervals.median_interval(samples)
-    blocks = [intervals.median(b.tolist()) for b in np.array_split(np.array(samples), BLOCKS)
-              if len(b)]
+    blocks = intervals.block_medians(samples, BLOCKS)
     return {
         "samples" + unit: samples,
         "median" + unit: intervals.median(samples),

@@ -146,3 +146,9 @@ def test_an_openmp_candidate_does_not_move_the_baseline():
                     medians.setdefault(w["name"], []).append(w["baseline_median_ns"])
     for name, (serial, beside_openmp, serial_again) in medians.items():
         assert beside_openmp < 2.0 * max(serial, serial_again), (name, medians[name])
+
+
+def test_block_medians():
+    assert intervals.block_medians([1, 2, 3, 4, 5, 6], 3) == [1.5, 3.5, 5.5]
+    assert intervals.block_medians([1, 2], 3) == [1.0, 2.0]
+    assert intervals.block_medians([], 3) == []

@@ -86,7 +86,7 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
         WorkloadSet::Search
     };
 
-    let yardstick = if args.no_yardstick {
+    let mut yardstick = if args.no_yardstick {
         None
     } else {
         Some(measure_yardstick(args, &task, &evaluator, set, secret_seed, quiet)?)
@@ -101,7 +101,6 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
             EvalRequest::from_task(&task, &args.backend, file, set, secret_seed, args.timing)
                 .and_then(|mut req| {
                     req.timeout = Duration::from_secs_f64(args.timeout);
-                    req.yardstick = yardstick.clone();
                     if !quiet {
                         eprintln!(
                             "ksearch: evaluating {label} on {}/{} ({} workloads)",
@@ -110,7 +109,10 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
                             req.workloads.len()
                         );
                     }
-                    evaluator.evaluate(&req)
+                    match yardstick.as_mut() {
+                        Some(y) => evaluator.evaluate_steady(&mut req, y),
+                        None => evaluator.evaluate(&req),
+                    }
                 });
         match outcome {
             Ok(result) => {

@@ -208,11 +208,11 @@ fn five_evaluations_of_one_kernel_agree_within_their_intervals() {
     );
     let items: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(items.len(), 5);
-    let yardstick = &items[0]["yardstick"];
-    assert!(yardstick["workloads"].is_object(), "{yardstick:#}");
     let mut scored = Vec::new();
     for item in &items {
-        assert_eq!(&item["yardstick"], yardstick);
+        // One yardstick for all, unless an evaluation made while the machine was changing had
+        // it measured again (and was repeated).
+        assert!(item["yardstick"]["workloads"].is_object(), "{item:#}");
         let r = &item["result"];
         let score = r["score"].as_f64().unwrap();
         let lo = r["score_interval"][0].as_f64().unwrap();

@@ -42,6 +42,8 @@ pub const DRIFT_SPREADS: f64 = 4.0;
 /// A yardstick whose baseline/reference ratio drifted more than this between its blocks was
 /// measured on a busy machine: it is measured again (the tightest of a few attempts is kept).
 pub const MAX_RATIO_SPREAD: f64 = 0.05;
+/// A passed evaluation whose score interval spans more than this factor is repeated.
+pub const UNSTEADY_SPAN: f64 = 2.0;
 /// Attempts at a yardstick within [`MAX_RATIO_SPREAD`].
 pub const YARDSTICK_ATTEMPTS: usize = 2;
 
@@ -142,6 +144,18 @@ impl Yardstick {
     /// The relative drift beyond which an evaluation's reference says the machine changed.
     pub fn drift_limit(&self) -> f64 {
         (DRIFT_SPREADS * self.spread()).clamp(MIN_DRIFT_LIMIT, MAX_DRIFT_LIMIT)
+    }
+
+    /// Whether `result` was measured while the machine was changing: its drift is beyond
+    /// [`drift_limit`](Self::drift_limit), or its score's interval spans more than a factor
+    /// of [`UNSTEADY_SPAN`] (load that came and went during the evaluation).
+    pub fn unsteady(&self, result: &EvalResult) -> bool {
+        let drifted = result.drift.is_some_and(|d| self.drifted(d));
+        let wide = match (result.score, result.score_interval) {
+            (Some(_), Some([lo, hi])) => lo <= 0.0 || hi / lo > UNSTEADY_SPAN,
+            _ => false,
+        };
+        result.passed() && (drifted || wide)
     }
 
     /// Whether `drift` (an evaluation's reference median over the yardstick's) is beyond

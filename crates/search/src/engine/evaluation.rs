@@ -121,34 +121,20 @@ impl HarnessEvaluator {
         Ok(y)
     }
 
-    /// Evaluates `req` against the yardstick; an evaluation whose drift is beyond the
-    /// yardstick's limit has the yardstick measured again and is repeated once against it.
+    /// Evaluates `req` against the run's yardstick (Evaluator::evaluate_steady, which may
+    /// measure a new one: it replaces the run's).
     fn evaluate_against_yardstick(
         &self,
         req: &mut EvalRequest,
     ) -> Result<(EvalResult, Option<Yardstick>), EvalFailure> {
         let mut yardstick = self.current_yardstick(req)?;
-        req.yardstick = Some(yardstick.clone());
-        let mut result = self
+        let before = yardstick.clone();
+        let result = self
             .evaluator
-            .evaluate(req)
+            .evaluate_steady(req, &mut yardstick)
             .map_err(|e| EvalFailure(e.to_string()))?;
-        if let Some(d) = result.drift.filter(|d| yardstick.drifted(*d)) {
-            tracing::warn!(
-                drift = d,
-                limit = yardstick.drift_limit(),
-                "the machine drifted from the yardstick: measuring it again"
-            );
-            *self.yardstick.lock().unwrap_or_else(|p| p.into_inner()) = None;
-            yardstick = self.current_yardstick(req)?;
-            req.yardstick = Some(yardstick.clone());
-            result = self
-                .evaluator
-                .evaluate(req)
-                .map_err(|e| EvalFailure(e.to_string()))?;
-            result
-                .extra
-                .insert("drift_before_repeat".into(), serde_json::json!(d));
+        if yardstick != before {
+            *self.yardstick.lock().unwrap_or_else(|p| p.into_inner()) = Some(yardstick.clone());
         }
         Ok((result, Some(yardstick)))
     }
