@@ -1221,6 +1221,7 @@ class Evaluation:
         # order statistics of one run cannot see.
         drift_here = intervals.block_spread(intervals.block_medians(vs_ref, EVAL_BLOCKS))
         r["ratio_spread"] = drift_here
+        r["ratio_spread_p"] = intervals.drift_p(vs_ref, EVAL_BLOCKS)
         if interval is not None:
             interval = intervals.product_interval(interval, (1.0, 1.0), drift_here)
         if self.task.baseline_fn is None:

@@ -75,6 +75,32 @@ def block_spread(block_medians: Sequence[float]) -> float:
     return (max(xs) / min(xs) - 1.0) / 2.0
 
 
+# Shuffles behind drift_p: enough to tell p < 0.05 from p > 0.1 reliably, cheap for the few
+# hundred samples a yardstick takes.
+PERMUTATIONS = 200
+
+
+def drift_p(samples: Sequence[float], blocks: int) -> float:
+    """How often shuffled samples spread their block medians at least as far as the samples in
+    the order they were taken: a permutation p-value for drift between blocks. A small one
+    means the machine changed while the samples were taken; a large one means the blocks
+    differ by no more than noise does (with a few samples per block, noise alone spreads block
+    medians by several percent). Deterministic (a fixed shuffle seed), so it is reproducible
+    from the stored samples. 1.0 for fewer than two blocks."""
+    import random
+    xs = [float(x) for x in samples]
+    observed = block_spread(block_medians(xs, blocks))
+    if len(block_medians(xs, blocks)) < 2 or observed <= 0:
+        return 1.0
+    rng = random.Random(0x5EED)
+    at_least = 0
+    for _ in range(PERMUTATIONS):
+        rng.shuffle(xs)
+        if block_spread(block_medians(xs, blocks)) >= observed:
+            at_least += 1
+    return (1 + at_least) / (1 + PERMUTATIONS)
+
+
 def paired_ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
     """num[i] / den[i] for samples taken together (one repetition each)."""
     return [float(a) / float(b) for a, b in zip(num, den) if a > 0 and b > 0]

@@ -8,8 +8,10 @@ the same flush and clock warm-up as a timed candidate call, until the median's i
 (or a time budget is spent), and reports for each:
 
 - `samples_ns`, `median_ns` and `lo_ns`/`hi_ns` (intervals.median_interval);
-- `block_medians_ns`: the medians of `BLOCKS` consecutive runs of samples, and `spread`, their
-  relative half-range: how far this machine drifts while the yardstick is measured;
+- `block_medians_ns`: the medians of `BLOCKS` consecutive runs of samples, `spread`, their
+  relative half-range, and `spread_p`, how often shuffled samples spread as far
+  (intervals.drift_p): a spread with a large `spread_p` is noise, a small one says the
+  machine drifted while the yardstick was measured;
 
 and, for tasks with a baseline, `baseline_over_reference`: the median of the ratio of the two
 timed back to back in each repetition (`median`, `lo`, `hi`, `spread`).
@@ -153,4 +155,5 @@ def _summary(samples: list[Any], unit: str = "_ns") -> dict[str, Any]:
         "hi" + unit: iv[1] if iv else None,
         "block_medians" + unit: blocks,
         "spread": intervals.block_spread([b for b in blocks if b is not None]),
+        "spread_p": intervals.drift_p(samples, BLOCKS),
     }

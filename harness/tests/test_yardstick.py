@@ -8,7 +8,7 @@ import tempfile
 import pytest
 
 import driver
-from ksearch_harness import intervals
+from ksearch_harness import core, intervals
 
 
 # --- intervals -----------------------------------------------------------------------------------
@@ -74,6 +74,7 @@ def test_yardstick_times_baseline_and_reference_of_every_workload():
             assert len(m["samples_ns"]) >= 15, (name, contender)
             assert m["lo_ns"] <= m["median_ns"] <= m["hi_ns"]
             assert len(m["block_medians_ns"]) == 5 and m["spread"] >= 0
+            assert 0 < m["spread_p"] <= 1
         ratio = entry["baseline_over_reference"]
         pairs = [b / r for b, r in zip(entry["baseline"]["samples_ns"],
                                         entry["reference"]["samples_ns"])]
@@ -106,6 +107,8 @@ def test_an_evaluation_with_a_yardstick_scores_against_it():
             w["reference_median_ns"] / entry["reference"]["median_ns"])
         wlo, whi = w["speedup_interval"]
         assert wlo <= w["speedup_vs_baseline"] <= whi
+        ratios = intervals.paired_ratios(w["reference_ns"], w["candidate_ns"])
+        assert w["ratio_spread_p"] == intervals.drift_p(ratios, core.EVAL_BLOCKS)
 
 
 def test_without_a_yardstick_the_baseline_is_timed_and_the_score_has_an_interval():
@@ -152,3 +155,23 @@ def test_block_medians():
     assert intervals.block_medians([1, 2, 3, 4, 5, 6], 3) == [1.5, 3.5, 5.5]
     assert intervals.block_medians([1, 2], 3) == [1.0, 2.0]
     assert intervals.block_medians([], 3) == []
+
+
+def test_drift_p_tells_drift_from_noise():
+    rng = random.Random(11)
+    # Noise only: 25 samples in five blocks of five spread their block medians by several
+    # percent, yet shuffles spread them as far most of the time.
+    false_alarms = 0
+    for _ in range(100):
+        noise = [rng.lognormvariate(0.0, 0.12) for _ in range(25)]
+        assert intervals.block_spread(intervals.block_medians(noise, 5)) > 0
+        false_alarms += intervals.drift_p(noise, 5) < 0.05
+    assert false_alarms <= 12, false_alarms
+    # The machine got 30% slower halfway through: drift.
+    step = ([rng.lognormvariate(0.0, 0.05) for _ in range(15)]
+            + [1.3 * rng.lognormvariate(0.0, 0.05) for _ in range(15)])
+    assert intervals.drift_p(step, 5) < 0.05
+    # Reproducible from the stored samples, and undefined spreads are no drift.
+    assert intervals.drift_p(step, 5) == intervals.drift_p(list(step), 5)
+    assert intervals.drift_p([1.0], 5) == 1.0
+    assert intervals.drift_p([2.0] * 10, 5) == 1.0

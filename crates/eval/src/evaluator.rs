@@ -1,12 +1,12 @@
 //! The [`Evaluator`]: turns an [`EvalRequest`] into an [`EvalResult`] by running the harness.
 
-use crate::yardstick::Yardstick;
 use crate::error::{EvalError, Result};
 use crate::harness::{self, Invocation, Outcome};
 use crate::protocol::{
     parse_result_line, EvalResult, Status, Violation, ViolationClass, PROTOCOL_VERSION,
 };
 use crate::request::{fresh_nonce, EvalRequest};
+use crate::yardstick::Yardstick;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -296,30 +296,36 @@ impl Evaluator {
 
     /// Times the baseline and reference of `req`'s workloads for scores to build on (the
     /// `yardstick` op; `req`'s candidate is not used). A yardstick whose baseline/reference
-    /// ratio moved more than [`MAX_RATIO_SPREAD`](crate::yardstick::MAX_RATIO_SPREAD) between
-    /// its blocks is measured again, up to
-    /// [`YARDSTICK_ATTEMPTS`](crate::yardstick::YARDSTICK_ATTEMPTS) times, and the tightest is
-    /// kept. Holds the device's timing lock.
+    /// ratio drifted between its blocks ([`Yardstick::ratio_drifted`]) is measured again, up
+    /// to [`YARDSTICK_ATTEMPTS`](crate::yardstick::YARDSTICK_ATTEMPTS) times, and the tightest
+    /// is kept. Holds the device's timing lock.
     pub fn yardstick(&self, req: &EvalRequest) -> Result<Yardstick> {
-        use crate::yardstick::{yardstick_timing, MAX_RATIO_SPREAD, YARDSTICK_ATTEMPTS};
+        use crate::yardstick::{yardstick_timing, YARDSTICK_ATTEMPTS};
         let mut req = req.clone();
         req.timing = yardstick_timing(&req.timing);
         req.yardstick = None;
         // The candidate's time limit is not the yardstick's.
-        req.timeout = req.timeout.max(crate::request::default_timeout(&req.backend));
+        req.timeout = req
+            .timeout
+            .max(crate::request::default_timeout(&req.backend));
         let lock = device_lock(&req.device_key());
         let _timing = lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut best: Option<Yardstick> = None;
         for attempt in 0..YARDSTICK_ATTEMPTS {
             let y = Yardstick::from_result(&self.run_op("yardstick", &req)?)?;
             let spread = y.ratio_spread();
+            let drifted = y.ratio_drifted();
             if best.as_ref().is_none_or(|b| spread < b.ratio_spread()) {
                 best = Some(y);
             }
-            if spread <= MAX_RATIO_SPREAD {
+            if !drifted {
                 break;
             }
-            tracing::warn!(attempt, spread, "the yardstick moved between its blocks: again");
+            tracing::warn!(
+                attempt,
+                spread,
+                "the yardstick drifted between its blocks: again"
+            );
         }
         best.ok_or_else(|| EvalError::Yardstick("no attempt was made".into()))
     }

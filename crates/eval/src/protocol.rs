@@ -188,6 +188,13 @@ pub struct WorkloadResult {
     /// This evaluation's reference median over the yardstick's (with a yardstick only).
     #[serde(default)]
     pub drift: Option<f64>,
+    /// How far the paired ratio's median moved between consecutive thirds of the evaluation
+    /// (relative half-range), and how often shuffled ratios moved as far (a permutation
+    /// p-value: small means load came and went, large means noise).
+    #[serde(default)]
+    pub ratio_spread: Option<f64>,
+    #[serde(default)]
+    pub ratio_spread_p: Option<f64>,
     #[serde(flatten)]
     pub extra: Extra,
 }

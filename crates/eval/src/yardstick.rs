@@ -39,9 +39,13 @@ pub const MIN_DRIFT_LIMIT: f64 = 0.10;
 pub const MAX_DRIFT_LIMIT: f64 = 0.25;
 /// The drift limit in units of the reference's spread between the yardstick's blocks.
 pub const DRIFT_SPREADS: f64 = 4.0;
-/// A yardstick whose baseline/reference ratio drifted more than this between its blocks was
-/// measured on a busy machine: it is measured again (the tightest of a few attempts is kept).
+/// A yardstick whose baseline/reference ratio drifted more than this between its blocks, by
+/// more than noise explains (a permutation p-value below [`DRIFT_P`]), was measured while the
+/// machine changed: it is measured again (the tightest of a few attempts is kept).
 pub const MAX_RATIO_SPREAD: f64 = 0.05;
+/// Below this permutation p-value a spread between blocks is drift rather than noise (with a
+/// few samples per block, noise alone spreads block medians by several percent).
+pub const DRIFT_P: f64 = 0.05;
 /// A passed evaluation whose score interval spans more than this factor is repeated.
 pub const UNSTEADY_SPAN: f64 = 2.0;
 /// Attempts at a yardstick within [`MAX_RATIO_SPREAD`].
@@ -56,6 +60,10 @@ pub struct Measured {
     /// Relative half-range of the medians of consecutive blocks of samples.
     #[serde(default)]
     pub spread: f64,
+    /// How often shuffled samples spread their block medians as far (a permutation p-value;
+    /// 0 when the harness did not say, which counts as drift).
+    #[serde(default)]
+    pub spread_p: f64,
     #[serde(default)]
     pub samples_ns: Vec<f64>,
 }
@@ -68,6 +76,9 @@ pub struct Ratio {
     pub hi: f64,
     #[serde(default)]
     pub spread: f64,
+    /// As [`Measured::spread_p`].
+    #[serde(default)]
+    pub spread_p: f64,
     #[serde(default)]
     pub samples: Vec<f64>,
 }
@@ -133,6 +144,15 @@ impl Yardstick {
             .fold(0.0, f64::max)
     }
 
+    /// Whether the baseline/reference ratio of some workload drifted while it was measured:
+    /// its blocks spread beyond [`MAX_RATIO_SPREAD`] by more than noise explains.
+    pub fn ratio_drifted(&self) -> bool {
+        self.workloads
+            .values()
+            .filter_map(|w| w.baseline_over_reference.as_ref())
+            .any(|r| r.spread > MAX_RATIO_SPREAD && r.spread_p < DRIFT_P)
+    }
+
     /// The largest spread between blocks of the reference's times.
     pub fn spread(&self) -> f64 {
         self.workloads
@@ -148,14 +168,21 @@ impl Yardstick {
 
     /// Whether `result` was measured while the machine was changing: its drift is beyond
     /// [`drift_limit`](Self::drift_limit), or its score's interval spans more than a factor
-    /// of [`UNSTEADY_SPAN`] (load that came and went during the evaluation).
+    /// of [`UNSTEADY_SPAN`] and some workload's paired ratio moved between the evaluation's
+    /// thirds beyond noise (load that came and went). An interval that is wide from noise
+    /// alone is not repeated: a repeat would be as wide.
     pub fn unsteady(&self, result: &EvalResult) -> bool {
         let drifted = result.drift.is_some_and(|d| self.drifted(d));
         let wide = match (result.score, result.score_interval) {
             (Some(_), Some([lo, hi])) => lo <= 0.0 || hi / lo > UNSTEADY_SPAN,
             _ => false,
         };
-        result.passed() && (drifted || wide)
+        // A harness that did not report the p-value: the width counts as load.
+        let moved = result
+            .workloads
+            .iter()
+            .any(|w| w.ratio_spread_p.is_none_or(|p| p < DRIFT_P));
+        result.passed() && (drifted || (wide && moved))
     }
 
     /// Whether `drift` (an evaluation's reference median over the yardstick's) is beyond
@@ -176,7 +203,8 @@ mod tests {
     }
 
     fn ratio(median: f64, spread: f64) -> Value {
-        json!({"median": median, "lo": median * 0.99, "hi": median * 1.01, "spread": spread})
+        json!({"median": median, "lo": median * 0.99, "hi": median * 1.01, "spread": spread,
+               "spread_p": 0.5})
     }
 
     fn sample() -> Yardstick {
@@ -207,6 +235,70 @@ mod tests {
         assert!((noisy.drift_limit() - MAX_DRIFT_LIMIT).abs() < 1e-12);
         assert!(noisy.drifted(1.3));
         assert_eq!(Yardstick::from_value(y.to_value()).unwrap(), y);
+    }
+
+    #[test]
+    fn only_a_spread_beyond_noise_is_drift() {
+        let mut y = sample();
+        assert!(!y.ratio_drifted());
+        let r = y
+            .workloads
+            .get_mut("a")
+            .unwrap()
+            .baseline_over_reference
+            .as_mut()
+            .unwrap();
+        // Wide, but shuffled samples spread as far half the time: noise.
+        r.spread = 0.12;
+        assert!(!y.clone().ratio_drifted());
+        // Wide and beyond what shuffles show: drift.
+        y.workloads
+            .get_mut("a")
+            .unwrap()
+            .baseline_over_reference
+            .as_mut()
+            .unwrap()
+            .spread_p = 0.01;
+        assert!(y.ratio_drifted());
+        // A harness that did not report the p-value: a wide spread counts as drift.
+        let mut old = y.to_value();
+        old["workloads"]["a"]["baseline_over_reference"]
+            .as_object_mut()
+            .unwrap()
+            .remove("spread_p");
+        assert!(Yardstick::from_value(old).unwrap().ratio_drifted());
+    }
+
+    #[test]
+    fn unsteady_means_drift_or_load_that_came_and_went() {
+        let y = sample();
+        let mut r = EvalResult::synthesised("n", crate::Status::Passed, "");
+        r.score = Some(1.0);
+        r.score_interval = Some([0.8, 1.25]);
+        r.drift = Some(1.02);
+        r.workloads = vec![crate::WorkloadResult {
+            name: "a".into(),
+            ratio_spread: Some(0.3),
+            ratio_spread_p: Some(0.4),
+            ..Default::default()
+        }];
+        assert!(!y.unsteady(&r));
+        // The reference ran 30% slower than in the yardstick: the machine changed.
+        r.drift = Some(1.3);
+        assert!(y.unsteady(&r));
+        r.drift = Some(1.02);
+        // Wider than 2x from noise alone: a repeat would be as wide.
+        r.score_interval = Some([0.5, 1.6]);
+        assert!(!y.unsteady(&r));
+        // Wide, and the paired ratio moved between thirds beyond noise: repeated.
+        r.workloads[0].ratio_spread_p = Some(0.01);
+        assert!(y.unsteady(&r));
+        // An older harness without the p-value: the width alone decides.
+        r.workloads[0].ratio_spread_p = None;
+        assert!(y.unsteady(&r));
+        // A failed evaluation is never repeated.
+        r.status = crate::Status::Incorrect;
+        assert!(!y.unsteady(&r));
     }
 
     #[test]
