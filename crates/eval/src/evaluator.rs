@@ -360,8 +360,15 @@ impl Evaluator {
         Ok(again)
     }
 
-    /// Compile only (parallel pre-compilation); may run concurrently with anything.
+    /// Compile only (pre-compilation while another candidate is timed). On a device other
+    /// than the host CPU it runs concurrently with anything; for the cpu backend, whose
+    /// kernels are timed on the cores a compiler would use, it waits for the timing lock.
     pub fn build(&self, req: &EvalRequest) -> Result<EvalResult> {
+        if req.times_on_host() {
+            let lock = device_lock(&req.device_key());
+            let _timing = lock.lock().unwrap_or_else(|p| p.into_inner());
+            return self.run_op("build", req);
+        }
         self.run_op("build", req)
     }
 

@@ -1,11 +1,11 @@
 //! What to evaluate: [`EvalRequest`] and the knobs that shape it.
 
 use crate::error::{EvalError, Result};
-use crate::yardstick::Yardstick;
 use crate::protocol::{
     BaselineRef, CandidateSection, CorrectnessConfig, EntrySpec, FunctionRef, TaskSection,
     TimingConfig, ToleranceSpec, PROTOCOL_VERSION,
 };
+use crate::yardstick::Yardstick;
 use ksearch_task::Task;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -252,6 +252,12 @@ impl EvalRequest {
 
     /// The key of the per-device timing lock: the device when there is one (so every backend
     /// timing on one GPU queues behind the same lock), else the backend.
+    /// Whether candidates run and are timed on the host's CPU cores (the cpu backend), where
+    /// any other work of ours, a compiler included, would be timed with them.
+    pub fn times_on_host(&self) -> bool {
+        self.backend == "cpu"
+    }
+
     pub fn device_key(&self) -> String {
         match &self.device {
             Some(d) => d.clone(),

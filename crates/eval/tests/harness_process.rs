@@ -252,7 +252,7 @@ fn output_is_kept_as_a_bounded_tail() {
 }
 
 #[test]
-fn timed_evaluations_never_overlap_but_builds_do() {
+fn timed_evaluations_never_overlap_and_builds_overlap_them_only_off_the_cpu() {
     let f = fixture(vec![]);
     let req = f.request("sleep 0.8");
     let interval = |r: &ksearch_eval::EvalResult| {
@@ -273,17 +273,40 @@ fn timed_evaluations_never_overlap_but_builds_do() {
         "timed runs overlapped: {a:?} {b:?}"
     );
 
-    let req = f.request("sleep 2");
+    // On a GPU, compiling while another candidate is timed costs the timing nothing.
+    let mut req = f.request("sleep 2");
+    req.backend = "cuda".into();
+    req.device = Some("cuda:test-overlap".into());
     let (a, b) = std::thread::scope(|s| {
-        let a = s.spawn(|| f.evaluator.build(&req).unwrap());
-        let b = s.spawn(|| f.evaluator.build(&req).unwrap());
+        let a = s.spawn(|| f.evaluator.evaluate(&req).unwrap());
+        let b = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            f.evaluator.build(&req).unwrap()
+        });
         (a.join().unwrap(), b.join().unwrap())
     });
-    assert_eq!(a.extra["echo"]["op"], "build");
+    assert_eq!(b.extra["echo"]["op"], "build");
     let (a, b) = (interval(&a), interval(&b));
     assert!(
         a.0 < b.1 && b.0 < a.1,
-        "builds were serialised: {a:?} {b:?}"
+        "a gpu build waited for a timed run: {a:?} {b:?}"
+    );
+
+    // On the cpu a compiler would share the cores with the timed kernel: builds wait.
+    let req = f.request("sleep 0.8");
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| f.evaluator.evaluate(&req).unwrap());
+        let b = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            f.evaluator.build(&req).unwrap()
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(b.extra["echo"]["op"], "build");
+    let (a, b) = (interval(&a), interval(&b));
+    assert!(
+        a.1 <= b.0 || b.1 <= a.0,
+        "a cpu build ran during a timed run: {a:?} {b:?}"
     );
 }
 

@@ -170,9 +170,11 @@ impl CandidateEvaluator for HarnessEvaluator {
                 Err(e) => tracing::warn!("no assertion workloads (knowledge packs: {e})"),
             }
         }
-        // Compile first, outside the device's timing lock: while one sample of a round is
-        // being timed, the others compile. The evaluation reuses the artefact (the build
-        // directory is keyed by source). A candidate that does not build ends here.
+        // Compile first: on a GPU outside the device's timing lock, so while one sample of a
+        // round is timed the others compile; on the cpu inside it, since a compiler would
+        // share the cores with the timed kernel (Evaluator::build). The evaluation reuses the
+        // artefact (the build directory is keyed by source). A candidate that does not build
+        // ends here.
         let built = self
             .evaluator
             .build(&req)

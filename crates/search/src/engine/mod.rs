@@ -1209,7 +1209,9 @@ impl<'a> Engine<'a> {
                         round: row.map(|r| r.round).unwrap_or(0),
                         rechecked_score: summary.score,
                         interval: prior.and_then(|b| b.interval),
-                        scores: prior.map(|b| b.scores.clone()).unwrap_or_else(|| vec![score]),
+                        scores: prior
+                            .map(|b| b.scores.clone())
+                            .unwrap_or_else(|| vec![score]),
                     });
                     break;
                 }
