@@ -89,7 +89,14 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
     let mut yardstick = if args.no_yardstick {
         None
     } else {
-        Some(measure_yardstick(args, &task, &evaluator, set, secret_seed, quiet)?)
+        Some(measure_yardstick(
+            args,
+            &task,
+            &evaluator,
+            set,
+            secret_seed,
+            quiet,
+        )?)
     };
 
     let mut results: Vec<(String, EvalResult)> = Vec::new();

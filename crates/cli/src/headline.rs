@@ -57,6 +57,59 @@ pub fn remeasured(best: f64, seed: f64) -> Option<String> {
     })
 }
 
+/// How far the confirmation's and the re-check's comparisons with the seed may differ before
+/// the run says they disagree.
+const AGREEMENT: f64 = 0.10;
+/// A confirmed interval wider than this factor says the machine was too busy for a precise
+/// figure.
+const PRECISE_SPAN: f64 = 2.0;
+
+/// A caution when the run's two measurements of the winner against the seed do not support
+/// each other: the confirmation's ratio and the re-check's (`best` and `seed`, the two
+/// kernels' re-check scores) differ by more than 10%, or the confirmed interval spans more
+/// than a factor of two. Both happen when the machine was busy while the run measured; the
+/// figures are then printed as they are, with this line, rather than one of them alone.
+pub fn disagreement(summary: &serde_json::Value, best: f64, seed: f64) -> Option<String> {
+    let c = ksearch_search::engine::ranking::confirmation_of(summary)?;
+    let best_id = summary["best"]["candidate_id"].as_i64()?;
+    let w = c.of(best_id)?;
+    let mut why = Vec::new();
+    let confirmed = c
+        .seed()
+        .filter(|s| s.candidate_id != best_id)
+        .and_then(|s| Some(w.score? / s.score.filter(|v| *v > 0.0)?));
+    if let Some(confirmed) = confirmed.filter(|_| best > 0.0 && seed > 0.0) {
+        let rechecked = best / seed;
+        if (confirmed / rechecked).ln().abs() > (1.0 + AGREEMENT).ln() {
+            why.push(format!(
+                "the confirmation ({}) and the re-check ({}) differ by more than {:.0}%",
+                versus_seed(confirmed),
+                versus_seed(rechecked),
+                AGREEMENT * 100.0
+            ));
+        }
+    }
+    if let Some([lo, hi]) = w.interval {
+        if lo <= 0.0 || hi / lo > PRECISE_SPAN {
+            why.push(format!(
+                "the confirmed interval spans {}",
+                if lo > 0.0 {
+                    format!("a factor of {:.1}", hi / lo)
+                } else {
+                    "everything below its top".to_string()
+                }
+            ));
+        }
+    }
+    (!why.is_empty()).then(|| {
+        format!(
+            "caution: {}: the machine was busy while this run measured; run it again on a quiet \
+             machine for figures to rely on",
+            why.join(", and ")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +146,43 @@ mod tests {
              (2 kernels re-measured in turn with it, 2 rounds)"
         );
         assert!(confirmed(&serde_json::json!({"best": {"candidate_id": 7}})).is_none());
+    }
+
+    fn confirmation(interval: [f64; 2]) -> serde_json::Value {
+        serde_json::json!({
+            "best": {"candidate_id": 7},
+            "confirmation": {"rounds": 2, "winner": 7, "contenders": [
+                {"candidate_id": 7, "role": "winner", "scores": [2.0], "score": 2.0,
+                 "interval": interval},
+                {"candidate_id": 1, "role": "seed", "scores": [1.0], "score": 1.0,
+                 "interval": [0.9, 1.1]},
+            ]},
+        })
+    }
+
+    #[test]
+    fn a_recheck_that_contradicts_the_confirmation_is_called_out() {
+        let steady = confirmation([1.8, 2.2]);
+        // 2.00x against 1.90x: within 10%, nothing to say.
+        assert_eq!(disagreement(&steady, 0.95, 0.5), None);
+        // 2.00x faster against 2.54x slower (run 2 of docs/results/scores/).
+        let line = disagreement(&steady, 0.531, 1.350).unwrap();
+        assert!(
+            line.starts_with(
+                "caution: the confirmation (2.00x faster than the seed) and the re-check \
+                 (2.54x slower than the seed) differ by more than 10%"
+            ),
+            "{line}"
+        );
+        // A confirmed interval of 0.4–13: no precise figure, whatever the re-check says.
+        let busy = confirmation([0.418, 13.185]);
+        let line = disagreement(&busy, 1.9, 1.0).unwrap();
+        assert!(line.contains("spans a factor of 31.5"), "{line}");
+        assert!(line.ends_with("for figures to rely on"), "{line}");
+        // Nothing confirmed, nothing to compare.
+        assert_eq!(
+            disagreement(&serde_json::json!({"best": {"candidate_id": 7}}), 1.0, 2.0),
+            None
+        );
     }
 }

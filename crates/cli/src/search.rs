@@ -830,6 +830,12 @@ fn render_outcome(run_id: &str, o: &RunOutcome) -> String {
             {
                 s.push_str(&format!("{line}\n"));
             }
+            if let Some(line) = serde_json::to_value(o).ok().and_then(|v| {
+                let (b, seed) = best.rechecked_score.zip(o.seed_recheck_score)?;
+                crate::headline::disagreement(&v, b, seed)
+            }) {
+                s.push_str(&format!("{line}\n"));
+            }
             s.push_str(&format!("search score {:.3}", best.score));
             if let Some(seed) = o.seed_score.filter(|v| *v > 0.0) {
                 s.push_str(&format!(
@@ -919,6 +925,10 @@ impl ProgressSink for ProgressDisplay {
             eprintln!("round {}/{}: {msg}", p.round, p.rounds);
         }
     }
+}
+
+fn default_confirm_rounds() -> u32 {
+    ksearch_search::engine::DEFAULT_CONFIRM_ROUNDS
 }
 
 #[cfg(test)]
@@ -1038,8 +1048,4 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
-}
-
-fn default_confirm_rounds() -> u32 {
-    ksearch_search::engine::DEFAULT_CONFIRM_ROUNDS
 }
