@@ -285,6 +285,9 @@ fn fixture_run(dir: &Path) -> PathBuf {
             })
             .unwrap()
     };
+    // Both timed results were scored against one yardstick; the broken one is an older
+    // result without timing fields.
+    let yardstick = json!({"version": 1, "workloads": {}, "seconds": 2.0});
     let seed = add(
         "seed",
         CandidateKind::Seed,
@@ -301,7 +304,11 @@ fn fixture_run(dir: &Path) -> PathBuf {
             &json!({"status": "passed", "score": 0.5, "workloads": [
                 {"name": "r8c64", "held_out": true, "candidate_median_ns": 1.0e3},
                 {"name": "r1024c1024", "held_out": false, "candidate_median_ns": 2.0e6,
-                 "speedup_vs_baseline": 0.5}]}),
+                 "speedup_vs_baseline": 0.5}],
+                "nonce": "n-seed", "wall_seconds": 3.0, "yardstick": yardstick,
+                "diagnostics": {"phase_seconds": {"build": 0.5, "timed_calls": 1.0,
+                                                  "candidate": 0.5, "settle": 0.25,
+                                                  "total": 2.5}}}),
         )
         .unwrap();
     let a = add(
@@ -319,7 +326,11 @@ fn fixture_run(dir: &Path) -> PathBuf {
             Some(2.0),
             &json!({"status": "passed", "score": 2.0, "workloads": [
                 {"name": "r1024c1024", "held_out": false, "candidate_median_ns": 0.5e6,
-                 "speedup_vs_baseline": 2.0}]}),
+                 "speedup_vs_baseline": 2.0}],
+                "nonce": "n-fast", "wall_seconds": 2.5, "yardstick": yardstick,
+                "diagnostics": {"phase_seconds": {"build": 0.25, "timed_calls": 0.75,
+                                                  "flush": 0.25, "inputs": 0.5,
+                                                  "total": 2.0}}}),
         )
         .unwrap();
     let b = add(
@@ -370,6 +381,15 @@ fn fixture_run(dir: &Path) -> PathBuf {
         .mark_finished(&json!({"stop_reason": "rounds budget reached (2)",
                                "best": {"candidate_id": a, "score": 2.0, "node": "n1", "round": 1},
                                "recheck": {"status": "passed"}}))
+        .unwrap();
+    // A 30 s run, so that the time block is the same on every machine.
+    rusqlite::Connection::open(store.dir().join(ksearch_store::DB_FILE))
+        .unwrap()
+        .execute(
+            "UPDATE run SET created_at = '2026-11-30T12:00:00.000Z',
+                            finished_at = '2026-11-30T12:00:30.000Z'",
+            [],
+        )
         .unwrap();
     store.dir().to_path_buf()
 }

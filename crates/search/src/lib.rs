@@ -6,10 +6,13 @@
 //! - [`engine`]: the K-Search cycle engine (rounds, cycles, stagnation, budgets, resume).
 //! - [`proposer`]: the `Proposer` interface, the offline proposer (action catalog + template
 //!   families) and the LLM proposer (prompt templates over `ksearch-llm` providers).
+//! - [`accounting`]: where a finished or running search's time went (wall, evaluations per hour,
+//!   time per harness phase, the device's busy fraction), read back from its run store.
 //!
 //! This crate never knows which backend runs a kernel: evaluation goes through
 //! [`engine::CandidateEvaluator`].
 
+pub mod accounting;
 pub mod engine;
 pub mod proposer;
 pub mod selection;

@@ -1,5 +1,6 @@
 //! UTC timestamps without a date-time dependency: the store only ever needs "now" rendered two
-//! ways (run ids and RFC 3339 stamps), both in UTC.
+//! ways (run ids and RFC 3339 stamps), both in UTC, and its own RFC 3339 stamps read back (for
+//! the time a run took).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -63,6 +64,64 @@ pub(crate) fn now_rfc3339() -> String {
     Utc::now().rfc3339()
 }
 
+/// Milliseconds since 1970-01-01 UTC of a stamp as the store writes it
+/// (`2026-11-30T09:15:00.123Z`; the fraction may be missing or of any length). Anything else,
+/// including an offset other than `Z`, is `None`: every stamp in a run store is UTC.
+pub fn timestamp_millis(stamp: &str) -> Option<i64> {
+    let s = stamp.strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.splitn(3, '-');
+    let year: i64 = digits(d.next()?, 4)?;
+    let month = digits(d.next()?, 2)?;
+    let day = digits(d.next()?, 2)?;
+    let (hms, frac) = match time.split_once('.') {
+        Some((hms, frac)) => (hms, Some(frac)),
+        None => (time, None),
+    };
+    let mut t = hms.splitn(3, ':');
+    let hour = digits(t.next()?, 2)?;
+    let minute = digits(t.next()?, 2)?;
+    let second = digits(t.next()?, 2)?;
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
+        return None;
+    }
+    // A leap second (:60) is accepted as the next second's start.
+    if second > 60 {
+        return None;
+    }
+    let millis = match frac {
+        None => 0,
+        Some(f) if !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()) => f
+            .bytes()
+            .chain(std::iter::repeat(b'0'))
+            .take(3)
+            .fold(0, |acc, b| acc * 10 + i64::from(b - b'0')),
+        Some(_) => return None,
+    };
+    let days = days_from_civil(year, month as u32, day as u32);
+    Some(((days * 86_400 + hour * 3600 + minute * 60 + second) * 1000) + millis)
+}
+
+/// `s` as a number if it is exactly `len` ASCII digits.
+fn digits(s: &str, len: usize) -> Option<i64> {
+    if s.len() == len && s.bytes().all(|b| b.is_ascii_digit()) {
+        s.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// The inverse of [`civil_from_days`]: days since 1970-01-01 of a proleptic Gregorian date.
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400); // 0..=399
+    let mp = i64::from(if month > 2 { month - 3 } else { month + 9 }); // March = 0
+    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// Days since 1970-01-01 to a proleptic Gregorian (year, month, day), using 400-year eras so
 /// the arithmetic stays exact for any i64 day count we can meet.
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
@@ -120,6 +179,42 @@ mod tests {
             Utc::from_unix_millis(-1).rfc3339(),
             "1969-12-31T23:59:59.999Z"
         );
+    }
+
+    #[test]
+    fn stamps_parse_back_to_their_instant() {
+        for ms in [
+            0,
+            -1,
+            951_827_696_789,
+            1_796_030_100_000,
+            4_107_542_400_000,
+            1_796_030_100_123,
+        ] {
+            let stamp = Utc::from_unix_millis(ms).rfc3339();
+            assert_eq!(timestamp_millis(&stamp), Some(ms), "{stamp}");
+        }
+        assert_eq!(
+            timestamp_millis("2026-12-01T21:24:39Z"),
+            Some(timestamp_millis("2026-12-01T21:24:39.000Z").unwrap())
+        );
+        assert_eq!(
+            timestamp_millis("2026-12-01T21:24:39.5Z"),
+            Some(timestamp_millis("2026-12-01T21:24:39.500Z").unwrap())
+        );
+        for bad in [
+            "",
+            "2026-12-01",
+            "2026-12-01T21:24:39.157",
+            "2026-12-01T21:24:39.157+01:00",
+            "2026-13-01T21:24:39.157Z",
+            "2026-12-01T24:00:00Z",
+            "2026-12-01T21:24:39.Z",
+            "2026-12-1T21:24:39Z",
+            "２０２６-12-01T21:24:39Z",
+        ] {
+            assert_eq!(timestamp_millis(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -18,11 +18,12 @@ mod sources;
 mod store;
 mod types;
 
+pub use clock::timestamp_millis;
 pub use error::StoreError;
 pub use schema::SCHEMA_VERSION;
 pub use sources::SourceId;
 pub use store::{RunStore, DB_FILE, REPORT_FILE, SOURCES_DIR};
 pub use types::{
     CandidateKind, CandidateRow, EvaluationRow, EventRow, Exchange, ExchangeRow, NewCandidate,
-    RunConfig, RunSummary, Usage,
+    RunConfig, RunSpan, RunSummary, Usage,
 };

@@ -540,7 +540,7 @@ impl RunStore {
     pub fn usage_totals(&self) -> Result<Usage, StoreError> {
         Ok(self.conn.query_row(
             "SELECT COUNT(*), COALESCE(SUM(cached), 0), COALESCE(SUM(input_tokens), 0),
-                    COALESCE(SUM(output_tokens), 0), TOTAL(cost_usd)
+                    COALESCE(SUM(output_tokens), 0), TOTAL(cost_usd), COALESCE(SUM(latency_ms), 0)
              FROM exchanges",
             [],
             |r| {
@@ -550,6 +550,7 @@ impl RunStore {
                     input_tokens: r.get(2)?,
                     output_tokens: r.get(3)?,
                     cost_usd: r.get(4)?,
+                    latency_ms: r.get(5)?,
                 })
             },
         )?)
@@ -636,6 +637,28 @@ impl RunStore {
         Ok(self
             .conn
             .query_row("SELECT finished_at IS NOT NULL FROM run", [], |r| r.get(0))?)
+    }
+
+    /// The run's start, finish and latest record (see [`RunSpan`]).
+    pub fn span(&self) -> Result<RunSpan, StoreError> {
+        // Stamps are fixed-width UTC, so the text maximum is the latest instant.
+        Ok(self.conn.query_row(
+            "SELECT created_at, finished_at,
+                    (SELECT MAX(at) FROM (
+                        SELECT MAX(created_at) AS at FROM candidates
+                        UNION ALL SELECT MAX(created_at) FROM evaluations
+                        UNION ALL SELECT MAX(created_at) FROM exchanges
+                        UNION ALL SELECT MAX(at) FROM events))
+             FROM run",
+            [],
+            |r| {
+                Ok(RunSpan {
+                    started_at: r.get(0)?,
+                    finished_at: r.get(1)?,
+                    last_record_at: r.get(2)?,
+                })
+            },
+        )?)
     }
 
     /// The summary given to `mark_finished`, if the run has finished.

@@ -144,6 +144,20 @@ pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cost_usd: f64,
+    /// The recorded latencies summed, cached calls included (milliseconds).
+    pub latency_ms: u64,
+}
+
+/// When a run started, finished, and last recorded anything: the bounds of its wall time.
+/// Stamps are RFC 3339 UTC as the store writes them ([`crate::timestamp_millis`] reads them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunSpan {
+    /// The run row's creation (the first start; a resumed run keeps it).
+    pub started_at: String,
+    /// Set while the run is finished.
+    pub finished_at: Option<String>,
+    /// The latest stamp of any candidate, evaluation, exchange or event; `None` in an empty run.
+    pub last_record_at: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -450,6 +450,7 @@ fn exchanges_and_usage() {
         (u.calls, u.cached_calls, u.input_tokens, u.output_tokens),
         (3, 1, 200, 40)
     );
+    assert_eq!(u.latency_ms, 3 * 1234);
     assert!((u.cost_usd - 0.75).abs() < 1e-12);
 
     assert!(matches!(
@@ -533,6 +534,32 @@ fn state_events_and_finish() {
     assert!(!again.is_finished().unwrap());
     assert_eq!(again.finish_summary().unwrap(), None);
     assert_eq!(again.get_state("other").unwrap(), Some(json!([1, 2])));
+}
+
+#[test]
+fn the_span_runs_from_creation_to_the_finish_or_the_latest_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = new_store(tmp.path());
+    let span = store.span().unwrap();
+    assert_eq!(span.started_at, store.config().created_at);
+    assert_eq!((span.finished_at, span.last_record_at), (None, None));
+    let started = timestamp_millis(&span.started_at).unwrap();
+
+    let id = candidate(&store, "a", None);
+    let after_candidate = store.span().unwrap().last_record_at.unwrap();
+    store
+        .record_evaluation(id, "passed", Some(1.0), &json!({}))
+        .unwrap();
+    store.append_event("cycle_end", &json!({})).unwrap();
+    let last_event = store.events_after(0).unwrap()[0].at.clone();
+    let span = store.span().unwrap();
+    assert_eq!(span.last_record_at.as_deref(), Some(last_event.as_str()));
+    assert!(after_candidate <= last_event);
+    assert!(timestamp_millis(&last_event).unwrap() >= started);
+
+    store.mark_finished(&json!({})).unwrap();
+    let finished = store.span().unwrap().finished_at.unwrap();
+    assert!(timestamp_millis(&finished).unwrap() >= timestamp_millis(&last_event).unwrap());
 }
 
 #[test]

@@ -1,0 +1,366 @@
+//! Where a run's time went: wall time, evaluations per hour, time per harness phase and the
+//! device's busy fraction, computed after the fact from what the run store holds (`ksearch show`
+//! prints it).
+//!
+//! This lives in the search crate, not in the store, because reading the store's rows takes
+//! search concepts the store deliberately does not interpret: which rows are harness runs (a
+//! lint rejection or a result reused for an identical source is not), which events carry
+//! evaluations of their own (the re-measures and the confirmation), and the harness result's
+//! timing fields. The store only supplies the rows and the run's time stamps ([`RunSpan`]).
+//!
+//! Definitions (docs/cli.md, `show`, repeats them for users):
+//!
+//! - **wall**: the run row's creation to its finish; for an unfinished run, to its latest
+//!   record (candidate, evaluation, exchange or event). A resumed run's wall includes the time
+//!   it was stopped: the store records no resume.
+//! - **harness runs**: evaluations in the `evaluations` table that ran the harness (not lint
+//!   rejections, not reused results), plus the results recorded inside events (`results[].result`
+//!   of `remeasure` and `confirmation`), each counted once by its nonce.
+//!   **evaluations per hour** = harness runs ÷ wall hours.
+//! - **phases**: each result's `diagnostics.phase_seconds` summed over the harness runs (phases
+//!   are exclusive: a nested phase's time counts for it alone); **harness, no phase** = the
+//!   result's `total` minus its phases; **harness start/exit** = `wall_seconds` (the harness
+//!   process as the evaluator timed it) minus `total`; a result with `wall_seconds` but no
+//!   phases counts whole as **harness, no phase data**.
+//! - **yardstick**: the `seconds` of each distinct yardstick the results were scored against
+//!   (the same yardstick is repeated in many results; it is counted once, keyed by its
+//!   content).
+//! - **proposer**: the LLM calls' recorded latencies (absent for the offline proposer, whose
+//!   time is in *other*).
+//! - **other** = the wall minus all of the above: the search's own work, compiles outside an
+//!   evaluation, yardstick attempts that were discarded, first tries of evaluations repeated
+//!   because the machine was changing, the offline proposer, waiting.
+//! - **device work** = the phases [`DEVICE_PHASES`] plus the yardsticks: the phases in which
+//!   the device (the CPU, for the cpu backend) runs the candidate's, the reference's or the
+//!   baseline's work, or work that sets the device up for a timed call. **Device busy
+//!   fraction** = device work ÷ wall.
+//!
+//! Old stores without these fields still account: what is missing is left out, and the values
+//! that need it are `None`.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use ksearch_store::{
+    timestamp_millis, EvaluationRow, EventRow, RunSpan, RunStore, StoreError, Usage,
+};
+
+use crate::engine::LINT_FAILED;
+
+/// The harness phases (`diagnostics.phase_seconds` keys) in which the device is at work:
+///
+/// - `timed_calls`: the timed calls of the candidate, the reference and the baseline;
+/// - `candidate`: the candidate's correctness calls;
+/// - `reference`: the reference computing the expected outputs (and checking them);
+/// - `prime`: untimed priming calls before a timed call (GPU backends);
+/// - `flush`: the cache flush before every timed call (the device writes a large buffer);
+/// - `clock_warmup`: bringing the device clocks up before a timed call;
+/// - `calibration`: the round trips to the accused that calibrate the timer.
+///
+/// The rest is the judge's own work around the device, not work on it: `task`, `build`,
+/// `roofline`, `load`, `checks` (comparisons), `upload` (staging inputs and poisoned outputs),
+/// `inputs` (drawing inputs on the host), `settle` (watching the accused's threads while the
+/// device is deliberately left alone). A phase this list does not name (from a newer harness)
+/// counts as harness time, not device time.
+pub const DEVICE_PHASES: &[&str] = &[
+    "timed_calls",
+    "candidate",
+    "reference",
+    "prime",
+    "flush",
+    "clock_warmup",
+    "calibration",
+];
+
+/// Names of the parts that are not harness phases.
+pub const YARDSTICK: &str = "yardstick";
+pub const HARNESS_START_EXIT: &str = "harness start/exit";
+pub const HARNESS_NO_PHASE: &str = "harness, no phase";
+pub const HARNESS_NO_PHASE_DATA: &str = "harness, no phase data";
+pub const PROPOSER: &str = "proposer (LLM calls)";
+pub const OTHER: &str = "other";
+
+/// What kind of time a part is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeKind {
+    /// Device work (counts for the busy fraction).
+    Device,
+    /// The harness, outside device work.
+    Harness,
+    /// LLM calls.
+    Proposer,
+    /// The wall not accounted for by anything else.
+    Other,
+}
+
+/// One part of the wall.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimePart {
+    pub name: String,
+    pub seconds: f64,
+    pub kind: TimeKind,
+}
+
+/// How the wall's end was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WallEnd {
+    /// The run finished.
+    Finished,
+    /// Not finished: the latest record.
+    LastRecord,
+}
+
+/// Evaluations by where they were recorded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct EvaluationCounts {
+    /// Harness runs in the `evaluations` table.
+    pub stored: u64,
+    /// Harness runs recorded only inside events, by event kind (`remeasure`, `confirmation`).
+    pub in_events: BTreeMap<String, u64>,
+    /// Harness runs whose result carries `phase_seconds`.
+    pub with_phases: u64,
+    /// Stored rows that reuse an earlier result for an identical source (no harness run).
+    pub reused: u64,
+    /// Stored rows that are lint rejections (no harness run).
+    pub lint_rejected: u64,
+    /// Harness runs that are the repeat of a first try made while the machine was changing
+    /// (`unsteady_first`); the first try's time is not recorded.
+    pub unsteady_repeats: u64,
+}
+
+impl EvaluationCounts {
+    /// Every harness run whose result was recorded.
+    pub fn harness_runs(&self) -> u64 {
+        self.stored + self.in_events.values().sum::<u64>()
+    }
+}
+
+/// A run's time, accounted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimeAccount {
+    /// Seconds from the run's start to its end; `None` when the stamps cannot be read.
+    pub wall_seconds: Option<f64>,
+    pub wall_end: WallEnd,
+    pub evaluations: EvaluationCounts,
+    /// Harness runs ÷ wall hours; `None` without a positive wall.
+    pub evaluations_per_hour: Option<f64>,
+    /// Distinct yardsticks with a recorded `seconds`.
+    pub yardsticks: u64,
+    /// Every part with time, largest first; `other` is among them when the wall is known.
+    pub parts: Vec<TimePart>,
+    /// Device work (the [`DEVICE_PHASES`] and the yardsticks); `None` when no result carries
+    /// phase times and no yardstick was recorded (an old store).
+    pub device_seconds: Option<f64>,
+    /// Device work ÷ wall.
+    pub busy_fraction: Option<f64>,
+    /// How far the accounted parts exceed the wall (work that overlapped in time); 0 normally.
+    pub overlap_seconds: f64,
+}
+
+impl TimeAccount {
+    /// Accounts the run in `store`.
+    pub fn of_run(store: &RunStore) -> Result<TimeAccount, StoreError> {
+        Ok(TimeAccount::from_records(
+            &store.span()?,
+            &store.evaluations()?,
+            &store.events_after(0)?,
+            &store.usage_totals()?,
+        ))
+    }
+
+    /// Accounts a run from its rows (what [`TimeAccount::of_run`] reads).
+    pub fn from_records(
+        span: &RunSpan,
+        evaluations: &[EvaluationRow],
+        events: &[EventRow],
+        usage: &Usage,
+    ) -> TimeAccount {
+        let (end, wall_end) = match &span.finished_at {
+            Some(f) => (Some(f.as_str()), WallEnd::Finished),
+            None => (span.last_record_at.as_deref(), WallEnd::LastRecord),
+        };
+        let wall_seconds = match (timestamp_millis(&span.started_at), end) {
+            (Some(start), Some(end)) => {
+                timestamp_millis(end).map(|end| (end - start).max(0) as f64 / 1000.0)
+            }
+            // Nothing recorded yet: no time has been spent on anything.
+            (Some(_), None) => Some(0.0),
+            (None, _) => None,
+        };
+
+        let mut acc = Accumulator::default();
+        for e in evaluations {
+            if e.status == LINT_FAILED || e.result["status"] == LINT_FAILED {
+                acc.counts.lint_rejected += 1;
+            } else if !e.result["reused_from_candidate"].is_null() {
+                acc.counts.reused += 1;
+            } else if acc.add(&e.result) {
+                acc.counts.stored += 1;
+            }
+        }
+        for ev in events {
+            let Some(results) = ev.data["results"].as_array() else {
+                continue;
+            };
+            for r in results {
+                if r["result"].is_object() && acc.add(&r["result"]) {
+                    *acc.counts.in_events.entry(ev.kind.clone()).or_default() += 1;
+                }
+            }
+        }
+
+        let mut parts: Vec<TimePart> = acc
+            .phases
+            .iter()
+            .map(|(name, seconds)| TimePart {
+                name: name.clone(),
+                seconds: *seconds,
+                kind: if DEVICE_PHASES.contains(&name.as_str()) {
+                    TimeKind::Device
+                } else {
+                    TimeKind::Harness
+                },
+            })
+            .collect();
+        if acc.start_exit > 0.0 {
+            parts.push(part(HARNESS_START_EXIT, acc.start_exit, TimeKind::Harness));
+        }
+        if acc.unclaimed > 0.0 {
+            parts.push(part(HARNESS_NO_PHASE, acc.unclaimed, TimeKind::Harness));
+        }
+        if acc.no_phase_data > 0.0 {
+            parts.push(part(
+                HARNESS_NO_PHASE_DATA,
+                acc.no_phase_data,
+                TimeKind::Harness,
+            ));
+        }
+        if acc.yardsticks > 0 {
+            parts.push(part(YARDSTICK, acc.yardstick_seconds, TimeKind::Device));
+        }
+        if usage.calls > 0 {
+            parts.push(part(
+                PROPOSER,
+                usage.latency_ms as f64 / 1000.0,
+                TimeKind::Proposer,
+            ));
+        }
+        let accounted: f64 = parts.iter().map(|p| p.seconds).sum();
+        let mut overlap_seconds = 0.0;
+        if let Some(wall) = wall_seconds {
+            overlap_seconds = (accounted - wall).max(0.0);
+            parts.push(part(OTHER, (wall - accounted).max(0.0), TimeKind::Other));
+        }
+        parts.retain(|p| p.seconds > 0.0 || p.kind == TimeKind::Other);
+        parts.sort_by(|a, b| {
+            b.seconds
+                .total_cmp(&a.seconds)
+                .then_with(|| a.name.cmp(&b.name))
+        });
+
+        let device_seconds = (acc.counts.with_phases > 0 || acc.yardsticks > 0).then(|| {
+            parts
+                .iter()
+                .filter(|p| p.kind == TimeKind::Device)
+                .map(|p| p.seconds)
+                .sum::<f64>()
+        });
+        let positive_wall = wall_seconds.filter(|w| *w > 0.0);
+        TimeAccount {
+            wall_seconds,
+            wall_end,
+            evaluations_per_hour: positive_wall
+                .map(|w| acc.counts.harness_runs() as f64 / (w / 3600.0)),
+            busy_fraction: device_seconds.zip(positive_wall).map(|(d, w)| d / w),
+            device_seconds,
+            yardsticks: acc.yardsticks,
+            evaluations: acc.counts,
+            parts,
+            overlap_seconds,
+        }
+    }
+
+    /// `seconds` as a fraction of the wall; `None` without a positive wall.
+    pub fn share(&self, seconds: f64) -> Option<f64> {
+        self.wall_seconds.filter(|w| *w > 0.0).map(|w| seconds / w)
+    }
+}
+
+#[derive(Default)]
+struct Accumulator {
+    counts: EvaluationCounts,
+    nonces: HashSet<String>,
+    phases: BTreeMap<String, f64>,
+    start_exit: f64,
+    unclaimed: f64,
+    no_phase_data: f64,
+    yardstick_keys: HashSet<String>,
+    yardsticks: u64,
+    yardstick_seconds: f64,
+}
+
+impl Accumulator {
+    /// Adds one harness result; `false` when its nonce was seen already (the same run
+    /// recorded twice).
+    fn add(&mut self, result: &Value) -> bool {
+        if let Some(nonce) = result["nonce"].as_str() {
+            if !self.nonces.insert(nonce.to_string()) {
+                return false;
+            }
+        }
+        if !result["unsteady_first"].is_null() {
+            self.counts.unsteady_repeats += 1;
+        }
+        let wall = seconds(&result["wall_seconds"]);
+        match result["diagnostics"]["phase_seconds"].as_object() {
+            Some(phases) => {
+                self.counts.with_phases += 1;
+                let mut named = 0.0;
+                for (name, v) in phases {
+                    if name == "total" {
+                        continue;
+                    }
+                    if let Some(s) = seconds(v) {
+                        *self.phases.entry(name.clone()).or_default() += s;
+                        named += s;
+                    }
+                }
+                let total = phases.get("total").and_then(seconds).unwrap_or(named);
+                self.unclaimed += (total - named).max(0.0);
+                if let Some(w) = wall {
+                    self.start_exit += (w - total).max(0.0);
+                }
+            }
+            None => {
+                if let Some(w) = wall {
+                    self.no_phase_data += w;
+                }
+            }
+        }
+        let yardstick = &result["yardstick"];
+        if let Some(s) = seconds(&yardstick["seconds"]) {
+            if self.yardstick_keys.insert(yardstick.to_string()) {
+                self.yardsticks += 1;
+                self.yardstick_seconds += s;
+            }
+        }
+        true
+    }
+}
+
+fn part(name: &str, seconds: f64, kind: TimeKind) -> TimePart {
+    TimePart {
+        name: name.to_string(),
+        seconds,
+        kind,
+    }
+}
+
+/// A finite, non-negative number of seconds.
+fn seconds(v: &Value) -> Option<f64> {
+    v.as_f64().filter(|s| s.is_finite() && *s >= 0.0)
+}

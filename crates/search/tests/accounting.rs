@@ -1,0 +1,322 @@
+//! `TimeAccount` on run stores built here, with time stamps set by hand so that every number
+//! can be worked out on paper.
+
+use serde_json::{json, Value};
+
+use ksearch_search::accounting::{
+    TimeAccount, TimeKind, WallEnd, HARNESS_NO_PHASE, HARNESS_NO_PHASE_DATA, HARNESS_START_EXIT,
+    OTHER, PROPOSER, YARDSTICK,
+};
+use ksearch_store::{CandidateKind, Exchange, NewCandidate, RunConfig, RunStore, DB_FILE};
+
+fn new_store(dir: &std::path::Path) -> RunStore {
+    RunStore::create_with_id(
+        dir,
+        "20261201-000000-abcd",
+        &RunConfig {
+            task: "attention".into(),
+            backend: "cpu".into(),
+            strategy: "world-model".into(),
+            proposer: "offline".into(),
+            selection: "calibrated".into(),
+            seed: 1,
+            secret_seed: 2,
+            budgets: Value::Null,
+            flags: Value::Null,
+            extra: Value::Null,
+            created_at: String::new(),
+            ksearch_version: String::new(),
+        },
+    )
+    .unwrap()
+}
+
+fn candidate(store: &RunStore, code: &str) -> i64 {
+    let source_id = store.put_source(code, "c").unwrap();
+    store
+        .add_candidate(&NewCandidate {
+            source_id,
+            parent_candidate: None,
+            node_id: None,
+            round: 0,
+            cycle: 0,
+            attempt: 0,
+            sample: 0,
+            kind: CandidateKind::Attempt,
+            proposer_note: String::new(),
+            knobs: Value::Null,
+        })
+        .unwrap()
+}
+
+/// Rewrites the run's stamps (the store writes "now"; the test needs known instants).
+fn set_span(store: &RunStore, started: &str, finished: Option<&str>) {
+    let db = rusqlite::Connection::open(store.dir().join(DB_FILE)).unwrap();
+    db.execute(
+        "UPDATE run SET created_at = ?1, finished_at = ?2",
+        rusqlite::params![started, finished],
+    )
+    .unwrap();
+}
+
+fn part(t: &TimeAccount, name: &str) -> Option<f64> {
+    t.parts.iter().find(|p| p.name == name).map(|p| p.seconds)
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+#[test]
+fn phases_yardsticks_proposer_and_other_add_up_to_the_wall() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = new_store(tmp.path());
+    let yard_1 = json!({"version": 1, "workloads": {"w": {"reference": {"median_ns": 5.0}}},
+                        "seconds": 3.0});
+    let yard_2 = json!({"version": 1, "workloads": {"w": {"reference": {"median_ns": 6.0}}},
+                        "seconds": 2.0});
+    // A: 4.0 s of phases (3.5 s named, 0.5 s unclaimed) in a 5.0 s harness process.
+    let a = json!({"nonce": "a", "status": "passed", "wall_seconds": 5.0,
+                   "diagnostics": {"phase_seconds":
+                       {"build": 1.0, "timed_calls": 2.0, "settle": 0.5, "total": 4.0}},
+                   "yardstick": yard_1});
+    // B: scored against the same yardstick, which counts once.
+    let b = json!({"nonce": "b", "status": "passed", "wall_seconds": 4.0,
+                   "diagnostics": {"phase_seconds":
+                       {"candidate": 1.5, "flush": 0.5, "inputs": 1.0, "total": 3.0}},
+                   "yardstick": yard_1});
+    // C: a re-measure, recorded only in its event, repeated after an unsteady first try.
+    let c = json!({"nonce": "c", "status": "passed", "wall_seconds": 2.0,
+                   "diagnostics": {"phase_seconds": {"timed_calls": 1.0, "total": 1.5}},
+                   "yardstick": yard_2, "unsteady_first": {"score": 0.5}});
+
+    let ca = candidate(&store, "a");
+    store
+        .record_evaluation(ca, "passed", Some(1.0), &a)
+        .unwrap();
+    let cb = candidate(&store, "b");
+    store
+        .record_evaluation(cb, "passed", Some(1.0), &b)
+        .unwrap();
+    // An identical source reusing A's result, and a lint rejection: no harness ran.
+    let mut reused = a.clone();
+    reused["reused_from_candidate"] = json!(ca);
+    let cr = candidate(&store, "a again");
+    store
+        .record_evaluation(cr, "passed", Some(1.0), &reused)
+        .unwrap();
+    let cl = candidate(&store, "linted");
+    store
+        .record_evaluation(
+            cl,
+            "lint_failed",
+            None,
+            &json!({"status": "lint_failed", "lint": []}),
+        )
+        .unwrap();
+    store
+        .append_event(
+            "remeasure",
+            &json!({"incumbent": ca, "results": [{"candidate": ca, "result": c}]}),
+        )
+        .unwrap();
+    // B again inside an event (the same harness run, by its nonce), and events without results.
+    store
+        .append_event(
+            "confirmation",
+            &json!({"results": [{"round": 0, "candidate": cb, "result": b}]}),
+        )
+        .unwrap();
+    store
+        .append_event("cycle_end", &json!({"results": "not a list"}))
+        .unwrap();
+    store
+        .record_exchange(&Exchange {
+            role: "propose".into(),
+            prompt: "p".into(),
+            response: "r".into(),
+            model: "m".into(),
+            provider: "replay".into(),
+            input_tokens: 1,
+            output_tokens: 1,
+            cost_usd: 0.0,
+            latency_ms: 4000,
+            error: None,
+            cached: false,
+        })
+        .unwrap();
+    store.mark_finished(&json!({})).unwrap();
+    set_span(
+        &store,
+        "2026-12-01T00:00:00.000Z",
+        Some("2026-12-01T00:01:00.000Z"),
+    );
+
+    let t = TimeAccount::of_run(&store).unwrap();
+    assert_eq!(t.wall_seconds, Some(60.0));
+    assert_eq!(t.wall_end, WallEnd::Finished);
+    let e = &t.evaluations;
+    assert_eq!(
+        (
+            e.stored,
+            e.with_phases,
+            e.reused,
+            e.lint_rejected,
+            e.unsteady_repeats
+        ),
+        (2, 3, 1, 1, 1)
+    );
+    assert_eq!(
+        e.in_events.iter().collect::<Vec<_>>(),
+        vec![(&"remeasure".to_string(), &1)]
+    );
+    assert_eq!(e.harness_runs(), 3);
+    assert!(close(t.evaluations_per_hour.unwrap(), 180.0));
+    assert_eq!(t.yardsticks, 2);
+
+    // Phases: build 1, timed_calls 2 + 1, settle 0.5, candidate 1.5, flush 0.5, inputs 1.
+    // Start/exit: (5 - 4) + (4 - 3) + (2 - 1.5) = 2.5. No phase: (4 - 3.5) + 0 + (1.5 - 1) = 1.
+    // Phases 7.5 + 2.5 + 1, yardsticks 3 + 2 = 5, proposer 4: 20 s accounted, 40 s other.
+    let expected = [
+        (OTHER, 40.0, TimeKind::Other),
+        (YARDSTICK, 5.0, TimeKind::Device),
+        (PROPOSER, 4.0, TimeKind::Proposer),
+        ("timed_calls", 3.0, TimeKind::Device),
+        (HARNESS_START_EXIT, 2.5, TimeKind::Harness),
+        ("candidate", 1.5, TimeKind::Device),
+        ("build", 1.0, TimeKind::Harness),
+        (HARNESS_NO_PHASE, 1.0, TimeKind::Harness),
+        ("inputs", 1.0, TimeKind::Harness),
+        ("flush", 0.5, TimeKind::Device),
+        ("settle", 0.5, TimeKind::Harness),
+    ];
+    assert_eq!(t.parts.len(), expected.len(), "{:#?}", t.parts);
+    for (p, (name, secs, kind)) in t.parts.iter().zip(expected) {
+        assert_eq!((p.name.as_str(), p.kind), (name, kind), "{:#?}", t.parts);
+        assert!(close(p.seconds, secs), "{name}: {} != {secs}", p.seconds);
+    }
+    let sum: f64 = t.parts.iter().map(|p| p.seconds).sum();
+    assert!(close(sum, 60.0));
+    // Device: timed_calls 3 + candidate 1.5 + flush 0.5 + yardsticks 5 = 10 s of 60.
+    assert!(close(t.device_seconds.unwrap(), 10.0));
+    assert!(close(t.busy_fraction.unwrap(), 10.0 / 60.0));
+    assert_eq!(t.overlap_seconds, 0.0);
+    assert!(close(t.share(15.0).unwrap(), 0.25));
+}
+
+#[test]
+fn an_old_unfinished_store_accounts_what_it_has() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = new_store(tmp.path());
+    // Results from before phase times and yardsticks: one bare, one with its wall only, one
+    // with a phase map holding junk next to a number, no total and no wall.
+    let c1 = candidate(&store, "one");
+    store
+        .record_evaluation(c1, "passed", Some(1.0), &json!({"status": "passed"}))
+        .unwrap();
+    let c2 = candidate(&store, "two");
+    store
+        .record_evaluation(c2, "timeout", None, &json!({"wall_seconds": 7.5}))
+        .unwrap();
+    let c3 = candidate(&store, "three");
+    store
+        .record_evaluation(
+            c3,
+            "passed",
+            None,
+            &json!({"diagnostics": {"phase_seconds":
+                        {"timed_calls": "fast", "build": -1.0, "reference": 0.25}},
+                    "yardstick": {"seconds": null}}),
+        )
+        .unwrap();
+    store
+        .append_event("cycle_start", &json!({"cycle": 1}))
+        .unwrap();
+    let last = store.span().unwrap().last_record_at.unwrap();
+    let started_ms = ksearch_store::timestamp_millis(&last).unwrap() - 90_000;
+    // 90 s before the latest record, as the store would write it.
+    let started = {
+        let db = rusqlite::Connection::open(store.dir().join(DB_FILE)).unwrap();
+        let s: String = db
+            .query_row(
+                "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', ?1 / 1000.0, 'unixepoch')",
+                [started_ms],
+                |r| r.get(0),
+            )
+            .unwrap();
+        s
+    };
+    set_span(&store, &started, None);
+
+    let t = TimeAccount::of_run(&store).unwrap();
+    assert_eq!(t.wall_end, WallEnd::LastRecord);
+    assert!(close(t.wall_seconds.unwrap(), 90.0), "{t:#?}");
+    assert_eq!(t.evaluations.harness_runs(), 3);
+    assert_eq!(t.evaluations.with_phases, 1);
+    assert!(close(t.evaluations_per_hour.unwrap(), 120.0));
+    assert_eq!(t.yardsticks, 0);
+    assert!(close(part(&t, HARNESS_NO_PHASE_DATA).unwrap(), 7.5));
+    assert!(close(part(&t, "reference").unwrap(), 0.25));
+    assert_eq!(part(&t, "timed_calls"), None);
+    assert_eq!(part(&t, "build"), None);
+    assert_eq!(part(&t, PROPOSER), None);
+    assert!(close(part(&t, OTHER).unwrap(), 90.0 - 7.75));
+    // One result with phases: the device figure exists, from it alone.
+    assert!(close(t.device_seconds.unwrap(), 0.25));
+
+    // No phase data at all: no device figure, no busy fraction.
+    let bare = tempfile::tempdir().unwrap();
+    let store = new_store(bare.path());
+    let c = candidate(&store, "bare");
+    store
+        .record_evaluation(c, "passed", Some(1.0), &json!({"status": "passed"}))
+        .unwrap();
+    let t = TimeAccount::of_run(&store).unwrap();
+    assert_eq!((t.device_seconds, t.busy_fraction), (None, None));
+    assert_eq!(t.evaluations.harness_runs(), 1);
+    assert_eq!(t.parts.len(), 1);
+    assert_eq!(t.parts[0].name, OTHER);
+}
+
+#[test]
+fn an_empty_run_and_unreadable_stamps_give_no_rates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = new_store(tmp.path());
+    let t = TimeAccount::of_run(&store).unwrap();
+    assert_eq!(t.wall_seconds, Some(0.0));
+    assert_eq!(t.evaluations.harness_runs(), 0);
+    assert_eq!((t.evaluations_per_hour, t.busy_fraction), (None, None));
+    assert_eq!(t.share(1.0), None);
+
+    set_span(&store, "yesterday", Some("today"));
+    let t = TimeAccount::of_run(&store).unwrap();
+    assert_eq!(t.wall_seconds, None);
+    assert_eq!(t.evaluations_per_hour, None);
+    assert!(t.parts.is_empty());
+}
+
+#[test]
+fn work_that_overlapped_is_reported_not_hidden() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = new_store(tmp.path());
+    let c = candidate(&store, "k");
+    store
+        .record_evaluation(
+            c,
+            "passed",
+            Some(1.0),
+            &json!({"wall_seconds": 3.0,
+                    "diagnostics": {"phase_seconds": {"timed_calls": 2.0, "total": 3.0}}}),
+        )
+        .unwrap();
+    store.mark_finished(&json!({})).unwrap();
+    set_span(
+        &store,
+        "2026-12-01T00:00:00.000Z",
+        Some("2026-12-01T00:00:01.000Z"),
+    );
+    let t = TimeAccount::of_run(&store).unwrap();
+    assert!(close(t.overlap_seconds, 2.0));
+    assert_eq!(part(&t, OTHER), Some(0.0));
+    assert!(close(t.busy_fraction.unwrap(), 2.0));
+}
