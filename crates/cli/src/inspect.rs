@@ -271,7 +271,7 @@ pub fn render_time(t: &TimeAccount) -> String {
     if e.unsteady_repeats > 0 {
         let _ = writeln!(
             s,
-            "  {} evaluations repeated after an unsteady first try (whose time is in other)",
+            "  {} evaluations repeated after an unsteady first try",
             e.unsteady_repeats
         );
     }

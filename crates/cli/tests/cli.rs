@@ -213,6 +213,11 @@ fn five_evaluations_of_one_kernel_agree_within_their_intervals() {
         // One yardstick for all, unless an evaluation made while the machine was changing had
         // it measured again (and was repeated).
         assert!(item["yardstick"]["workloads"].is_object(), "{item:#}");
+        // What its measurement cost, discarded attempts included, is on record.
+        let y = &item["yardstick"];
+        let attempts = y["attempts"].as_u64().unwrap();
+        assert!((1..=2).contains(&attempts), "{y:#}");
+        assert!(y["spent_seconds"].as_f64().unwrap() > y["seconds"].as_f64().unwrap());
         let r = &item["result"];
         let score = r["score"].as_f64().unwrap();
         let lo = r["score_interval"][0].as_f64().unwrap();

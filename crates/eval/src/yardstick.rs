@@ -107,6 +107,13 @@ pub struct Yardstick {
     /// Seconds the op spent timing.
     #[serde(default)]
     pub seconds: f64,
+    /// Wall seconds of every attempt's harness process, this one's and any discarded for
+    /// drifting ([`Evaluator::yardstick`](crate::Evaluator::yardstick)); 0 when not recorded.
+    #[serde(default)]
+    pub spent_seconds: f64,
+    /// Attempts made for this yardstick (0 when not recorded).
+    #[serde(default)]
+    pub attempts: u32,
 }
 
 impl Yardstick {

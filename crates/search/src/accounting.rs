@@ -128,7 +128,7 @@ pub struct EvaluationCounts {
     /// Stored rows that are lint rejections (no harness run).
     pub lint_rejected: u64,
     /// Harness runs that are the repeat of a first try made while the machine was changing
-    /// (`unsteady_first`); the first try's time is not recorded.
+    /// (`unsteady_first`); the first try's time is counted where the result records it.
     pub unsteady_repeats: u64,
 }
 
@@ -312,9 +312,29 @@ impl Accumulator {
                 return false;
             }
         }
-        if !result["unsteady_first"].is_null() {
+        let first = &result["unsteady_first"];
+        if !first.is_null() {
             self.counts.unsteady_repeats += 1;
+            // Its harness time, where recorded (the first try carries no nonce or yardstick).
+            self.add_harness_time(first);
         }
+        self.add_harness_time(result);
+        let yardstick = &result["yardstick"];
+        // All attempts' processes where recorded, else the timing of the one kept.
+        let spent = seconds(&yardstick["spent_seconds"])
+            .filter(|s| *s > 0.0)
+            .or_else(|| seconds(&yardstick["seconds"]));
+        if let Some(s) = spent {
+            if self.yardstick_keys.insert(yardstick.to_string()) {
+                self.yardsticks += 1;
+                self.yardstick_seconds += s;
+            }
+        }
+        true
+    }
+
+    /// The phases and start/exit time of one harness run.
+    fn add_harness_time(&mut self, result: &Value) {
         let wall = seconds(&result["wall_seconds"]);
         match result["diagnostics"]["phase_seconds"].as_object() {
             Some(phases) => {
@@ -341,14 +361,6 @@ impl Accumulator {
                 }
             }
         }
-        let yardstick = &result["yardstick"];
-        if let Some(s) = seconds(&yardstick["seconds"]) {
-            if self.yardstick_keys.insert(yardstick.to_string()) {
-                self.yardsticks += 1;
-                self.yardstick_seconds += s;
-            }
-        }
-        true
     }
 }
 
