@@ -138,6 +138,14 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
         {
             writeln!(s, "{line}")?;
         }
+        if let Some(line) = best["rechecked_score"]
+            .as_f64()
+            .zip(seed_re)
+            .zip(summary.as_ref())
+            .and_then(|((b, seed), sum)| crate::headline::disagreement(sum, b, seed))
+        {
+            writeln!(s, "{line}")?;
+        }
         write!(s, "search score {score:.3}")?;
         if let Some(seed) = seed_score.filter(|v| *v > 0.0) {
             write!(
@@ -513,6 +521,15 @@ pub fn export(args: &ExportArgs) -> Result<u8> {
         .as_f64()
         .zip(seed_re)
         .and_then(|(b, seed)| crate::headline::remeasured(b, seed))
+    {
+        let mut line = line;
+        line[..1].make_ascii_uppercase();
+        writeln!(readme, "{line}.\n")?;
+    }
+    if let Some(line) = best["rechecked_score"]
+        .as_f64()
+        .zip(seed_re)
+        .and_then(|(b, seed)| crate::headline::disagreement(&summary, b, seed))
     {
         let mut line = line;
         line[..1].make_ascii_uppercase();
