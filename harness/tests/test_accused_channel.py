@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ksearch_harness.accused_client import AccusedProcess, CandidateTimeout
+from ksearch_harness.accused_client import (AccusedProcess, CandidateTimeout,
+                                            lingered_enough)
 from ksearch_harness.machine import thread_states
 from ksearch_harness.protocol import CandidateRuntimeError, Violation
 
@@ -85,3 +86,14 @@ def test_an_honest_reply_is_accepted(fake):
     assert proc.rpc("noop")["ok"] is True
     proc.kill()
     assert _gone(proc)
+
+
+def test_lingering_is_a_verdict_when_it_is_the_habit_not_a_blip():
+    # Work after every call: caught at the second.
+    assert not lingered_enough(1, 1)
+    assert lingered_enough(2, 2)
+    # Two blips among a hundred honest calls (seen from a single-threaded seed): no verdict.
+    assert not lingered_enough(2, 100)
+    # Work ahead of a quarter of the calls watched is a verdict however late it starts.
+    assert not lingered_enough(24, 100)
+    assert lingered_enough(25, 100)
