@@ -67,8 +67,9 @@ const PRECISE_SPAN: f64 = 2.0;
 /// A caution when the run's two measurements of the winner against the seed do not support
 /// each other: the confirmation's ratio and the re-check's (`best` and `seed`, the two
 /// kernels' re-check scores) differ by more than 10%, or the confirmed interval spans more
-/// than a factor of two. Both happen when the machine was busy while the run measured; the
-/// figures are then printed as they are, with this line, rather than one of them alone.
+/// than a factor of two. Both happen when the machine was busy while the run measured, or when
+/// the kernels' times vary widely from call to call (multi-threaded cpu kernels on few cores);
+/// the figures are then printed as they are, with this line, rather than one of them alone.
 pub fn disagreement(summary: &serde_json::Value, best: f64, seed: f64) -> Option<String> {
     let c = ksearch_search::engine::ranking::confirmation_of(summary)?;
     let best_id = summary["best"]["candidate_id"].as_i64()?;
@@ -103,8 +104,8 @@ pub fn disagreement(summary: &serde_json::Value, best: f64, seed: f64) -> Option
     }
     (!why.is_empty()).then(|| {
         format!(
-            "caution: {}: the machine was busy while this run measured; run it again on a quiet \
-             machine for figures to rely on",
+            "caution: {}: these measurements are too noisy to rely on (the machine was busy, or \
+             the kernels' times vary from call to call); run it again on a quiet machine",
             why.join(", and ")
         )
     })
@@ -178,7 +179,7 @@ mod tests {
         let busy = confirmation([0.418, 13.185]);
         let line = disagreement(&busy, 1.9, 1.0).unwrap();
         assert!(line.contains("spans a factor of 31.5"), "{line}");
-        assert!(line.ends_with("for figures to rely on"), "{line}");
+        assert!(line.ends_with("run it again on a quiet machine"), "{line}");
         // Nothing confirmed, nothing to compare.
         assert_eq!(
             disagreement(&serde_json::json!({"best": {"candidate_id": 7}}), 1.0, 2.0),
