@@ -22,14 +22,17 @@
 //!   result's `total` minus its phases; **harness start/exit** = `wall_seconds` (the harness
 //!   process as the evaluator timed it) minus `total`; a result with `wall_seconds` but no
 //!   phases counts whole as **harness, no phase data**.
-//! - **yardstick**: the `seconds` of each distinct yardstick the results were scored against
-//!   (the same yardstick is repeated in many results; it is counted once, keyed by its
-//!   content).
+//! - **yardstick**: for each distinct yardstick the results were scored against (the same
+//!   yardstick is repeated in many results; it is counted once, keyed by its content), the wall
+//!   time of all its attempts' processes (`spent_seconds`, discarded attempts included), or
+//!   its own timing `seconds` where that was not recorded.
+//! - the first try of an evaluation repeated because the machine was changing counts like any
+//!   harness run where its result keeps its times (`unsteady_first`).
 //! - **proposer**: the LLM calls' recorded latencies (absent for the offline proposer, whose
 //!   time is in *other*).
 //! - **other** = the wall minus all of the above: the search's own work, compiles outside an
-//!   evaluation, yardstick attempts that were discarded, first tries of evaluations repeated
-//!   because the machine was changing, the offline proposer, waiting.
+//!   evaluation, what older stores did not record (discarded yardstick attempts, first tries
+//!   of repeated evaluations), the offline proposer, waiting.
 //! - **device work** = the phases [`DEVICE_PHASES`] plus the yardsticks: the phases in which
 //!   the device (the CPU, for the cpu backend) runs the candidate's, the reference's or the
 //!   baseline's work, or work that sets the device up for a timed call. **Device busy
