@@ -13,6 +13,7 @@ behaviour is checked by harness/tests/gpu_smoke.py on the device.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -30,8 +31,20 @@ pytestmark = pytest.mark.skipif(cuda.find_nvcc() is None, reason="nvcc not insta
 
 
 FAKE_TORCH = Path(__file__).resolve().parent / "fake_torch"
-sys.path.insert(0, str(FAKE_TORCH))
-from fake_torch_impl import FakeTorch  # noqa: E402 - see fake_torch/
+
+
+def _load_fake_torch():
+    """FakeTorch, loaded by path: putting fake_torch/ on sys.path would make `import torch`
+    find the fake in every test that runs after these (the accused gets it on its PYTHONPATH,
+    through the fixture below, instead)."""
+    spec = importlib.util.spec_from_file_location("fake_torch_impl",
+                                                  FAKE_TORCH / "fake_torch_impl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FakeTorch
+
+
+FakeTorch = _load_fake_torch()
 
 
 @pytest.fixture
