@@ -15,20 +15,8 @@
 # eval takes 30-60 s per candidate on the H200 (nvcc included), a scan eval about as long.
 set -uo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
 TASK=${TASK:?set TASK=attention or TASK=selective-scan}
-OUT=${OUT:-/tmp/ksearch-heldout}
-WORK=${WORK:-/tmp/ksearch-heldout-work}
-KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
-mkdir -p "$OUT" "$WORK"
-exec > >(tee "$OUT/log.txt") 2>&1
-# This checkout's tasks and harness (or KSEARCH_ROOT's), with the image's python3 (torch, nvcc,
-# jinja2).
-export KSEARCH_ROOT=${KSEARCH_ROOT:-$ROOT} KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
-export KSEARCH_CACHE_DIR=$WORK/cache
-nvidia-smi -L
-"$KS" --version || { echo "cannot run $KS" >&2; exit 2; }
+source "$(dirname "${BASH_SOURCE[0]}")/ksearch_env.sh" heldout
 
 files=("tasks/$TASK/seed/naive.cu")
 case "$TASK" in

@@ -18,18 +18,8 @@
 # bench.json, copy.json, summary.txt, log.txt.
 set -uo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
 BACKEND=${BACKEND:?set BACKEND=cuda or BACKEND=mlx}
-OUT=${OUT:-/tmp/ksearch-score-check}
-WORK=${WORK:-/tmp/ksearch-score-check-work}
-KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
-mkdir -p "$OUT" "$WORK"
-exec > >(tee "$OUT/log.txt") 2>&1
-export KSEARCH_ROOT=${KSEARCH_ROOT:-$ROOT} KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1
-export KSEARCH_CACHE_DIR=$WORK/cache
-nvidia-smi -L
-"$KS" --version || { echo "cannot run $KS" >&2; exit 2; }
+source "$(dirname "${BASH_SOURCE[0]}")/ksearch_env.sh" score-check
 
 case "$BACKEND" in
 cuda) KERNEL=${KERNEL:-wg_m128n128s3_pp}; EXT=cu; COPY=tasks/copy/seed/copy.cu ;;
