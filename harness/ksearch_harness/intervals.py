@@ -89,8 +89,8 @@ def drift_p(samples: Sequence[float], blocks: int) -> float:
     from the stored samples. 1.0 for fewer than two blocks."""
     import random
     xs = [float(x) for x in samples]
-    observed = block_spread(block_medians(xs, blocks))
-    if len(block_medians(xs, blocks)) < 2 or observed <= 0:
+    observed = block_spread(block_medians(xs, blocks))  # 0 for fewer than two blocks
+    if observed <= 0:
         return 1.0
     rng = random.Random(0x5EED)
     at_least = 0

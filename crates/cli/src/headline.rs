@@ -57,6 +57,20 @@ pub fn remeasured(best: f64, seed: f64) -> Option<String> {
     })
 }
 
+/// The re-check's lines, in the order run, show and export print them: its comparison with
+/// the seed ([`remeasured`]) and, where it and the confirmation do not support each other,
+/// the [`disagreement`] caution. `best` and `seed` are the two kernels' re-check scores;
+/// `summary` is the run's outcome as stored.
+pub fn rechecked(summary: &serde_json::Value, best: Option<f64>, seed: Option<f64>) -> Vec<String> {
+    let Some((best, seed)) = best.zip(seed) else {
+        return Vec::new();
+    };
+    remeasured(best, seed)
+        .into_iter()
+        .chain(disagreement(summary, best, seed))
+        .collect()
+}
+
 /// How far the confirmation's and the re-check's comparisons with the seed may differ before
 /// the run says they disagree.
 const AGREEMENT: f64 = 0.10;
@@ -180,6 +194,13 @@ mod tests {
         let line = disagreement(&busy, 1.9, 1.0).unwrap();
         assert!(line.contains("spans a factor of 31.5"), "{line}");
         assert!(line.ends_with("run it again on a quiet machine"), "{line}");
+        // The re-check's lines together: its comparison, then the caution where one is due.
+        let lines = rechecked(&steady, Some(0.531), Some(1.350));
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].starts_with("re-measured on all workloads: 2.54x slower"));
+        assert!(lines[1].starts_with("caution: "));
+        assert_eq!(rechecked(&steady, Some(0.95), Some(0.5)).len(), 1);
+        assert!(rechecked(&steady, Some(0.95), None).is_empty());
         // Nothing confirmed, nothing to compare.
         assert_eq!(
             disagreement(&serde_json::json!({"best": {"candidate_id": 7}}), 1.0, 2.0),

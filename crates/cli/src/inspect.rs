@@ -125,26 +125,18 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
             best["round"],
             best["node"].as_str().unwrap_or("-"),
         )?;
-        if let Some(line) = summary.as_ref().and_then(crate::headline::confirmed) {
-            writeln!(s, "{line}")?;
-        }
-        let seed_re = summary
-            .as_ref()
-            .and_then(|s| s["seed_recheck_score"].as_f64());
-        if let Some(line) = best["rechecked_score"]
-            .as_f64()
-            .zip(seed_re)
-            .and_then(|(b, seed)| crate::headline::remeasured(b, seed))
-        {
-            writeln!(s, "{line}")?;
-        }
-        if let Some(line) = best["rechecked_score"]
-            .as_f64()
-            .zip(seed_re)
-            .zip(summary.as_ref())
-            .and_then(|((b, seed), sum)| crate::headline::disagreement(sum, b, seed))
-        {
-            writeln!(s, "{line}")?;
+        if let Some(sum) = summary.as_ref() {
+            let lines =
+                crate::headline::confirmed(sum)
+                    .into_iter()
+                    .chain(crate::headline::rechecked(
+                        sum,
+                        best["rechecked_score"].as_f64(),
+                        sum["seed_recheck_score"].as_f64(),
+                    ));
+            for line in lines {
+                writeln!(s, "{line}")?;
+            }
         }
         write!(s, "search score {score:.3}")?;
         if let Some(seed) = seed_score.filter(|v| *v > 0.0) {
@@ -512,26 +504,14 @@ pub fn export(args: &ExportArgs) -> Result<u8> {
         config.proposer,
         config.seed
     )?;
-    if let Some(mut line) = crate::headline::confirmed(&summary) {
-        line[..1].make_ascii_uppercase();
-        writeln!(readme, "{line}.\n")?;
-    }
-    let seed_re = summary["seed_recheck_score"].as_f64();
-    if let Some(line) = best["rechecked_score"]
-        .as_f64()
-        .zip(seed_re)
-        .and_then(|(b, seed)| crate::headline::remeasured(b, seed))
-    {
-        let mut line = line;
-        line[..1].make_ascii_uppercase();
-        writeln!(readme, "{line}.\n")?;
-    }
-    if let Some(line) = best["rechecked_score"]
-        .as_f64()
-        .zip(seed_re)
-        .and_then(|(b, seed)| crate::headline::disagreement(&summary, b, seed))
-    {
-        let mut line = line;
+    let lines = crate::headline::confirmed(&summary)
+        .into_iter()
+        .chain(crate::headline::rechecked(
+            &summary,
+            best["rechecked_score"].as_f64(),
+            summary["seed_recheck_score"].as_f64(),
+        ));
+    for mut line in lines {
         line[..1].make_ascii_uppercase();
         writeln!(readme, "{line}.\n")?;
     }

@@ -817,23 +817,16 @@ fn render_outcome(run_id: &str, o: &RunOutcome) -> String {
             // The confirmation leads (the winner, runner-ups and seed measured in turn), then
             // the re-check's comparison (fresh process and seed, every workload); the search's
             // own score follows as what it ranked by.
-            if let Some(line) = serde_json::to_value(o)
-                .ok()
-                .and_then(|v| crate::headline::confirmed(&v))
-            {
-                s.push_str(&format!("{line}\n"));
-            }
-            if let Some(line) = best
-                .rechecked_score
-                .zip(o.seed_recheck_score)
-                .and_then(|(b, seed)| crate::headline::remeasured(b, seed))
-            {
-                s.push_str(&format!("{line}\n"));
-            }
-            if let Some(line) = serde_json::to_value(o).ok().and_then(|v| {
-                let (b, seed) = best.rechecked_score.zip(o.seed_recheck_score)?;
-                crate::headline::disagreement(&v, b, seed)
-            }) {
+            let summary = serde_json::to_value(o).unwrap_or_default();
+            let lines =
+                crate::headline::confirmed(&summary)
+                    .into_iter()
+                    .chain(crate::headline::rechecked(
+                        &summary,
+                        best.rechecked_score,
+                        o.seed_recheck_score,
+                    ));
+            for line in lines {
                 s.push_str(&format!("{line}\n"));
             }
             s.push_str(&format!("search score {:.3}", best.score));

@@ -379,11 +379,10 @@ impl Evaluator {
     /// than the host CPU it runs concurrently with anything; for the cpu backend, whose
     /// kernels are timed on the cores a compiler would use, it waits for the timing lock.
     pub fn build(&self, req: &EvalRequest) -> Result<EvalResult> {
-        if req.times_on_host() {
-            let lock = device_lock(&req.device_key());
-            let _timing = lock.lock().unwrap_or_else(|p| p.into_inner());
-            return self.run_op("build", req);
-        }
+        let lock = req.times_on_host().then(|| device_lock(&req.device_key()));
+        let _timing = lock
+            .as_ref()
+            .map(|l| l.lock().unwrap_or_else(|p| p.into_inner()));
         self.run_op("build", req)
     }
 
