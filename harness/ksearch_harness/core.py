@@ -1019,10 +1019,16 @@ class Evaluation:
         tm = req.timing
         target_ns = tm.target_seconds * 1e9
         total_all = 0
+        shown = [wi for wi, wl in enumerate(req.workloads) if not wl.held_out]
         for wi, wl in enumerate(req.workloads):
             if wl.held_out:
                 continue
             since = self.phase.snapshot()
+            # Each workload may take an equal share of the time left before the soft deadline,
+            # so a slow first workload cannot leave the last ones with min_reps samples.
+            left = len(shown) - shown.index(wi)
+            now = time.monotonic()
+            deadline = now + max(self.soft_deadline - now, 0.0) / left
             bench = self._bench(wl)
             windows = self.windows.setdefault(wl.name, [])
             # Backends whose allocator state a host read disturbs (MLX) prime each contender
@@ -1050,7 +1056,8 @@ class Evaluation:
                     if rep >= tm.max_reps:
                         break
                     if rep >= tm.min_reps and (total >= target_ns
-                                               or time.monotonic() > self.soft_deadline):
+                                               or time.monotonic() > deadline
+                                               or self._precise(samples, tm.precision)):
                         break
                 index = warm if warming else rep
                 seed = derive_seed(req.secret_seed, WARMUP if warming else TIMING, wi, index)
@@ -1134,6 +1141,16 @@ class Evaluation:
             self._log_slow("timing", wl, since)
         return total_all
 
+    @staticmethod
+    def _precise(samples: dict[str, list[int]], precision: float) -> bool:
+        """Whether the candidate's paired ratio to what its score is computed against (the
+        baseline when it is timed here, else the reference, which the yardstick's
+        baseline/reference ratio scales) is known to `precision` (Timing.precision)."""
+        if precision <= 0:
+            return False
+        den = samples["baseline"] if "baseline" in samples else samples["reference"]
+        return intervals.tight(intervals.paired_ratios(den, samples["candidate"]), precision)
+
     def _prime(self, contender: str, spare: Bench, prev: Inputs, wl: Workload) -> int:
         """One untimed call of `contender` on the previous repetition's inputs (held by
         `spare`), so that its timed call finds the device memory as a program calling it in a
@@ -1164,6 +1181,10 @@ class Evaluation:
             a.warm_up_clocks()
         with self.phase("flush"):
             a.flush_cache()
+            # Finished before the call starts: the candidate runs in another process, whose
+            # CUDA context shares the GPU with the judge's by time slices, so a flush still
+            # running would share the GPU with the candidate's call and stretch it.
+            a.synchronize()
 
     def _recheck(self, bench: Bench, inputs: Inputs, snap: dict[str, np.ndarray],
                  truth: dict[str, np.ndarray], prev_truth: dict[str, np.ndarray] | None,

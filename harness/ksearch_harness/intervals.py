@@ -44,6 +44,14 @@ def median_interval(samples: Sequence[float], confidence: float = CONFIDENCE
     return xs[j - 1], xs[n - j]
 
 
+def tight(samples: Sequence[float], half_width: float) -> bool:
+    """Whether the median's interval (median_interval) is at most 2 x `half_width` of the
+    median wide: enough samples for a figure of that relative precision."""
+    iv, med = median_interval(samples), median(samples)
+    return (iv is not None and med is not None and med > 0
+            and (iv[1] - iv[0]) / 2 <= half_width * med)
+
+
 def median(samples: Sequence[float]) -> float | None:
     xs = sorted(float(x) for x in samples)
     n = len(xs)

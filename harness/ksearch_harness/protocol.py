@@ -35,7 +35,7 @@ LANGUAGES = {"c": "c", "c++": "c++", "cpp": "c++", "cxx": "c++", "cuda": "cuda",
              "python": "python", "py": "python"}
 
 DEFAULT_TIMING = {"warmup": 2, "min_reps": 5, "max_reps": 50, "target_seconds": 1.0,
-                  "flush_bytes": 64 << 20}
+                  "precision": 0.0, "flush_bytes": 64 << 20}
 DEFAULT_TRIALS = 3
 SANDBOX_MODES = ("best-effort", "require")
 DEFAULT_TIMEOUT_S = 120.0
@@ -156,6 +156,10 @@ class Timing:
     max_reps: int
     target_seconds: float
     flush_bytes: int
+    # A workload's timing stops (after min_reps) once half the width of the interval of the
+    # candidate's paired ratio to the score's denominator is at most this fraction of its
+    # median; 0 turns the rule off.
+    precision: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -365,6 +369,8 @@ def parse_request(obj: dict, op: str) -> Request:
                              check=_non_negative),
         flush_bytes=t.get("flush_bytes", int, DEFAULT_TIMING["flush_bytes"],
                           check=lambda v: None if v >= 0 else "must be >= 0"),
+        precision=t.get("precision", float, DEFAULT_TIMING["precision"],
+                        check=lambda v: None if 0 <= v < 1 else "must be in [0, 1)"),
     )
     if timing.max_reps < timing.min_reps:
         raise TaskError(f"timing.max_reps ({timing.max_reps}) < timing.min_reps "

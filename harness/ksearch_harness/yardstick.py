@@ -138,11 +138,7 @@ def _call(a: Any, task: TaskCode, contender: str, inputs: Inputs, wl: Workload,
 
 
 def _tight(samples: dict[str, list[int]]) -> bool:
-    for s in samples.values():
-        iv, med = intervals.median_interval(s), intervals.median(s)
-        if iv is None or not med or (iv[1] - iv[0]) / 2 > TARGET_HALF_WIDTH * med:
-            return False
-    return True
+    return all(intervals.tight(s, TARGET_HALF_WIDTH) for s in samples.values())
 
 
 def _summary(samples: list[Any], unit: str = "_ns") -> dict[str, Any]:

@@ -425,14 +425,29 @@ def fake_torch(monkeypatch):
 
 
 @pytest.mark.parametrize("scale, correct", [("1.0f", True), ("1.25f", False)])
-def test_cuda_kernel_and_sdpa_on_the_same_inputs(fake_torch, tmp_path, scale, correct):
+def test_cuda_kernel_and_sdpa_on_the_same_inputs(fake_torch, tmp_path, scale, correct,
+                                                 monkeypatch):
+    timed = []
+    original = cuda.CudaAdapter.time_call
+
+    def time_call(self, fn):
+        timed.append(fn)
+        return original(self, fn)
+
+    monkeypatch.setattr(cuda.CudaAdapter, "time_call", time_call)
     cand = tmp_path / "host_attention.cu"
     cand.write_text(HOST_ATTENTION.replace("SCALE", scale))
     result = run_in_process(request("cuda", cand, tmp_path / "b", reps=3))
     assert result["status"] == "passed", (result["message"], result.get("build"))
     assert result["build"]["ptxas"] is not None
     comps = result["comparators"]
-    assert comps["sdpa"]["available"] is True and "events" in comps["sdpa"]["timing"]
+    assert comps["sdpa"]["available"] is True
+    # SDPA is timed by the adapter that times the kernel (behind the stream hold), as an
+    # evaluation times the task's baseline: warm-up and timed calls of both contenders.
+    assert "stream hold" in comps["sdpa"]["timing"]
+    assert "as evaluations time the baseline" in comps["sdpa"]["timing"]
+    assert len(timed) == len(SHAPES) * (1 + 3) * 2
+    assert sum(getattr(fn, "ksearch_candidate", False) for fn in timed) == len(SHAPES) * 4
     assert comps["mlx"]["available"] is False
     assert result["environment"]["gpu"] == "Fake H200"
     assert "CUDA events" in result["settings"]["kernel_timing"]

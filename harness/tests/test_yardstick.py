@@ -49,6 +49,45 @@ def test_paired_product_and_geomean_intervals():
     assert intervals.block_spread([100]) == 0.0
 
 
+def test_tight_asks_for_a_narrow_median_interval():
+    # Ten samples: the 95% interval is (x_2, x_9).
+    steady = [100.0] * 8 + [90.0, 130.0]
+    assert intervals.tight(steady, 0.01)
+    wide = [100.0, 101, 102, 103, 104, 105, 106, 107, 108, 109]
+    assert not intervals.tight(wide, 0.01)  # (101, 108): 3.4% each side of 104.5
+    assert intervals.tight(wide, 0.04)
+    assert not intervals.tight([], 0.5)
+    assert not intervals.tight([0.0, 0.0, 0.0], 0.5)
+
+
+MIN_REPS, MAX_REPS = 6, 30
+
+
+def _timed(precision: float) -> list[list[float]]:
+    """Per shown workload, the paired baseline/candidate ratios of its timed calls."""
+    timing = {"warmup": 1, "min_reps": MIN_REPS, "max_reps": MAX_REPS, "target_seconds": 100.0,
+              "flush_bytes": 1 << 20, "precision": precision}
+    with tempfile.TemporaryDirectory() as d:
+        run = driver.run_harness("evaluate", driver.softmax_request(
+            driver.HONEST / "naive.c", d, timing=timing))
+    assert run.result["status"] == "passed", run.result["message"]
+    shown = [w for w in run.result["workloads"] if not w["held_out"]]
+    assert len(shown) == len(driver.SHOWN)
+    return [intervals.paired_ratios(w["baseline_ns"], w["candidate_ns"]) for w in shown]
+
+
+def test_timing_stops_once_the_ratio_is_precise_enough():
+    """A workload's timing ends at the first repetition, from min_reps on, at which the
+    candidate's paired ratio to the baseline is known to the requested precision; without
+    the rule it runs to max_reps when the time target is out of reach."""
+    for ratios in _timed(0.25):
+        n = len(ratios)
+        assert MIN_REPS <= n <= MAX_REPS
+        assert n == MAX_REPS or intervals.tight(ratios, 0.25)
+        assert not any(intervals.tight(ratios[:k], 0.25) for k in range(MIN_REPS, n))
+    assert [len(r) for r in _timed(0.0)] == [MAX_REPS] * len(driver.SHOWN)
+
+
 # --- the op and scores against it ----------------------------------------------------------------
 
 def _yardstick(d: str, **timing) -> dict:

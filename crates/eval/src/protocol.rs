@@ -342,6 +342,11 @@ pub struct TimingConfig {
     pub max_reps: u32,
     pub target_seconds: f64,
     pub flush_bytes: u64,
+    /// A workload's timing stops after `min_reps` once half the width of the interval of the
+    /// candidate's paired ratio (to the reference, or to the baseline timed beside it) is at
+    /// most this fraction of its median; 0 turns the rule off (configs stored before it).
+    #[serde(default)]
+    pub precision: f64,
 }
 
 /// Parses a result line. Python's `json` module writes `NaN` and `Infinity` unless told not to,

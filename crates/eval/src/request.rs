@@ -60,13 +60,18 @@ impl TimingPreset {
                 max_reps: 10,
                 target_seconds: 0.2,
                 flush_bytes,
+                precision: 0.03,
             },
+            // Ten samples give the median a 95% interval from order statistics (five only
+            // reach 94% with their full range); the precision rule then ends a steady
+            // kernel's timing there instead of at max_reps.
             TimingPreset::Standard => TimingConfig {
                 warmup: 2,
-                min_reps: 5,
+                min_reps: 10,
                 max_reps: 50,
                 target_seconds: 1.0,
                 flush_bytes,
+                precision: 0.01,
             },
             TimingPreset::Thorough => TimingConfig {
                 warmup: 5,
@@ -74,6 +79,7 @@ impl TimingPreset {
                 max_reps: 500,
                 target_seconds: 5.0,
                 flush_bytes,
+                precision: 0.005,
             },
         }
     }
@@ -312,6 +318,7 @@ mod tests {
         let [q, s, t] = TimingPreset::NAMES.map(|n| n.parse::<TimingPreset>().unwrap().config());
         assert!(q.max_reps < s.max_reps && s.max_reps < t.max_reps);
         assert!(q.target_seconds < s.target_seconds && s.target_seconds < t.target_seconds);
+        assert!(q.precision > s.precision && s.precision > t.precision && t.precision > 0.0);
         assert!("fast"
             .parse::<TimingPreset>()
             .unwrap_err()
