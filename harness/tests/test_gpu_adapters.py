@@ -364,6 +364,9 @@ class _DeviceClock:
         def _sleep(cycles):
             clock.sleeps.append(cycles)
             clock.queue_end = max(clock.queue_end, clock.host) + cycles  # 1 cycle per ns
+            clock.host += clock.sleep_launch_ns
+
+        self.sleep_launch_ns = 0  # host time of the hold's launch
 
         self.cuda = types.SimpleNamespace(
             Event=Event, _sleep=_sleep, synchronize=lambda: None,
@@ -411,3 +414,12 @@ def test_timed_cuda_calls_hold_the_stream_while_the_host_enqueues(monkeypatch):
     a._hold_ns = cuda.HOLD_MAX_NS
     ns, _ = a.time_call(plain)
     assert ns == 10_000
+    # The harness's own launches are not the candidate's: with a hold launch that takes
+    # 150 us of host time (a profiler attached), a 100 us kernel queued in 10 us counts 100 us.
+    clock.sleep_launch_ns = 150_000
+    quick = clock.launch(host_ns=10_000, device_ns=100_000)
+    quick.ksearch_candidate = True
+    a._hold_ns = cuda.HOLD_MARGIN_NS
+    for _ in range(3):
+        ns, _ = a.time_call(quick)
+    assert ns == 100_000
