@@ -676,8 +676,8 @@ class CudaAdapter(DeviceAdapter):
         call0 = time.perf_counter_ns()
         value = self.timed_region(fn)
         # The call's own host time: what a launch-bound candidate costs in a loop. The hold's
-        # launch and the event records are the harness's (slow where a profiler is attached,
-        # as in the accused after the kernel audit), and count only for the hold's length.
+        # launch and the event records are the harness's work, not the candidate's; they count
+        # only for the hold's length.
         call_ns = time.perf_counter_ns() - call0
         with self._cuda_errors("in a timed call"):
             end.record(self._stream)
