@@ -14,7 +14,10 @@
 #       carry=[".device-carry/mlx2", "target/release/ksearch"])
 #
 # Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. KERNEL
-# names the attention variant (gpu/attention/variants.toml). Results in $OUT: eval.json,
+# names the attention variant (gpu/attention/variants.toml). STEPS picks steps (default
+# "eval bench copy"): a call that cannot fit all three in its 600 s runs them in two calls
+# (STEPS="eval", then STEPS="bench copy" with EVAL_JSON pointing at the first call's eval.json,
+# carried back as an untracked file, so the summary has both). Results in $OUT: eval.json,
 # bench.json, copy.json, summary.txt, log.txt.
 set -uo pipefail
 
@@ -30,17 +33,27 @@ F="$WORK/$KERNEL.$EXT"
 python3 gpu/attention/render.py --variants gpu/attention/variants.toml --name "$KERNEL" \
     --backend "$BACKEND" -o "$F" || exit 2
 
-started=$SECONDS
-copies=()
-for _ in $(seq "${EVALS:-5}"); do copies+=("$F"); done
-"$KS" eval --task attention --backend "$BACKEND" --json "${copies[@]}" > "$OUT/eval.json"
-echo "${EVALS:-5} evaluations took $((SECONDS - started)) s"
-started=$SECONDS
-"$KS" bench attention --backend "$BACKEND" --kernel "$F" --json > "$OUT/bench.json"
-echo "bench took $((SECONDS - started)) s"
-started=$SECONDS
-"$KS" eval --task copy --backend "$BACKEND" --json "$COPY" "$COPY" "$COPY" > "$OUT/copy.json"
-echo "copy calibration took $((SECONDS - started)) s"
+STEPS=" ${STEPS:-eval bench copy} "
+step() { [[ "$STEPS" == *" $1 "* ]]; }
+if step eval; then
+    started=$SECONDS
+    copies=()
+    for _ in $(seq "${EVALS:-5}"); do copies+=("$F"); done
+    "$KS" eval --task attention --backend "$BACKEND" --json "${copies[@]}" > "$OUT/eval.json"
+    echo "${EVALS:-5} evaluations took $((SECONDS - started)) s"
+elif [ -n "${EVAL_JSON:-}" ]; then
+    cp "$EVAL_JSON" "$OUT/eval.json"
+fi
+if step bench; then
+    started=$SECONDS
+    "$KS" bench attention --backend "$BACKEND" --kernel "$F" --json > "$OUT/bench.json"
+    echo "bench took $((SECONDS - started)) s"
+fi
+if step copy; then
+    started=$SECONDS
+    "$KS" eval --task copy --backend "$BACKEND" --json "$COPY" "$COPY" "$COPY" > "$OUT/copy.json"
+    echo "copy calibration took $((SECONDS - started)) s"
+fi
 
 python3 - "$OUT" "$BACKEND" <<'PY' | tee "$OUT/summary.txt"
 import json, statistics, sys

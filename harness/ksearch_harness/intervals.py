@@ -44,9 +44,16 @@ def median_interval(samples: Sequence[float], confidence: float = CONFIDENCE
     return xs[j - 1], xs[n - j]
 
 
+# The fewest samples whose extremes cover the median with CONFIDENCE (1 - 2 / 2^n >= 0.95).
+MIN_COVERED = 6
+
+
 def tight(samples: Sequence[float], half_width: float) -> bool:
     """Whether the median's interval (median_interval) is at most 2 x `half_width` of the
-    median wide: enough samples for a figure of that relative precision."""
+    median wide: enough samples for a figure of that relative precision. Never with fewer than
+    MIN_COVERED samples, whose full range is not yet a 95% interval."""
+    if len(samples) < MIN_COVERED:
+        return False
     iv, med = median_interval(samples), median(samples)
     return (iv is not None and med is not None and med > 0
             and (iv[1] - iv[0]) / 2 <= half_width * med)

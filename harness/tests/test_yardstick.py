@@ -57,6 +57,8 @@ def test_tight_asks_for_a_narrow_median_interval():
     assert not intervals.tight(wide, 0.01)  # (101, 108): 3.4% each side of 104.5
     assert intervals.tight(wide, 0.04)
     assert not intervals.tight([], 0.5)
+    assert not intervals.tight([100.0] * 5, 0.5)  # five samples: no 95% interval yet
+    assert intervals.tight([100.0] * 6, 0.0)
     assert not intervals.tight([0.0, 0.0, 0.0], 0.5)
 
 

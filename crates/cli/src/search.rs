@@ -179,6 +179,12 @@ pub struct SearchOptions {
     #[serde(default)]
     pub replay_mode: ReplayModeArg,
 
+    /// Seconds each replayed reply waits, as a model endpoint's latency would: how a search
+    /// keeps the evaluator busy while its proposer is slow.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0, value_parser = parse_delay, help_heading = "LLM proposers")]
+    #[serde(default)]
+    pub replay_delay: f64,
+
     /// How much the prompts carry: none (signature only), spec (+ task spec and world model),
     /// full (+ hardware profile, concept maps, patterns, assertions).
     #[arg(long, value_name = "LEVEL", default_value = "full", value_parser = parse_context, help_heading = "LLM proposers")]
@@ -242,6 +248,13 @@ fn default_llm_concurrency() -> u32 {
 
 fn parse_context(s: &str) -> Result<ContextLevel, String> {
     s.parse()
+}
+
+fn parse_delay(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds from 0 to 3600")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -722,6 +735,7 @@ fn provider_config(opts: &SearchOptions) -> Result<ProviderConfig> {
                 ReplayModeArg::Lenient => ReplayMode::Lenient,
                 ReplayModeArg::Strict => ReplayMode::Strict,
             },
+            delay_s: opts.replay_delay,
         }),
     })
 }

@@ -17,6 +17,8 @@ use crate::{
 pub struct ReplayConfig {
     pub transcript: PathBuf,
     pub mode: ReplayMode,
+    /// Seconds each reply waits before it is given (0: at once).
+    pub delay_s: f64,
 }
 
 /// One provider, tagged by `kind`.
@@ -36,7 +38,15 @@ impl ProviderConfig {
             ProviderConfig::Openai(c) => Arc::new(OpenAiProvider::new(c.clone())?),
             ProviderConfig::Anthropic(c) => Arc::new(AnthropicProvider::new(c.clone())?),
             ProviderConfig::Command(c) => Arc::new(CommandProvider::new(c.clone())?),
-            ProviderConfig::Replay(c) => Arc::new(ReplayProvider::open(&c.transcript, c.mode)?),
+            ProviderConfig::Replay(c) => {
+                let delay = std::time::Duration::try_from_secs_f64(c.delay_s).map_err(|_| {
+                    LlmError::Config(format!(
+                        "replay delay {} s is not a non-negative number of seconds",
+                        c.delay_s
+                    ))
+                })?;
+                Arc::new(ReplayProvider::open(&c.transcript, c.mode)?.with_delay(delay))
+            }
         })
     }
 }

@@ -6,6 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -178,6 +179,7 @@ pub struct ReplayProvider {
     mode: ReplayMode,
     model: String,
     state: Mutex<ReplayState>,
+    delay: Duration,
 }
 
 impl ReplayProvider {
@@ -202,7 +204,16 @@ impl ReplayProvider {
                 by_role,
                 used: 0,
             }),
+            delay: Duration::ZERO,
         }
+    }
+
+    /// Every reply waits `delay` before it is given, as a model endpoint's latency would
+    /// (concurrent calls wait side by side): for measuring how a search uses its evaluator
+    /// while the proposer is slow.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
     }
 
     /// Records not yet used.
@@ -217,7 +228,7 @@ impl ReplayProvider {
             model: rec.model.clone(),
             usage: rec.usage,
             cost_usd: rec.cost_usd,
-            latency_ms: 0,
+            latency_ms: self.delay.as_millis() as u64,
             cached: false,
             attempts: 1,
             stop_reason: rec.stop_reason.clone(),
@@ -239,6 +250,16 @@ impl ChatProvider for ReplayProvider {
     }
 
     fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        let idx = self.pick(req)?;
+        // Outside the lock: concurrent calls wait together, as they would for an endpoint.
+        std::thread::sleep(self.delay);
+        Ok(self.answer(&self.records[idx]))
+    }
+}
+
+impl ReplayProvider {
+    /// The index of the record that answers `req`, marked used.
+    fn pick(&self, req: &ChatRequest) -> Result<usize, LlmError> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match self.mode {
             ReplayMode::Strict => {
@@ -263,7 +284,7 @@ impl ChatProvider for ReplayProvider {
                 }
                 st.next += 1;
                 st.used += 1;
-                Ok(self.answer(rec))
+                Ok(idx)
             }
             ReplayMode::Lenient => {
                 let idx = st
@@ -274,7 +295,7 @@ impl ChatProvider for ReplayProvider {
                         message: format!("no record left for role {:?}", req.role_tag),
                     })?;
                 st.used += 1;
-                Ok(self.answer(&self.records[idx]))
+                Ok(idx)
             }
         }
     }

@@ -127,6 +127,38 @@ fn lenient_replay_follows_order_per_role() {
 }
 
 #[test]
+fn a_delayed_replay_waits_per_reply_and_concurrent_calls_wait_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.jsonl");
+    recorded_run(&path);
+    let delay = std::time::Duration::from_millis(300);
+    let replay = ReplayProvider::open(&path, ReplayMode::Lenient)
+        .unwrap()
+        .with_delay(delay);
+    let started = std::time::Instant::now();
+    let texts: Vec<String> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| replay.complete(&ChatRequest::new("code", "p")).unwrap()))
+            .collect();
+        calls
+            .into_iter()
+            .map(|c| {
+                let r = c.join().unwrap();
+                assert_eq!(r.latency_ms, 300);
+                r.text
+            })
+            .collect()
+    });
+    let took = started.elapsed();
+    assert!(took >= delay, "{took:?}");
+    // Side by side, not one after the other.
+    assert!(took < 2 * delay, "{took:?}");
+    let mut texts = texts;
+    texts.sort();
+    assert_eq!(texts, ["code reply 1", "code reply 2"]);
+}
+
+#[test]
 fn recorder_appends_and_continues_numbering() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.jsonl");
