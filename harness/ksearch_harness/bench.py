@@ -18,8 +18,8 @@ per-call drift lands on all of them alike). Per contender the samples, their med
   mlx: wall clock around the call, `mx.eval` and `mx.synchronize()`);
 - a native of the request's backend (sdpa on cuda, mlx on mlx): the same adapter's
   `time_call` after its flush, as an evaluation times the task's baseline (on cuda behind a
-  stream hold, so the events see the device's time and not PyTorch's dispatch; timed with bare
-  events, SDPA read 40-90 us more than the evaluations' yardstick on the H200);
+  stream hold, so the events see the device's time and not PyTorch's dispatch, which bare
+  events would add: docs/results/scores/README.md, run 9);
 - a native of another backend: sdpa: CUDA events on the current stream; the flush writes
   max(2 x L2, flush_bytes); mlx: wall clock around the call, `mx.eval` and `mx.synchronize()`;
   the flush is an MLX add over flush_bytes.
