@@ -383,11 +383,6 @@ class Bench:
         fn()
         first = _check(self.req, wl, read(), truth)
 
-        def once() -> int:
-            a.flush_cache()
-            ns, _ = a.time_call(fn)
-            return ns
-
         def finish(samples: list[int]) -> dict[str, Any]:
             last = _check(self.req, wl, read(), truth)
             result = _stats(samples)
@@ -398,7 +393,19 @@ class Bench:
             result["max_abs_err"] = max(first["max_abs_err"], last["max_abs_err"])
             return result
 
-        return _Timing(once, finish)
+        return _Timing(self._adapter_timed(fn), finish)
+
+    def _adapter_timed(self, fn: Callable[[], Any]) -> Callable[[], int]:
+        """One flushed call of `fn` timed by the backend's adapter (ns), as evaluations time
+        the candidate and the task's baseline."""
+        a = self.adapter
+
+        def once() -> int:
+            a.flush_cache()
+            ns, _ = a.time_call(fn)
+            return ns
+
+        return once
 
     def _native(self, native: Native, wl: Workload, inputs, truth) -> "_Timing":
         fn = native.prepare(inputs.stored, wl)
@@ -412,14 +419,7 @@ class Bench:
 
         if native.backend != self.req.backend:
             return _Timing(lambda: native.time(fn), finish)
-        a = self.adapter
-
-        def once() -> int:
-            a.flush_cache()
-            ns, _ = a.time_call(fn)
-            return ns
-
-        return _Timing(once, finish)
+        return _Timing(self._adapter_timed(fn), finish)
 
 
 class _Timing:

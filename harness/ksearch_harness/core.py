@@ -1019,14 +1019,12 @@ class Evaluation:
         tm = req.timing
         target_ns = tm.target_seconds * 1e9
         total_all = 0
-        shown = [wi for wi, wl in enumerate(req.workloads) if not wl.held_out]
-        for wi, wl in enumerate(req.workloads):
-            if wl.held_out:
-                continue
+        shown = [(wi, wl) for wi, wl in enumerate(req.workloads) if not wl.held_out]
+        for k, (wi, wl) in enumerate(shown):
             since = self.phase.snapshot()
             # Each workload may take an equal share of the time left before the soft deadline,
             # so a slow first workload cannot leave the last ones with min_reps samples.
-            left = len(shown) - shown.index(wi)
+            left = len(shown) - k
             now = time.monotonic()
             deadline = now + max(self.soft_deadline - now, 0.0) / left
             bench = self._bench(wl)
