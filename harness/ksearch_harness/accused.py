@@ -162,8 +162,10 @@ class Accused:
         fn = slot.fn
         try:
             if timed:
+                a.last_parts = None
                 ns, _ = a.time_call(fn)
-                return {"ns": int(ns)}
+                parts = getattr(a, "last_parts", None)
+                return {"ns": int(ns), **({"parts": parts} if parts else {})}
             set_heap_perturb(heap_byte)
             try:
                 if audit and AUDIT.available:

@@ -112,6 +112,9 @@ class TimedCall:
     counted_ns: int  # the duration that counts
     reported_ns: int  # what the accused said
     window_ns: int  # the judge's clock around the round trip
+    # What the accused says its figure was made of (cuda: `device_ns`, the events' time, and
+    # `host_ns`, the call's own host time; the figure is the longer). Diagnostics only.
+    parts: dict[str, int] | None = None
 
 
 def lingered_enough(lingering: int, watched: int) -> bool:
@@ -381,7 +384,12 @@ class AccusedProcess:
             recent = self.handshake.recent()
             counted = max(reported, window - int(recent.p95) - TIMER_SLACK_NS)
         counted = min(counted, window)
-        return TimedCall(counted_ns=max(counted, 1), reported_ns=reported, window_ns=window)
+        parts = reply.get("parts")
+        if not (isinstance(parts, dict) and len(parts) <= 4
+                and all(isinstance(k, str) and type(v) is int for k, v in parts.items())):
+            parts = None
+        return TimedCall(counted_ns=max(counted, 1), reported_ns=reported, window_ns=window,
+                         parts=parts)
 
     def call(self, slot: int, heap_byte: int, audit: bool = False) -> dict[str, Any]:
         """One untimed call; the accused keeps running afterwards (settle() stops it). With

@@ -518,6 +518,9 @@ class Evaluation:
         # Per workload: (reported, window, round trip just before) of every timed candidate
         # call, for the timer check.
         self.windows: dict[str, list[tuple[int, int, int]]] = {}
+        # Per workload, what the accused says each timed candidate figure was made of
+        # (TimedCall.parts), part by part.
+        self.parts: dict[str, dict[str, list[int]]] = {}
 
     # -- pipeline ------------------------------------------------------------------------
 
@@ -1100,6 +1103,8 @@ class Evaluation:
                                                 SETTLE_TIMED_S)
                         if not warming:
                             windows.append((timed.reported_ns, timed.window_ns, round_trip))
+                            for part, ns in (timed.parts or {}).items():
+                                self.parts.setdefault(wl.name, {}).setdefault(part, []).append(ns)
                     elif c == "reference":
                         with self.phase("inputs"):
                             ref_in = inputs.for_reference()
@@ -1306,6 +1311,8 @@ class Evaluation:
         r["candidate_reported_ns"] = [t[0] for t in triples]
         r["candidate_window_ns"] = [t[1] for t in triples]
         r["round_trip_ns"] = [t[2] for t in triples]
+        if self.parts.get(wl.name):
+            r["candidate_parts_ns"] = self.parts[wl.name]
         # The spread from every round trip of recent calls: one slow round trip among a few
         # must not widen what is allowed.
         spread = self.accused.process.handshake.recent().spread  # type: ignore[union-attr]

@@ -204,6 +204,12 @@ def test_honest_candidate_passes_with_dtype_resolved_per_workload(tmp_path, torc
     assert env["compiler"].startswith("nvcc")
     timed = [w for w in r["workloads"] if not w["held_out"]]
     assert all(len(w["candidate_ns"]) >= 3 and w["baseline_median_ns"] for w in timed)
+    # Each figure the accused reported is the longer of its two parts, both on record.
+    for w in timed:
+        parts = w["candidate_parts_ns"]
+        assert list(zip(parts["device_ns"], parts["host_ns"]))
+        assert [max(d, h) for d, h in zip(parts["device_ns"], parts["host_ns"])] == \
+            w["candidate_reported_ns"]
     # Every untimed call in the accused was followed by a device-wide synchronize (the stream
     # check).
     assert accused_syncs(capfd) > 2 * 2 * 3
