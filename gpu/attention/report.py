@@ -1,10 +1,13 @@
-"""Markdown tables from a bench.py --json file (for docs/gpu-attention.md).
+"""Markdown tables from a bench.py --json file, or from one of the bench files kept in a
+compressed results bundle (docs/results/attention-gpu/, the `files` object of its JSON):
 
-    python report.py results/r3/bench.json
+    python report.py out/bench.json
+    python report.py ../../docs/results/attention-gpu/standalone-bench-r1-r3.json.gz results/r3/bench.json
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from collections import defaultdict
@@ -17,8 +20,19 @@ def fmt(x, spec=".3f"):
     return "–" if x is None else format(x, spec)
 
 
-def main(path: str) -> int:
-    data = json.load(open(path))
+def load(path: str, key: str | None = None) -> dict:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+        data = json.load(f)
+    if "files" in data:  # a results bundle: {"about": ..., "files": {former path: content}}
+        benches = [k for k, v in data["files"].items() if isinstance(v, dict) and "rows" in v]
+        if key not in benches:
+            sys.exit(f"name one of the bundle's bench files: {', '.join(benches)}")
+        data = data["files"][key]
+    return data
+
+
+def main(path: str, key: str | None = None) -> int:
+    data = load(path, key)
     rows = data["rows"]
     by_cfg = defaultdict(list)
     for r in rows:
@@ -87,4 +101,4 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))
