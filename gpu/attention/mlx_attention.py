@@ -77,7 +77,7 @@ class MlxAttention:
 
 
 # Fastest correct variant per (causal, head dim) on an H200, B1 H32 L4096 f16: names in
-# variants.toml (results/r3/bench.json, meta.picks; docs/gpu-attention.md). Re-measure elsewhere.
+# variants.toml (round r3's meta.picks, docs/results/attention-gpu/). Re-measure elsewhere.
 PICKS: dict[tuple[bool, int], str] = {
     (False, 128): "wg_m128n128s2",
     (False, 64): "wg_m64n64s2",
