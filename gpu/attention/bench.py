@@ -1,7 +1,7 @@
 """Correctness and timing of the attention-gpu variants on the GPU, against PyTorch SDPA and MLX native.
 
 Run on the device (the H200), from gpu/attention/:
-    python bench.py --build-dir ../../.gpu-build --json results/run.json
+    python bench.py --build-dir ../../.gpu-build --json "$OUT/bench.json"
 
 For each workload (issue shapes + held-out shapes with L not a multiple of 64), dtype and causal
 flag it measures PyTorch SDPA and mx.fast.scaled_dot_product_attention, then each variant through
