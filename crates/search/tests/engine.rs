@@ -590,9 +590,53 @@ fn a_challenger_that_falls_back_on_a_re_measure_loses_the_duel() {
     assert_eq!(events(&store, "remeasure").len(), 1);
 }
 
+/// A runner-up whose confirmation tops the winner's within their intervals does not take over:
+/// the highest of overlapping confirmations is the luckiest draw, and the headline would
+/// overstate it.
+#[test]
+fn a_runner_up_confirmed_higher_within_noise_does_not_replace_the_winner() {
+    let script = |_: &str, round: u32, _: u32| {
+        Ok(match round {
+            1 => "score=2.4~0.5;steady",
+            // Below the winner in the search, a little above it in the confirmation.
+            2 => "score=2.0/2.7~0.5;close",
+            _ => "score=0.5~0.1;slow",
+        }
+        .to_string())
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(script);
+    let eval = FakeEvaluator::new(None);
+    let config = EngineConfig {
+        recheck: true,
+        confirm_rounds: 2,
+        ..cfg(3, 0)
+    };
+    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
+    let out = engine.run(Some("score=1~0.1;seed")).unwrap();
+    let c = out.confirmation.clone().unwrap();
+    let store = engine.into_store();
+    let id_of = |tag: &str| {
+        store
+            .candidates()
+            .unwrap()
+            .into_iter()
+            .find(|k| store.source(&k.source_id).unwrap().contains(tag))
+            .unwrap()
+            .id
+    };
+    let (steady, close) = (id_of(";steady"), id_of(";close"));
+    assert_eq!(c.of(close).unwrap().score, Some(2.7));
+    assert_eq!(c.of(steady).unwrap().score, Some(2.4));
+    assert_eq!(c.winner, steady);
+    let best = out.best.unwrap();
+    assert_eq!(best.candidate_id, steady);
+    assert_eq!(best.score, 2.4);
+}
+
 /// The winner, the runner-ups and the seed are evaluated in turn at the end; a runner-up that
-/// confirms faster, and passes its re-check, becomes the best, and the confirmation is what
-/// the run reports.
+/// confirms clearly faster, and passes its re-check, becomes the best, and the confirmation is
+/// what the run reports.
 #[test]
 fn the_confirmation_re_ranks_the_winner_against_the_runner_ups() {
     let script = |_: &str, round: u32, _: u32| {

@@ -7,8 +7,8 @@
 //!   lies wholly above the incumbent's; otherwise both are measured again, the incumbent first,
 //!   and the better geometric mean of each kernel's measurements is kept ([`Engine::duel`]);
 //! - the run's winner is confirmed at the end: it, the runner-ups and the seed are evaluated in
-//!   turn for a few rounds, and the run's headline is that confirmed comparison
-//!   ([`Engine::confirm`]).
+//!   turn for a few rounds, a runner-up takes over only if it confirms clearly faster, and the
+//!   run's headline is that confirmed comparison ([`Engine::confirm`]).
 //!
 //! Results without an interval (a fake evaluator, an old harness) are ranked by score alone.
 
@@ -132,8 +132,8 @@ impl Engine<'_> {
 
     /// Evaluates the winner, up to [`CONFIRM_RUNNER_UPS`] runner-ups (distinct sources, by
     /// search score) and the seed in turn for `rounds` rounds, rotating the order each round.
-    /// Returns the confirmation; its `winner` is the best confirmed kernel (the caller re-checks
-    /// it if it is not the re-checked winner).
+    /// Returns the confirmation; its `winner` is the kernel it keeps ([`confirmed_winner`]; the
+    /// caller re-checks it if it is not the re-checked winner).
     pub(super) fn confirm(
         &self,
         winner: &BestRef,
@@ -208,14 +208,7 @@ impl Engine<'_> {
                 failures: failures[i].clone(),
             })
             .collect();
-        // The seed competes only as the comparison; the best of the others is kept.
-        let best = confirmed
-            .iter()
-            .filter(|c| c.role != "seed")
-            .filter_map(|c| c.score.map(|s| (c.candidate_id, s)))
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(id, _)| id)
-            .unwrap_or(winner.candidate_id);
+        let best = confirmed_winner(&confirmed, winner);
         let confirmation = Confirmation {
             rounds,
             contenders: confirmed,
@@ -265,6 +258,37 @@ impl Engine<'_> {
             scores: confirmed.map(|c| c.scores.clone()).unwrap_or_default(),
         }))
     }
+}
+
+/// Which contender the confirmation keeps. The seed competes only as the comparison. A
+/// runner-up replaces the winner only when it confirmed clearly faster (its interval wholly
+/// above the winner's, [`clearly_better`]): among kernels whose confirmations overlap, the
+/// highest is the one that drew the luckiest measurements, so its confirmed score would
+/// overstate it and a fresh measurement (the re-check) would fall short. A winner that failed
+/// its confirmation gives way to the best of the others.
+fn confirmed_winner(confirmed: &[Confirmed], winner: &BestRef) -> i64 {
+    let others = confirmed
+        .iter()
+        .filter(|c| c.role == "runner-up")
+        .filter_map(|c| c.score.map(|s| (c, s)));
+    let incumbent = confirmed
+        .iter()
+        .find(|c| c.candidate_id == winner.candidate_id)
+        .and_then(|c| {
+            c.score.map(|score| BestRef {
+                score,
+                interval: c.interval,
+                ..winner.clone()
+            })
+        });
+    let pick = match &incumbent {
+        Some(inc) => others
+            .filter(|(c, s)| clearly_better((*s, c.interval), inc))
+            .max_by(|a, b| a.1.total_cmp(&b.1)),
+        None => others.max_by(|a, b| a.1.total_cmp(&b.1)),
+    };
+    pick.map(|(c, _)| c.candidate_id)
+        .unwrap_or(winner.candidate_id)
 }
 
 /// A stored value's confirmation, if the run made one.
