@@ -275,6 +275,13 @@ pub fn render_time(t: &TimeAccount) -> String {
             e.unsteady_repeats
         );
     }
+    if e.unsteady_kept > 0 {
+        let _ = writeln!(
+            s,
+            "  {} unsteady evaluations kept as measured (repeats had come out as unsteady)",
+            e.unsteady_kept
+        );
+    }
 
     if t.parts.iter().all(|p| p.kind == TimeKind::Other) {
         let _ = writeln!(s, "  no phase times recorded (results of an older ksearch)");
@@ -591,6 +598,7 @@ mod tests {
                 reused: 2,
                 lint_rejected: 1,
                 unsteady_repeats: 11,
+                unsteady_kept: 4,
             },
             evaluations_per_hour: Some(35.0 * 3600.0 / 250.266),
             yardsticks: 12,

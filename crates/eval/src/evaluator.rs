@@ -6,7 +6,7 @@ use crate::protocol::{
     parse_result_line, EvalResult, Status, Violation, ViolationClass, PROTOCOL_VERSION,
 };
 use crate::request::{fresh_nonce, EvalRequest};
-use crate::yardstick::Yardstick;
+use crate::yardstick::{RepeatYield, Yardstick};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -143,6 +143,8 @@ pub struct Evaluator {
     config: EvaluatorConfig,
     // Held only so the directory lives as long as the evaluator.
     _scratch: Option<tempfile::TempDir>,
+    /// Whether repeating unsteady evaluations has paid so far (evaluate_steady).
+    repeats: Mutex<RepeatYield>,
 }
 
 /// Timing locks, one per device, shared by every evaluator in the process. Two timed runs on
@@ -209,6 +211,7 @@ impl Evaluator {
             work_dir,
             config,
             _scratch: scratch,
+            repeats: Mutex::new(RepeatYield::default()),
         };
         if evaluator.config.verify_harness {
             evaluator.verify_harness()?;
@@ -342,14 +345,30 @@ impl Evaluator {
     /// ([`Yardstick::unsteady`]) has the yardstick measured again and the evaluation repeated
     /// once against it; the repeat's result is returned (with `unsteady_first`: the first
     /// result's score, interval, drift, wall and phase seconds) and `yardstick` is the new one.
+    /// Once repeats stop paying on this machine ([`RepeatYield`]), an unsteady result is
+    /// returned as measured, marked `unsteady_kept`.
     pub fn evaluate_steady(
         &self,
         req: &mut EvalRequest,
         yardstick: &mut Yardstick,
     ) -> Result<EvalResult> {
         req.yardstick = Some(yardstick.clone());
-        let first = self.evaluate(req)?;
+        let mut first = self.evaluate(req)?;
         if !yardstick.unsteady(&first) {
+            return Ok(first);
+        }
+        let record = *self.repeats.lock().unwrap_or_else(|p| p.into_inner());
+        if !record.worth_repeating() {
+            tracing::info!(
+                drift = first.drift,
+                interval = ?first.score_interval,
+                repeats = record.made,
+                steady = record.steady,
+                "unsteady, kept as measured: repeats have come out as unsteady on this machine"
+            );
+            first
+                .extra
+                .insert("unsteady_kept".into(), Value::Bool(true));
             return Ok(first);
         }
         tracing::warn!(
@@ -360,6 +379,18 @@ impl Evaluator {
         *yardstick = self.yardstick(req)?;
         req.yardstick = Some(yardstick.clone());
         let mut again = self.evaluate(req)?;
+        {
+            let mut record = self.repeats.lock().unwrap_or_else(|p| p.into_inner());
+            record.record(!yardstick.unsteady(&again));
+            if !record.worth_repeating() {
+                tracing::warn!(
+                    repeats = record.made,
+                    steady = record.steady,
+                    "repeated evaluations came out as unsteady as their first tries: \
+                     unsteady results are kept as measured from now on"
+                );
+            }
+        }
         // The first try's time stays on record (`ksearch show` accounts for it).
         let phases = first
             .extra

@@ -52,6 +52,39 @@ pub const DRIFT_P: f64 = 0.05;
 pub const UNSTEADY_SPAN: f64 = 2.0;
 /// Attempts at a yardstick within [`MAX_RATIO_SPREAD`].
 pub const YARDSTICK_ATTEMPTS: usize = 2;
+/// Repeats of unsteady evaluations made before [`RepeatYield`] judges whether they pay.
+pub const REPEAT_TRIAL: u32 = 3;
+/// The share of repeats that must come out steady for repeating to go on after the trial.
+pub const REPEAT_MIN_YIELD: f64 = 1.0 / 3.0;
+
+/// Whether repeating unsteady evaluations pays on this machine. A repeat (a new yardstick,
+/// then the evaluation again) is worth its time when the unsteadiness passes, as a burst of
+/// load does; on a machine whose timings vary this much all the time (a small shared VM with
+/// multi-threaded candidates) the repeat comes out as unsteady as the first try and doubles
+/// the cost of every such evaluation. After [`REPEAT_TRIAL`] repeats, repeating goes on only
+/// while at least [`REPEAT_MIN_YIELD`] of them came out steady; otherwise unsteady results
+/// are kept as measured, their wide intervals saying what they are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RepeatYield {
+    /// Repeats made.
+    pub made: u32,
+    /// Repeats whose result was steady.
+    pub steady: u32,
+}
+
+impl RepeatYield {
+    /// Whether the next unsteady evaluation should be repeated.
+    pub fn worth_repeating(&self) -> bool {
+        self.made < REPEAT_TRIAL
+            || f64::from(self.steady) >= REPEAT_MIN_YIELD * f64::from(self.made)
+    }
+
+    /// Records one repeat and whether it came out steady.
+    pub fn record(&mut self, steady: bool) {
+        self.made += 1;
+        self.steady += u32::from(steady);
+    }
+}
 
 /// One contender's time in the yardstick.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -308,6 +341,27 @@ mod tests {
         // A failed evaluation is never repeated.
         r.status = crate::Status::Incorrect;
         assert!(!y.unsteady(&r));
+    }
+
+    #[test]
+    fn repeating_stops_once_repeats_come_out_as_unsteady_as_first_tries() {
+        let mut y = RepeatYield::default();
+        // The trial: repeats are made whatever they yield.
+        for _ in 0..REPEAT_TRIAL {
+            assert!(y.worth_repeating());
+            y.record(false);
+        }
+        assert!(!y.worth_repeating(), "{y:?}");
+        // One repeat in three that came out steady keeps repeating worth it.
+        let mut y = RepeatYield::default();
+        y.record(false);
+        y.record(true);
+        y.record(false);
+        assert!(y.worth_repeating());
+        y.record(false);
+        assert!(!y.worth_repeating(), "1 of 4 is below a third: {y:?}");
+        y.record(true);
+        assert!(y.worth_repeating(), "2 of 5: {y:?}");
     }
 
     #[test]

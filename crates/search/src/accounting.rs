@@ -133,6 +133,9 @@ pub struct EvaluationCounts {
     /// Harness runs that are the repeat of a first try made while the machine was changing
     /// (`unsteady_first`); the first try's time is counted where the result records it.
     pub unsteady_repeats: u64,
+    /// Unsteady results kept as measured because repeats had stopped paying on the machine
+    /// (`unsteady_kept`).
+    pub unsteady_kept: u64,
 }
 
 impl EvaluationCounts {
@@ -320,6 +323,9 @@ impl Accumulator {
             self.counts.unsteady_repeats += 1;
             // Its harness time, where recorded (the first try carries no nonce or yardstick).
             self.add_harness_time(first);
+        }
+        if result["unsteady_kept"].as_bool() == Some(true) {
+            self.counts.unsteady_kept += 1;
         }
         self.add_harness_time(result);
         let yardstick = &result["yardstick"];

@@ -81,11 +81,11 @@ fn phases_yardsticks_proposer_and_other_add_up_to_the_wall() {
                    "diagnostics": {"phase_seconds":
                        {"build": 1.0, "timed_calls": 2.0, "settle": 0.5, "total": 4.0}},
                    "yardstick": yard_1});
-    // B: scored against the same yardstick, which counts once.
+    // B: scored against the same yardstick, which counts once; unsteady, kept as measured.
     let b = json!({"nonce": "b", "status": "passed", "wall_seconds": 4.0,
                    "diagnostics": {"phase_seconds":
                        {"candidate": 1.5, "flush": 0.5, "inputs": 1.0, "total": 3.0}},
-                   "yardstick": yard_1});
+                   "yardstick": yard_1, "unsteady_kept": true});
     // C: a re-measure, recorded only in its event, repeated after an unsteady first try
     // whose harness run took 3 s (2.4 s of phases, 2 s of them named).
     let c = json!({"nonce": "c", "status": "passed", "wall_seconds": 2.0,
@@ -166,9 +166,10 @@ fn phases_yardsticks_proposer_and_other_add_up_to_the_wall() {
             e.with_phases,
             e.reused,
             e.lint_rejected,
-            e.unsteady_repeats
+            e.unsteady_repeats,
+            e.unsteady_kept
         ),
-        (2, 4, 1, 1, 1)
+        (2, 4, 1, 1, 1, 1)
     );
     assert_eq!(
         e.in_events.iter().collect::<Vec<_>>(),
