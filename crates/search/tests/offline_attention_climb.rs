@@ -2,7 +2,7 @@
 //! the default selection policy, against a timing model of the H200: does it climb the ladder
 //! (tensor cores, asynchronous copies, wgmma, ping-pong) within a device session's budget of
 //! evaluations? The model's times are the ones measured on the H200 for the named variants
-//! (docs/gpu-attention.md, gpu/results/), per call through MLX for B1 H32 L4096 D128 f16; knobs
+//! (docs/gpu-attention.md, docs/results/attention-gpu/), per call through MLX for B1 H32 L4096 D128 f16; knobs
 //! the measurements did not separate count as neutral. The real evaluator is not involved: this
 //! checks the proposer's catalog, the family's knobs and the selection policy together.
 

@@ -302,7 +302,7 @@ class MlxAdapter(DeviceAdapter):
     # MLX keeps arrays in CUDA managed memory and recycles freed buffers. Every buffer the harness reads on the host (outputs for the checks, inputs for
     # the tamper check) has its pages moved to the host, and a later call that gets it back
     # from the cache moves them to the GPU page by page, inside its timed region: measured
-    # on the H200 (gpu/attention/mlx_overhead.py), 3.8 ms instead of 0.69 ms for one
+    # on the H200 (docs/results/attention-gpu/README.md), 3.8 ms instead of 0.69 ms for one
     # B1 H32 L4096 D128 attention call, 3.1 instead of 0.60 for MLX's own. Emptying the cache
     # and making one untimed call first leaves the timed call the buffers that call freed, on
     # the GPU: 0.76 and 0.66 ms, the same ratio as calls in a loop without host reads.
