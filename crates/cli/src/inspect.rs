@@ -86,11 +86,18 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
             "status: finished — {}",
             sum["stop_reason"].as_str().unwrap_or("?")
         )?,
-        None => writeln!(
-            s,
-            "status: not finished (running, or interrupted: `ksearch resume {}`)",
-            store.id()
-        )?,
+        None => match store.writer()? {
+            Some(w) => writeln!(
+                s,
+                "status: running{}",
+                w.pid.map(|p| format!(" (process {p})")).unwrap_or_default()
+            )?,
+            None => writeln!(
+                s,
+                "status: interrupted (`ksearch resume {}` continues it)",
+                store.id()
+            )?,
+        },
     }
     let candidates = store.candidates()?;
     let evaluations = store.evaluations()?;

@@ -421,6 +421,8 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
         ksearch_version: env!("CARGO_PKG_VERSION").into(),
     };
     let store = RunStore::create(&args.runs_dir, &config).context("cannot create the run")?;
+    // Held until the run ends: no `resume` writes into it meanwhile.
+    let _writer = store.lock_writer()?;
     if !quiet {
         eprintln!(
             "ksearch: run {} — task {}, backend {backend}, {} rounds, proposer {}{}, seed {seed}",
@@ -451,6 +453,8 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
 
 pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
     let store = open_run(&args.runs_dir, &args.run)?;
+    // Held until the resumed run ends: a second `run` or `resume` of it is refused at once.
+    let _writer = store.lock_writer()?;
     let config = store.config().clone();
     let mut search: SearchOptions = serde_json::from_value(config.flags.clone())
         .context("the run's stored options are unreadable")?;

@@ -40,6 +40,52 @@ fn help_lists_every_command_and_each_has_its_own() {
     }
 }
 
+/// While one process writes a run, a `resume` of it is refused at once with the holder's pid,
+/// and `show` says the run is running; once the holder is gone, it says interrupted.
+#[test]
+fn a_run_being_written_refuses_a_second_writer_and_shows_as_running() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = ksearch_store::RunConfig {
+        task: "softmax".into(),
+        backend: "cpu".into(),
+        strategy: "world-model".into(),
+        proposer: "offline".into(),
+        selection: "calibrated".into(),
+        seed: 1,
+        secret_seed: 2,
+        budgets: serde_json::json!({}),
+        flags: serde_json::json!({}),
+        extra: serde_json::Value::Null,
+        created_at: String::new(),
+        ksearch_version: String::new(),
+    };
+    let store = ksearch_store::RunStore::create(&tmp.path().join("runs"), &config).unwrap();
+    let dir = store.dir().to_path_buf();
+    let lock = store.lock_writer().unwrap();
+    let me = std::process::id().to_string();
+    ksearch()
+        .arg("resume")
+        .arg(&dir)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(format!("process {me}")));
+    ksearch()
+        .arg("show")
+        .arg(&dir)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "status: running (process {me})"
+        )));
+    drop(lock);
+    ksearch()
+        .arg("show")
+        .arg(&dir)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("status: interrupted"));
+}
+
 #[test]
 fn tasks_lists_the_builtin_tasks() {
     ksearch()

@@ -37,6 +37,8 @@ pub enum StoreError {
     CandidateNotFound(i64),
     #[error("invalid value: {0}")]
     Invalid(String),
+    #[error("{} is being written by {} (a `ksearch run` or `ksearch resume`): wait for it to finish, or stop it first", dir.display(), holder.map_or_else(|| "another process".to_string(), |p| format!("process {p}")))]
+    RunBusy { dir: PathBuf, holder: Option<u32> },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -22,7 +22,7 @@ pub use clock::timestamp_millis;
 pub use error::StoreError;
 pub use schema::SCHEMA_VERSION;
 pub use sources::SourceId;
-pub use store::{RunStore, DB_FILE, REPORT_FILE, SOURCES_DIR};
+pub use store::{RunLock, RunStore, Writer, DB_FILE, REPORT_FILE, SOURCES_DIR, WRITER_LOCK_FILE};
 pub use types::{
     CandidateKind, CandidateRow, EvaluationRow, EventRow, Exchange, ExchangeRow, NewCandidate,
     RunConfig, RunSpan, RunSummary, Usage,

@@ -17,6 +17,23 @@ use crate::StoreError;
 pub const DB_FILE: &str = "ksearch.db";
 pub const SOURCES_DIR: &str = "sources";
 pub const REPORT_FILE: &str = "report.html";
+/// The file whose lock marks the process writing a run ([`RunStore::lock_writer`]).
+pub const WRITER_LOCK_FILE: &str = "writer.lock";
+
+/// Held by the one process that writes a run (`ksearch run`, `ksearch resume`): an exclusive
+/// advisory lock (flock) on [`WRITER_LOCK_FILE`], which the kernel drops when the holder exits
+/// or dies, so a killed run is never left locked. Dropping it unlocks.
+#[derive(Debug)]
+pub struct RunLock {
+    _file: std::fs::File,
+}
+
+/// The process holding a run's [`RunLock`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Writer {
+    /// Its pid, as it wrote it into the lock file (`None` if unreadable).
+    pub pid: Option<u32>,
+}
 
 /// Long enough for a `show` or `list` to wait out a writer's commit (milliseconds) and for the
 /// writer to wait out a reader's checkpoint-blocking snapshot, short enough to report a stuck
@@ -87,6 +104,55 @@ impl RunStore {
             config,
             conn,
         })
+    }
+
+    /// Takes the run's writer lock, so no second `run` or `resume` writes into it at the same
+    /// time; fails at once with [`StoreError::RunBusy`] (naming the holder's pid) if another
+    /// process holds it. The lock lasts as long as the returned guard.
+    pub fn lock_writer(&self) -> Result<RunLock, StoreError> {
+        use std::io::{Seek, Write};
+        let path = self.dir.join(WRITER_LOCK_FILE);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| StoreError::io(&path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::RunBusy {
+                    dir: self.dir.clone(),
+                    holder: read_pid(&mut file),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(StoreError::io(&path, e)),
+        }
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| write!(file, "{}", std::process::id()))
+            .and_then(|()| file.flush())
+            .map_err(|e| StoreError::io(&path, e))?;
+        Ok(RunLock { _file: file })
+    }
+
+    /// The process writing this run now, if any. (It peeks with a shared lock for an instant;
+    /// a writer starting in that instant is refused as busy.)
+    pub fn writer(&self) -> Result<Option<Writer>, StoreError> {
+        let path = self.dir.join(WRITER_LOCK_FILE);
+        let mut file = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io(&path, e)),
+        };
+        match file.try_lock_shared() {
+            Ok(()) => Ok(None),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(Some(Writer {
+                pid: read_pid(&mut file),
+            })),
+            Err(std::fs::TryLockError::Error(e)) => Err(StoreError::io(&path, e)),
+        }
     }
 
     /// Opens a run from its directory, its `ksearch.db`, or a bare id under `./runs/`.
@@ -924,4 +990,13 @@ impl RawEvaluation {
             created_at: self.created_at,
         })
     }
+}
+
+/// The pid a writer recorded in its lock file, if readable.
+fn read_pid(file: &mut std::fs::File) -> Option<u32> {
+    use std::io::{Read, Seek};
+    let mut text = String::new();
+    file.rewind().ok()?;
+    file.take(32).read_to_string(&mut text).ok()?;
+    text.trim().parse().ok()
 }

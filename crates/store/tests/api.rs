@@ -623,6 +623,30 @@ fn a_second_connection_reads_a_live_run() {
 }
 
 #[test]
+fn one_writer_at_a_time_and_the_lock_goes_with_its_holder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = new_store(tmp.path());
+    let other = RunStore::open(store.dir()).unwrap();
+    assert_eq!(other.writer().unwrap(), None, "never locked");
+    let lock = store.lock_writer().unwrap();
+    // A second writer (another `resume`) is refused at once and told who holds the run.
+    let me = std::process::id();
+    match other.lock_writer() {
+        Err(StoreError::RunBusy { holder, .. }) => assert_eq!(holder, Some(me)),
+        r => panic!("expected RunBusy, got {r:?}"),
+    }
+    let msg = other.lock_writer().unwrap_err().to_string();
+    assert!(msg.contains(&format!("process {me}")), "{msg}");
+    assert_eq!(other.writer().unwrap(), Some(Writer { pid: Some(me) }));
+    // Peeking does not take the lock away from its holder.
+    assert!(other.lock_writer().is_err());
+    drop(lock);
+    assert_eq!(other.writer().unwrap(), None);
+    let _again = other.lock_writer().unwrap();
+    assert!(store.lock_writer().is_err());
+}
+
+#[test]
 fn list_summarises_runs_and_flags_broken_ones() {
     let tmp = tempfile::tempdir().unwrap();
     let runs = tmp.path().join("runs");
