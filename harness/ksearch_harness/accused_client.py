@@ -139,7 +139,8 @@ class AccusedProcess:
     def __init__(self, backend: str, *, workdir: str, log_fd: int, deadline: float,
                  python: str | None = None, sandbox_mode: str = "best-effort",
                  readable_extra: tuple[str, ...] = (), arena_bytes: int = 0,
-                 cpu_seconds: int | None = None, module: str = "ksearch_harness.accused"):
+                 cpu_seconds: int | None = None, module: str = "ksearch_harness.accused",
+                 extra_args: tuple[str, ...] = ()):
         self.backend = backend
         self.deadline = deadline
         self.seq = 0
@@ -154,7 +155,7 @@ class AccusedProcess:
         judge_end, accused_end = channel.pair()
         self.sock = judge_end
         argv = [python or sys.executable, "-m", module,
-                "--channel-fd", str(accused_end.fileno()), "--backend", backend]
+                "--channel-fd", str(accused_end.fileno()), "--backend", backend, *extra_args]
         env = accused_environment(workdir)
         try:
             policy = accused_policy(backend, workdir, sandbox_mode, readable_extra,

@@ -4,8 +4,10 @@ places, interleaved call by call:
 
 - `accused`: an accused process as evaluations start it (sandbox, kernel audit, stopped
   between commands);
+- `no-audit`: an accused process without the kernel audit (its profiler sessions);
 - `unsandboxed`: the same accused program launched as a plain child process (stopped between
-  commands, no sandbox layers), which tells the sandbox's share from the stop/continue's;
+  commands, no sandbox layers, kernel audit on), which tells the sandbox's share from the
+  stop/continue's;
 - `in-process`: the backend adapter in this process, no channel, no stops.
 
     PYTHONPATH=harness python3 harness/tests/call_cost.py [--backend cuda|cpu] [--mib 16]
@@ -77,14 +79,14 @@ class Unsandboxed(AccusedProcess):
 class Remote:
     """A place that is an accused process."""
 
-    def __init__(self, cls, req, artifact: str, root: str):
+    def __init__(self, cls, req, artifact: str, root: str, extra_args: tuple[str, ...] = ()):
         self.workdir = tempfile.mkdtemp(prefix="accused-", dir=root)
         os.chmod(self.workdir, 0o777)
         wl = req.workloads[0]
         nbytes = 2 * int(np.prod(wl.inputs[0].shape)) * 4 + (1 << 20)
         self.proc = cls(req.backend, workdir=self.workdir, log_fd=2,
                         deadline=time.monotonic() + 3600, readable_extra=(str(ROOT / "harness"),),
-                        arena_bytes=nbytes, cpu_seconds=3600)
+                        arena_bytes=nbytes, cpu_seconds=3600, extra_args=extra_args)
         local = os.path.join(self.workdir, os.path.basename(artifact))
         shutil.copyfile(artifact, local)
         os.chmod(local, 0o444)
@@ -148,6 +150,8 @@ def main() -> None:
         info = builder.build(SEED[a.backend].read_bytes())
         device.deactivate()
         places = {"accused": Remote(AccusedProcess, req, info.artifact, root),
+                  "no-audit": Remote(AccusedProcess, req, info.artifact, root,
+                                     ("--no-kernel-audit",)),
                   "unsandboxed": Remote(Unsandboxed, req, info.artifact, root),
                   "in-process": Local(req, info.artifact)}
         samples: dict[str, list[tuple[int, dict[str, int]]]] = {k: [] for k in places}

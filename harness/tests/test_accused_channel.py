@@ -97,3 +97,22 @@ def test_lingering_is_a_verdict_when_it_is_the_habit_not_a_blip():
     # Work ahead of a quarter of the calls watched is a verdict however late it starts.
     assert not lingered_enough(24, 100)
     assert lingered_enough(25, 100)
+
+
+@pytest.mark.parametrize("extra, detail", [((), "not a GPU backend"),
+                                           (("--no-kernel-audit",), "turned off")])
+def test_the_real_accused_says_whether_its_kernel_audit_is_on(extra, detail):
+    """The accused program itself (not the fake): ready, and its kernel audit reported as the
+    launch asked (off only when told, for diagnostics)."""
+    work = tempfile.mkdtemp(prefix="ksearch-test-accused-")
+    os.chmod(work, 0o777)
+    harness = str(TESTS.parent)
+    proc = AccusedProcess("cpu", workdir=work, log_fd=2, deadline=time.monotonic() + 60,
+                          readable_extra=(harness,), extra_args=extra)
+    try:
+        proc.wait_ready()
+        assert proc.kernel_audit["active"] is False
+        assert detail in proc.kernel_audit["detail"], proc.kernel_audit
+    finally:
+        proc.close()
+    assert _gone(proc)
