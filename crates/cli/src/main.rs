@@ -62,6 +62,8 @@ pub(crate) mod exit {
     pub const REJECTED: u8 = 1;
     /// Usage or set-up error: nothing (more) could be evaluated.
     pub const SETUP: u8 = 2;
+    /// A run stopped because its proposer's calls kept failing; it is saved and resumable.
+    pub const GAVE_UP: u8 = 3;
 }
 
 fn main() -> ExitCode {

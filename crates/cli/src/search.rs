@@ -20,7 +20,9 @@ use ksearch_llm::{
     PriceTable, ProviderConfig, Recorder, ReplayConfig, ReplayMode, RetryPolicy,
 };
 use ksearch_search::engine::evaluation::HarnessEvaluator;
-use ksearch_search::engine::{Engine, EngineConfig, Progress, ProgressSink, RunOutcome};
+use ksearch_search::engine::{
+    Engine, EngineConfig, EngineError, Progress, ProgressSink, RunOutcome,
+};
 use ksearch_search::proposer::llm::{LlmProposer, LlmSettings};
 use ksearch_search::proposer::offline::OfflineProposer;
 use ksearch_search::proposer::prompts::{ContextLevel, PromptInputs, PromptSet};
@@ -147,6 +149,12 @@ pub struct SearchOptions {
     #[arg(long, value_name = "N", default_value_t = ksearch_search::engine::DEFAULT_CONFIRM_ROUNDS)]
     #[serde(default = "default_confirm_rounds")]
     pub confirm_rounds: u32,
+
+    /// Failed proposer calls in a row (unreachable, refused, timed out) that stop the run,
+    /// unfinished, with exit status 3 (0: never).
+    #[arg(long, value_name = "N", default_value_t = ksearch_search::engine::DEFAULT_MAX_PROPOSER_FAILURES, help_heading = "LLM proposers")]
+    #[serde(default = "default_max_proposer_failures")]
+    pub max_proposer_failures: u32,
 
     /// Model name for LLM proposers (required for openai and anthropic).
     #[arg(long, help_heading = "LLM proposers")]
@@ -579,6 +587,7 @@ fn drive(
         max_cost_usd: opts.max_cost,
         recheck: !opts.no_recheck,
         confirm_rounds: opts.confirm_rounds,
+        max_proposer_failures: opts.max_proposer_failures,
     };
     let brief = TaskBrief {
         name: task.name().to_string(),
@@ -605,6 +614,13 @@ fn drive(
     let store = engine.into_store();
     let outcome = match outcome {
         Ok(o) => o,
+        Err(e @ EngineError::ProposerGaveUp { .. }) => {
+            eprintln!(
+                "error: {e}\nthe run is saved: fix the cause, then continue it with \
+                 `ksearch resume {run_id}`"
+            );
+            return Ok(exit::GAVE_UP);
+        }
         Err(e) => {
             bail!("{e}\nthe run is saved: continue it with `ksearch resume {run_id}`")
         }
@@ -940,6 +956,10 @@ impl ProgressSink for ProgressDisplay {
 
 fn default_confirm_rounds() -> u32 {
     ksearch_search::engine::DEFAULT_CONFIRM_ROUNDS
+}
+
+fn default_max_proposer_failures() -> u32 {
+    ksearch_search::engine::DEFAULT_MAX_PROPOSER_FAILURES
 }
 
 #[cfg(test)]

@@ -665,6 +665,49 @@ fn an_llm_run_survives_a_flaky_server_and_replays_from_its_transcript() {
     assert_no_key(&replay_dir, &replay.stdout, &replay.stderr);
 }
 
+/// A proposer whose every call fails (here the `command` proposer's program exits with an
+/// error) stops the run after three calls in a row with exit status 3, the cause on screen and
+/// the run saved for `resume`, instead of spending every round on failed attempts.
+#[test]
+fn a_proposer_that_keeps_failing_stops_the_run_with_status_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let started = std::time::Instant::now();
+    let out = ksearch()
+        .args([
+            "run",
+            "--task",
+            "softmax",
+            "--backend",
+            "cpu",
+            "--rounds",
+            "10",
+        ])
+        .args(["--timing", "quick", "--no-recheck", "--confirm-rounds", "0"])
+        .arg("--runs-dir")
+        .arg(&runs)
+        .args(["--proposer", "command", "--command", "false"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("failed 3 times in a row"), "{err}");
+    assert!(err.contains("command `false` failed"), "{err}");
+    assert!(err.contains("ksearch resume"), "{err}");
+    let dirs: Vec<_> = std::fs::read_dir(&runs).unwrap().flatten().collect();
+    assert_eq!(dirs.len(), 1);
+    let store = RunStore::open(&dirs[0].path()).unwrap();
+    assert!(!store.is_finished().unwrap());
+    let attempts = store
+        .candidates()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.kind == CandidateKind::Attempt)
+        .count();
+    assert_eq!(attempts, 0, "no kernel was written");
+    eprintln!("stopped after {:?}", started.elapsed());
+}
+
 #[test]
 fn llm_options_are_checked_before_a_run_starts() {
     let tmp = tempfile::tempdir().unwrap();

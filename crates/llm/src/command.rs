@@ -166,6 +166,11 @@ impl ChatProvider for CommandProvider {
             // A separate writer: a program that answers before reading all of
             // a long prompt must not deadlock against us.
             thread::spawn(move || {
+                // A program that exits without reading its stdin (`false`, a crash) makes this
+                // write raise SIGPIPE, which kills the whole process where the CLI restores its
+                // default action. Blocked in this thread, the write fails with EPIPE instead,
+                // and the signal left pending on the thread goes with it.
+                block_sigpipe_in_this_thread();
                 let _ = stdin.write_all(input.as_bytes());
             });
         }
@@ -225,6 +230,17 @@ impl ChatProvider for CommandProvider {
             attempts: 1,
             stop_reason: None,
         })
+    }
+}
+
+/// Blocks SIGPIPE for the calling thread only (SIGPIPE from a write is thread-directed).
+fn block_sigpipe_in_this_thread() {
+    // SAFETY: plain libc calls on a local, zero-initialised signal set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
 

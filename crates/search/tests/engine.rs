@@ -298,6 +298,51 @@ fn a_proposer_failure_is_a_failed_attempt_not_an_aborted_run() {
     assert_eq!(out.best.unwrap().score, 2.0);
 }
 
+/// Calls that fail (unreachable, refused) three times in a row stop the run, unfinished and
+/// resumable, with the last error; a reply in between, even an unusable one, resets the count.
+#[test]
+fn failed_proposer_calls_in_a_row_stop_the_run_resumably() {
+    let tmp = tempfile::tempdir().unwrap();
+    let refused = |_: &str, _: u32, _: u32| -> Result<String, ProposerError> {
+        Err(ProposerError::CallFailed(
+            "the model call failed: openai: HTTP 401: invalid api key".into(),
+        ))
+    };
+    let proposer = ScriptedProposer::new(refused);
+    let eval = FakeEvaluator::new(None);
+    let engine = new_engine(cfg(10, 0), store(tmp.path()), &proposer, &eval);
+    match engine.run(Some("score=1;seed")) {
+        Err(EngineError::ProposerGaveUp { failures, last }) => {
+            assert_eq!(failures, 3);
+            assert!(last.contains("HTTP 401"), "{last}");
+        }
+        r => panic!("expected ProposerGaveUp, got {r:?}"),
+    }
+    let stopped = engine.into_store();
+    assert!(!stopped.is_finished().unwrap(), "a resume continues it");
+    assert_eq!(events(&stopped, "proposer_gave_up").len(), 1);
+
+    // Two failures, an unusable reply, two more failures: never three in a row.
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(|_, round, _| match round % 3 {
+        0 => Err(ProposerError::Unusable("no code block in the reply".into())),
+        _ => Err(ProposerError::CallFailed("connection refused".into())),
+    });
+    let engine = new_engine(cfg(6, 0), store(tmp.path()), &proposer, &eval);
+    let out = engine.run(Some("score=1;seed")).unwrap();
+    assert_eq!(out.rounds_used, 6);
+
+    // 0 never stops.
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(refused);
+    let config = EngineConfig {
+        max_proposer_failures: 0,
+        ..cfg(5, 0)
+    };
+    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
+    assert_eq!(engine.run(Some("score=1;seed")).unwrap().rounds_used, 5);
+}
+
 #[test]
 fn a_token_budget_stops_the_run_cleanly() {
     let tmp = tempfile::tempdir().unwrap();

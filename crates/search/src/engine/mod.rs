@@ -66,11 +66,23 @@ pub struct EngineConfig {
     /// turn; engine/ranking.rs); 0 skips it.
     #[serde(default = "default_confirm_rounds")]
     pub confirm_rounds: u32,
+    /// Failed proposer calls in a row ([`ProposerError::CallFailed`]: unreachable, refused,
+    /// timed out) that stop the run with [`EngineError::ProposerGaveUp`], unfinished and
+    /// resumable; 0 never stops. A reply, usable or not, resets the count.
+    #[serde(default = "default_max_proposer_failures")]
+    pub max_proposer_failures: u32,
 }
 
 fn default_confirm_rounds() -> u32 {
     DEFAULT_CONFIRM_ROUNDS
 }
+
+fn default_max_proposer_failures() -> u32 {
+    DEFAULT_MAX_PROPOSER_FAILURES
+}
+
+/// Failed proposer calls in a row that stop a run unless configured.
+pub const DEFAULT_MAX_PROPOSER_FAILURES: u32 = 3;
 
 /// Rounds of the final confirmation unless configured.
 pub const DEFAULT_CONFIRM_ROUNDS: u32 = 2;
@@ -87,6 +99,7 @@ impl Default for EngineConfig {
             max_cost_usd: None,
             recheck: true,
             confirm_rounds: DEFAULT_CONFIRM_ROUNDS,
+            max_proposer_failures: DEFAULT_MAX_PROPOSER_FAILURES,
         }
     }
 }
@@ -105,6 +118,8 @@ pub enum EngineError {
     State(String),
     #[error("the run is finished ({0}); raise its budget (resume --rounds or --max-wall-time) to continue it")]
     Finished(String),
+    #[error("the proposer's calls failed {failures} times in a row (the last: {last})")]
+    ProposerGaveUp { failures: u32, last: String },
 }
 
 /// What the progress display is told after each round.
@@ -220,6 +235,8 @@ pub struct Engine<'a> {
     /// Static checks run on each proposal before it is evaluated; a non-empty list of
     /// messages rejects it as `lint_failed` without a harness run.
     lint: Option<&'a Lint>,
+    /// Proposer calls that failed in a row (EngineConfig::max_proposer_failures).
+    call_failures: std::sync::atomic::AtomicU32,
 }
 
 /// A lint hook: source in, blocking findings out (empty = fine).
@@ -248,6 +265,7 @@ impl<'a> Engine<'a> {
             progress,
             started: Instant::now(),
             lint: None,
+            call_failures: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
@@ -651,6 +669,32 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
+    /// Counts a code request's outcome towards [`EngineConfig::max_proposer_failures`]: a
+    /// failed call adds one, any reply resets the count; reaching the limit stops the run
+    /// before this sample is recorded, so a resume asks again.
+    fn count_call_failure<T>(&self, written: &Result<T, ProposerError>) -> Result<(), RoundStop> {
+        use std::sync::atomic::Ordering;
+        let Err(ProposerError::CallFailed(why)) = written else {
+            if written.is_ok() || matches!(written, Err(ProposerError::Unusable(_))) {
+                self.call_failures.store(0, Ordering::SeqCst);
+            }
+            return Ok(());
+        };
+        let failures = self.call_failures.fetch_add(1, Ordering::SeqCst) + 1;
+        let limit = self.cfg.max_proposer_failures;
+        if limit > 0 && failures >= limit {
+            self.event(
+                "proposer_gave_up",
+                json!({"failures": failures, "error": why}),
+            )?;
+            return Err(RoundStop::Error(EngineError::ProposerGaveUp {
+                failures,
+                last: why.clone(),
+            }));
+        }
+        Ok(())
+    }
+
     fn cycle_should_end(&self, c: &CycleState) -> bool {
         let w = self.cfg.stagnation_window.max(1);
         c.no_improve >= w
@@ -868,7 +912,9 @@ impl<'a> Engine<'a> {
                 (row.id, src)
             }
             None => {
-                let proposal = match self.proposer.write_code(req) {
+                let written = self.proposer.write_code(req);
+                self.count_call_failure(&written)?;
+                let proposal = match written {
                     Ok(p) => p,
                     Err(ProposerError::Budget(reason)) => return Err(RoundStop::Budget(reason)),
                     Err(e) => {

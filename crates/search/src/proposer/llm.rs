@@ -191,6 +191,15 @@ impl LlmProposer {
                 x.error = Some(e.to_string());
                 Err(match e.last() {
                     LlmError::BudgetExhausted { reason } => ProposerError::Budget(reason.clone()),
+                    LlmError::Http { .. }
+                    | LlmError::Timeout { .. }
+                    | LlmError::Connection { .. }
+                    | LlmError::CommandFailed { .. }
+                    | LlmError::Replay { .. }
+                    | LlmError::Config(_)
+                    | LlmError::Io { .. } => {
+                        ProposerError::CallFailed(format!("the model call failed: {e}"))
+                    }
                     _ => ProposerError::Unusable(format!("the model call failed: {e}")),
                 })
             }
@@ -481,7 +490,7 @@ impl Proposer for LlmProposer {
         let salt =
             (u64::from(req.round) << 32) | (u64::from(req.attempt) << 16) | u64::from(req.sample);
         let text = self.call(role, &prompt, salt).inspect_err(|e| {
-            if let ProposerError::Unusable(why) = e {
+            if let ProposerError::Unusable(why) | ProposerError::CallFailed(why) = e {
                 self.remember(why);
             }
         })?;

@@ -124,10 +124,16 @@ pub enum ProposerError {
     /// A token or money budget is spent: the engine stops the run cleanly.
     #[error("budget exhausted: {0}")]
     Budget(String),
-    /// The reply could not be used (unreachable service after retries, unparseable reply, no
-    /// code block, …). The engine counts it as a failed attempt and goes on.
+    /// The reply could not be used (unparseable reply, no code block, a refusal, …). The
+    /// engine counts it as a failed attempt and goes on.
     #[error("{0}")]
     Unusable(String),
+    /// The call itself failed after the client's retries: the service could not be reached,
+    /// refused the request (authentication, a bad model name) or timed out, or the command
+    /// proposer's program failed. A failed attempt too, but the engine stops the run after
+    /// `max_proposer_failures` of them in a row, since retrying will not fix those causes.
+    #[error("{0}")]
+    CallFailed(String),
     /// The proposer cannot work at all for this task (e.g. no template family offline).
     #[error("{0}")]
     Setup(String),
