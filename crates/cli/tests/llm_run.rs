@@ -665,6 +665,23 @@ fn an_llm_run_survives_a_flaky_server_and_replays_from_its_transcript() {
     assert_no_key(&replay_dir, &replay.stdout, &replay.stderr);
 }
 
+/// `ksearch run` on the softmax task's cpu backend for `rounds` rounds, stored under `runs`.
+fn softmax_cpu_run(rounds: &str, runs: &Path) -> Command {
+    let mut cmd = ksearch();
+    cmd.args([
+        "run",
+        "--task",
+        "softmax",
+        "--backend",
+        "cpu",
+        "--rounds",
+        rounds,
+    ])
+    .arg("--runs-dir")
+    .arg(runs);
+    cmd
+}
+
 /// A proposer whose every call fails (here the `command` proposer's program exits with an
 /// error) stops the run after three calls in a row with exit status 3, the cause on screen and
 /// the run saved for `resume`, instead of spending every round on failed attempts.
@@ -672,20 +689,8 @@ fn an_llm_run_survives_a_flaky_server_and_replays_from_its_transcript() {
 fn a_proposer_that_keeps_failing_stops_the_run_with_status_3() {
     let tmp = tempfile::tempdir().unwrap();
     let runs = tmp.path().join("runs");
-    let started = std::time::Instant::now();
-    let out = ksearch()
-        .args([
-            "run",
-            "--task",
-            "softmax",
-            "--backend",
-            "cpu",
-            "--rounds",
-            "10",
-        ])
+    let out = softmax_cpu_run("10", &runs)
         .args(["--timing", "quick", "--no-recheck", "--confirm-rounds", "0"])
-        .arg("--runs-dir")
-        .arg(&runs)
         .args(["--proposer", "command", "--command", "false"])
         .output()
         .unwrap();
@@ -705,7 +710,6 @@ fn a_proposer_that_keeps_failing_stops_the_run_with_status_3() {
         .filter(|c| c.kind == CandidateKind::Attempt)
         .count();
     assert_eq!(attempts, 0, "no kernel was written");
-    eprintln!("stopped after {:?}", started.elapsed());
 }
 
 #[test]
@@ -721,21 +725,7 @@ fn llm_options_are_checked_before_a_run_starts() {
             "none, spec, full",
         ),
     ] {
-        let out = ksearch()
-            .args([
-                "run",
-                "--task",
-                "softmax",
-                "--backend",
-                "cpu",
-                "--rounds",
-                "1",
-            ])
-            .arg("--runs-dir")
-            .arg(&runs)
-            .args(&args)
-            .output()
-            .unwrap();
+        let out = softmax_cpu_run("1", &runs).args(&args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");

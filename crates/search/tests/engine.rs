@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use ksearch_search::engine::{
     CandidateEvaluator, Engine, EngineConfig, EngineError, EvalFailure, Evaluation, NoProgress,
-    Purpose,
+    Purpose, RunOutcome,
 };
 use ksearch_search::proposer::{
     CodeRequest, CycleReport, OutcomeSummary, Proposal, Proposer, ProposerError, TaskBrief,
@@ -635,17 +635,15 @@ fn a_challenger_that_falls_back_on_a_re_measure_loses_the_duel() {
     assert_eq!(events(&store, "remeasure").len(), 1);
 }
 
-/// A runner-up whose confirmation tops the winner's within their intervals does not take over:
-/// the highest of overlapping confirmations is the luckiest draw, and the headline would
-/// overstate it.
-#[test]
-fn a_runner_up_confirmed_higher_within_noise_does_not_replace_the_winner() {
-    let script = |_: &str, round: u32, _: u32| {
+/// A run of three rounds whose code is `scripts[0]` in round 1, `scripts[1]` in round 2 and
+/// `scripts[2]` after, with the re-check and two confirmation rounds. The temporary directory
+/// holds the run.
+fn confirmed_run(scripts: [&'static str; 3]) -> (tempfile::TempDir, RunOutcome, RunStore) {
+    let script = move |_: &str, round: u32, _: u32| {
         Ok(match round {
-            1 => "score=2.4~0.5;steady",
-            // Below the winner in the search, a little above it in the confirmation.
-            2 => "score=2.0/2.7~0.5;close",
-            _ => "score=0.5~0.1;slow",
+            1 => scripts[0],
+            2 => scripts[1],
+            _ => scripts[2],
         }
         .to_string())
     };
@@ -659,18 +657,37 @@ fn a_runner_up_confirmed_higher_within_noise_does_not_replace_the_winner() {
     };
     let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
     let out = engine.run(Some("score=1~0.1;seed")).unwrap();
-    let c = out.confirmation.clone().unwrap();
     let store = engine.into_store();
-    let id_of = |tag: &str| {
-        store
-            .candidates()
-            .unwrap()
-            .into_iter()
-            .find(|k| store.source(&k.source_id).unwrap().contains(tag))
-            .unwrap()
-            .id
-    };
-    let (steady, close) = (id_of(";steady"), id_of(";close"));
+    (tmp, out, store)
+}
+
+/// The candidate whose source contains `tag`.
+fn candidate_tagged(store: &RunStore, tag: &str) -> i64 {
+    store
+        .candidates()
+        .unwrap()
+        .into_iter()
+        .find(|k| store.source(&k.source_id).unwrap().contains(tag))
+        .unwrap()
+        .id
+}
+
+/// A runner-up whose confirmation tops the winner's within their intervals does not take over:
+/// the highest of overlapping confirmations is the luckiest draw, and the headline would
+/// overstate it.
+#[test]
+fn a_runner_up_confirmed_higher_within_noise_does_not_replace_the_winner() {
+    let (_tmp, out, store) = confirmed_run([
+        "score=2.4~0.5;steady",
+        // Below the winner in the search, a little above it in the confirmation.
+        "score=2.0/2.7~0.5;close",
+        "score=0.5~0.1;slow",
+    ]);
+    let c = out.confirmation.clone().unwrap();
+    let (steady, close) = (
+        candidate_tagged(&store, ";steady"),
+        candidate_tagged(&store, ";close"),
+    );
     assert_eq!(c.of(close).unwrap().score, Some(2.7));
     assert_eq!(c.of(steady).unwrap().score, Some(2.4));
     assert_eq!(c.winner, steady);
@@ -684,40 +701,20 @@ fn a_runner_up_confirmed_higher_within_noise_does_not_replace_the_winner() {
 /// what the run reports.
 #[test]
 fn the_confirmation_re_ranks_the_winner_against_the_runner_ups() {
-    let script = |_: &str, round: u32, _: u32| {
-        Ok(match round {
-            1 => "score=3/2~0.2;lucky",
-            2 => "score=2.5~0.2;solid",
-            _ => "score=0.5~0.1;slow",
-        }
-        .to_string())
-    };
-    let tmp = tempfile::tempdir().unwrap();
-    let proposer = ScriptedProposer::new(script);
-    let eval = FakeEvaluator::new(None);
-    let config = EngineConfig {
-        recheck: true,
-        confirm_rounds: 2,
-        ..cfg(3, 0)
-    };
-    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
-    let out = engine.run(Some("score=1~0.1;seed")).unwrap();
+    let (_tmp, out, store) = confirmed_run([
+        "score=3/2~0.2;lucky",
+        "score=2.5~0.2;solid",
+        "score=0.5~0.1;slow",
+    ]);
     let c = out.confirmation.clone().unwrap();
     assert_eq!(c.rounds, 2);
     // Winner, seed and two runner-ups (solid, slow), each measured twice.
     assert_eq!(c.contenders.len(), 4);
     assert!(c.contenders.iter().all(|k| k.scores.len() == 2));
-    let store = engine.into_store();
-    let id_of = |tag: &str| {
-        store
-            .candidates()
-            .unwrap()
-            .into_iter()
-            .find(|k| store.source(&k.source_id).unwrap().contains(tag))
-            .unwrap()
-            .id
-    };
-    let (lucky, solid) = (id_of(";lucky"), id_of(";solid"));
+    let (lucky, solid) = (
+        candidate_tagged(&store, ";lucky"),
+        candidate_tagged(&store, ";solid"),
+    );
     assert_eq!(c.of(lucky).unwrap().role, "winner");
     assert_eq!(c.of(lucky).unwrap().score, Some(2.0));
     assert_eq!(c.winner, solid);
