@@ -674,11 +674,13 @@ impl<'a> Engine<'a> {
     /// before this sample is recorded, so a resume asks again.
     fn count_call_failure<T>(&self, written: &Result<T, ProposerError>) -> Result<(), RoundStop> {
         use std::sync::atomic::Ordering;
-        let Err(ProposerError::CallFailed(why)) = written else {
-            if written.is_ok() || matches!(written, Err(ProposerError::Unusable(_))) {
+        let why = match written {
+            Err(ProposerError::CallFailed(why)) => why,
+            Ok(_) | Err(ProposerError::Unusable(_)) => {
                 self.call_failures.store(0, Ordering::SeqCst);
+                return Ok(());
             }
-            return Ok(());
+            Err(ProposerError::Budget(_) | ProposerError::Setup(_)) => return Ok(()),
         };
         let failures = self.call_failures.fetch_add(1, Ordering::SeqCst) + 1;
         let limit = self.cfg.max_proposer_failures;
