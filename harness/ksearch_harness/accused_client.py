@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from . import channel, sandbox
 from .arena import Arena, Layout, Placement
 from .machine import child_pids, thread_runtimes, thread_states
@@ -53,14 +55,46 @@ LINGER_SHARE = 0.25
 LINGER_MIN_CALLS = 2
 LINGER_FRACTION = 0.25
 # The timer check: a timed call whose window exceeds the accused's own figure by more than the
-# recent round trips' 95th percentile plus this slack counts the window's bound instead. A
-# candidate is rejected when, over at least TAMPER_MIN_CALLS timed calls of a workload, the
-# lower quartile of (window - report - the round trip measured just before) exceeds
-# TAMPER_MARGIN_NS and TAMPER_SPREAD_FACTOR times the round trips' spread (interquartile range).
+# recent round trips' 95th percentile plus this slack counts the window's bound instead; see
+# `report_shortfall` for when the accused is named.
 TIMER_SLACK_NS = 2_000
 TAMPER_MARGIN_NS = 250_000
-TAMPER_SPREAD_FACTOR = 4.0
+TAMPER_SPREAD_FACTOR = 2.0
+TAMPER_ROUND_TRIP_QUANTILE = 90
 TAMPER_MIN_CALLS = 5
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """How far a workload's timed calls fall short of their windows beyond a round trip."""
+
+    by_ns: float  # lower quartile of (window - report), less a typical round trip
+    round_trip_ns: float  # the typical round trip: the TAMPER_ROUND_TRIP_QUANTILE
+    spread_ns: float  # the round trips' interquartile range
+    calls: int
+
+    @property
+    def allowed_ns(self) -> float:
+        return max(TAMPER_MARGIN_NS, TAMPER_SPREAD_FACTOR * self.spread_ns)
+
+    @property
+    def suspect(self) -> bool:
+        return self.calls >= TAMPER_MIN_CALLS and self.by_ns > self.allowed_ns
+
+
+def report_shortfall(excess_ns: list[int], trips_ns: list[int]) -> Shortfall:
+    """What each timed call's window holds beyond the accused's report (`excess_ns`) against
+    what empty calls through the same path cost (`trips_ns`). An honest call's excess is a
+    round trip, drawn from the same distribution; a tampered clock adds to nearly every call's.
+    So the calls' lower quartile is compared with the round trips' upper tail, as two samples
+    rather than pair by pair: on a virtual machine a round trip takes anywhere from half a
+    millisecond to several, independently from one to the next, so a call's excess less the
+    round trip just before it is as wide as both together."""
+    trips = trips_ns or [0]
+    typical = float(np.percentile(trips, TAMPER_ROUND_TRIP_QUANTILE))
+    q1, q3 = np.percentile(trips, [25, 75])
+    by = float(np.percentile(excess_ns, 25)) - typical if excess_ns else 0.0
+    return Shortfall(by, typical, float(q3 - q1), len(excess_ns))
 
 
 class CandidateTimeout(HarnessError):

@@ -24,8 +24,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import adapters, dtypes, intervals, machine, parallel, sanity_cache, static_checks
-from .accused_client import (TAMPER_MARGIN_NS, TAMPER_MIN_CALLS, TAMPER_SPREAD_FACTOR,
-                             AccusedAdapter, AccusedProcess, RemoteCall)
+from .accused_client import (TAMPER_MIN_CALLS, TAMPER_ROUND_TRIP_QUANTILE, AccusedAdapter,
+                             AccusedProcess, RemoteCall, Shortfall, report_shortfall)
 from .adapters import Adapter, BuildFailed, BuildInfo
 from .arena import Layout
 from .protocol import (BuildError, Incorrect, Measured, Request, ResultBuilder,
@@ -1139,7 +1139,7 @@ class Evaluation:
                 rep += 1
             total_all += total
             self._record_timing(wl, samples, primes)
-            self.check_reports(wl)
+            self.check_reports(wl, bench)
             self._audit_after_timing(wl, wi, bench)
             self._log_slow("timing", wl, since)
         return total_all
@@ -1300,12 +1300,12 @@ class Evaluation:
                             f"{candidate_total_ns / 1e6:.3f} ms but only {wall / 1e6:.3f} ms of "
                             f"wall time passed since the candidate was loaded")
 
-    def check_reports(self, wl: Workload) -> None:
+    def check_reports(self, wl: Workload, bench: Bench) -> None:
         """The accused's own timings against the judge's windows: an honest report falls
-        short of its window by about a round trip (an empty timed call measured just before),
-        so shortfalls well beyond that in most calls mean the accused's clock or its reports
-        were tampered with. Each counted sample is already bounded (AccusedProcess.timed);
-        this names the candidate."""
+        short of its window by about a round trip (an empty timed call through the same path),
+        so shortfalls well beyond what round trips cost in most calls mean the accused's clock
+        or its reports were tampered with. Each counted sample is already bounded
+        (AccusedProcess.timed); this names the candidate."""
         triples = self.windows.get(wl.name) or []
         r = self.results[wl.name]
         r["candidate_reported_ns"] = [t[0] for t in triples]
@@ -1313,9 +1313,6 @@ class Evaluation:
         r["round_trip_ns"] = [t[2] for t in triples]
         if self.parts.get(wl.name):
             r["candidate_parts_ns"] = self.parts[wl.name]
-        # The spread from every round trip of recent calls: one slow round trip among a few
-        # must not widen what is allowed.
-        spread = self.accused.process.handshake.recent().spread  # type: ignore[union-attr]
         if not triples:
             return
         # The accused's interval lies inside the judge's on the same monotonic clock, so a
@@ -1327,21 +1324,44 @@ class Evaluation:
             raise Violation("timer_tampering", f"`{wl.name}`: the candidate's process reported "
                             f"{rep} ns for a call the judge saw take {w} ns ({len(impossible)} "
                             f"such report(s)): the clock does not measure real time")
-        # Each call against the round trip measured just before it: what its window holds
-        # beyond the accused's figure and a round trip. On a busy machine any one of these is
-        # noise in either direction; a tampered clock makes nearly all of them large, so the
-        # verdict takes the lower quartile, over enough calls.
-        shortfalls = [t[1] - t[0] - t[2] for t in triples]
-        shortfall = float(np.percentile(shortfalls, 25))
-        allowed = max(TAMPER_MARGIN_NS, TAMPER_SPREAD_FACTOR * spread)
-        r["timer_shortfall_ns"] = shortfall
-        if len(shortfalls) >= TAMPER_MIN_CALLS and shortfall > allowed:
+        proc = self.accused.process  # type: ignore[union-attr]
+        found = report_shortfall([w - rep for rep, w, _ in triples],
+                                 proc.handshake.samples_ns or [t[2] for t in triples])
+        r["timer_shortfall_ns"] = found.by_ns
+        if not found.suspect:
+            return
+        # A busy machine can stretch one workload's calls beyond its round trips for a while;
+        # a tampered clock keeps doing so. Before naming the candidate, fresh calls, each
+        # between two round trips measured in the same conditions (after the flush), must fall
+        # short again.
+        again = self._confirm_reports(bench)
+        r["timer_confirmation_ns"] = {"shortfall": again.by_ns, "round_trip": again.round_trip_ns,
+                                      "calls": again.calls}
+        if again.suspect:
             raise Violation("timer_tampering", f"`{wl.name}`: the candidate's process reported "
-                            f"durations shorter than the judge's clock allows, by "
-                            f"{shortfall / 1e3:.1f} us or more in three of four timed calls "
-                            f"beyond a round trip (measured before each; they vary by "
-                            f"{spread / 1e3:.1f} us): its clock or its reports were tampered "
-                            f"with")
+                            f"durations shorter than the judge's clock allows: in three of "
+                            f"four timed calls the judge saw {again.by_ns / 1e3:.1f} us or "
+                            f"more beyond the report and what {TAMPER_ROUND_TRIP_QUANTILE}% of "
+                            f"round trips cost ({again.round_trip_ns / 1e3:.1f} us; they vary "
+                            f"by {again.spread_ns / 1e3:.1f} us), and again in {again.calls} "
+                            f"fresh calls: its clock or its reports were tampered with")
+
+    def _confirm_reports(self, bench: Bench) -> Shortfall:
+        """TAMPER_MIN_CALLS more timed calls of the candidate on the bench's last inputs (their
+        outputs were checked with those of the timed calls), each between two round trips;
+        only the reports are looked at."""
+        acc = self.accused
+        assert acc is not None
+        excess, trips = [], []
+        with self.phase("calibration"):
+            for _ in range(TAMPER_MIN_CALLS):
+                self._flush()
+                trips.append(acc.process.round_trip())
+                timed = acc.time_call(bench.fn)  # type: ignore[arg-type]
+                trips.append(acc.process.round_trip())
+                excess.append(timed.window_ns - timed.reported_ns)
+                self.calls += 1
+        return report_shortfall(excess, trips)
 
     def check_floors(self) -> None:
         """A median below the floor is impossible, unless the machine was busy when bandwidth

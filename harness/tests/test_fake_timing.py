@@ -192,3 +192,58 @@ def test_device_warm_up_sweeps_for_the_configured_time(tmp_path, monkeypatch):
     monkeypatch.setenv("KSEARCH_HARNESS_CLOCK_WARMUP_MS", "soon")
     with pytest.raises(Exception, match="KSEARCH_HARNESS_CLOCK_WARMUP_MS"):
         Sweeps(req)
+
+
+
+# Round trips as a 2-core virtual machine gives them (us): anywhere from half a millisecond to
+# several, independently from one empty call to the next.
+VM_TRIPS_US = [738, 832, 16872, 4166, 647, 3480, 1365, 5319, 3921, 1397, 1762, 681, 6550, 2023,
+               2827, 571]
+EXCESS_US = [3480, 4166, 2023, 3921, 5319, 2827]
+CHEAP_TRIPS_US = [571, 647, 681, 738, 832, 1365]
+
+
+def test_an_honest_calls_excess_is_a_round_trip_however_they_pair():
+    """Each call's excess (window - report) is itself a round trip of that machine; paired with
+    the cheap round trips that happened to precede them, three of four look more than a
+    millisecond short. Compared as samples, they are what round trips cost."""
+    paired = [e - b for e, b in zip(EXCESS_US, CHEAP_TRIPS_US)]
+    assert sorted(paired)[1] > 1000
+    found = accused_client.report_shortfall([e * 1000 for e in EXCESS_US],
+                                            [t * 1000 for t in VM_TRIPS_US])
+    assert found.calls == 6 and not found.suspect, found
+
+
+def test_a_clock_slowed_on_a_noisy_machine_is_suspect():
+    call_ns = 25_000_000
+    # Reports a tenth of each 25 ms call; the windows carry the same round trips as above.
+    excess = [call_ns - call_ns // 10 + e * 1000 for e in EXCESS_US]
+    found = accused_client.report_shortfall(excess, [t * 1000 for t in VM_TRIPS_US])
+    assert found.suspect and found.by_ns > 15e6, found
+    # Fewer calls than the rule needs: bounded (AccusedProcess.timed), not named.
+    assert not accused_client.report_shortfall(excess[:4], [t * 1000 for t in VM_TRIPS_US]).suspect
+
+
+def test_a_shortfall_that_does_not_persist_is_not_named(tmp_path, lying_clock, monkeypatch):
+    """Timed calls that fall short of their windows (here: replies rewritten to 3 ns) make the
+    judge time fresh calls before naming the candidate; when those are honest, as after a busy
+    spell, the candidate passes, its samples still bounded by the judge's clock."""
+    from ksearch_harness.core import Evaluation
+
+    confirm = Evaluation._confirm_reports
+
+    def honest_from_now(self, bench):
+        lying_clock[0] = None
+        return confirm(self, bench)
+
+    monkeypatch.setattr(Evaluation, "_confirm_reports", honest_from_now)
+    lying_clock[0] = 3
+    res = _evaluate(tmp_path, roofline=(1e15, 1e15), **LONG_CALLS)
+    assert res["status"] == "passed", res["message"]
+    w = res["workloads"][0]
+    assert all(r == 3 for r in w["candidate_reported_ns"])
+    assert min(w["candidate_ns"]) > 3
+    assert w["timer_shortfall_ns"] > accused_client.TAMPER_MARGIN_NS
+    again = w["timer_confirmation_ns"]
+    assert again["calls"] == accused_client.TAMPER_MIN_CALLS
+    assert again["shortfall"] < accused_client.TAMPER_MARGIN_NS
