@@ -114,6 +114,13 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String> {
         usage.input_tokens + usage.output_tokens,
         usage.cost_usd
     )?;
+    if let Some(f) = store.failed_calls()? {
+        writeln!(
+            s,
+            "proposer errors: {} of {} calls; the last ({}, {}): {}",
+            f.count, usage.calls, f.last_role, f.last_at, f.last_error
+        )?;
+    }
     let seed_score = candidates
         .iter()
         .find(|c| c.kind == CandidateKind::Seed)

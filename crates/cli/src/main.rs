@@ -11,6 +11,7 @@ mod knowledge;
 mod logging;
 mod sandbox_arg;
 mod search;
+mod signals;
 mod tasks;
 
 use clap::{Parser, Subcommand};
@@ -64,6 +65,9 @@ pub(crate) mod exit {
     pub const SETUP: u8 = 2;
     /// A run stopped because its proposer's calls kept failing; it is saved and resumable.
     pub const GAVE_UP: u8 = 3;
+    /// A run stopped by Ctrl-C or SIGTERM (128 + SIGINT, as shells report it); it is saved
+    /// and resumable.
+    pub const INTERRUPTED: u8 = 130;
 }
 
 fn main() -> ExitCode {

@@ -11,7 +11,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use ksearch_eval::{fresh_secret_seed, Evaluator, EvaluatorConfig, SandboxMode, TimingPreset};
+use ksearch_eval::{
+    fresh_secret_seed, Evaluator, EvaluatorConfig, Interrupt, SandboxMode, TimingPreset,
+};
 use ksearch_knowledge::lint::{self as knowledge_lint, LintTarget};
 use ksearch_knowledge::Catalog;
 use ksearch_knowledge::Packs;
@@ -32,7 +34,7 @@ use ksearch_store::{RunConfig, RunStore};
 use ksearch_task::Task;
 use std::sync::Arc;
 
-use crate::exit;
+use crate::{exit, signals};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -430,7 +432,28 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
     };
     let store = RunStore::create(&args.runs_dir, &config).context("cannot create the run")?;
     // Held until the run ends: no `resume` writes into it meanwhile.
-    let _writer = store.lock_writer()?;
+    let writer = store.lock_writer()?;
+    let setup = match set_up(
+        &store,
+        &task,
+        &backend,
+        &args.search,
+        args.sandbox.mode,
+        seed,
+        secret_seed,
+        signals::interrupt_on_signals(),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing was evaluated or spent: no half-made run is left for `show` to list as
+            // resumable and for `resume` to fail on again.
+            let dir = store.dir().to_path_buf();
+            if let Err(d) = store.discard(Some(writer)) {
+                tracing::warn!("cannot remove the unused run {}: {d}", dir.display());
+            }
+            return Err(e);
+        }
+    };
     if !quiet {
         eprintln!(
             "ksearch: run {} — task {}, backend {backend}, {} rounds, proposer {}{}, seed {seed}",
@@ -445,18 +468,16 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
                 .unwrap_or_default()
         );
     }
-    drive(
+    let outcome = drive(
         store,
-        &task,
-        &backend,
-        &args.search,
-        args.sandbox.mode,
-        seed,
-        secret_seed,
+        setup,
+        args.search.rounds,
         Some(&seed_source),
         quiet,
         args.json,
-    )
+    );
+    drop(writer);
+    outcome
 }
 
 pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
@@ -497,33 +518,50 @@ pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
                 .unwrap_or_default()
         );
     }
-    drive(
-        store,
+    let setup = set_up(
+        &store,
         &task,
-        &config.backend.clone(),
+        &config.backend,
         &search,
         args.sandbox.mode,
         config.seed,
         config.secret_seed,
+        signals::interrupt_on_signals(),
+    )?;
+    drive(
+        store,
+        setup,
+        search.rounds,
         seed_source.as_deref(),
         quiet,
         args.json,
     )
 }
 
+/// Everything a run needs besides its store, built before the engine starts: a failure here
+/// is a set-up error (nothing evaluated, nothing spent), which `run` answers by removing the
+/// run it just made.
+struct Setup {
+    proposer: Box<dyn Proposer>,
+    lint_target: Option<LintTarget>,
+    policy: Box<dyn SelectionPolicy + Sync>,
+    evaluator: HarnessEvaluator,
+    cfg: EngineConfig,
+    brief: TaskBrief,
+    interrupt: Interrupt,
+}
+
 #[allow(clippy::too_many_arguments)]
-fn drive(
-    store: RunStore,
+fn set_up(
+    store: &RunStore,
     task: &Task,
     backend: &str,
     opts: &SearchOptions,
     sandbox: SandboxMode,
     seed: u64,
     secret_seed: u64,
-    seed_source: Option<&str>,
-    quiet: bool,
-    json_out: bool,
-) -> Result<u8> {
+    interrupt: Interrupt,
+) -> Result<Setup> {
     let spec = task.backend(backend)?;
     let catalog = Catalog::builtin().context("cannot load the knowledge pack")?;
     let packs = Packs::builtin().context("cannot load the knowledge packs")?;
@@ -539,7 +577,7 @@ fn drive(
             )
             .map_err(|e| anyhow::anyhow!("{e}"))?,
         ),
-        _ => Box::new(llm_proposer(&store, task, backend, opts, seed, &packs)?),
+        _ => Box::new(llm_proposer(store, task, backend, opts, seed, &packs)?),
     };
     let lint_target: Option<LintTarget> = if opts.no_lint {
         None
@@ -547,12 +585,6 @@ fn drive(
         packs
             .target_for_backend(backend)
             .and_then(|t| packs.lint_target(&t.name))
-    };
-    let lint = move |source: &str| -> Vec<String> {
-        lint_target
-            .as_ref()
-            .map(|t| knowledge_lint::errors(&knowledge_lint::lint(t, source)))
-            .unwrap_or_default()
     };
     let policy: Box<dyn SelectionPolicy + Sync> = match opts.selection {
         Selection::Calibrated if matches!(opts.proposer, ProposerKind::Offline) => {
@@ -565,6 +597,7 @@ fn drive(
     };
     let evaluator = Evaluator::new(EvaluatorConfig {
         sandbox,
+        interrupt: Some(interrupt.clone()),
         ..EvaluatorConfig::default()
     })
     .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
@@ -597,7 +630,41 @@ fn drive(
         signature: spec.signature.clone(),
         language: spec.language.clone(),
     };
-    let progress = ProgressDisplay::new(opts.rounds, quiet);
+    Ok(Setup {
+        proposer,
+        lint_target,
+        policy,
+        evaluator,
+        cfg,
+        brief,
+        interrupt,
+    })
+}
+
+fn drive(
+    store: RunStore,
+    setup: Setup,
+    rounds: u32,
+    seed_source: Option<&str>,
+    quiet: bool,
+    json_out: bool,
+) -> Result<u8> {
+    let Setup {
+        proposer,
+        lint_target,
+        policy,
+        evaluator,
+        cfg,
+        brief,
+        interrupt,
+    } = setup;
+    let lint = move |source: &str| -> Vec<String> {
+        lint_target
+            .as_ref()
+            .map(|t| knowledge_lint::errors(&knowledge_lint::lint(t, source)))
+            .unwrap_or_default()
+    };
+    let progress = ProgressDisplay::new(rounds, quiet);
     let run_id = store.id().to_string();
     let engine = Engine::new(
         cfg,
@@ -608,12 +675,17 @@ fn drive(
         brief,
         &progress,
     )
-    .with_lint(&lint);
+    .with_lint(&lint)
+    .with_interrupt(&interrupt);
     let outcome = engine.run(seed_source);
     progress.finish();
     let store = engine.into_store();
     let outcome = match outcome {
         Ok(o) => o,
+        Err(EngineError::Interrupted) => {
+            eprintln!("interrupted: the run is saved; continue it with `ksearch resume {run_id}`");
+            return Ok(exit::INTERRUPTED);
+        }
         Err(e @ EngineError::ProposerGaveUp { .. }) => {
             eprintln!(
                 "error: {e}\nthe run is saved: fix the cause, then continue it with \
@@ -813,6 +885,12 @@ fn llm_proposer(
         )
         .context("cannot set up the LLM client")?,
     );
+    // Before anything is evaluated: a server that is down, a refused key or a missing program
+    // stops here, in seconds, rather than after the seed's evaluation and three failed calls.
+    client
+        .preflight()
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| preflight_failure(opts))?;
     let recorder = Recorder::create(client.clone(), store.dir().join("transcript.jsonl"))
         .context("cannot open the run's transcript")?;
     let prompts = PromptSet::builtin().context("cannot load the prompt templates")?;
@@ -833,6 +911,25 @@ fn llm_proposer(
     )
     .with_client(client)
     .with_prior_usage(prior))
+}
+
+/// What to check when the provider cannot be used (the error itself follows).
+fn preflight_failure(opts: &SearchOptions) -> String {
+    match opts.proposer {
+        ProposerKind::Command => "the --command program cannot be run".into(),
+        ProposerKind::Openai | ProposerKind::Anthropic => format!(
+            "the {} server cannot be used: check --base-url, that the server is up, and the \
+             key in ${}",
+            opts.proposer.as_str(),
+            opts.api_key_env
+                .clone()
+                .unwrap_or_else(|| match opts.proposer {
+                    ProposerKind::Anthropic => "ANTHROPIC_API_KEY".into(),
+                    _ => "OPENAI_API_KEY".into(),
+                })
+        ),
+        ProposerKind::Offline | ProposerKind::Replay => "the proposer cannot be used".into(),
+    }
 }
 
 fn render_outcome(run_id: &str, o: &RunOutcome) -> String {

@@ -300,6 +300,78 @@ impl Env {
     }
 }
 
+/// Ctrl-C during an evaluation: ksearch kills the harness and what it started, says how to
+/// resume and exits with 130 within seconds; `show` calls the run interrupted, and `resume`
+/// finishes it.
+#[test]
+fn ctrl_c_abandons_the_evaluation_in_flight_and_leaves_a_resumable_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let env = Env {
+        root: fast_root(tmp.path()),
+        cache: tmp.path().join("cache"),
+    };
+    let runs = tmp.path().join("runs");
+    let pids = tmp.path().join("hanging.pids");
+    let child = env
+        .session(None, 4, &runs)
+        .env("KSEARCH_HARNESS_FAST_HANG_PIDS", &pids)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&pids).is_ok_and(|s| s.ends_with('\n')) {
+        assert!(Instant::now() < deadline, "no evaluation started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let interrupted = Instant::now();
+    // SAFETY: signals a child this test spawned and has not reaped.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(interrupted.elapsed() < Duration::from_secs(10), "{err}");
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted: the run is saved"), "{err}");
+    assert!(err.contains("ksearch resume "), "{err}");
+    for pid in std::fs::read_to_string(&pids).unwrap().split_whitespace() {
+        let pid: i32 = pid.parse().unwrap();
+        let gone = (0..250).any(|_| {
+            // A zombie counts as gone: only its parent's reaping is left.
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let dead = state.is_empty()
+                || state
+                    .rsplit(") ")
+                    .next()
+                    .is_some_and(|r| r.starts_with('Z'));
+            if !dead {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            dead
+        });
+        assert!(
+            gone,
+            "process {pid} of the interrupted evaluation is still running"
+        );
+    }
+
+    let dir = find_run(&runs).expect("the run is kept");
+    let store = RunStore::open(&dir).unwrap();
+    assert!(!store.is_finished().unwrap());
+    drop(store);
+    let shown = env.ksearch().arg("show").arg(&dir).output().unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("status: interrupted"), "{shown}");
+    let out = env.session(Some(&dir), 4, &runs).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(RunStore::open(&dir).unwrap().is_finished().unwrap());
+}
+
 /// The interpreter for the stand-in harness (it needs nothing beyond the standard library):
 /// CI's, else the one `python3` runs, by its real path (a version manager's `python3` shim
 /// can cost more start-up time than the stand-in's whole evaluation).

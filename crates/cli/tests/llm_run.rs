@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use serde_json::{json, Value};
@@ -118,6 +118,8 @@ struct State {
     auth: Vec<String>,
     bodies: Vec<String>,
     proposed: usize,
+    /// Request lines of GETs (the check before a run), each with the key it carried.
+    gets: Vec<(String, Option<String>)>,
 }
 
 struct Server {
@@ -296,6 +298,26 @@ fn serve(stream: TcpStream, st: Arc<Mutex<State>>, slow: Duration) {
         let mut body = vec![0u8; len];
         if reader.read_exact(&mut body).is_err() {
             return;
+        }
+        if line.starts_with("GET ") {
+            // The model list a compatible server offers; the check before a run reads it.
+            let auth = headers
+                .iter()
+                .find(|(k, _)| k == "authorization")
+                .map(|(_, v)| v.clone());
+            st.lock()
+                .unwrap()
+                .gets
+                .push((line.trim_end().to_string(), auth));
+            let text = r#"{"object": "list", "data": [{"id": "test-model", "object": "model"}]}"#;
+            let out = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{text}",
+                text.len()
+            );
+            if writer.write_all(out.as_bytes()).is_err() || writer.flush().is_err() {
+                return;
+            }
+            continue;
         }
         let body = String::from_utf8_lossy(&body).into_owned();
         let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
@@ -547,6 +569,20 @@ fn an_llm_run_survives_a_flaky_server_and_replays_from_its_transcript() {
     // The key went to the server, in the header only.
     assert!(!s.auth.is_empty() && s.auth.iter().all(|a| a == &format!("Bearer {KEY}")));
     assert!(s.bodies.iter().all(|b| !b.contains(KEY)));
+    // One check before the run: the model list, with the key.
+    assert_eq!(
+        s.gets,
+        vec![(
+            "GET /v1/models HTTP/1.1".to_string(),
+            Some(format!("Bearer {KEY}"))
+        )]
+    );
+    // The client's retries are logged, and the log reaches the terminal.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("attempt 1/") && stderr.contains("retrying in"),
+        "{stderr}"
+    );
 
     let dir = PathBuf::from(report["dir"].as_str().unwrap());
     let store = RunStore::open(&dir).unwrap();
@@ -710,6 +746,108 @@ fn a_proposer_that_keeps_failing_stops_the_run_with_status_3() {
         .filter(|c| c.kind == CandidateKind::Attempt)
         .count();
     assert_eq!(attempts, 0, "no kernel was written");
+    // `show` says why.
+    let shown = ksearch().arg("show").arg(dirs[0].path()).output().unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("status: interrupted"), "{shown}");
+    assert!(
+        shown.contains("proposer errors: ") && shown.contains("command `false` failed"),
+        "{shown}"
+    );
+}
+
+/// A server that answers every request with 401 and an OpenAI-style error body.
+fn refusing_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let Ok(mut writer) = stream.try_clone() else {
+                continue;
+            };
+            let mut reader = BufReader::new(stream);
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 && line.trim_end() != "" {
+                line.clear();
+            }
+            let text = r#"{"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}"#;
+            let _ = write!(
+                writer,
+                "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+                text.len()
+            );
+        }
+    });
+    format!("http://{addr}/v1")
+}
+
+/// A provider that cannot be used stops `ksearch run` before the seed is evaluated: status 2
+/// within seconds, the cause on screen, and no run left behind.
+#[test]
+fn an_unusable_provider_fails_the_run_at_once_and_leaves_no_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let refusing = refusing_server();
+    let cases: Vec<(Vec<&str>, &[&str])> = vec![
+        (
+            vec![
+                "--proposer",
+                "openai",
+                "--model",
+                "m",
+                "--base-url",
+                "http://127.0.0.1:9/v1",
+            ],
+            &["connection failed", "--base-url"],
+        ),
+        (
+            vec![
+                "--proposer",
+                "openai",
+                "--model",
+                "m",
+                "--base-url",
+                &refusing,
+            ],
+            &["HTTP 401", "Incorrect API key", "is OPENAI_API_KEY set?"],
+        ),
+        (
+            vec![
+                "--proposer",
+                "command",
+                "--command",
+                "/nonexistent/agent --flag",
+            ],
+            &["`/nonexistent/agent` is not an executable file"],
+        ),
+        (
+            vec![
+                "--proposer",
+                "command",
+                "--command",
+                "no-such-agent-program",
+            ],
+            &["`no-such-agent-program` is not an executable file on PATH"],
+        ),
+    ];
+    for (i, (args, needles)) in cases.iter().enumerate() {
+        let runs = tmp.path().join(format!("runs{i}"));
+        let started = Instant::now();
+        let out = softmax_cpu_run("3", &runs)
+            .args(args)
+            .env_remove("OPENAI_API_KEY")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{args:?}");
+        for needle in *needles {
+            assert!(err.contains(needle), "{args:?}: no {needle:?} in {err}");
+        }
+        let left: Vec<_> = std::fs::read_dir(&runs)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
 }
 
 #[test]
@@ -729,6 +867,9 @@ fn llm_options_are_checked_before_a_run_starts() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
+        // A run whose set-up failed is not left behind as resumable.
+        let left = std::fs::read_dir(&runs).map_or(0, |d| d.count());
+        assert_eq!(left, 0, "{args:?}");
     }
 }
 

@@ -37,6 +37,9 @@ pub enum EvalError {
         output: String,
     },
 
+    #[error("interrupted: the harness was stopped with everything it started")]
+    Interrupted,
+
     #[error("the harness failed before answering `{op}` (exit {exit}):\n{output}")]
     HarnessFailed {
         op: String,

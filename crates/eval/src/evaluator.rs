@@ -2,6 +2,7 @@
 
 use crate::error::{EvalError, Result};
 use crate::harness::{self, Invocation, Outcome};
+use crate::interrupt::Interrupt;
 use crate::protocol::{
     parse_result_line, EvalResult, Status, Violation, ViolationClass, PROTOCOL_VERSION,
 };
@@ -35,6 +36,9 @@ pub struct EvaluatorConfig {
     pub verify_harness: bool,
     /// How the process that runs candidate code is confined (docs/security.md).
     pub sandbox: SandboxMode,
+    /// Stops the harness in flight (its process group killed) when requested; every call
+    /// then fails with [`EvalError::Interrupted`].
+    pub interrupt: Option<Interrupt>,
 }
 
 /// How strictly the harness confines the process that runs candidate code.
@@ -130,6 +134,7 @@ impl Default for EvaluatorConfig {
             knobs: Vec::new(),
             verify_harness: true,
             sandbox: SandboxMode::default(),
+            interrupt: None,
         }
     }
 }
@@ -464,6 +469,7 @@ impl Evaluator {
             timeout: timeout + self.config.kill_grace,
             knobs: &self.config.knobs,
             tail_bytes: self.config.tail_bytes,
+            interrupt: self.config.interrupt.as_ref(),
         })
     }
 
@@ -496,6 +502,7 @@ impl Evaluator {
             timeout: Duration::from_secs(120),
             knobs: &self.config.knobs,
             tail_bytes: self.config.tail_bytes,
+            interrupt: self.config.interrupt.as_ref(),
         })?;
         let failed = |why: &str| EvalError::HarnessFailed {
             op: "probe".into(),

@@ -6,6 +6,7 @@
 //! bounded tail: a candidate that prints gigabytes must not exhaust our memory.
 
 use crate::error::{EvalError, Result};
+use crate::interrupt::Interrupt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::ffi::OsString;
@@ -53,6 +54,9 @@ const MAX_RESULT_BYTES: usize = 64 << 20;
 /// left the group (`setsid`) could hold them open for ever; we do not wait for it.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
+/// How often a harness being waited for looks at its [`Interrupt`].
+const INTERRUPT_POLL: Duration = Duration::from_millis(50);
+
 /// One harness invocation.
 #[derive(Debug, Clone)]
 pub struct Invocation<'a> {
@@ -70,6 +74,8 @@ pub struct Invocation<'a> {
     pub knobs: &'a [(String, String)],
     /// Bytes of stdout/stderr kept.
     pub tail_bytes: usize,
+    /// When requested, the process group is killed and [`EvalError::Interrupted`] returned.
+    pub interrupt: Option<&'a Interrupt>,
 }
 
 /// What came back from the child.
@@ -143,6 +149,9 @@ pub fn child_env(
 /// Runs one harness operation. `Err` only when the process could not be started or supervised;
 /// everything the child does (crash, hang, garbage) is described by the returned [`Outcome`].
 pub fn run(inv: &Invocation<'_>) -> Result<Outcome> {
+    if inv.interrupt.is_some_and(Interrupt::is_requested) {
+        return Err(EvalError::Interrupted);
+    }
     let (result_read, result_write) = result_pipe()?;
     let write_raw = result_write.as_raw_fd();
 
@@ -227,18 +236,39 @@ pub fn run(inv: &Invocation<'_>) -> Result<Outcome> {
     });
 
     let mut timed_out = false;
-    match exited_rx.recv_timeout(inv.timeout) {
-        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => {}
-        Err(mpsc::RecvTimeoutError::Timeout) => {
+    let mut interrupted = false;
+    let deadline = started + inv.timeout;
+    loop {
+        // Short waits when someone may ask us to stop, one wait otherwise.
+        let now = Instant::now();
+        let slice = match inv.interrupt {
+            Some(_) => INTERRUPT_POLL.min(deadline.saturating_duration_since(now)),
+            None => deadline.saturating_duration_since(now),
+        };
+        match exited_rx.recv_timeout(slice) {
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if inv.interrupt.is_some_and(Interrupt::is_requested) {
+            interrupted = true;
+            tracing::debug!(
+                pid,
+                op = inv.op,
+                "interrupted; killing the harness process group"
+            );
+        } else if Instant::now() >= deadline {
             timed_out = true;
             tracing::debug!(
                 pid,
                 op = inv.op,
                 "harness timed out; killing its process group"
             );
-            kill_group(pid);
-            let _ = exited_rx.recv_timeout(Duration::from_secs(30));
+        } else {
+            continue;
         }
+        kill_group(pid);
+        let _ = exited_rx.recv_timeout(Duration::from_secs(30));
+        break;
     }
     let wall = started.elapsed();
     // The leader is a zombie now, not yet reaped, so its process group id cannot have been
@@ -252,6 +282,9 @@ pub fn run(inv: &Invocation<'_>) -> Result<Outcome> {
         if drained_rx.recv_timeout(left).is_err() {
             break;
         }
+    }
+    if interrupted {
+        return Err(EvalError::Interrupted);
     }
     let result = lock(&result_buf).clone();
     let output_tail = lock(&tail).text();

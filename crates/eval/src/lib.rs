@@ -11,6 +11,7 @@ pub mod error;
 pub mod evaluator;
 pub mod harness;
 pub mod harness_env;
+pub mod interrupt;
 pub mod protocol;
 pub mod report;
 pub mod request;
@@ -19,6 +20,7 @@ pub mod yardstick;
 pub use bench::{BenchRequest, BenchResult, BenchSettings, BenchWorkload, Measurement};
 pub use error::EvalError;
 pub use evaluator::{Evaluator, EvaluatorConfig, SandboxMode};
+pub use interrupt::Interrupt;
 pub use protocol::{EvalResult, Status, Violation, ViolationClass, WorkloadResult};
 pub use request::{
     default_timeout, device_for, fresh_secret_seed, is_gpu_backend, EvalRequest, TimingPreset,

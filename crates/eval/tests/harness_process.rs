@@ -6,7 +6,8 @@ use ksearch_eval::protocol::{
     CandidateSection, CorrectnessConfig, EntrySpec, FunctionRef, TaskSection, ToleranceSpec,
 };
 use ksearch_eval::{
-    EvalRequest, Evaluator, EvaluatorConfig, Status, TimingPreset, ViolationClass, WorkloadSet,
+    EvalError, EvalRequest, Evaluator, EvaluatorConfig, Interrupt, Status, TimingPreset,
+    ViolationClass, WorkloadSet,
 };
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,10 @@ struct Fixture {
 }
 
 fn fixture(knobs: Vec<(String, String)>) -> Fixture {
+    fixture_with(knobs, None)
+}
+
+fn fixture_with(knobs: Vec<(String, String)>, interrupt: Option<Interrupt>) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let evaluator = Evaluator::new(EvaluatorConfig {
         python: Some(python()),
@@ -45,6 +50,7 @@ fn fixture(knobs: Vec<(String, String)>) -> Fixture {
         knobs,
         verify_harness: true,
         sandbox: Default::default(),
+        interrupt,
     })
     .unwrap();
     Fixture { evaluator, dir }
@@ -186,6 +192,52 @@ fn a_hanging_harness_times_out_and_its_whole_group_dies() {
     let pid_file = f.evaluator.build_dir(&req).unwrap().join("child.pid");
     let pid: i32 = std::fs::read_to_string(pid_file).unwrap().parse().unwrap();
     assert!(wait_dead(pid), "the grandchild {pid} survived the timeout");
+}
+
+/// Ctrl-C during an evaluation: the harness and everything it started die at once, not at the
+/// request's timeout, and the evaluation is an error (nothing to record), not a verdict.
+#[test]
+fn an_interrupt_kills_the_harness_group_in_flight() {
+    let interrupt = Interrupt::new();
+    let f = fixture_with(vec![], Some(interrupt.clone()));
+    let mut req = f.request("hang");
+    req.timeout = Duration::from_secs(60);
+    let pid_file = f.evaluator.build_dir(&req).unwrap().join("child.pid");
+    // Asked once the harness has started its own child, as Ctrl-C would come mid-evaluation.
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let asker = {
+        let (interrupt, pid_file, asked) = (interrupt.clone(), pid_file.clone(), asked.clone());
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !pid_file.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            *asked.lock().unwrap() = Some(Instant::now());
+            interrupt.request();
+        })
+    };
+    let r = f.evaluator.evaluate(&req);
+    let returned = Instant::now();
+    asker.join().unwrap();
+    assert!(matches!(r, Err(EvalError::Interrupted)), "{r:?}");
+    let asked = asked.lock().unwrap().expect("asked");
+    assert!(
+        returned - asked < Duration::from_secs(3),
+        "{:?}",
+        returned - asked
+    );
+    let pid: i32 = std::fs::read_to_string(pid_file).unwrap().parse().unwrap();
+    assert!(
+        wait_dead(pid),
+        "the grandchild {pid} survived the interrupt"
+    );
+    // Once requested, nothing more starts.
+    let again = Instant::now();
+    assert!(matches!(
+        f.evaluator.evaluate(&f.request("pass")),
+        Err(EvalError::Interrupted)
+    ));
+    assert!(again.elapsed() < Duration::from_secs(1));
 }
 
 #[test]

@@ -6,7 +6,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::http::{extract_error_message, snippet, status_error, HttpTransport};
+use crate::http::{
+    extract_error_message, preflight_verdict, snippet, status_error, HttpTransport,
+    PREFLIGHT_TIMEOUT,
+};
 use crate::openai::{secs, temperature_json};
 use crate::secret::redact_opt;
 use crate::types::estimate_tokens;
@@ -156,6 +159,19 @@ impl ChatProvider for AnthropicProvider {
 
     fn model(&self) -> &str {
         &self.cfg.model
+    }
+
+    /// GET `<base_url>/v1/models`: reachable, and the key accepted.
+    fn preflight(&self) -> Result<(), LlmError> {
+        let headers = [
+            ("x-api-key", self.key.expose()),
+            ("anthropic-version", self.cfg.version.as_str()),
+        ];
+        let models = format!("{}/models", self.url.trim_end_matches("/messages"));
+        let reply = self
+            .http
+            .get(&models, &headers, Some(&self.key), PREFLIGHT_TIMEOUT)?;
+        preflight_verdict(&self.cfg.name, &reply, Some(&self.key), None)
     }
 
     fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {

@@ -403,6 +403,10 @@ impl ChatProvider for Client {
         true
     }
 
+    fn preflight(&self) -> Result<(), LlmError> {
+        self.provider.preflight()
+    }
+
     fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let start = Instant::now();
         let key = ResponseCache::key(self.provider.name(), self.provider.model(), req);

@@ -136,6 +136,36 @@ impl ChatProvider for CommandProvider {
         &self.cfg.model
     }
 
+    /// The program exists and may be executed (a path, or a name found on `PATH`, resolved
+    /// as `Command` would, from the configured working directory).
+    fn preflight(&self) -> Result<(), LlmError> {
+        let program = self.program();
+        let found = if program.contains('/') {
+            let path = match &self.cfg.cwd {
+                Some(dir) => dir.join(program),
+                None => PathBuf::from(program),
+            };
+            is_executable(&path)
+        } else {
+            std::env::var_os("PATH").is_some_and(|paths| {
+                std::env::split_paths(&paths).any(|dir| is_executable(&dir.join(program)))
+            })
+        };
+        if found {
+            Ok(())
+        } else {
+            Err(LlmError::Config(format!(
+                "{}: command `{program}` is not an executable file{}",
+                self.cfg.name,
+                if program.contains('/') {
+                    ""
+                } else {
+                    " on PATH"
+                }
+            )))
+        }
+    }
+
     fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let start = Instant::now();
         let input = self.render_input(req);
@@ -234,6 +264,18 @@ impl ChatProvider for CommandProvider {
 }
 
 /// Blocks SIGPIPE for the calling thread only (SIGPIPE from a write is thread-directed).
+fn is_executable(path: &std::path::Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    }
+    #[cfg(not(unix))]
+    {
+        path.is_file()
+    }
+}
+
 fn block_sigpipe_in_this_thread() {
     // SAFETY: plain libc calls on a local, zero-initialised signal set.
     unsafe {

@@ -83,6 +83,49 @@ impl HttpTransport {
         })
     }
 
+    /// GETs `url` within `timeout` (connect included), for checks before a run: any HTTP
+    /// status is returned as data, transport failures as typed errors.
+    pub fn get(
+        &self,
+        url: &str,
+        headers: &[(&str, &str)],
+        secret: Option<&Secret>,
+        timeout: Duration,
+    ) -> Result<HttpReply, LlmError> {
+        let mut req = self
+            .agent
+            .get(url)
+            .header("accept", "application/json")
+            .config()
+            .timeout_global(Some(timeout))
+            .build();
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let mut resp = req.call().map_err(|e| {
+            let err = self.map_error(e, secret);
+            match err {
+                LlmError::Timeout { provider, .. } => LlmError::Timeout {
+                    provider,
+                    after: timeout,
+                },
+                other => other,
+            }
+        })?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(MAX_BODY_BYTES)
+            .read_to_string()
+            .unwrap_or_default();
+        Ok(HttpReply {
+            status,
+            body,
+            retry_after: None,
+        })
+    }
+
     fn map_error(&self, e: ureq::Error, secret: Option<&Secret>) -> LlmError {
         let provider = self.provider.clone();
         let message = redact_opt(secret, &e.to_string());
@@ -108,6 +151,24 @@ impl HttpTransport {
             }
             _ => LlmError::Connection { provider, message },
         }
+    }
+}
+
+/// How long the check before a run may take (`ChatProvider::preflight`).
+pub(crate) const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// What a GET of a provider's model list says about calls to come: the key is refused
+/// (401, 403) fails; anything else passes, since a compatible server may lack the endpoint
+/// (404, 405) or be briefly unwell, which the first call's retries handle.
+pub(crate) fn preflight_verdict(
+    provider: &str,
+    reply: &HttpReply,
+    secret: Option<&Secret>,
+    hint: Option<&str>,
+) -> Result<(), LlmError> {
+    match reply.status {
+        401 | 403 => Err(status_error(provider, reply, secret, hint)),
+        _ => Ok(()),
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::http::{snippet, status_error, HttpTransport};
+use crate::http::{preflight_verdict, snippet, status_error, HttpTransport, PREFLIGHT_TIMEOUT};
 use crate::secret::redact_opt;
 use crate::types::estimate_tokens;
 use crate::{ChatProvider, ChatRequest, ChatResponse, LlmError, Secret, Usage};
@@ -115,6 +115,14 @@ impl OpenAiProvider {
         })
     }
 
+    /// What to say when the server wants a key and none was sent.
+    fn missing_key_hint(&self, status: u16) -> Option<String> {
+        match (status, &self.key) {
+            (401, None) => Some(format!("no key was sent: is {} set?", self.cfg.api_key_env)),
+            _ => None,
+        }
+    }
+
     /// The JSON body sent for `req`.
     pub fn request_body(&self, req: &ChatRequest) -> Value {
         let mut messages = Vec::with_capacity(req.messages.len() + 1);
@@ -192,6 +200,25 @@ impl ChatProvider for OpenAiProvider {
         &self.cfg.model
     }
 
+    /// GET `<base_url>/models`: reachable, and the key (if any) accepted.
+    fn preflight(&self) -> Result<(), LlmError> {
+        let auth = self.key.as_ref().map(|k| format!("Bearer {}", k.expose()));
+        let mut headers = Vec::new();
+        if let Some(a) = &auth {
+            headers.push(("authorization", a.as_str()));
+        }
+        let models = format!("{}/models", self.url.trim_end_matches("/chat/completions"));
+        let reply = self
+            .http
+            .get(&models, &headers, self.key.as_ref(), PREFLIGHT_TIMEOUT)?;
+        preflight_verdict(
+            &self.cfg.name,
+            &reply,
+            self.key.as_ref(),
+            self.missing_key_hint(reply.status).as_deref(),
+        )
+    }
+
     fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let start = Instant::now();
         let auth = self.key.as_ref().map(|k| format!("Bearer {}", k.expose()));
@@ -206,15 +233,11 @@ impl ChatProvider for OpenAiProvider {
             self.key.as_ref(),
         )?;
         if !(200..300).contains(&reply.status) {
-            let hint = match (reply.status, &self.key) {
-                (401, None) => Some(format!("no key was sent: is {} set?", self.cfg.api_key_env)),
-                _ => None,
-            };
             return Err(status_error(
                 &self.cfg.name,
                 &reply,
                 self.key.as_ref(),
-                hint.as_deref(),
+                self.missing_key_hint(reply.status).as_deref(),
             ));
         }
         let mut resp = parse_chat_completion(

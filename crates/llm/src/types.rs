@@ -205,6 +205,14 @@ pub trait ChatProvider: Send + Sync {
     fn prices_responses(&self) -> bool {
         false
     }
+    /// A cheap check, before a run spends anything, that calls can succeed at all: the server
+    /// answers and accepts the key, or the program exists. Errors are those a call would end
+    /// with (connection, timeout, HTTP 401/403, configuration); anything the check cannot
+    /// judge (an endpoint the server lacks, a transient server error) passes, and the first
+    /// real call decides. The default checks nothing.
+    fn preflight(&self) -> Result<(), LlmError> {
+        Ok(())
+    }
 }
 
 impl<T: ChatProvider + ?Sized> ChatProvider for Arc<T> {
@@ -220,6 +228,9 @@ impl<T: ChatProvider + ?Sized> ChatProvider for Arc<T> {
     fn prices_responses(&self) -> bool {
         (**self).prices_responses()
     }
+    fn preflight(&self) -> Result<(), LlmError> {
+        (**self).preflight()
+    }
 }
 
 impl<T: ChatProvider + ?Sized> ChatProvider for Box<T> {
@@ -234,6 +245,9 @@ impl<T: ChatProvider + ?Sized> ChatProvider for Box<T> {
     }
     fn prices_responses(&self) -> bool {
         (**self).prices_responses()
+    }
+    fn preflight(&self) -> Result<(), LlmError> {
+        (**self).preflight()
     }
 }
 

@@ -8,6 +8,8 @@ use std::sync::Mutex;
 
 use serde_json::{json, Value};
 
+use ksearch_eval::Interrupt;
+
 use ksearch_search::engine::{
     CandidateEvaluator, Engine, EngineConfig, EngineError, EvalFailure, Evaluation, NoProgress,
     Purpose, RunOutcome,
@@ -30,6 +32,9 @@ struct FakeEvaluator {
     crash_on: Option<usize>,
     /// Fail every re-check (acceptance) evaluation the same way.
     crash_on_acceptance: bool,
+    /// On this call number, request the interrupt and fail as an evaluator whose harness was
+    /// killed by it.
+    interrupt_on: Option<(usize, Interrupt)>,
 }
 
 impl FakeEvaluator {
@@ -39,6 +44,7 @@ impl FakeEvaluator {
             seen: Mutex::new(Default::default()),
             crash_on,
             crash_on_acceptance: false,
+            interrupt_on: None,
         }
     }
 }
@@ -46,6 +52,10 @@ impl FakeEvaluator {
 impl CandidateEvaluator for FakeEvaluator {
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some((_, interrupt)) = self.interrupt_on.as_ref().filter(|(k, _)| *k == n) {
+            interrupt.request();
+            return Err(EvalFailure("interrupted".into()));
+        }
         if self.crash_on == Some(n) || (self.crash_on_acceptance && purpose == Purpose::Acceptance)
         {
             return Err(EvalFailure("harness could not start".into()));
@@ -404,6 +414,53 @@ fn resuming_after_an_interruption_never_redoes_a_completed_evaluation() {
     ids.dedup();
     assert_eq!(ids.len(), evals.len(), "no candidate evaluated twice");
     final_wm(&store).validate().unwrap();
+}
+
+/// Ctrl-C in the middle of an evaluation: the run stops with `Interrupted` (not an evaluator
+/// error), records nothing for the abandoned evaluation, and a resumed session finishes it.
+#[test]
+fn an_interrupt_stops_the_run_resumably_without_recording_the_abandoned_evaluation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = |_: &str, round: u32, _: u32| -> Result<String, ProposerError> {
+        Ok(format!("score={}", 1 + round))
+    };
+    let interrupt = Interrupt::new();
+    let proposer = ScriptedProposer::new(script);
+    let mut eval = FakeEvaluator::new(None);
+    eval.interrupt_on = Some((3, interrupt.clone()));
+    let engine =
+        new_engine(cfg(5, 0), store(tmp.path()), &proposer, &eval).with_interrupt(&interrupt);
+    let err = engine.run(Some("score=1;seed")).unwrap_err();
+    assert!(matches!(err, EngineError::Interrupted), "{err}");
+    assert_eq!(
+        eval.calls.load(Ordering::SeqCst),
+        3,
+        "nothing ran after the interrupt"
+    );
+    let store = engine.into_store();
+    assert!(!store.is_finished().unwrap());
+    let (evals, cands) = (store.evaluations().unwrap(), store.candidates().unwrap());
+    assert_eq!(evals.len(), 2, "the seed and the first attempt");
+    assert_eq!(
+        cands.len(),
+        3,
+        "the interrupted attempt is kept, unevaluated"
+    );
+    let dir = store.dir().to_path_buf();
+    drop(store);
+
+    let proposer = ScriptedProposer::new(script);
+    let eval = FakeEvaluator::new(None);
+    let engine = new_engine(cfg(5, 0), RunStore::open(&dir).unwrap(), &proposer, &eval);
+    let out = engine.run(Some("score=1;seed")).unwrap();
+    assert_eq!(out.rounds_used, 5);
+    let store = engine.into_store();
+    let evals = store.evaluations().unwrap();
+    assert_eq!(evals.len(), store.candidates().unwrap().len());
+    assert!(
+        evals.iter().all(|e| e.status == "passed"),
+        "no failure was recorded"
+    );
 }
 
 /// A session killed before its first checkpoint has recorded the seed, evaluated or not; the

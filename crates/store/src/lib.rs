@@ -24,6 +24,6 @@ pub use schema::SCHEMA_VERSION;
 pub use sources::SourceId;
 pub use store::{RunLock, RunStore, Writer, DB_FILE, REPORT_FILE, SOURCES_DIR, WRITER_LOCK_FILE};
 pub use types::{
-    CandidateKind, CandidateRow, EvaluationRow, EventRow, Exchange, ExchangeRow, NewCandidate,
-    RunConfig, RunSpan, RunSummary, Usage,
+    CandidateKind, CandidateRow, EvaluationRow, EventRow, Exchange, ExchangeRow, FailedCalls,
+    NewCandidate, RunConfig, RunSpan, RunSummary, Usage,
 };

@@ -106,6 +106,17 @@ impl RunStore {
         })
     }
 
+    /// Deletes a run that never got going (its set-up failed after the directory was made),
+    /// so no half-made run is left for `show` to list or `resume` to fail on again. The
+    /// connection closes first; `lock` (the caller's writer lock, if taken) is released with
+    /// the directory's removal.
+    pub fn discard(self, lock: Option<RunLock>) -> Result<(), StoreError> {
+        let dir = self.dir.clone();
+        drop(self.conn);
+        drop(lock);
+        std::fs::remove_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))
+    }
+
     /// Takes the run's writer lock, so no second `run` or `resume` writes into it at the same
     /// time; fails at once with [`StoreError::RunBusy`] (naming the holder's pid) if another
     /// process holds it. The lock lasts as long as the returned guard.
@@ -601,6 +612,31 @@ impl RunStore {
             })
         })?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// How many exchanges failed and the last one that did; `None` when none failed.
+    pub fn failed_calls(&self) -> Result<Option<FailedCalls>, StoreError> {
+        let count: u64 = self.conn.query_row(
+            "SELECT COUNT(*) FROM exchanges WHERE error IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )?;
+        if count == 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.conn.query_row(
+            "SELECT role, error, created_at FROM exchanges WHERE error IS NOT NULL
+             ORDER BY id DESC LIMIT 1",
+            [],
+            |r| {
+                Ok(FailedCalls {
+                    count,
+                    last_role: r.get(0)?,
+                    last_error: r.get(1)?,
+                    last_at: r.get(2)?,
+                })
+            },
+        )?))
     }
 
     pub fn usage_totals(&self) -> Result<Usage, StoreError> {

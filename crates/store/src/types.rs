@@ -134,6 +134,16 @@ pub struct ExchangeRow {
     pub created_at: String,
 }
 
+/// The proposer calls of a run that ended in an error, and the last of them (what `show`
+/// prints when a run stopped because its provider could not be used).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FailedCalls {
+    pub count: u64,
+    pub last_role: String,
+    pub last_error: String,
+    pub last_at: String,
+}
+
 /// Sums over all recorded exchanges.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Usage {

@@ -111,6 +111,26 @@ fn ids_are_unique_and_existing_runs_are_refused() {
 }
 
 #[test]
+fn a_discarded_run_leaves_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let kept = RunStore::create(&runs, &config()).unwrap();
+    let gone = RunStore::create(&runs, &config()).unwrap();
+    gone.put_source("int x;", "c").unwrap();
+    let lock = gone.lock_writer().unwrap();
+    let (dir, id) = (gone.dir().to_path_buf(), gone.id().to_string());
+    gone.discard(Some(lock)).unwrap();
+    assert!(!dir.exists());
+    let listed: Vec<String> = RunStore::list(&runs)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(listed, vec![kept.id().to_string()]);
+    assert!(RunStore::open_in(&runs, &id).is_err());
+}
+
+#[test]
 fn open_accepts_dir_db_file_and_id_prefix() {
     let tmp = tempfile::tempdir().unwrap();
     let runs = tmp.path().join("runs");
@@ -426,6 +446,7 @@ fn exchanges_and_usage() {
     let tmp = tempfile::tempdir().unwrap();
     let store = new_store(tmp.path());
     assert_eq!(store.usage_totals().unwrap(), Usage::default());
+    assert_eq!(store.failed_calls().unwrap(), None);
     let x1 = exchange("p1", 0.25, false);
     let mut x2 = exchange("p1", 0.0, true);
     x2.input_tokens = 0;
@@ -452,6 +473,19 @@ fn exchanges_and_usage() {
     );
     assert_eq!(u.latency_ms, 3 * 1234);
     assert!((u.cost_usd - 0.75).abs() < 1e-12);
+    let f = store.failed_calls().unwrap().unwrap();
+    assert_eq!((f.count, f.last_error.as_str()), (1, "HTTP 500"));
+    let mut x4 = exchange("p3", 0.0, false);
+    x4.role = "code".into();
+    x4.error = Some("connection refused".into());
+    store.record_exchange(&x4).unwrap();
+    store.record_exchange(&exchange("p4", 0.0, false)).unwrap();
+    let f = store.failed_calls().unwrap().unwrap();
+    assert_eq!(
+        (f.count, f.last_role.as_str(), f.last_error.as_str()),
+        (2, "code", "connection refused")
+    );
+    assert!(!f.last_at.is_empty());
 
     assert!(matches!(
         store.record_exchange(&exchange("p", -1.0, false)),
@@ -467,7 +501,7 @@ fn exchanges_and_usage() {
         store.record_exchange(&huge),
         Err(StoreError::Invalid(_))
     ));
-    assert_eq!(store.usage_totals().unwrap().calls, 3);
+    assert_eq!(store.usage_totals().unwrap().calls, 5);
 }
 
 #[test]

@@ -31,6 +31,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use ksearch_eval::Interrupt;
 use ksearch_store::{CandidateKind, CandidateRow, NewCandidate, RunStore, SourceId, StoreError};
 
 use crate::proposer::{
@@ -120,6 +121,10 @@ pub enum EngineError {
     Finished(String),
     #[error("the proposer's calls failed {failures} times in a row (the last: {last})")]
     ProposerGaveUp { failures: u32, last: String },
+    /// Stopped on request ([`Engine::with_interrupt`]): the evaluation in flight was abandoned
+    /// (nothing recorded for it); the run is unfinished and resumable.
+    #[error("interrupted")]
+    Interrupted,
 }
 
 /// What the progress display is told after each round.
@@ -235,6 +240,7 @@ pub struct Engine<'a> {
     /// Static checks run on each proposal before it is evaluated; a non-empty list of
     /// messages rejects it as `lint_failed` without a harness run.
     lint: Option<&'a Lint>,
+    interrupt: Option<&'a Interrupt>,
     /// Proposer calls that failed in a row (EngineConfig::max_proposer_failures).
     call_failures: std::sync::atomic::AtomicU32,
 }
@@ -265,6 +271,7 @@ impl<'a> Engine<'a> {
             progress,
             started: Instant::now(),
             lint: None,
+            interrupt: None,
             call_failures: std::sync::atomic::AtomicU32::new(0),
         }
     }
@@ -273,6 +280,18 @@ impl<'a> Engine<'a> {
     pub fn with_lint(mut self, lint: &'a Lint) -> Self {
         self.lint = Some(lint);
         self
+    }
+
+    /// Stops the run at its next step once `interrupt` is requested (the evaluator, given the
+    /// same flag, abandons the evaluation in flight): `run` returns [`EngineError::Interrupted`]
+    /// with everything finished so far in the store.
+    pub fn with_interrupt(mut self, interrupt: &'a Interrupt) -> Self {
+        self.interrupt = Some(interrupt);
+        self
+    }
+
+    fn interrupted(&self) -> bool {
+        self.interrupt.is_some_and(Interrupt::is_requested)
     }
 
     /// Records a lint rejection as the candidate's evaluation, or returns `None` when the
@@ -313,11 +332,23 @@ impl<'a> Engine<'a> {
     /// Runs (or resumes) the search until a budget or the frontier ends it. `seed` is the
     /// task's starting kernel, evaluated once and counted as a result.
     pub fn run(&self, seed: Option<&str>) -> Result<RunOutcome, EngineError> {
+        match self.run_to_the_end(seed) {
+            // Whatever the interrupt cut short (an evaluation, the confirmation) failed
+            // because of it.
+            Err(_) if self.interrupted() => Err(EngineError::Interrupted),
+            other => other,
+        }
+    }
+
+    fn run_to_the_end(&self, seed: Option<&str>) -> Result<RunOutcome, EngineError> {
         let mut state = match self.load_state()? {
             Some(s) => s,
             None => self.start(seed)?,
         };
         let stop_reason = loop {
+            if self.interrupted() {
+                return Err(EngineError::Interrupted);
+            }
             if let Some(reason) = self.budget_reached(&state) {
                 if state.cycle.is_some() && reason.starts_with("rounds") {
                     // The round budget cut a cycle short: close it so its best is attached.
