@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use ksearch_eval::{
@@ -30,22 +29,23 @@ use ksearch_search::proposer::offline::OfflineProposer;
 use ksearch_search::proposer::prompts::{ContextLevel, PromptInputs, PromptSet};
 use ksearch_search::proposer::{Proposer, ProposerUsage, TaskBrief};
 use ksearch_search::selection::{CalibratedPolicy, KSearchPolicy, SelectionPolicy};
+use ksearch_search::settings::{
+    ProposerKind, ReplayMatch, RunSettings, SelectionKind, Strategy, RUN_SETTINGS_VERSION,
+};
 use ksearch_store::{RunConfig, RunStore};
 use ksearch_task::Task;
 use std::sync::Arc;
 
 use crate::{exit, signals};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Strategy {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StrategyArg {
     /// K-Search: a world model of rated optimisation ideas steers each cycle.
     WorldModel,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ProposerKind {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ProposerArg {
     /// Built-in, no network: the action catalog and the task's template family.
     Offline,
     /// An OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, OpenRouter, …).
@@ -58,21 +58,8 @@ pub enum ProposerKind {
     Replay,
 }
 
-impl ProposerKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            ProposerKind::Offline => "offline",
-            ProposerKind::Openai => "openai",
-            ProposerKind::Anthropic => "anthropic",
-            ProposerKind::Command => "command",
-            ProposerKind::Replay => "replay",
-        }
-    }
-}
-
 /// How a replay matches calls to recorded replies.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum ReplayModeArg {
     /// The next recorded reply of the same role (code, wm-init, …), whatever the prompt:
     /// prompts carry measured times, which differ from run to run.
@@ -82,29 +69,29 @@ pub enum ReplayModeArg {
     Strict,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Selection {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SelectionArg {
     /// Utility with confidence, failures, visits and calibrated predictions (default).
     Calibrated,
     /// The original K-Search order: score, difficulty, rating, id, with its difficulty gate.
     Ksearch,
 }
 
-/// The options that define a run; stored with it so `resume` rebuilds the same search.
-#[derive(Clone, Debug, Args, Serialize, Deserialize)]
+/// The options that define a run. They become the run's [`RunSettings`], which are stored
+/// with it so `resume` rebuilds the same search.
+#[derive(Clone, Debug, Args)]
 pub struct SearchOptions {
     /// Search strategy.
-    #[arg(long, value_enum, default_value_t = Strategy::WorldModel)]
-    pub strategy: Strategy,
+    #[arg(long, value_enum, default_value_t = StrategyArg::WorldModel)]
+    pub strategy: StrategyArg,
 
     /// Who proposes ideas and writes kernels.
-    #[arg(long, value_enum, default_value_t = ProposerKind::Offline)]
-    pub proposer: ProposerKind,
+    #[arg(long, value_enum, default_value_t = ProposerArg::Offline)]
+    pub proposer: ProposerArg,
 
     /// How the next action is chosen from the world model's frontier.
-    #[arg(long, value_enum, default_value_t = Selection::Calibrated)]
-    pub selection: Selection,
+    #[arg(long, value_enum, default_value_t = SelectionArg::Calibrated)]
+    pub selection: SelectionArg,
 
     /// Code-generation rounds (each evaluates --samples candidates).
     #[arg(long, default_value_t = 20)]
@@ -149,67 +136,55 @@ pub struct SearchOptions {
     /// Rounds of the final confirmation: the winner, two runner-ups and the seed evaluated in
     /// turn, whose numbers are the run's headline (0 skips it).
     #[arg(long, value_name = "N", default_value_t = ksearch_search::engine::DEFAULT_CONFIRM_ROUNDS)]
-    #[serde(default = "default_confirm_rounds")]
     pub confirm_rounds: u32,
 
     /// Failed proposer calls in a row (unreachable, refused, timed out) that stop the run,
     /// unfinished, with exit status 3 (0: never).
     #[arg(long, value_name = "N", default_value_t = ksearch_search::engine::DEFAULT_MAX_PROPOSER_FAILURES, help_heading = "LLM proposers")]
-    #[serde(default = "default_max_proposer_failures")]
     pub max_proposer_failures: u32,
 
     /// Model name for LLM proposers (required for openai and anthropic).
     #[arg(long, help_heading = "LLM proposers")]
-    #[serde(default)]
     pub model: Option<String>,
 
     /// Base URL of the API (openai: up to `/v1`; anthropic: the host root).
     #[arg(long, value_name = "URL", help_heading = "LLM proposers")]
-    #[serde(default)]
     pub base_url: Option<String>,
 
     /// Environment variable holding the API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY;
     /// "" sends none). Keys are only ever read from the environment.
     #[arg(long, value_name = "VAR", help_heading = "LLM proposers")]
-    #[serde(default)]
     pub api_key_env: Option<String>,
 
     /// Program and arguments of the command proposer, e.g. "my-agent --print".
     #[arg(long, value_name = "\"PROG ARGS\"", help_heading = "LLM proposers")]
-    #[serde(default)]
     pub command: Option<String>,
 
     /// Transcript to replay (`runs/<id>/transcript.jsonl` of an earlier run).
     #[arg(long, value_name = "FILE", help_heading = "LLM proposers")]
-    #[serde(default)]
     pub transcript: Option<PathBuf>,
 
     /// How a replay matches calls to recorded replies.
     #[arg(long, value_enum, default_value_t = ReplayModeArg::Lenient, help_heading = "LLM proposers")]
-    #[serde(default)]
     pub replay_mode: ReplayModeArg,
 
     /// Seconds each replayed reply waits, as a model endpoint's latency would: how a search
     /// keeps the evaluator busy while its proposer is slow.
     #[arg(long, value_name = "SECONDS", default_value_t = 0.0, value_parser = parse_delay, help_heading = "LLM proposers")]
-    #[serde(default)]
     pub replay_delay: f64,
 
     /// How much the prompts carry: none (signature only), spec (+ task spec and world model),
     /// full (+ hardware profile, concept maps, patterns, assertions).
     #[arg(long, value_name = "LEVEL", default_value = "full", value_parser = parse_context, help_heading = "LLM proposers")]
-    #[serde(default)]
     pub context: ContextLevel,
 
     /// Hardware profile for the prompts (name or alias in knowledge/hardware); default: the
     /// target's.
     #[arg(long, value_name = "NAME", help_heading = "LLM proposers")]
-    #[serde(default)]
     pub hardware: Option<String>,
 
     /// Extra price table (TOML, as knowledge/prices.toml); its entries win.
     #[arg(long, value_name = "FILE", help_heading = "LLM proposers")]
-    #[serde(default)]
     pub price_table: Option<PathBuf>,
 
     /// Seconds one LLM call may take (each retry gets a fresh limit).
@@ -219,41 +194,81 @@ pub struct SearchOptions {
         default_value_t = 600.0,
         help_heading = "LLM proposers"
     )]
-    #[serde(default = "default_llm_timeout")]
     pub llm_timeout: f64,
 
     /// LLM calls in flight at most.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256), help_heading = "LLM proposers")]
-    #[serde(default = "default_llm_concurrency")]
     pub llm_concurrency: u32,
 
     /// Output token limit per LLM call (default: the provider's).
     #[arg(long, value_name = "N", help_heading = "LLM proposers")]
-    #[serde(default)]
     pub max_output_tokens: Option<u32>,
 
     /// Sampling temperature of LLM calls (default: the provider's).
     #[arg(long, help_heading = "LLM proposers")]
-    #[serde(default)]
     pub temperature: Option<f32>,
 
     /// Do not answer repeated prompts from the response cache.
     #[arg(long, help_heading = "LLM proposers")]
-    #[serde(default)]
     pub no_llm_cache: bool,
 
     /// Skip the knowledge packs' static checks before compiling.
     #[arg(long)]
-    #[serde(default)]
     pub no_lint: bool,
 }
 
-fn default_llm_timeout() -> f64 {
-    600.0
-}
-
-fn default_llm_concurrency() -> u32 {
-    4
+impl SearchOptions {
+    /// The run's settings these options ask for.
+    pub fn settings(&self) -> RunSettings {
+        RunSettings {
+            version: RUN_SETTINGS_VERSION,
+            strategy: match self.strategy {
+                StrategyArg::WorldModel => Strategy::WorldModel,
+            },
+            proposer: match self.proposer {
+                ProposerArg::Offline => ProposerKind::Offline,
+                ProposerArg::Openai => ProposerKind::Openai,
+                ProposerArg::Anthropic => ProposerKind::Anthropic,
+                ProposerArg::Command => ProposerKind::Command,
+                ProposerArg::Replay => ProposerKind::Replay,
+            },
+            selection: match self.selection {
+                SelectionArg::Calibrated => SelectionKind::Calibrated,
+                SelectionArg::Ksearch => SelectionKind::Ksearch,
+            },
+            rounds: self.rounds,
+            samples: self.samples,
+            stagnation_window: self.stagnation_window,
+            cycle_cap: self.cycle_cap,
+            max_difficulty: self.max_difficulty,
+            max_wall_time: self.max_wall_time,
+            max_tokens: self.max_tokens,
+            max_cost: self.max_cost,
+            timing: self.timing,
+            no_recheck: self.no_recheck,
+            confirm_rounds: self.confirm_rounds,
+            max_proposer_failures: self.max_proposer_failures,
+            model: self.model.clone(),
+            base_url: self.base_url.clone(),
+            api_key_env: self.api_key_env.clone(),
+            command: self.command.clone(),
+            transcript: self.transcript.clone(),
+            replay_mode: match self.replay_mode {
+                ReplayModeArg::Lenient => ReplayMatch::Lenient,
+                ReplayModeArg::Strict => ReplayMatch::Strict,
+            },
+            replay_delay: self.replay_delay,
+            context: self.context,
+            hardware: self.hardware.clone(),
+            price_table: self.price_table.clone(),
+            llm_timeout: self.llm_timeout,
+            llm_concurrency: self.llm_concurrency,
+            max_output_tokens: self.max_output_tokens,
+            temperature: self.temperature,
+            no_llm_cache: self.no_llm_cache,
+            no_lint: self.no_lint,
+        }
+    }
 }
 
 fn parse_context(s: &str) -> Result<ContextLevel, String> {
@@ -396,6 +411,7 @@ pub fn open_run(runs_dir: &Path, run: &str) -> Result<RunStore> {
 }
 
 pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
+    let settings = args.search.settings();
     let task = ksearch_task::resolve(&args.task).context("cannot load the task")?;
     let backend = match &args.backend {
         Some(b) => b.clone(),
@@ -419,13 +435,13 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
         task: args.task.clone(),
         backend: backend.clone(),
         strategy: "world-model".into(),
-        proposer: args.search.proposer.as_str().into(),
-        selection: format!("{:?}", args.search.selection).to_lowercase(),
+        proposer: settings.proposer.as_str().into(),
+        selection: format!("{:?}", settings.selection).to_lowercase(),
         seed,
         secret_seed,
-        budgets: json!({"rounds": args.search.rounds, "max_wall_time": args.search.max_wall_time,
-                        "max_tokens": args.search.max_tokens, "max_cost": args.search.max_cost}),
-        flags: serde_json::to_value(&args.search)?,
+        budgets: json!({"rounds": settings.rounds, "max_wall_time": settings.max_wall_time,
+                        "max_tokens": settings.max_tokens, "max_cost": settings.max_cost}),
+        flags: settings.to_value(),
         extra: json!({"task_dir": task.dir(), "seed_kernel": seed_path}),
         created_at: String::new(),
         ksearch_version: env!("CARGO_PKG_VERSION").into(),
@@ -437,7 +453,7 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
         &store,
         &task,
         &backend,
-        &args.search,
+        &settings,
         args.sandbox.mode,
         seed,
         secret_seed,
@@ -459,19 +475,19 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
             "ksearch: run {} — task {}, backend {backend}, {} rounds, proposer {}{}, seed {seed}",
             store.id(),
             task.name(),
-            args.search.rounds,
-            args.search.proposer.as_str(),
-            args.search
+            settings.rounds,
+            settings.proposer.as_str(),
+            settings
                 .model
                 .as_deref()
-                .map(|m| format!(" ({m}, context {})", args.search.context))
+                .map(|m| format!(" ({m}, context {})", settings.context))
                 .unwrap_or_default()
         );
     }
     let outcome = drive(
         store,
         setup,
-        args.search.rounds,
+        settings.rounds,
         Some(&seed_source),
         quiet,
         args.json,
@@ -485,8 +501,7 @@ pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
     // Held until the resumed run ends: a second `run` or `resume` of it is refused at once.
     let _writer = store.lock_writer()?;
     let config = store.config().clone();
-    let mut search: SearchOptions = serde_json::from_value(config.flags.clone())
-        .context("the run's stored options are unreadable")?;
+    let mut search = RunSettings::from_value(&config.flags)?;
     if let Some(r) = args.rounds {
         search.rounds = r;
     }
@@ -556,7 +571,7 @@ fn set_up(
     store: &RunStore,
     task: &Task,
     backend: &str,
-    opts: &SearchOptions,
+    opts: &RunSettings,
     sandbox: SandboxMode,
     seed: u64,
     secret_seed: u64,
@@ -587,11 +602,11 @@ fn set_up(
             .and_then(|t| packs.lint_target(&t.name))
     };
     let policy: Box<dyn SelectionPolicy + Sync> = match opts.selection {
-        Selection::Calibrated if matches!(opts.proposer, ProposerKind::Offline) => {
+        SelectionKind::Calibrated if matches!(opts.proposer, ProposerKind::Offline) => {
             Box::new(CalibratedPolicy::template_backed())
         }
-        Selection::Calibrated => Box::new(CalibratedPolicy::default()),
-        Selection::Ksearch => Box::new(KSearchPolicy {
+        SelectionKind::Calibrated => Box::new(CalibratedPolicy::default()),
+        SelectionKind::Ksearch => Box::new(KSearchPolicy {
             max_difficulty: opts.max_difficulty,
         }),
     };
@@ -610,18 +625,7 @@ fn set_up(
         store.dir().join("work"),
         &spec.language,
     );
-    let cfg = EngineConfig {
-        rounds: opts.rounds,
-        samples: opts.samples,
-        stagnation_window: opts.stagnation_window,
-        cycle_cap: opts.cycle_cap,
-        max_wall_seconds: opts.max_wall_time,
-        max_tokens: opts.max_tokens,
-        max_cost_usd: opts.max_cost,
-        recheck: !opts.no_recheck,
-        confirm_rounds: opts.confirm_rounds,
-        max_proposer_failures: opts.max_proposer_failures,
-    };
+    let cfg = opts.engine_config();
     let brief = TaskBrief {
         name: task.name().to_string(),
         kind: task.kind().to_string(),
@@ -764,7 +768,7 @@ fn split_command(line: &str) -> Result<Vec<String>> {
 
 /// The provider configuration the options describe. Keys are not part of it: providers read
 /// them from the environment variable named by `--api-key-env` when they are built.
-fn provider_config(opts: &SearchOptions) -> Result<ProviderConfig> {
+fn provider_config(opts: &RunSettings) -> Result<ProviderConfig> {
     let model = || {
         opts.model
             .clone()
@@ -824,8 +828,8 @@ fn provider_config(opts: &SearchOptions) -> Result<ProviderConfig> {
                 .clone()
                 .context("--proposer replay needs --transcript FILE")?,
             mode: match opts.replay_mode {
-                ReplayModeArg::Lenient => ReplayMode::Lenient,
-                ReplayModeArg::Strict => ReplayMode::Strict,
+                ReplayMatch::Lenient => ReplayMode::Lenient,
+                ReplayMatch::Strict => ReplayMode::Strict,
             },
             delay_s: opts.replay_delay,
         }),
@@ -839,7 +843,7 @@ fn llm_proposer(
     store: &RunStore,
     task: &Task,
     backend: &str,
-    opts: &SearchOptions,
+    opts: &RunSettings,
     seed: u64,
     packs: &Packs,
 ) -> Result<LlmProposer> {
@@ -914,7 +918,7 @@ fn llm_proposer(
 }
 
 /// What to check when the provider cannot be used (the error itself follows).
-fn preflight_failure(opts: &SearchOptions) -> String {
+fn preflight_failure(opts: &RunSettings) -> String {
     match opts.proposer {
         ProposerKind::Command => "the --command program cannot be run".into(),
         ProposerKind::Openai | ProposerKind::Anthropic => format!(
@@ -1051,14 +1055,6 @@ impl ProgressSink for ProgressDisplay {
     }
 }
 
-fn default_confirm_rounds() -> u32 {
-    ksearch_search::engine::DEFAULT_CONFIRM_ROUNDS
-}
-
-fn default_max_proposer_failures() -> u32 {
-    ksearch_search::engine::DEFAULT_MAX_PROPOSER_FAILURES
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1130,20 +1126,6 @@ mod tests {
     }
 
     #[test]
-    fn options_of_runs_made_before_llm_flags_still_load() {
-        // The flags an older ksearch stored: none of the LLM options.
-        let old = json!({"strategy": "world-model", "proposer": "offline", "selection": "calibrated",
-                         "rounds": 3, "samples": 1, "stagnation_window": 3, "cycle_cap": 4,
-                         "max_difficulty": 4, "max_wall_time": null, "max_tokens": null,
-                         "max_cost": null, "timing": "quick", "no_recheck": false});
-        let opts: SearchOptions = serde_json::from_value(old).unwrap();
-        assert_eq!(opts.context, ContextLevel::Full);
-        assert_eq!(opts.llm_concurrency, 4);
-        assert_eq!(opts.llm_timeout, 600.0);
-        assert!(!opts.no_lint && opts.model.is_none());
-    }
-
-    #[test]
     fn llm_options_round_trip_through_the_run_config_without_the_key() {
         let cli = Cli::parse_from([
             "x",
@@ -1160,10 +1142,10 @@ mod tests {
             "--llm-timeout",
             "5",
         ]);
-        let stored = serde_json::to_value(&cli.search).unwrap();
+        let stored = cli.search.settings().to_value();
         assert_eq!(stored["api_key_env"], "MY_KEY");
         assert_eq!(stored["context"], "spec");
-        let back: SearchOptions = serde_json::from_value(stored).unwrap();
+        let back = RunSettings::from_value(&stored).unwrap();
         match provider_config(&back).unwrap() {
             ProviderConfig::Openai(c) => {
                 assert_eq!(

@@ -11,6 +11,8 @@
 //! checkout's. So the whole ksearch process is real — task loading, offline proposer, lint,
 //! engine, run store, harness processes — and only the measurements are fake.
 //!
+//! Also: Ctrl-C in the middle of an evaluation, and a run stored by an earlier release.
+//!
 //! `KSEARCH_CRASH_KILLS=N` asks for more kills (the default suits CI), `KSEARCH_CRASH_SEED`
 //! replays a sequence of kill delays (the seed used is printed).
 
@@ -370,6 +372,64 @@ fn ctrl_c_abandons_the_evaluation_in_flight_and_leaves_a_resumable_run() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(RunStore::open(&dir).unwrap().is_finished().unwrap());
+}
+
+/// A run stored by ksearch 0.1.0 (tests/fixtures/run-0.1.0: its database as SQL, its sources;
+/// a finished two-round offline run of the cpu softmax) loads, shows and resumes with this
+/// build: the stored settings are the store's own format, whatever the flags are called now.
+#[test]
+fn a_run_stored_by_release_0_1_0_loads_shows_and_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let env = Env {
+        root: fast_root(tmp.path()),
+        cache: tmp.path().join("cache"),
+    };
+    let fixture = common::workspace_root().join("crates/cli/tests/fixtures/run-0.1.0");
+    let id = std::fs::read_to_string(fixture.join("RUN_ID")).unwrap();
+    let dir = tmp.path().join("runs").join(id.trim());
+    std::fs::create_dir_all(dir.join("sources")).unwrap();
+    for f in std::fs::read_dir(fixture.join("sources"))
+        .unwrap()
+        .flatten()
+    {
+        std::fs::copy(f.path(), dir.join("sources").join(f.file_name())).unwrap();
+    }
+    let sql = std::fs::read_to_string(fixture.join("ksearch.sql")).unwrap();
+    rusqlite::Connection::open(dir.join("ksearch.db"))
+        .unwrap()
+        .execute_batch(&sql)
+        .unwrap();
+    let before = RunStore::open(&dir).unwrap().evaluations().unwrap().len();
+
+    let shown = env.ksearch().arg("show").arg(&dir).output().unwrap();
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    assert!(
+        text.contains("status: finished") && text.contains("best: candidate"),
+        "{text}"
+    );
+
+    let out = env
+        .ksearch()
+        .args(["resume", "--rounds", "3", "--json"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(outcome["outcome"]["rounds_used"], 3, "{outcome}");
+    let store = RunStore::open(&dir).unwrap();
+    assert!(store.is_finished().unwrap());
+    assert!(store.evaluations().unwrap().len() > before);
+    assert_eq!(store.check_integrity().unwrap(), Vec::<String>::new());
 }
 
 /// The interpreter for the stand-in harness (it needs nothing beyond the standard library):

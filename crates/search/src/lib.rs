@@ -16,4 +16,5 @@ pub mod accounting;
 pub mod engine;
 pub mod proposer;
 pub mod selection;
+pub mod settings;
 pub mod world_model;
