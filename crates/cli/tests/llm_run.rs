@@ -756,37 +756,71 @@ fn a_proposer_that_keeps_failing_stops_the_run_with_status_3() {
     );
 }
 
-/// A server that answers every request with 401 and an OpenAI-style error body.
-fn refusing_server() -> String {
+/// How a misbehaving server answers one request: a status and a JSON body (with `retry-after:
+/// 0`, so the client's retries do not wait), or nothing at all (the connection stays open).
+#[derive(Clone, Copy)]
+enum Answer {
+    Status(u16, &'static str),
+    Hang,
+}
+
+/// A server answering GETs (the check before a run) with `get` and POSTs (calls) with `post`.
+fn misbehaving_server(get: Answer, post: Answer) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            let Ok(mut writer) = stream.try_clone() else {
-                continue;
-            };
-            let mut reader = BufReader::new(stream);
-            let mut line = String::new();
-            while reader.read_line(&mut line).unwrap_or(0) > 0 && line.trim_end() != "" {
-                line.clear();
-            }
-            let text = r#"{"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}"#;
-            let _ = write!(
-                writer,
-                "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
-                text.len()
-            );
+            thread::spawn(move || {
+                let Ok(mut writer) = stream.try_clone() else {
+                    return;
+                };
+                let mut reader = BufReader::new(stream);
+                let mut request = String::new();
+                let mut line = String::new();
+                let mut len = 0usize;
+                while reader.read_line(&mut line).unwrap_or(0) > 0 && line.trim_end() != "" {
+                    if request.is_empty() {
+                        request = line.clone();
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                    line.clear();
+                }
+                let mut body = vec![0u8; len];
+                let _ = reader.read_exact(&mut body);
+                let answer = if request.starts_with("GET ") {
+                    get
+                } else {
+                    post
+                };
+                match answer {
+                    Answer::Hang => thread::sleep(Duration::from_secs(120)),
+                    Answer::Status(status, text) => {
+                        let _ = write!(
+                            writer,
+                            "HTTP/1.1 {status} Scripted\r\ncontent-type: application/json\r\nretry-after: 0\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+                            text.len()
+                        );
+                    }
+                }
+            });
         }
     });
     format!("http://{addr}/v1")
 }
+
+const MODELS: &str = r#"{"object": "list", "data": [{"id": "m", "object": "model"}]}"#;
+const BAD_KEY: &str =
+    r#"{"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}"#;
 
 /// A provider that cannot be used stops `ksearch run` before the seed is evaluated: status 2
 /// within seconds, the cause on screen, and no run left behind.
 #[test]
 fn an_unusable_provider_fails_the_run_at_once_and_leaves_no_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let refusing = refusing_server();
+    let refusing = misbehaving_server(Answer::Status(401, BAD_KEY), Answer::Status(401, BAD_KEY));
+    let silent = misbehaving_server(Answer::Hang, Answer::Hang);
     let cases: Vec<(Vec<&str>, &[&str])> = vec![
         (
             vec![
@@ -809,6 +843,17 @@ fn an_unusable_provider_fails_the_run_at_once_and_leaves_no_run() {
                 &refusing,
             ],
             &["HTTP 401", "Incorrect API key", "is OPENAI_API_KEY set?"],
+        ),
+        (
+            vec![
+                "--proposer",
+                "openai",
+                "--model",
+                "m",
+                "--base-url",
+                &silent,
+            ],
+            &["no reply within 8s", "that the server is up"],
         ),
         (
             vec![
@@ -848,6 +893,41 @@ fn an_unusable_provider_fails_the_run_at_once_and_leaves_no_run() {
             .unwrap_or_default();
         assert!(left.is_empty(), "{args:?} left {left:?}");
     }
+}
+
+/// A server that passes the check but fails every call (500s, retried at once as its
+/// `retry-after: 0` allows) stops the run after three failed calls in a row: status 3, the
+/// server's message on screen, the run kept for `resume`.
+#[test]
+fn a_server_failing_every_call_stops_the_run_with_status_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let failing = misbehaving_server(
+        Answer::Status(200, MODELS),
+        Answer::Status(500, r#"{"error": {"message": "the model is overloaded"}}"#),
+    );
+    let out = softmax_cpu_run("10", &runs)
+        .args(["--timing", "quick", "--no-recheck", "--confirm-rounds", "0"])
+        .args([
+            "--proposer",
+            "openai",
+            "--model",
+            "m",
+            "--base-url",
+            &failing,
+        ])
+        .args(["--api-key-env", ""])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("failed 3 times in a row"), "{err}");
+    assert!(
+        err.contains("HTTP 500") && err.contains("the model is overloaded"),
+        "{err}"
+    );
+    assert!(err.contains("ksearch resume"), "{err}");
+    assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 1);
 }
 
 #[test]
