@@ -930,6 +930,54 @@ fn a_server_failing_every_call_stops_the_run_with_status_3() {
     assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 1);
 }
 
+/// A strict replay whose transcript does not match the run's calls fails each call with the
+/// mismatch named, and stops the run like any provider that keeps failing (status 3); a
+/// transcript that is not there is a set-up error (status 2, no run left).
+#[test]
+fn a_strict_replay_that_does_not_match_stops_the_run_with_status_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let transcript = tmp.path().join("other-run.jsonl");
+    let record = |seq: u64| {
+        json!({"seq": seq, "role_tag": "wm-init", "request_hash": format!("{seq:064x}"),
+               "provider": "openai", "model": "m", "text": "{}",
+               "usage": {"input_tokens": 1, "output_tokens": 1}, "cost_usd": 0.0})
+        .to_string()
+    };
+    std::fs::write(
+        &transcript,
+        (0..8).map(record).collect::<Vec<_>>().join("\n") + "\n",
+    )
+    .unwrap();
+    let runs = tmp.path().join("runs");
+    let out = softmax_cpu_run("10", &runs)
+        .args(["--timing", "quick", "--no-recheck", "--confirm-rounds", "0"])
+        .args([
+            "--proposer",
+            "replay",
+            "--replay-mode",
+            "strict",
+            "--transcript",
+        ])
+        .arg(&transcript)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("does not match the transcript"), "{err}");
+    assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 1);
+
+    let missing = tmp.path().join("runs-missing");
+    let out = softmax_cpu_run("10", &missing)
+        .args(["--proposer", "replay", "--transcript"])
+        .arg(tmp.path().join("no-such.jsonl"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no-such.jsonl"), "{err}");
+    assert_eq!(std::fs::read_dir(&missing).map_or(0, |d| d.count()), 0);
+}
+
 #[test]
 fn llm_options_are_checked_before_a_run_starts() {
     let tmp = tempfile::tempdir().unwrap();
