@@ -565,6 +565,7 @@ fn drive(
     };
     let evaluator = Evaluator::new(EvaluatorConfig {
         sandbox,
+        backend: Some(backend.to_string()),
         ..EvaluatorConfig::default()
     })
     .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;

@@ -38,6 +38,7 @@ fn fixture(knobs: Vec<(String, String)>) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let evaluator = Evaluator::new(EvaluatorConfig {
         python: Some(python()),
+        backend: None,
         harness_dir: Some(fake_harness()),
         work_dir: Some(dir.path().join("work")),
         kill_grace: Duration::from_millis(500),
