@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-TASK = REPO / "tasks" / "selective-scan"
+# The tasks tree: the checkout's, unless KSEARCH_TASKS_DIR names one (`ksearch bench mamba` sets
+# it, since an installed ksearch runs this file from its cache, away from any checkout).
+TASK = Path(os.environ.get("KSEARCH_TASKS_DIR") or REPO / "tasks") / "selective-scan"
 FAMILY_DIRS = {"cuda": TASK / "templates-cuda", "mlx": TASK / "templates-mlx"}
 
 

@@ -1,21 +1,50 @@
 //! ksearch-assets: where the data shipped with ksearch lives on disk.
 //!
-//! The built-in tasks, knowledge packs and the Python harness are embedded in the binary so an
-//! installed `ksearch` works from any directory. Child processes (the harness) need them as real
-//! files, so this crate resolves each asset tree to a directory:
+//! The built-in tasks, knowledge packs, the Python harness and the Python of the whole-model
+//! Mamba bench are embedded in the binary so an installed `ksearch` works from any directory.
+//! Child processes (the harness, the bench) need them as real files, so this crate resolves each
+//! asset tree to a directory:
 //!
 //! 1. `$KSEARCH_ROOT/<tree>` when `KSEARCH_ROOT` is set (development, tests);
 //! 2. the checkout the binary was built from, when it still exists (so edits to `tasks/` or
-//!    `harness/` take effect without a rebuild);
+//!    `harness/` take effect without a rebuild), unless [`NO_CHECKOUT_VAR`] is set;
 //! 3. otherwise the embedded copy, extracted once into the cache under a content hash, so two
 //!    versions of ksearch never share a stale copy.
 
-use include_dir::{include_dir, Dir};
+use include_dir::{include_dir, Dir, DirEntry, File};
 use std::path::{Path, PathBuf};
 
 static TASKS: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/../../tasks");
 static KNOWLEDGE: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/../../knowledge");
 static HARNESS: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/../../harness");
+
+/// A tree of chosen files of one checkout directory (`include_dir!` takes a whole directory, and
+/// `gpu/mamba` also holds tests, fixtures and emulators that the bench never imports). rustc
+/// tracks `include_bytes!` files itself, so an edit to one is picked up without build.rs.
+macro_rules! chosen_files {
+    ($dir:literal: $($name:literal),+ $(,)?) => {
+        Dir::new("", &[$(DirEntry::File(File::new(
+            $name,
+            include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../", $dir, "/", $name)),
+        ))),+])
+    };
+}
+
+/// What `ksearch bench mamba` runs: bench.py and the modules it imports at run time (the model,
+/// its kernels, the template renderer and its named settings), and the MLX settings probe. The
+/// selective-scan templates it renders come from the tasks tree.
+static MAMBA_BENCH: Dir<'_> = chosen_files!("gpu/mamba":
+    "bench.py",
+    "mamba_model.py",
+    "model_kernels.py",
+    "render.py",
+    "variants.toml",
+    "mlx_env_probe.py",
+);
+
+/// Set (to anything but empty or `0`), step 2 of the lookup is skipped: the binary behaves as
+/// an installed copy far from any checkout. For tests of the embedded assets.
+pub const NO_CHECKOUT_VAR: &str = "KSEARCH_NO_SOURCE_CHECKOUT";
 
 /// An asset tree shipped with ksearch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,14 +52,26 @@ pub enum Tree {
     Tasks,
     Knowledge,
     Harness,
+    /// The Python of `ksearch bench mamba` (`gpu/mamba` in a checkout, only the files it runs).
+    MambaBench,
 }
 
 impl Tree {
+    /// Where the tree is in a checkout, relative to its root.
     pub fn dir_name(self) -> &'static str {
         match self {
             Tree::Tasks => "tasks",
             Tree::Knowledge => "knowledge",
             Tree::Harness => "harness",
+            Tree::MambaBench => "gpu/mamba",
+        }
+    }
+
+    /// The prefix of the tree's extracted copy in the cache (one path component).
+    fn cache_name(self) -> &'static str {
+        match self {
+            Tree::MambaBench => "mamba-bench",
+            other => other.dir_name(),
         }
     }
 
@@ -39,6 +80,7 @@ impl Tree {
             Tree::Tasks => &TASKS,
             Tree::Knowledge => &KNOWLEDGE,
             Tree::Harness => &HARNESS,
+            Tree::MambaBench => &MAMBA_BENCH,
         }
     }
 }
@@ -70,8 +112,13 @@ pub fn cache_dir() -> PathBuf {
     std::env::temp_dir().join("ksearch-cache")
 }
 
-/// The checkout this binary was built from, if it is still on disk.
+/// The checkout this binary was built from, if it is still on disk and [`NO_CHECKOUT_VAR`] is
+/// not set.
 pub fn source_checkout() -> Option<PathBuf> {
+    let off = std::env::var_os(NO_CHECKOUT_VAR).is_some_and(|v| !v.is_empty() && v != "0");
+    if off {
+        return None;
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let root = root.canonicalize().ok()?;
     root.join("Cargo.toml").is_file().then_some(root)
@@ -107,7 +154,7 @@ pub fn extract(tree: Tree, cache: &Path) -> Result<PathBuf, AssetError> {
     let dir = tree.embedded();
     let target = cache
         .join("assets")
-        .join(format!("{}-{}", tree.dir_name(), content_hash(dir)));
+        .join(format!("{}-{}", tree.cache_name(), content_hash(dir)));
     if target.is_dir() {
         return Ok(target);
     }
@@ -118,7 +165,7 @@ pub fn extract(tree: Tree, cache: &Path) -> Result<PathBuf, AssetError> {
     };
     let parent = target.parent().expect("target has a parent");
     std::fs::create_dir_all(parent).map_err(err)?;
-    let tmp = parent.join(format!(".{}-tmp-{}", tree.dir_name(), std::process::id()));
+    let tmp = parent.join(format!(".{}-tmp-{}", tree.cache_name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(err)?;
     dir.extract(&tmp).map_err(err)?;
@@ -179,6 +226,42 @@ mod tests {
                 std::fs::read(first.join(&path)).unwrap(),
                 contents,
                 "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_mamba_bench_tree_holds_the_chosen_files_as_in_the_checkout() {
+        let cache = tempfile::tempdir().unwrap();
+        let dir = extract(Tree::MambaBench, cache.path()).unwrap();
+        assert_eq!(dir.parent().unwrap(), cache.path().join("assets"));
+        assert!(dir
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("mamba-bench-"));
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../gpu/mamba");
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "bench.py",
+                "mamba_model.py",
+                "mlx_env_probe.py",
+                "model_kernels.py",
+                "render.py",
+                "variants.toml"
+            ]
+        );
+        for name in names {
+            assert_eq!(
+                std::fs::read(dir.join(&name)).unwrap(),
+                std::fs::read(checkout.join(&name)).unwrap(),
+                "{name}"
             );
         }
     }

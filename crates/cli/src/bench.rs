@@ -128,8 +128,11 @@ pub fn run(args: &BenchArgs, quiet: bool) -> Result<u8> {
         fresh_secret_seed()?,
         Duration::from_secs_f64(args.timeout),
     )?;
-    let evaluator = Evaluator::new(EvaluatorConfig::default())
-        .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
+    let evaluator = Evaluator::new(EvaluatorConfig {
+        backend: Some(backend.clone()),
+        ..EvaluatorConfig::default()
+    })
+    .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
     if !quiet {
         eprintln!(
             "ksearch: bench {} on {}/{backend}: {} workloads, {} timed calls each",

@@ -1,8 +1,9 @@
 //! `ksearch bench mamba`: mamba-370m end to end — prefill tokens/s at several lengths and
 //! decode tokens/s — for ksearch (mlx-lm's model with our selective scan in place of its
 //! per-token loop), stock mlx-lm and mambapy, on random weights or a local checkpoint. The
-//! measuring is `gpu/mamba/bench.py` run by the harness interpreter; this module handles the
-//! arguments, launches it, and renders its JSON (schema `ksearch-bench-mamba/1`).
+//! measuring is `gpu/mamba/bench.py` (shipped in the binary: ksearch_assets::Tree::MambaBench)
+//! run by the harness interpreter chosen for the mlx backend; this module handles the arguments,
+//! launches it, and renders its JSON (schema `ksearch-bench-mamba/1`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,6 +22,9 @@ pub const TASK: &str = "mamba";
 const SCHEMA: &str = "ksearch-bench-mamba/1";
 /// bench.py's exit status when our logits disagree with stock mlx-lm's.
 const CHECK_FAILED: i32 = 3;
+/// Where render.py (beside bench.py) finds the tasks tree: it may run from the cache, where
+/// the tree is not its grandparent as in a checkout.
+const TASKS_DIR_VAR: &str = "KSEARCH_TASKS_DIR";
 
 /// Options of `ksearch bench mamba` (the rest of `ksearch bench`'s: --kernel, --run,
 /// --runs-dir, --timeout, --json).
@@ -161,8 +165,8 @@ pub fn run(args: &BenchArgs, quiet: bool) -> Result<u8> {
             );
         }
     }
-    let script = bench_script()?;
-    let python = ksearch_eval::harness_env::resolve()
+    let (script, tasks) = bench_script()?;
+    let python = ksearch_eval::harness_env::resolve_for(Some("mlx"))
         .context("cannot set up the Python environment (try `ksearch doctor`)")?
         .python;
     let out = tempfile_path()?;
@@ -175,12 +179,13 @@ pub fn run(args: &BenchArgs, quiet: bool) -> Result<u8> {
         );
     }
     let mut cmd = Command::new(&python);
-    cmd.arg(&script).args(&argv);
+    cmd.arg(&script).args(&argv).env(TASKS_DIR_VAR, &tasks);
     if m.mlx_settings == "auto" {
         let probe = script.with_file_name("mlx_env_probe.py");
         let report = tempfile_path()?;
         let status = run_with_timeout(
             Command::new(&python)
+                .env(TASKS_DIR_VAR, &tasks)
                 .arg(&probe)
                 .arg("--json")
                 .arg(&report.path),
@@ -258,20 +263,18 @@ fn kernel_of_run(runs_dir: &Path, run: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// gpu/mamba/bench.py of the checkout (`KSEARCH_ROOT`, else the one ksearch was built from):
-/// the bench is development tooling, not embedded in the binary.
-fn bench_script() -> Result<PathBuf> {
-    let root = match std::env::var_os("KSEARCH_ROOT") {
-        Some(r) => Some(PathBuf::from(r)),
-        None => ksearch_assets::source_checkout(),
-    };
-    let script = root.map(|r| r.join("gpu").join("mamba").join("bench.py"));
-    match script {
-        Some(s) if s.is_file() => Ok(s),
-        _ => bail!(
-            "`ksearch bench mamba` needs a ksearch checkout (gpu/mamba/bench.py); set KSEARCH_ROOT to one"
-        ),
+/// bench.py of the bench's Python (`gpu/mamba` of `KSEARCH_ROOT` or of the checkout ksearch was
+/// built from, else the copy embedded in the binary, extracted into the cache), and the tasks
+/// tree its renderer reads the selective-scan templates from.
+fn bench_script() -> Result<(PathBuf, PathBuf)> {
+    use ksearch_assets::{locate, Tree};
+    let dir = locate(Tree::MambaBench).context("cannot locate the Mamba bench's Python")?;
+    let tasks = locate(Tree::Tasks).context("cannot locate the built-in tasks")?;
+    let script = dir.join("bench.py");
+    if !script.is_file() {
+        bail!("{} is missing", script.display());
     }
+    Ok((script, tasks))
 }
 
 fn script_args(args: &BenchArgs, kernel: Option<&Path>, out: &Path) -> Vec<String> {

@@ -1,7 +1,9 @@
 //! `ksearch doctor`: what this machine offers for evaluation, and how to get what is missing.
 //!
-//! Rust checks what it can on its own (python3, the venv module, a C compiler), sets up the
-//! harness environment, then asks the harness (`probe` op) about everything inside Python.
+//! Rust chooses the harness interpreter (an active one that imports numpy, else the managed
+//! environment, set up here; eval::harness_env), checks what it can on its own (python3 and the
+//! venv module when the managed environment needs them, a C compiler), then asks the harness
+//! (`probe` op) about everything inside Python.
 
 use crate::exit;
 use anyhow::Result;
@@ -60,26 +62,32 @@ pub fn run(args: &DoctorArgs) -> Result<u8> {
         return Ok(exit::OK);
     }
     let mut checks = Vec::new();
-    let override_python = std::env::var_os("KSEARCH_PYTHON").filter(|p| !p.is_empty());
-    if let Some(p) = &override_python {
-        let p = Path::new(p);
+    // Chosen first, since what else is required depends on it: the managed environment needs
+    // python3's venv module, an active interpreter does not.
+    let env = harness_env::resolve().map_err(|e| e.to_string());
+    let source = env.as_ref().ok().map(|e| e.source.clone());
+    if let Some(harness_env::Source::Explicit) = source {
+        let p = env.as_ref().map(|e| e.python.clone()).unwrap_or_default();
         checks.push(Check::new(
             "python (KSEARCH_PYTHON)",
             true,
-            first_line(p, &["--version"]),
+            first_line(&p, &["--version"]),
             "KSEARCH_PYTHON must name a working Python 3 interpreter",
         ));
     } else {
+        // An interpreter already chosen does not need python3 on PATH; the managed
+        // environment (chosen, or failed to be) is built from it.
+        let managed = !matches!(source, Some(harness_env::Source::Active));
         let base = harness_env::find_python3().map_err(|e| e.to_string());
         checks.push(Check::new(
             "python3",
-            true,
+            managed,
             base.as_ref().map_err(Clone::clone).and_then(|p| {
                 first_line(p, &["--version"]).map(|v| format!("{v} ({})", p.display()))
             }),
             "install Python 3 (Debian/Ubuntu: `apt install python3`)",
         ));
-        if let Ok(p) = &base {
+        if let (Ok(p), true) = (&base, managed) {
             checks.push(Check::new(
                 "python3 venv module",
                 true,
@@ -96,15 +104,11 @@ pub fn run(args: &DoctorArgs) -> Result<u8> {
         "install a C compiler (Debian/Ubuntu: `apt install gcc`; macOS: `xcode-select --install`)",
     ));
 
-    let env = harness_env::resolve().map_err(|e| e.to_string());
     checks.push(Check::new(
         "harness environment",
         true,
         env.as_ref()
-            .map(|e| match &e.venv {
-                Some(v) => format!("{} (managed)", v.display()),
-                None => format!("{} (KSEARCH_PYTHON)", e.python.display()),
-            })
+            .map(|e| format!("{}: {}", e.python.display(), e.reason))
             .map_err(Clone::clone),
         "see the message above; KSEARCH_PYTHON can point at an interpreter that has numpy",
     ));
@@ -144,6 +148,7 @@ pub fn run(args: &DoctorArgs) -> Result<u8> {
         let out = serde_json::json!({
             "ok": healthy,
             "checks": checks,
+            "harness_env": env.as_ref().ok().map(env_json),
             "probe": probe,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -156,6 +161,29 @@ pub fn run(args: &DoctorArgs) -> Result<u8> {
         }
     }
     Ok(if healthy { exit::OK } else { exit::REJECTED })
+}
+
+/// The interpreter choice for `--json`: the interpreter, where it came from (`KSEARCH_PYTHON`,
+/// `active` or `managed`), why, and the active interpreters passed over.
+fn env_json(env: &harness_env::HarnessEnv) -> Value {
+    let rejected: Vec<Value> = env
+        .rejected
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "python": r.candidate.python,
+                "origin": r.candidate.origin,
+                "why": r.why,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "python": env.python,
+        "source": env.source.as_str(),
+        "venv": env.venv(),
+        "reason": env.reason,
+        "rejected": rejected,
+    })
 }
 
 /// The sandbox probe in one line: the layers active, or what is missing and what got out.

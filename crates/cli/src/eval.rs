@@ -73,6 +73,7 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
     }
     let evaluator = Evaluator::new(EvaluatorConfig {
         sandbox: args.sandbox.mode,
+        backend: Some(args.backend.clone()),
         ..EvaluatorConfig::default()
     })
     .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;

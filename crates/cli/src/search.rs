@@ -613,6 +613,7 @@ fn set_up(
     let evaluator = Evaluator::new(EvaluatorConfig {
         sandbox,
         interrupt: Some(interrupt.clone()),
+        backend: Some(backend.to_string()),
         ..EvaluatorConfig::default()
     })
     .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;

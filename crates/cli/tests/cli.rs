@@ -342,6 +342,76 @@ fn doctor_reports_the_cpu_backend_ready() {
     assert!(Path::new(python.trim()).exists(), "{python}");
 }
 
+/// Without `KSEARCH_PYTHON`, doctor takes an activated environment's interpreter when it
+/// imports numpy, says which it passed over and why, and builds no environment of its own. The
+/// "environments" are wrappers around a numpy-capable Python: `$VIRTUAL_ENV`'s runs it with
+/// `-S` (no site-packages, so no numpy), `$CONDA_PREFIX`'s as it is.
+#[test]
+fn doctor_chooses_an_active_interpreter_that_has_numpy() {
+    let Some(python) = common::numpy_python() else {
+        eprintln!("skipped: no Python with numpy (set KSEARCH_TEST_PYTHON)");
+        return;
+    };
+    let envs = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let wrapper = |name: &str, flags: &str| -> PathBuf {
+        let bin = envs.path().join(name).join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let path = bin.join("python3");
+        let script = format!("#!/bin/sh\nexec '{}' {flags} \"$@\"\n", python.display());
+        std::fs::write(&path, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    };
+    let bare = wrapper("venv", "-S");
+    let conda = wrapper("conda", "");
+    let doctor = |args: &[&str]| {
+        ksearch()
+            .args(args)
+            .env_remove("KSEARCH_PYTHON")
+            .env_remove("KSEARCH_MANAGED_ENV")
+            .env("VIRTUAL_ENV", envs.path().join("venv"))
+            .env("CONDA_PREFIX", envs.path().join("conda"))
+            .env("KSEARCH_CACHE_DIR", cache.path())
+            .output()
+            .unwrap()
+    };
+    let out = doctor(&["doctor", "--json"]);
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let env = &report["harness_env"];
+    assert_eq!(env["source"], "active", "{env}");
+    assert_eq!(env["python"], conda.to_str().unwrap(), "{env}");
+    assert!(env["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("$CONDA_PREFIX imports numpy "));
+    assert_eq!(
+        env["rejected"][0]["python"],
+        bare.to_str().unwrap(),
+        "{env}"
+    );
+    assert!(env["rejected"][0]["why"]
+        .as_str()
+        .unwrap()
+        .contains("cannot import numpy"));
+    assert_eq!(report["ok"], true, "{report}");
+    // No managed environment was built.
+    let built: Vec<String> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("harness-venv"))
+        .collect();
+    assert!(built.is_empty(), "{built:?}");
+    let out = doctor(&["doctor", "--python-path"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        conda.to_str().unwrap()
+    );
+}
+
 /// A SIGKILLed ksearch takes its harness with it (PR_SET_PDEATHSIG): nothing goes on building or
 /// timing beside the next session. The harness here is the eval tests' stand-in, which reports
 /// its pid and then waits for ever.

@@ -18,8 +18,12 @@ use std::time::Duration;
 /// How the evaluator finds its interpreter and harness, and how it supervises them.
 #[derive(Debug, Clone)]
 pub struct EvaluatorConfig {
-    /// Interpreter to run the harness with; `None`: `KSEARCH_PYTHON` or the managed environment.
+    /// Interpreter to run the harness with; `None`: the one [`crate::harness_env::resolve_for`]
+    /// chooses for `backend`.
     pub python: Option<PathBuf>,
+    /// The backend the evaluations are for, when known: an active interpreter is chosen only
+    /// if it imports that backend's framework. `None`: any backend (numpy alone).
+    pub backend: Option<String>,
     /// Directory containing the `ksearch_harness` package; `None`: the shipped harness.
     pub harness_dir: Option<PathBuf>,
     /// Where build directories go; `None`: a temporary directory removed with the evaluator.
@@ -127,6 +131,7 @@ impl Default for EvaluatorConfig {
     fn default() -> Self {
         EvaluatorConfig {
             python: None,
+            backend: None,
             harness_dir: None,
             work_dir: None,
             kill_grace: Duration::from_secs(3),
@@ -168,7 +173,7 @@ impl Evaluator {
     pub fn new(config: EvaluatorConfig) -> Result<Self> {
         let python = match &config.python {
             Some(p) => p.clone(),
-            None => crate::harness_env::resolve()?.python,
+            None => crate::harness_env::resolve_for(config.backend.as_deref())?.python,
         };
         let harness_dir = match &config.harness_dir {
             Some(d) => d.clone(),

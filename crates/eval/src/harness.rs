@@ -113,6 +113,20 @@ impl Outcome {
     }
 }
 
+/// The environment an interpreter is probed in before it is chosen for the harness
+/// (harness_env): what the harness would get, without the harness package on `PYTHONPATH`, so
+/// an import that works in the probe works in the harness.
+pub(crate) fn probe_env(
+    parent: impl Iterator<Item = (OsString, OsString)>,
+) -> Vec<(OsString, OsString)> {
+    parent
+        .filter(|(key, _)| {
+            key.to_str()
+                .is_some_and(|name| name == "PYTHONPATH" || PASSED_THROUGH.contains(&name))
+        })
+        .collect()
+}
+
 /// The scrubbed environment for the child.
 pub fn child_env(
     harness_dir: &Path,

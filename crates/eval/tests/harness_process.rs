@@ -43,6 +43,7 @@ fn fixture_with(knobs: Vec<(String, String)>, interrupt: Option<Interrupt>) -> F
     let dir = tempfile::tempdir().unwrap();
     let evaluator = Evaluator::new(EvaluatorConfig {
         python: Some(python()),
+        backend: None,
         harness_dir: Some(fake_harness()),
         work_dir: Some(dir.path().join("work")),
         kill_grace: Duration::from_millis(500),

@@ -35,3 +35,19 @@ pub fn ksearch() -> Command {
     configure(&mut cmd);
     Command::from_std(cmd)
 }
+
+/// A Python 3 that imports numpy, for tests that need one and cannot build the managed
+/// environment in a cache of their own (that may need the network): `KSEARCH_TEST_PYTHON`, else
+/// `python3` on PATH by its real path when it imports numpy; `None` (the caller skips, saying
+/// so) when neither is there.
+pub fn numpy_python() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("KSEARCH_TEST_PYTHON") {
+        return Some(PathBuf::from(p));
+    }
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import numpy, sys; print(sys.executable)"])
+        .output()
+        .ok()?;
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !path.is_empty()).then(|| PathBuf::from(path))
+}
