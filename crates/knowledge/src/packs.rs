@@ -22,6 +22,7 @@ use ksearch_task::{CustomWorkload, Distribution, ParamValue, ResolvedWorkload, T
 use crate::error::KnowledgeError;
 use crate::files::{read_toml, toml_files};
 use crate::hardware::HardwareProfile;
+use crate::is_identifier;
 use crate::lint::{LintRule, LintTarget, Severity};
 
 /// A code target: the language a candidate is written in and where it runs.
@@ -561,7 +562,13 @@ impl Packs {
             .filter(|r| r.targets.iter().any(|x| x == target))
             .cloned()
             .collect();
-        Some(LintTarget::new(t, rules, &concepts))
+        let forbids = concepts.iter().flat_map(|c| {
+            c.concept
+                .forbid
+                .iter()
+                .map(|ident| (ident.clone(), c.concept.target.clone(), c.concept.severity))
+        });
+        Some(LintTarget::new(&t.name, &t.language, rules, forbids))
     }
 
     /// The assertion workloads for `task`'s kind on `backend`, checked and resolved by
@@ -673,14 +680,6 @@ fn trim_num(v: f64) -> String {
     } else {
         format!("{v}")
     }
-}
-
-pub(crate) fn is_identifier(s: &str) -> bool {
-    let mut chars = s.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]
