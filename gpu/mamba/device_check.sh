@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Everything of gpu/mamba that needs the H200, in two device calls (the MLX wheels travel in two
 # halves, see ../shared/device/prepare-mlx-cuda.sh, which must have been run here first so that
-# .device-carry/mlx1 and .device-carry/mlx2 exist). Results land in $OUT (at most 8 files).
+# .device-carry/mlx1 and .device-carry/mlx2 exist). The harness steps take the task's resolved
+# workloads from a ksearch binary (`ksearch tasks --workloads`): build it with
+# `cargo build --release -p ksearch-cli && strip target/release/ksearch` and carry it (or set
+# KSEARCH_BIN). Results land in $OUT (at most 8 files).
 #
-#   call 1, carry [".device-carry/mlx1"]:   bash gpu/mamba/device_check.sh 1
+#   call 1, carry [".device-carry/mlx1", "target/release/ksearch"]:   bash gpu/mamba/device_check.sh 1
 #     stashes the first MLX half; cuda backend: every named variant built with nvcc (ptxas
 #     report), checked against the float64 scan and timed (kernel_cuda.json); compute-sanitizer
 #     memcheck and racecheck on small shapes (sanitizer.log); the seed and picks through the real
 #     harness, held-out workloads and decay regimes included (eval_cuda.json).
-#   call 2, right after, carry [".device-carry/mlx2"]:   bash gpu/mamba/device_check.sh 2
+#   call 2, right after, carry [".device-carry/mlx2", "target/release/ksearch"]:
+#     bash gpu/mamba/device_check.sh 2
 #     assembles MLX; the whole-model bench: logits check against stock mlx-lm, prefill tok/s at
 #     512..4096 and decode tok/s for ksearch, mlx-lm and mambapy, the scan alone against its
 #     memory floor (bench.json); every variant through MLX (kernel_mlx.json); the bench again with

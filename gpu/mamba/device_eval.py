@@ -1,11 +1,11 @@
 """Device check of the selective-scan task's GPU backends through the real harness: the task's
-cuda / mlx workloads (held-out ones and the decay regimes included) are resolved from
-task.toml as ksearch resolves them, and candidates (the seeds, named family variants) are
-evaluated by `ksearch_harness` in this process (its GPU adapter, the task's reference.py
-references and baselines, every integrity check) — what `ksearch eval` would do on an H200.
+cuda / mlx workloads (held-out ones and the decay regimes included), resolved by ksearch itself
+(`ksearch tasks --workloads`), and candidates (the seeds, named family variants) evaluated by
+`ksearch_harness` in this process (its GPU adapter, the task's reference.py references and
+baselines, every integrity check) — what `ksearch eval` would do on an H200.
 
     PYTHONPATH=harness python3 gpu/mamba/device_eval.py --backend cuda --json out.json \\
-        [--variants s0_sequential,chunked_fused] [--process]
+        [--variants s0_sequential,chunked_fused] [--process] [--ksearch target/release/ksearch]
 
 Exit status 1 if a candidate does not pass.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,44 +33,22 @@ from render import Family, load_variants  # noqa: E402
 SPEC = tomllib.loads((TASK_DIR / "task.toml").read_text())
 DEFAULT_TOL = {"f32": {"rtol": 2e-5, "atol": 1e-5}, "f16": {"rtol": 1e-2, "atol": 5e-3},
                "bf16": {"rtol": 2e-2, "atol": 1e-2}}
-ELEM = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 
 
-def _eval(expr, env):
-    # task.toml's expressions use + - * ( ) and axis names only here; Python evaluates them
-    # the same way (the Rust side resolves them for real runs).
-    return eval(expr, {"__builtins__": {}}, env)
+def workloads(ksearch: str, backend: str) -> list[dict]:
+    """The task's workloads for `backend`, resolved by ksearch (shapes, dtypes, distributions,
+    roofline numbers), exactly as it sends them to the harness."""
+    out = subprocess.run([ksearch, "tasks", "--workloads", str(TASK_DIR), "--backend", backend],
+                         capture_output=True, text=True, check=False,
+                         env=dict(os.environ, KSEARCH_ROOT=str(REPO)))
+    if out.returncode != 0:
+        sys.exit(f"{ksearch} tasks --workloads failed ({out.returncode}): {out.stderr.strip()}")
+    return json.loads(out.stdout)
 
 
-def workloads(backend: str) -> list[dict]:
-    axes = SPEC["axes"]
-    out = []
-    for w in SPEC["workloads"]:
-        if backend not in w.get("backends", [backend]):
-            continue
-        params = dict(w["params"])
-        full = {n: params.get(n, a.get("default")) for n, a in axes.items()}
-        ints = {k: v for k, v in full.items() if isinstance(v, int)}
-        dtype_of = lambda d: full["dtype"] if d == "$dtype" else d
-        tensors = lambda specs, inputs: [
-            dict({"name": t["name"], "dtype": dtype_of(t["dtype"]),
-                  "shape": [_eval(str(s), ints) for s in t["shape"]]},
-                 **({"dist": t.get("dist", {"kind": "normal", "mean": 0.0, "std": 1.0})}
-                    if inputs else {}))
-            for t in specs]
-        env = dict(ints, elem_bytes=ELEM[full["dtype"]])
-        out.append({"name": w["name"], "held_out": bool(w.get("held_out", False)),
-                    "params": params, "inputs": tensors(SPEC["inputs"], True),
-                    "outputs": tensors(SPEC["outputs"], False),
-                    "flops": float(_eval(SPEC["roofline"]["flops"], env)),
-                    "bytes": float(_eval(SPEC["roofline"]["bytes"], env))})
-    return out
-
-
-def request(backend: str, candidate: Path, build_dir: Path, only: list[str] | None = None) -> dict:
+def request(backend: str, wls: list[dict], candidate: Path, build_dir: Path) -> dict:
     b = SPEC["backends"][backend]
     tol = {**DEFAULT_TOL, **SPEC.get("tolerance", {})}
-    wls = [w for w in workloads(backend) if only is None or w["name"] in only]
     forbidden = sorted(set(b.get("forbidden", [])) | {"reference", b["reference"], b["baseline"]})
     return {
         "protocol": 1, "op": "evaluate", "nonce": os.urandom(8).hex(),
@@ -128,7 +107,12 @@ def main(argv=None) -> int:
     ap.add_argument("--process", action="store_true",
                     help="also run the seed through `python -m ksearch_harness evaluate`")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--ksearch", default=os.environ.get("KSEARCH_BIN",
+                                                        str(REPO / "target/release/ksearch")),
+                    help="the ksearch binary that resolves the workloads (default: $KSEARCH_BIN, "
+                         "else target/release/ksearch)")
     args = ap.parse_args(argv)
+    wls = workloads(args.ksearch, args.backend)
     if args.backend == "mlx":
         os.environ.setdefault("MLX_ENABLE_TF32", "0")
     from ksearch_harness import worker
@@ -147,7 +131,7 @@ def main(argv=None) -> int:
         candidates.append((name, path))
     rows = []
     for name, path in candidates:
-        raw = request(args.backend, path, root / f"build-{name}")
+        raw = request(args.backend, wls, path, root / f"build-{name}")
         t0 = time.monotonic()
         try:
             result = worker.execute(parse_request(raw, "evaluate"))
@@ -156,9 +140,7 @@ def main(argv=None) -> int:
         print(f"       ({time.monotonic() - t0:.1f} s)", flush=True)
         rows.append(summarize(name, result))
     if args.process:
-        import subprocess
-
-        raw = request(args.backend, seed, root / "build-process")
+        raw = request(args.backend, wls, seed, root / "build-process")
         req_path = root / "process.json"
         req_path.write_text(json.dumps(raw))
         r_fd, w_fd = os.pipe()

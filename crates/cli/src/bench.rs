@@ -18,7 +18,7 @@ use ksearch_eval::{
     EvalRequest, Evaluator, EvaluatorConfig, TimingPreset, WorkloadSet,
 };
 use ksearch_knowledge::Catalog;
-use ksearch_task::{DType, DTypeSpec, Num, ParamValue, ResolvedTensor, ResolvedWorkload, Task};
+use ksearch_task::{CustomWorkload, ResolvedWorkload, Task};
 
 use crate::exit;
 use crate::search::{open_run, pick_backend, probed_backends};
@@ -271,132 +271,15 @@ pub fn build_request(
     Ok(BenchRequest { eval, settings })
 }
 
-/// A workload from `AXIS=VALUE,...`, resolved with the task's shapes and roofline formulas.
+/// A workload from `AXIS=VALUE,...`, checked and resolved by the task like its own workloads.
 fn custom_workload(task: &Task, backend: &str, spec: &str) -> Result<ResolvedWorkload> {
-    let ts = task.spec();
-    let mut params: BTreeMap<String, ParamValue> = BTreeMap::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part
-            .split_once('=')
-            .with_context(|| format!("`{part}` in `{spec}` is not AXIS=VALUE"))?;
-        let (k, v) = (k.trim(), v.trim());
-        let axis = ts.axis(k).with_context(|| {
-            format!(
-                "`{k}` is not an axis of task {} (axes: {})",
-                ts.name,
-                ts.axes
-                    .iter()
-                    .map(|a| a.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })?;
-        let value = match axis.ty {
-            ksearch_task::AxisType::Int => ParamValue::Int(
-                v.parse()
-                    .with_context(|| format!("{k} = `{v}` is not an integer"))?,
-            ),
-            ksearch_task::AxisType::Str => ParamValue::Str(v.to_string()),
-        };
-        if params.insert(k.to_string(), value).is_some() {
-            bail!("`{k}` is given twice in `{spec}`");
-        }
-    }
-    for axis in &ts.axes {
-        if !params.contains_key(&axis.name) {
-            match &axis.default {
-                Some(d) => {
-                    params.insert(axis.name.clone(), ParamValue::Str(d.clone()));
-                }
-                None => bail!("`{spec}` gives no value for the axis `{}`", axis.name),
-            }
-        }
-    }
-    let dtype = match params.get("dtype") {
-        Some(ParamValue::Str(s)) => {
-            Some(DType::parse(s).with_context(|| format!("dtype `{s}` is not a dtype"))?)
-        }
-        _ => None,
-    };
-    let lookup = |name: &str| -> Option<Num> {
-        if name == "elem_bytes" {
-            return dtype.map(|d| Num::Int(d.size_bytes() as i64));
-        }
-        match params.get(name) {
-            Some(ParamValue::Int(i)) => Some(Num::Int(*i)),
-            _ => None,
-        }
-    };
-    let tensors =
-        |list: &[ksearch_task::TensorSpec], inputs: bool| -> Result<Vec<ResolvedTensor>> {
-            list.iter()
-                .map(|t| {
-                    let dtype = match t.dtype {
-                        DTypeSpec::Fixed(d) => d,
-                        DTypeSpec::FromParam => {
-                            dtype.with_context(|| format!("`{}` needs a dtype", t.name))?
-                        }
-                    };
-                    let shape = t
-                        .shape
-                        .iter()
-                        .map(|e| {
-                            let n = e
-                                .eval_int(&lookup)
-                                .map_err(|err| anyhow::anyhow!("shape of `{}`: {err}", t.name))?;
-                            if n <= 0 {
-                                bail!("`{}` would have a dimension {n}", t.name);
-                            }
-                            Ok(n)
-                        })
-                        .collect::<Result<Vec<i64>>>()?;
-                    Ok(ResolvedTensor {
-                        name: t.name.clone(),
-                        dtype,
-                        shape,
-                        dist: inputs.then(|| t.dist.clone().unwrap_or_default()),
-                    })
-                })
-                .collect()
-        };
-    let formula = |e: &ksearch_task::Expr, what: &str| -> Result<f64> {
-        let v = e
-            .eval(&lookup)
-            .map_err(|err| anyhow::anyhow!("roofline {what}: {err}"))?
-            .as_f64();
-        if !(v.is_finite() && v >= 0.0) {
-            bail!("roofline {what} = {v}");
-        }
-        Ok(v)
-    };
-    // Defaulted axes stay out of `params`, as for the task's own workloads.
-    let listed: BTreeMap<String, ParamValue> = params
-        .iter()
-        .filter(|(k, v)| {
-            ts.axis(k)
-                .and_then(|a| a.default.as_ref())
-                .is_none_or(|d| **v != ParamValue::Str(d.clone()))
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    // The harness fills `{dtype}` of `attention_{dtype}` from the listed parameters only.
-    let entry = task.backend(backend)?;
-    if let Some(p) = entry
-        .entry_placeholders()
-        .into_iter()
-        .find(|p| !listed.contains_key(p))
-    {
-        bail!("backend {backend}'s entry point needs the parameter `{p}` (give {p}=...)");
-    }
-    Ok(ResolvedWorkload {
+    let custom = CustomWorkload {
         name: spec.replace(' ', ""),
+        params: task.parse_params(spec)?,
         held_out: false,
-        params: listed,
-        inputs: tensors(&ts.inputs, true)?,
-        outputs: tensors(&ts.outputs, false)?,
-        flops: formula(&ts.roofline.flops, "flops")?,
-        bytes: formula(&ts.roofline.bytes, "bytes")?,
-    })
+        dist: BTreeMap::new(),
+    };
+    Ok(task.resolve_workload(backend, &custom)?)
 }
 
 /// The peak a fraction is taken of: TFLOP/s by dtype, from a hardware profile.
@@ -873,9 +756,18 @@ mod tests {
         assert!(err("cuda", &["b9h9"]).contains("neither"));
         assert!(err("cuda", &["B=1,H=1,L=8,D=64,causal=0"]).contains("`dtype`"));
         assert!(err("cuda", &["B=1,H=1,L=8,causal=0,dtype=f16"]).contains("axis `D`"));
-        assert!(err("cuda", &["B=1,H=1,L=8,D=64,causal=0,dtype=f16,X=2"]).contains("not an axis"));
+        assert!(
+            err("cuda", &["B=1,H=1,L=8,D=64,causal=0,dtype=f16,X=2"]).contains("unknown axis `X`")
+        );
         assert!(err("cuda", &["B=x,H=1,L=8,D=64,causal=0,dtype=f16"]).contains("not an integer"));
-        assert!(err("cuda", &["B=0,H=1,L=8,D=64,causal=0,dtype=f16"]).contains("dimension 0"));
+        assert!(err("cuda", &["B=0,H=1,L=8,D=64,causal=0,dtype=f16"])
+            .contains("`B` = 0; a dimension must be positive"));
+        // The task's checks apply to a shape as to the task's own workloads: what the cuda
+        // kernels may assume, and an integer draw for integer inputs.
+        assert!(err("cuda", &["B=1,H=1,L=8,D=96,causal=0,dtype=f16"])
+            .contains("D = 96 breaks what kernels may assume"));
+        assert!(err("cuda", &["B=1,H=1,L=8,D=64,causal=0,dtype=i32"])
+            .contains("integer input `q` (i32) needs a `rand_int` or `custom` dist"));
         assert!(err("cuda", &["b3h4l100d64-f16", "b3h4l100d64-f16"]).contains("twice"));
         let task = attention();
         let e = build_request(

@@ -1,5 +1,6 @@
 //! `ksearch tasks`: the built-in tasks; `--check` runs `ksearch_task::check` on them (or on
-//! one task) and reports every problem.
+//! one task) and reports every problem; `--workloads` prints one task's resolved workloads for
+//! a backend as JSON, for tools that need them without evaluating task.toml's expressions.
 
 use crate::exit;
 use anyhow::{Context, Result};
@@ -18,6 +19,19 @@ pub struct TasksArgs {
     /// their `must_reach`). Without NAME|DIR: every built-in task. Exits 1 on any problem.
     #[arg(long, value_name = "NAME|DIR")]
     check: Option<Option<String>>,
+    /// Print the workloads of this task (built-in name or task directory) for --backend, held
+    /// out ones included, resolved to concrete shapes, as a JSON array of the harness
+    /// protocol's `workloads` items.
+    #[arg(
+        long,
+        value_name = "NAME|DIR",
+        conflicts_with = "check",
+        requires = "backend"
+    )]
+    workloads: Option<String>,
+    /// The backend whose workloads --workloads prints.
+    #[arg(long, requires = "workloads")]
+    backend: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -42,6 +56,12 @@ struct Counts {
 pub fn run(args: &TasksArgs) -> Result<u8> {
     if let Some(target) = &args.check {
         return check(target.as_deref(), args.json);
+    }
+    if let (Some(target), Some(backend)) = (&args.workloads, &args.backend) {
+        let task = ksearch_task::resolve(target).context("cannot load the task")?;
+        let workloads = task.workloads(backend)?;
+        println!("{}", serde_json::to_string_pretty(&workloads)?);
+        return Ok(exit::OK);
     }
     let tasks = ksearch_task::builtin::list().context("cannot load the built-in tasks")?;
     let mut rows = Vec::new();

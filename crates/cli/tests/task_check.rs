@@ -189,3 +189,33 @@ fn a_softmax_without_the_max_subtraction_is_rejected_on_held_out_workloads() {
     }
     assert_eq!(correct("r333c5000"), true);
 }
+
+/// `ksearch tasks --workloads`: the task's own resolution, as the harness receives it.
+#[test]
+fn workloads_print_as_resolved_for_the_harness() {
+    let out = ksearch()
+        .args([
+            "tasks",
+            "--workloads",
+            "selective-scan",
+            "--backend",
+            "cuda",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let printed: Vec<ksearch_task::ResolvedWorkload> = serde_json::from_slice(&out.stdout).unwrap();
+    let task = ksearch_task::load_task(&workspace_root().join("tasks/selective-scan")).unwrap();
+    assert_eq!(printed, task.workloads("cuda").unwrap());
+    assert!(printed.iter().any(|w| w.held_out));
+    ksearch()
+        .args(["tasks", "--workloads", "softmax", "--backend", "tpu"])
+        .assert()
+        .code(predicate::ne(0))
+        .stderr(predicate::str::contains("no `tpu` backend"));
+    ksearch()
+        .args(["tasks", "--workloads", "softmax"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--backend"));
+}

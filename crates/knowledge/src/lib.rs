@@ -26,3 +26,10 @@ pub use hardware::{DeviceKind, HardwareProfile, Memory, OnChip, Parallelism};
 pub use lint::{LintFinding, LintTarget, Severity};
 pub use packs::{KnowledgeContext, Packs, Target};
 pub use templates::{format_knobs, Knob, KnobValue, Knobs, Rule, TemplateFamily};
+
+/// Is `s` a C/Python identifier (a letter or `_`, then letters, digits and `_`)?
+pub(crate) fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}

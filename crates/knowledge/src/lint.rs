@@ -23,7 +23,7 @@ use std::fmt;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use crate::packs::{is_identifier, ConceptEntry, Target};
+use crate::is_identifier;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -148,18 +148,24 @@ pub struct LintTarget {
 }
 
 impl LintTarget {
-    pub(crate) fn new(target: &Target, rules: Vec<LintRule>, concepts: &[ConceptEntry]) -> Self {
+    /// The target `name` whose candidates are written in `language`, with its `rules` and the
+    /// identifiers its concept maps forbid, each with its replacement text and severity (the
+    /// first entry of an identifier wins).
+    pub(crate) fn new(
+        name: &str,
+        language: &str,
+        rules: Vec<LintRule>,
+        forbids: impl IntoIterator<Item = (String, String, Severity)>,
+    ) -> Self {
         let mut concept_forbids = BTreeMap::new();
-        for c in concepts {
-            for ident in &c.concept.forbid {
-                concept_forbids
-                    .entry(ident.clone())
-                    .or_insert_with(|| (c.concept.target.clone(), c.concept.severity));
-            }
+        for (ident, replacement, severity) in forbids {
+            concept_forbids
+                .entry(ident)
+                .or_insert((replacement, severity));
         }
         Self {
-            name: target.name.clone(),
-            language: target.language.clone(),
+            name: name.to_string(),
+            language: language.to_string(),
             rules,
             concept_forbids,
         }

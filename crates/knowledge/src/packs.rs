@@ -17,14 +17,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use ksearch_task::{
-    DType, DTypeSpec, Distribution, Num, ParamValue, ResolvedTensor, ResolvedWorkload, Task,
-    TensorSpec,
-};
+use ksearch_task::{CustomWorkload, Distribution, ParamValue, ResolvedWorkload, Task};
 
 use crate::error::KnowledgeError;
 use crate::files::{read_toml, toml_files};
 use crate::hardware::HardwareProfile;
+use crate::is_identifier;
 use crate::lint::{LintRule, LintTarget, Severity};
 
 /// A code target: the language a candidate is written in and where it runs.
@@ -564,12 +562,18 @@ impl Packs {
             .filter(|r| r.targets.iter().any(|x| x == target))
             .cloned()
             .collect();
-        Some(LintTarget::new(t, rules, &concepts))
+        let forbids = concepts.iter().flat_map(|c| {
+            c.concept
+                .forbid
+                .iter()
+                .map(|ident| (ident.clone(), c.concept.target.clone(), c.concept.severity))
+        });
+        Some(LintTarget::new(&t.name, &t.language, rules, forbids))
     }
 
-    /// The assertion workloads for `task`'s kind on `backend`, resolved against its axes,
-    /// inputs and roofline formulas like the task's own workloads. They are held out
-    /// (acceptance only). A workload whose parameters do not fit this task is skipped with a
+    /// The assertion workloads for `task`'s kind on `backend`, checked and resolved by
+    /// [`Task::resolve_workload`], with every check of the task's own workloads. They are held
+    /// out (acceptance only). A workload that does not fit this task is skipped with the
     /// reason.
     pub fn acceptance_workloads(&self, task: &Task, backend: &str) -> AcceptanceWorkloads {
         let mut out = AcceptanceWorkloads::default();
@@ -581,7 +585,13 @@ impl Packs {
                 {
                     continue;
                 }
-                match resolve_assertion_workload(task, backend, a, w) {
+                let custom = CustomWorkload {
+                    name: format!("{ASSERTION_WORKLOAD_PREFIX}{}-{}", a.id, w.name),
+                    params: w.params.clone(),
+                    held_out: true,
+                    dist: w.dist.clone(),
+                };
+                match task.resolve_workload(backend, &custom) {
                     Ok(r) => out.workloads.push(r),
                     Err(why) => out
                         .skipped
@@ -672,135 +682,11 @@ fn trim_num(v: f64) -> String {
     }
 }
 
-pub(crate) fn is_identifier(s: &str) -> bool {
-    let mut chars = s.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-/// Name of the expression variable that holds the element size of the workload's dtype (as in
-/// `ksearch-task`).
-const ELEM_BYTES: &str = "elem_bytes";
-
-fn resolve_assertion_workload(
-    task: &Task,
-    backend: &str,
-    a: &Assertion,
-    w: &AssertionWorkload,
-) -> Result<ResolvedWorkload, String> {
-    let spec = task.spec();
-    // Axes with a default may be left out, as in task workloads.
-    let required: BTreeSet<&str> = spec
-        .axes
-        .iter()
-        .filter(|x| x.default.is_none())
-        .map(|x| x.name.as_str())
-        .collect();
-    let axes: BTreeSet<&str> = spec.axes.iter().map(|x| x.name.as_str()).collect();
-    let given: BTreeSet<&str> = w.params.keys().map(String::as_str).collect();
-    if let Some(missing) = required.difference(&given).next() {
-        return Err(format!("no value for the task's axis `{missing}`"));
-    }
-    if let Some(extra) = given.difference(&axes).next() {
-        return Err(format!("`{extra}` is not an axis of task {}", spec.name));
-    }
-    let entry = task.backend(backend).map_err(|e| e.to_string())?;
-    if let Some(p) = entry
-        .entry_placeholders()
-        .into_iter()
-        .find(|p| !w.params.contains_key(p))
-    {
-        return Err(format!(
-            "backend {backend}'s entry point needs the parameter `{p}`"
-        ));
-    }
-    if let Some(unknown) = w
-        .dist
-        .keys()
-        .find(|k| !spec.inputs.iter().any(|i| &i.name == *k))
-    {
-        return Err(format!("`{unknown}` is not an input of task {}", spec.name));
-    }
-    let param_dtype = match w.params.get("dtype") {
-        Some(ParamValue::Str(s)) => DType::parse(s),
-        Some(ParamValue::Int(_)) => None,
-        None => spec
-            .axis("dtype")
-            .and_then(|a| a.default.as_deref())
-            .and_then(DType::parse),
-    };
-    let lookup = |name: &str| -> Option<Num> {
-        if name == ELEM_BYTES {
-            return param_dtype.map(|d| Num::Int(d.size_bytes() as i64));
-        }
-        match w.params.get(name) {
-            Some(ParamValue::Int(i)) => Some(Num::Int(*i)),
-            _ => None,
-        }
-    };
-    let tensors = |list: &[TensorSpec], inputs: bool| -> Result<Vec<ResolvedTensor>, String> {
-        let mut out = Vec::new();
-        for t in list {
-            let dtype = match t.dtype {
-                DTypeSpec::Fixed(d) => d,
-                DTypeSpec::FromParam => {
-                    param_dtype.ok_or_else(|| format!("`{}` needs a `dtype` parameter", t.name))?
-                }
-            };
-            let mut shape = Vec::new();
-            for e in &t.shape {
-                let n = e
-                    .eval_int(&lookup)
-                    .map_err(|err| format!("shape of `{}`: {err}", t.name))?;
-                if n <= 0 {
-                    return Err(format!("`{}` has a dimension {n}", t.name));
-                }
-                shape.push(n);
-            }
-            let dist = inputs.then(|| {
-                w.dist
-                    .get(&t.name)
-                    .cloned()
-                    .or_else(|| t.dist.clone())
-                    .unwrap_or_default()
-            });
-            out.push(ResolvedTensor {
-                name: t.name.clone(),
-                dtype,
-                shape,
-                dist,
-            });
-        }
-        Ok(out)
-    };
-    let formula = |e: &ksearch_task::Expr, what: &str| -> Result<f64, String> {
-        let v = e
-            .eval(&lookup)
-            .map_err(|err| format!("roofline {what}: {err}"))?
-            .as_f64();
-        if v.is_finite() && v >= 0.0 {
-            Ok(v)
-        } else {
-            Err(format!("roofline {what} = {v}"))
-        }
-    };
-    Ok(ResolvedWorkload {
-        name: format!("{ASSERTION_WORKLOAD_PREFIX}{}-{}", a.id, w.name),
-        held_out: true,
-        params: w.params.clone(),
-        inputs: tensors(&spec.inputs, true)?,
-        outputs: tensors(&spec.outputs, false)?,
-        flops: formula(&spec.roofline.flops, "flops")?,
-        bytes: formula(&spec.roofline.bytes, "bytes")?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::lint::{lint, Severity};
+    use ksearch_task::DType;
 
     fn root() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -1102,15 +988,74 @@ mod tests {
                 "[[assertion]]\nid = \"a\"\ntitle = \"t\"\nproperty = \"p\"\nsource = [\"s\"]\n\
                  [[assertion.workload]]\nkind = \"softmax\"\nname = \"w\"\nparams = { rows = 2 }\n\
                  [[assertion.workload]]\nkind = \"softmax\"\nname = \"v\"\nparams = { rows = 2, cols = 3 }\n\
-                 dist = { nope = { kind = \"normal\", mean = 0.0, std = 1.0 } }\n",
+                 dist = { nope = { kind = \"normal\", mean = 0.0, std = 1.0 } }\n\
+                 [[assertion.workload]]\nkind = \"softmax\"\nname = \"u\"\nparams = { rows = 2, cols = 3 }\n\
+                 dist = { x = { kind = \"normal\", mean = 0.0, std = 0.0 } }\n",
             ),
         ])
         .unwrap();
         let out = p.acceptance_workloads(&task("softmax"), "cpu");
         assert!(out.workloads.is_empty());
-        assert_eq!(out.skipped.len(), 2);
+        assert_eq!(out.skipped.len(), 3);
         assert!(out.skipped[0].contains("`cols`"), "{:?}", out.skipped);
         assert!(out.skipped[1].contains("`nope`"), "{:?}", out.skipped);
+        // The task's checks of distributions apply (a normal draw needs a positive std).
+        assert!(
+            out.skipped[2].contains("dist.x: normal needs a finite mean and a positive std"),
+            "{:?}",
+            out.skipped
+        );
+    }
+
+    /// Checks that only task.toml's own workloads had before `Task::resolve_workload` apply to
+    /// assertion workloads too: an integer input needs an integer distribution, and a workload
+    /// of a backend keeps what its kernels may assume.
+    #[test]
+    fn assertion_workloads_get_the_task_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path();
+        std::fs::write(
+            t.join("task.toml"),
+            "format = 1\nname = \"gather\"\nkind = \"gather\"\n\
+             [axes.n]\nmultiple_of = 4\n[axes.dtype]\ntype = \"str\"\ndefault = \"f32\"\n\
+             [[inputs]]\nname = \"x\"\ndtype = \"$dtype\"\nshape = [\"n\"]\n\
+             [[outputs]]\nname = \"y\"\ndtype = \"f32\"\nshape = [\"n\"]\n\
+             [[workloads]]\nname = \"w\"\nparams = { n = 8 }\n\
+             [roofline]\nflops = \"0\"\nbytes = \"8 * n\"\n\
+             [backends.cpu]\nentry = \"g\"\nargs = [\"x\", \"y\", \"n\"]\n\
+             signature = \"void g(const void* x, float* y, int64_t n)\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            t.join("reference.py"),
+            "def reference(inputs, params):\n    pass\n",
+        )
+        .unwrap();
+        let gather = ksearch_task::load_task(t).unwrap_or_else(|e| panic!("{e}"));
+        let p = pack_with(&[(
+            "assertions/a.toml",
+            "[[assertion]]\nid = \"a\"\ntitle = \"t\"\nproperty = \"p\"\nsource = [\"s\"]\n\
+             [[assertion.workload]]\nkind = \"gather\"\nname = \"ints\"\nparams = { n = 8, dtype = \"i32\" }\n\
+             [[assertion.workload]]\nkind = \"gather\"\nname = \"odd\"\nparams = { n = 7 }\n\
+             [[assertion.workload]]\nkind = \"gather\"\nname = \"fine\"\nparams = { n = 12, dtype = \"i32\" }\n\
+             dist = { x = { kind = \"rand_int\", low = 0, high = 3 } }\n",
+        )])
+        .unwrap();
+        let out = p.acceptance_workloads(&gather, "cpu");
+        assert_eq!(out.skipped.len(), 2, "{:?}", out.skipped);
+        assert!(
+            out.skipped[0].contains("integer input `x` (i32) needs a `rand_int` or `custom` dist"),
+            "{:?}",
+            out.skipped
+        );
+        assert!(
+            out.skipped[1].contains("n = 7 breaks what kernels may assume"),
+            "{:?}",
+            out.skipped
+        );
+        let names: Vec<&str> = out.workloads.iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, ["assert-a-fine"]);
+        assert_eq!(out.workloads[0].inputs[0].dtype, DType::I32);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 use crate::error::{KnowledgeError, TemplateError};
 use crate::files::{read_text, read_toml};
+use crate::is_identifier;
 use minijinja::syntax::SyntaxConfig;
 use minijinja::{Environment, Expression, UndefinedBehavior, Value};
 use serde::{Deserialize, Serialize};
@@ -1011,10 +1012,4 @@ fn collect_templates(
         }
     }
     Ok(())
-}
-
-fn is_identifier(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }

@@ -30,6 +30,11 @@ pub enum TaskError {
         available: Vec<String>,
     },
 
+    /// A workload given from outside `task.toml` (a `ksearch bench` shape, a knowledge-pack
+    /// assertion's workload) does not fit the task.
+    #[error("{0}")]
+    Workload(Box<WorkloadError>),
+
     #[error("{}: not a task directory (no task.toml)", path.display())]
     NotATaskDir { path: PathBuf },
 
@@ -42,6 +47,32 @@ fn list(items: &[String]) -> String {
         "(none)".to_string()
     } else {
         items.join(", ")
+    }
+}
+
+/// Why a workload given from outside `task.toml` does not fit the task. Displays as
+/// `task softmax, workload `w`: params.cols: missing a value for axis `cols``.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadError {
+    pub task: String,
+    pub workload: String,
+    /// Dotted path of the offending field: of the workload (`params.L`, `dist.x`), or of
+    /// `task.toml` when `in_task` (`inputs[0].shape[1]`: an expression the workload's values
+    /// make fail); empty for the workload as a whole.
+    pub field: String,
+    pub in_task: bool,
+    pub message: String,
+}
+
+impl std::fmt::Display for WorkloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "task {}, workload `{}`: ", self.task, self.workload)?;
+        match (self.in_task, self.field.is_empty()) {
+            (true, _) => write!(f, "task.toml {}: ", self.field)?,
+            (false, false) => write!(f, "{}: ", self.field)?,
+            (false, true) => {}
+        }
+        f.write_str(&self.message)
     }
 }
 

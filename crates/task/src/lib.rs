@@ -10,14 +10,16 @@ mod load;
 mod raw;
 mod source_map;
 mod spec;
+mod workload;
 
-pub use error::{SpecError, TaskError};
+pub use error::{SpecError, TaskError, WorkloadError};
 pub use expr::{Expr, ExprError, Num};
 pub use spec::{
     Assumption, Axis, AxisType, BackendSpec, DType, DTypeSpec, Distribution, ParamValue, Reach,
     ReferenceSpec, ResolvedTensor, ResolvedWorkload, Roofline, TaskSpec, TensorSpec, Tolerance,
     WorkloadSpec, FORMAT_VERSION, NORMAL_REACH_STD,
 };
+pub use workload::CustomWorkload;
 
 use load::ResolvedEntry;
 use std::collections::BTreeMap;
@@ -32,6 +34,8 @@ pub struct Task {
     resolved: Vec<ResolvedEntry>,
     /// The text of `task.toml` as loaded, so later checks can point at lines.
     source: String,
+    /// The text of the reference module, where custom generators must be defined.
+    module_source: String,
 }
 
 /// Loads `dir/task.toml` and checks the whole task (files it names included).
@@ -42,6 +46,7 @@ pub fn load_task(dir: &Path) -> Result<Task, TaskError> {
         spec: loaded.spec,
         resolved: loaded.resolved,
         source: loaded.source,
+        module_source: loaded.module_source,
     })
 }
 
@@ -143,6 +148,78 @@ impl Task {
             })
             .map(|e| e.workload.clone())
             .collect())
+    }
+
+    /// `w`, a workload that is not in `task.toml`, checked and resolved for `backend` exactly
+    /// as the task's own workloads are (see `docs/task-format.md`): every axis bound with a
+    /// value of its type, the entry's placeholders set, what kernels of `backend` may assume,
+    /// valid distributions that suit their inputs' dtypes, positive dimensions, element counts
+    /// within `i64`, finite roofline formulas. Str axes with a default that `w` leaves out
+    /// apply unlisted, as for the task's own workloads.
+    pub fn resolve_workload(
+        &self,
+        backend: &str,
+        w: &CustomWorkload,
+    ) -> Result<ResolvedWorkload, TaskError> {
+        self.backend(backend)?;
+        let spec = WorkloadSpec {
+            name: w.name.clone(),
+            params: w.params.clone(),
+            held_out: w.held_out,
+            backends: Some(vec![backend.to_string()]),
+            dist: w.dist.clone(),
+        };
+        let err = |issue: workload::Issue| self.workload_error(&w.name, issue);
+        workload::check(&self.spec, &self.module_source, &spec).map_err(err)?;
+        workload::resolve(&self.spec, &spec).map_err(err)
+    }
+
+    /// Parameter values from `AXIS=VALUE` pairs separated by commas (`B=1, L=4096, dtype=f16`),
+    /// each value taken as its axis's type. The pairs need not bind every axis:
+    /// [`Task::resolve_workload`] checks that. Errors name the text as the workload.
+    pub fn parse_params(&self, text: &str) -> Result<BTreeMap<String, ParamValue>, TaskError> {
+        let mut params = BTreeMap::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let field = |key: &str| source_map::FieldPath::root().key("params").key(key);
+            let Some((key, value)) = part.split_once('=') else {
+                let message = format!("`{part}` is not AXIS=VALUE");
+                return Err(self.workload_error(
+                    text,
+                    workload::Issue::workload(source_map::FieldPath::root(), message),
+                ));
+            };
+            let (key, value) = (key.trim(), value.trim());
+            if let Some(issue) = workload::unknown_axis(&self.spec.axes, key) {
+                return Err(self.workload_error(text, issue));
+            }
+            let value = match self.spec.axis(key).map(|a| a.ty) {
+                Some(AxisType::Int) => match value.parse() {
+                    Ok(v) => ParamValue::Int(v),
+                    Err(_) => {
+                        let message = format!("{key} = `{value}` is not an integer");
+                        let issue = workload::Issue::workload(field(key), message);
+                        return Err(self.workload_error(text, issue));
+                    }
+                },
+                _ => ParamValue::Str(value.to_string()),
+            };
+            if params.insert(key.to_string(), value).is_some() {
+                let issue =
+                    workload::Issue::workload(field(key), format!("`{key}` is given twice"));
+                return Err(self.workload_error(text, issue));
+            }
+        }
+        Ok(params)
+    }
+
+    fn workload_error(&self, workload: &str, issue: workload::Issue) -> TaskError {
+        TaskError::Workload(Box::new(WorkloadError {
+            task: self.spec.name.clone(),
+            workload: workload.to_string(),
+            field: issue.field.to_string(),
+            in_task: issue.in_task,
+            message: issue.message,
+        }))
     }
 
     /// The task's tolerance for `dtype`, or the dtype's default.

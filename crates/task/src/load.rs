@@ -2,10 +2,11 @@
 //! reference, and resolves every workload, so a task that loads is a task the harness can run.
 
 use crate::error::{SpecError, TaskError};
-use crate::expr::{Expr, ExprError, Num, FUNCTIONS};
+use crate::expr::{Expr, FUNCTIONS};
 use crate::raw::{RawAssume, RawBackend, RawDist, RawTask, RawTolerance};
 use crate::source_map::{FieldPath, SourceMap};
 use crate::spec::{fill_placeholders, placeholders, *};
+use crate::workload::{self, dist_problem, dist_suits_dtype, reach_problem, Issue};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -28,6 +29,8 @@ pub(crate) struct Loaded {
     pub spec: TaskSpec,
     pub resolved: Vec<ResolvedEntry>,
     pub source: String,
+    /// The text of the reference module, where custom generators must be defined.
+    pub module_source: String,
 }
 
 pub(crate) fn load(dir: &Path) -> Result<Loaded, TaskError> {
@@ -48,7 +51,7 @@ pub(crate) fn load(dir: &Path) -> Result<Loaded, TaskError> {
         map: SourceMap::new(&text),
     };
     let raw: RawTask = toml::from_str(&text).map_err(|e| ctx.toml_error(&e))?;
-    let spec = Checker {
+    let (spec, module_source) = Checker {
         ctx: &ctx,
         dir: &dir,
     }
@@ -59,6 +62,7 @@ pub(crate) fn load(dir: &Path) -> Result<Loaded, TaskError> {
         spec,
         resolved,
         source: text,
+        module_source,
     })
 }
 
@@ -128,7 +132,7 @@ impl Ctx<'_> {
     }
 }
 
-fn is_ident(s: &str) -> bool {
+pub(crate) fn is_ident(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
@@ -173,7 +177,7 @@ pub(crate) fn python_defines(source: &str, name: &str) -> bool {
     })
 }
 
-fn dtype_hint(s: &str) -> &'static str {
+pub(crate) fn dtype_hint(s: &str) -> &'static str {
     match s.to_ascii_lowercase().as_str() {
         "float16" | "half" | "fp16" => " (did you mean \"f16\"?)",
         "bfloat16" | "bf" => " (did you mean \"bf16\"?)",
@@ -185,7 +189,7 @@ fn dtype_hint(s: &str) -> &'static str {
     }
 }
 
-fn dtype_list() -> String {
+pub(crate) fn dtype_list() -> String {
     DType::ALL.map(|d| d.as_str()).join(", ")
 }
 
@@ -199,7 +203,8 @@ impl Checker<'_, '_> {
         self.ctx.err(path, message)
     }
 
-    fn check(&self, raw: RawTask) -> Result<TaskSpec, TaskError> {
+    /// The validated spec and the text of its reference module.
+    fn check(&self, raw: RawTask) -> Result<(TaskSpec, String), TaskError> {
         let root = FieldPath::root();
         let format = raw.format.ok_or_else(|| {
             self.err(
@@ -324,29 +329,22 @@ impl Checker<'_, '_> {
             &reference,
             &module_source,
         )?;
-        let workloads = self.workloads(
-            raw.workloads,
-            &axes,
-            &backends,
-            &inputs,
-            &outputs,
-            (&reference, &module_source),
-        )?;
-
-        Ok(TaskSpec {
+        let mut spec = TaskSpec {
             format,
             name,
             kind,
             description: raw.description,
             axes,
-            workloads,
+            workloads: Vec::new(),
             inputs,
             outputs,
             tolerance,
             roofline,
             reference,
             backends,
-        })
+        };
+        spec.workloads = self.workloads(raw.workloads, &spec, &module_source)?;
+        Ok((spec, module_source))
     }
 
     fn name_field(
@@ -533,30 +531,14 @@ impl Checker<'_, '_> {
         }
         let raw = crate::raw::RawReach::deserialize(value)
             .map_err(|e| self.err(path, e.message().trim().to_string()))?;
-        if raw.low.is_none() && raw.high.is_none() {
-            return Err(self.err(
-                path,
-                "needs `low` (values at or below it are drawn), `high` (at or above it), or \
-                 both",
-            ));
-        }
-        for (field, v) in [("low", raw.low), ("high", raw.high)] {
-            if v.is_some_and(|v| !v.is_finite()) {
-                return Err(self.err(&path.key(field), "must be a finite number"));
-            }
-        }
-        if let (Some(lo), Some(hi)) = (raw.low, raw.high) {
-            if lo >= hi {
-                return Err(self.err(
-                    &path.key("low"),
-                    format!("low = {lo} is not below high = {hi}"),
-                ));
-            }
-        }
-        Ok(Reach {
+        let reach = Reach {
             low: raw.low,
             high: raw.high,
-        })
+        };
+        match reach_problem(&reach) {
+            Some((field, message)) => Err(self.err(&path.join(&field), message)),
+            None => Ok(reach),
+        }
     }
 
     fn tensor_name(
@@ -748,45 +730,21 @@ impl Checker<'_, '_> {
                 ),
             )
         })?;
-        let bad = |msg: String| Err(self.err(path, msg));
-        match raw {
-            RawDist::Normal { mean, std } => {
-                if !mean.is_finite() || !std.is_finite() || std <= 0.0 {
-                    return bad(format!(
-                        "normal needs a finite mean and a positive std (got mean {mean}, std {std})"
-                    ));
-                }
-                Ok(Distribution::Normal { mean, std })
-            }
-            RawDist::Uniform { low, high } => {
-                if !low.is_finite() || !high.is_finite() || low >= high {
-                    return bad(format!(
-                        "uniform needs finite low < high (got {low}, {high})"
-                    ));
-                }
-                Ok(Distribution::Uniform { low, high })
-            }
-            RawDist::RandInt { low, high } => {
-                if low >= high {
-                    return bad(format!(
-                        "rand_int draws from [low, high): needs low < high (got {low}, {high})"
-                    ));
-                }
-                Ok(Distribution::RandInt { low, high })
-            }
-            RawDist::Custom { function, reach } => {
-                let function = function.unwrap_or_else(|| format!("make_{input}"));
-                if !is_ident(&function) {
-                    return bad(format!(
-                        "custom function `{function}` is not a Python identifier"
-                    ));
-                }
-                let reach = match reach {
+        let dist = match raw {
+            RawDist::Normal { mean, std } => Distribution::Normal { mean, std },
+            RawDist::Uniform { low, high } => Distribution::Uniform { low, high },
+            RawDist::RandInt { low, high } => Distribution::RandInt { low, high },
+            RawDist::Custom { function, reach } => Distribution::Custom {
+                function: function.unwrap_or_else(|| format!("make_{input}")),
+                reach: match reach {
                     None => None,
                     Some(r) => Some(self.reach(r, &path.key("reach"))?),
-                };
-                Ok(Distribution::Custom { function, reach })
-            }
+                },
+            },
+        };
+        match dist_problem(&dist) {
+            Some((field, message)) => Err(self.err(&path.join(&field), message)),
+            None => Ok(dist),
         }
     }
 
@@ -1150,14 +1108,14 @@ impl Checker<'_, '_> {
         Ok(out)
     }
 
+    /// The `[[workloads]]`, each checked against `spec` (whose own `workloads` are not yet
+    /// filled) by [`workload::check`]; then every backend needs a workload, and one that is not
+    /// held out.
     fn workloads(
         &self,
         raw: Vec<crate::raw::RawWorkload>,
-        axes: &[Axis],
-        backends: &BTreeMap<String, BackendSpec>,
-        inputs: &[TensorSpec],
-        outputs: &[TensorSpec],
-        (reference, module_source): (&ReferenceSpec, &str),
+        spec: &TaskSpec,
+        module_source: &str,
     ) -> Result<Vec<WorkloadSpec>, TaskError> {
         let base = FieldPath::root().key("workloads");
         if raw.is_empty() {
@@ -1166,10 +1124,6 @@ impl Checker<'_, '_> {
                 "no [[workloads]]: a task needs at least one workload",
             ));
         }
-        let uses_dtype_param = inputs
-            .iter()
-            .chain(outputs)
-            .any(|t| t.dtype == DTypeSpec::FromParam);
         let mut names = BTreeSet::new();
         let mut out = Vec::new();
         for (i, w) in raw.into_iter().enumerate() {
@@ -1189,181 +1143,39 @@ impl Checker<'_, '_> {
                     format!("duplicate workload name `{name}`"),
                 ));
             }
-            let ppath = path.key("params");
-            for key in w.params.keys() {
-                if !axes.iter().any(|a| &a.name == key) {
-                    let known: Vec<&str> = axes.iter().map(|a| a.name.as_str()).collect();
-                    return Err(self.err(
-                        &ppath.key(key),
-                        format!("unknown axis `{key}` (axes: {})", known.join(", ")),
-                    ));
-                }
-            }
+            // TOML values that are neither integers nor strings fit no axis type.
             let mut params = BTreeMap::new();
-            for axis in axes {
-                let p = ppath.key(&axis.name);
-                let value = match (w.params.get(&axis.name), &axis.default) {
-                    (Some(v), _) => v,
-                    // The default applies, unlisted (see `Axis::default`).
-                    (None, Some(_)) => continue,
-                    (None, None) => {
-                        return Err(
-                            self.err(&p, format!("missing a value for axis `{}`", axis.name))
-                        )
-                    }
-                };
-                let value = match (axis.ty, value) {
-                    (AxisType::Int, toml::Value::Integer(i)) => ParamValue::Int(*i),
-                    (AxisType::Str, toml::Value::String(s)) => ParamValue::Str(s.clone()),
-                    (AxisType::Int, other) => {
-                        return Err(self.err(
-                            &p,
-                            format!(
-                                "expected an integer for int axis `{}`, found {}",
-                                axis.name,
-                                toml_type(other)
-                            ),
-                        ))
-                    }
-                    (AxisType::Str, other) => {
-                        return Err(self.err(
-                            &p,
-                            format!(
-                                "expected a string for str axis `{}`, found {}",
-                                axis.name,
-                                toml_type(other)
-                            ),
-                        ))
-                    }
-                };
-                if axis.name == "dtype" && uses_dtype_param {
-                    if let ParamValue::Str(s) = &value {
-                        if DType::parse(s).is_none() {
-                            return Err(self.err(
-                                &p,
-                                format!(
-                                    "`{s}` is not a dtype{} (expected one of {})",
-                                    dtype_hint(s),
-                                    dtype_list()
-                                ),
-                            ));
+            for (key, value) in w.params {
+                let value = match value {
+                    toml::Value::Integer(v) => ParamValue::Int(v),
+                    toml::Value::String(v) => ParamValue::Str(v),
+                    other => match spec.axis(&key) {
+                        Some(axis) => {
+                            let issue = workload::wrong_type(axis, toml_type(&other));
+                            return Err(self.workload_err(&path, issue));
                         }
-                    }
-                }
-                params.insert(axis.name.clone(), value);
-            }
-            if let Some(list) = &w.backends {
-                if list.is_empty() {
-                    return Err(self.err(
-                        &path.key("backends"),
-                        "an empty list runs the workload nowhere; leave `backends` out to mean all",
-                    ));
-                }
-                for (k, b) in list.iter().enumerate() {
-                    if !backends.contains_key(b) {
-                        let known: Vec<&str> = backends.keys().map(String::as_str).collect();
-                        return Err(self.err(
-                            &path.key("backends").index(k),
-                            format!(
-                                "the task declares no backend `{b}` (declared: {})",
-                                known.join(", ")
-                            ),
-                        ));
-                    }
-                }
-            }
-            // A placeholder in an entry is filled from the params the request carries, which
-            // do not include defaults: every workload of such a backend must set the axis.
-            for (bname, b) in backends {
-                let applies = w.backends.as_ref().is_none_or(|l| l.contains(bname));
-                if !applies {
-                    continue;
-                }
-                if let Some(p) = b
-                    .entry_placeholders()
-                    .into_iter()
-                    .find(|p| !w.params.contains_key(p))
-                {
-                    return Err(self.err(
-                        &ppath,
-                        format!(
-                            "backend `{bname}` fills `{{{p}}}` in its entry `{}` from each \
-                             workload's params; set `{p}` here",
-                            b.entry
-                        ),
-                    ));
-                }
-            }
-            // Every assumption that applies to this workload holds: a kernel may rely on them.
-            for axis in axes.iter().filter(|a| a.ty == AxisType::Int) {
-                let Some(ParamValue::Int(v)) = params.get(&axis.name) else {
-                    continue;
+                        // Not an axis: `workload::check` reports the name, whatever its value.
+                        None => ParamValue::Str(String::new()),
+                    },
                 };
-                let mut declared = vec![(format!("axes.{}", axis.name), &axis.assume)];
-                for (bname, b) in backends {
-                    if w.backends.as_ref().is_none_or(|l| l.contains(bname)) {
-                        if let Some(a) = b.assume.get(&axis.name) {
-                            declared.push((format!("backends.{bname}.assume.{}", axis.name), a));
-                        }
-                    }
-                }
-                for (where_, a) in declared {
-                    if let Some(why) = a.broken_by(*v) {
-                        return Err(self.err(
-                            &ppath.key(&axis.name),
-                            format!(
-                                "{} = {v} breaks what kernels may assume: `{where_}` says {why} \
-                                 (limit the workload's `backends`, or change the declaration)",
-                                axis.name
-                            ),
-                        ));
-                    }
-                }
+                params.insert(key, value);
             }
             let mut dist = BTreeMap::new();
             for (input, value) in w.dist {
-                let p = path.key("dist").key(&input);
-                let Some(t) = inputs.iter().find(|t| t.name == input) else {
-                    let known: Vec<&str> = inputs.iter().map(|t| t.name.as_str()).collect();
-                    return Err(self.err(
-                        &p,
-                        format!("`{input}` is not an input (inputs: {})", known.join(", ")),
-                    ));
-                };
-                let d = self.dist(value, &p, &input)?;
-                if let Distribution::Custom { function, .. } = &d {
-                    if !python_defines(module_source, function) {
-                        return Err(self.err(
-                            &p,
-                            format!(
-                                "{} defines no function `{function}` (the custom generator of \
-                                 `{input}` in this workload)",
-                                reference.module
-                            ),
-                        ));
-                    }
-                }
-                if let (DTypeSpec::Fixed(dt), false) =
-                    (t.dtype, dist_suits_dtype(t.dtype, Some(&d)))
-                {
-                    return Err(self.err(
-                        &p,
-                        format!(
-                            "integer input `{input}` ({dt}) needs a `rand_int` or `custom` dist"
-                        ),
-                    ));
-                }
+                let d = self.dist(value, &path.key("dist").key(&input), &input)?;
                 dist.insert(input, d);
             }
-            out.push(WorkloadSpec {
+            let w = WorkloadSpec {
                 name,
                 params,
                 held_out: w.held_out,
                 backends: w.backends,
                 dist,
-            });
+            };
+            workload::check(spec, module_source, &w).map_err(|e| self.workload_err(&path, e))?;
+            out.push(w);
         }
-        for backend in backends.keys() {
+        for backend in spec.backends.keys() {
             let applies =
                 |w: &&WorkloadSpec| w.backends.as_ref().is_none_or(|b| b.contains(backend));
             let total = out.iter().filter(applies).count();
@@ -1382,152 +1194,48 @@ impl Checker<'_, '_> {
         }
         Ok(out)
     }
-}
 
-/// Integer tensors filled from a normal or uniform draw would be mostly zeros after the cast;
-/// insist on a distribution that means something for integers.
-fn dist_suits_dtype(dtype: DTypeSpec, dist: Option<&Distribution>) -> bool {
-    match dtype {
-        DTypeSpec::Fixed(d) if !d.is_float() => {
-            matches!(
-                dist,
-                Some(Distribution::RandInt { .. } | Distribution::Custom { .. })
-            )
-        }
-        _ => true,
+    /// An issue of the workload at `path` (`workloads[i]`) as an error at its line.
+    fn workload_err(&self, path: &FieldPath, issue: Issue) -> TaskError {
+        workload_error(self.ctx, path, issue, None)
     }
 }
 
+/// An issue of the workload at `path` as an error at its line: a field of the workload under
+/// `path`, a field of the task as it is. `context` (which workload) prefixes the message.
+fn workload_error(
+    ctx: &Ctx<'_>,
+    path: &FieldPath,
+    issue: Issue,
+    context: Option<&str>,
+) -> TaskError {
+    let field = if issue.in_task {
+        issue.field
+    } else {
+        path.join(&issue.field)
+    };
+    let message = match context {
+        Some(c) => format!("{c}: {}", issue.message),
+        None => issue.message,
+    };
+    ctx.err_in_str(&field, issue.offset, message)
+}
+
 fn resolve_all(ctx: &Ctx<'_>, spec: &TaskSpec) -> Result<Vec<ResolvedEntry>, TaskError> {
+    let base = FieldPath::root().key("workloads");
     spec.workloads
         .iter()
         .enumerate()
-        .map(|(i, w)| resolve_one(ctx, spec, i, w))
+        .map(|(i, w)| {
+            let context = format!("in workload `{}` (workloads[{i}])", w.name);
+            let workload = workload::resolve(spec, w)
+                .map_err(|e| workload_error(ctx, &base.index(i), e, Some(&context)))?;
+            Ok(ResolvedEntry {
+                workload,
+                backends: w.backends.clone(),
+            })
+        })
         .collect()
-}
-
-fn resolve_one(
-    ctx: &Ctx<'_>,
-    spec: &TaskSpec,
-    index: usize,
-    w: &WorkloadSpec,
-) -> Result<ResolvedEntry, TaskError> {
-    let root = FieldPath::root();
-    let context = format!("in workload `{}` (workloads[{index}])", w.name);
-    let param_dtype = match w.params.get("dtype") {
-        Some(ParamValue::Str(s)) => DType::parse(s),
-        Some(ParamValue::Int(_)) => None,
-        None => spec
-            .axis("dtype")
-            .and_then(|a| a.default.as_deref())
-            .and_then(DType::parse),
-    };
-    let lookup = |name: &str| -> Option<Num> {
-        if name == ELEM_BYTES {
-            return param_dtype.map(|d| Num::Int(d.size_bytes() as i64));
-        }
-        match w.params.get(name) {
-            Some(ParamValue::Int(i)) => Some(Num::Int(*i)),
-            _ => None,
-        }
-    };
-    let expr_err = |path: &FieldPath, e: ExprError| {
-        ctx.err_in_str(path, e.offset, format!("{context}: {}", e.message))
-    };
-
-    let resolve_tensors = |list: &[TensorSpec],
-                           section: &str|
-     -> Result<Vec<ResolvedTensor>, TaskError> {
-        let mut out = Vec::new();
-        for (j, t) in list.iter().enumerate() {
-            let path = root.key(section).index(j);
-            let dtype = match t.dtype {
-                DTypeSpec::Fixed(d) => d,
-                DTypeSpec::FromParam => param_dtype.ok_or_else(|| {
-                    ctx.err(
-                        &root.key("workloads").index(index).key("params").key("dtype"),
-                        format!("{context}: `{}` has dtype \"$dtype\" but the workload's dtype is not a dtype name", t.name),
-                    )
-                })?,
-            };
-            let mut shape = Vec::new();
-            let mut numel: i64 = 1;
-            for (k, e) in t.shape.iter().enumerate() {
-                let p = path.key("shape").index(k);
-                let n = e.eval_int(&lookup).map_err(|err| expr_err(&p, err))?;
-                if n <= 0 {
-                    return Err(ctx.err_in_str(
-                        &p,
-                        None,
-                        format!(
-                            "{context}: `{}` = {n}; a dimension must be positive",
-                            e.source()
-                        ),
-                    ));
-                }
-                numel = numel.checked_mul(n).ok_or_else(|| {
-                    ctx.err(
-                        &path.key("shape"),
-                        format!("{context}: the element count of `{}` overflows", t.name),
-                    )
-                })?;
-                shape.push(n);
-            }
-            // A workload's own distribution for the input replaces the input's.
-            let own = w.dist.get(&t.name);
-            let given = own.or(t.dist.as_ref());
-            if !dist_suits_dtype(DTypeSpec::Fixed(dtype), given) && section == "inputs" {
-                let field = match own {
-                    Some(_) => root.key("workloads").index(index).key("dist").key(&t.name),
-                    None => path.key("dist"),
-                };
-                return Err(ctx.err(
-                    &field,
-                    format!("{context}: integer input `{}` ({dtype}) needs a `rand_int` or `custom` dist", t.name),
-                ));
-            }
-            let dist = (section == "inputs").then(|| given.cloned().unwrap_or_default());
-            out.push(ResolvedTensor {
-                name: t.name.clone(),
-                dtype,
-                shape,
-                dist,
-            });
-        }
-        Ok(out)
-    };
-    let inputs = resolve_tensors(&spec.inputs, "inputs")?;
-    let outputs = resolve_tensors(&spec.outputs, "outputs")?;
-
-    let formula = |e: &Expr, field: &str| -> Result<f64, TaskError> {
-        let p = root.key("roofline").key(field);
-        let v = e.eval(&lookup).map_err(|err| expr_err(&p, err))?.as_f64();
-        if !v.is_finite() || v < 0.0 {
-            return Err(ctx.err(
-                &p,
-                format!(
-                    "{context}: `{}` = {v}; it must be a finite number >= 0",
-                    e.source()
-                ),
-            ));
-        }
-        Ok(v)
-    };
-    let flops = formula(&spec.roofline.flops, "flops")?;
-    let bytes = formula(&spec.roofline.bytes, "bytes")?;
-
-    Ok(ResolvedEntry {
-        workload: ResolvedWorkload {
-            name: w.name.clone(),
-            held_out: w.held_out,
-            params: w.params.clone(),
-            inputs,
-            outputs,
-            flops,
-            bytes,
-        },
-        backends: w.backends.clone(),
-    })
 }
 
 #[cfg(test)]

@@ -33,6 +33,13 @@ impl FieldPath {
         segs.push(Seg::Index(index));
         FieldPath(segs)
     }
+
+    /// `rest` taken relative to this path (`workloads[2]` joined with `params.L`).
+    pub(crate) fn join(&self, rest: &FieldPath) -> Self {
+        let mut segs = self.0.clone();
+        segs.extend(rest.0.iter().cloned());
+        FieldPath(segs)
+    }
 }
 
 impl fmt::Display for FieldPath {
