@@ -302,6 +302,24 @@ impl Catalog {
     pub fn hardware_profile(&self, name: &str) -> Option<&HardwareProfile> {
         HardwareProfile::find(&self.hardware, name)
     }
+
+    /// The profile a measurement's numbers are compared with: the one named by `wanted` (an
+    /// error when there is none), else the one of the device the measurement `reported`, if
+    /// any. `ksearch bench` takes its fraction of peak from it.
+    pub fn hardware_for(
+        &self,
+        wanted: Option<&str>,
+        reported: Option<&str>,
+    ) -> Result<Option<&HardwareProfile>, KnowledgeError> {
+        match (wanted, reported) {
+            (Some(name), _) => self
+                .hardware_profile(name)
+                .map(Some)
+                .ok_or_else(|| KnowledgeError::UnknownHardware(name.to_string())),
+            (None, Some(device)) => Ok(self.hardware_profile(device)),
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 fn validate_action(path: &Path, i: usize, a: &Action) -> Result<(), KnowledgeError> {

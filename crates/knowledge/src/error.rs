@@ -1,4 +1,5 @@
-//! Errors: `KnowledgeError` for loading data files (always names the file and the field),
+//! Errors: `KnowledgeError` for loading data files (always names the file and the field) and
+//! for a hardware profile asked for by a name none has;
 //! `TemplateError` for knob sets that a template family rejects.
 
 use std::path::PathBuf;
@@ -29,6 +30,9 @@ pub enum KnowledgeError {
     },
     #[error(transparent)]
     Asset(#[from] ksearch_assets::AssetError),
+    /// A hardware profile asked for by name that `knowledge/hardware` does not have.
+    #[error("no hardware profile `{0}` in knowledge/hardware")]
+    UnknownHardware(String),
 }
 
 impl KnowledgeError {

@@ -160,6 +160,27 @@ fn hardware_profiles_load_and_resolve_by_name_or_alias() {
     assert!(c.hardware_profile("tpu-v9").is_none());
 }
 
+/// A profile asked for by name must exist; the reported device's is taken when there is one.
+#[test]
+fn the_profile_for_a_measurement_is_the_one_asked_for_else_the_devices() {
+    let c = builtin();
+    let name = |p: Option<&HardwareProfile>| p.map(|p| p.name.clone());
+    let got = c.hardware_for(Some("h100"), Some("NVIDIA H200")).unwrap();
+    assert_eq!(name(got).as_deref(), Some("h100"));
+    let got = c.hardware_for(None, Some("NVIDIA H200")).unwrap();
+    assert_eq!(name(got).as_deref(), Some("h200"));
+    assert!(c
+        .hardware_for(None, Some("a GPU of 2040"))
+        .unwrap()
+        .is_none());
+    assert!(c.hardware_for(None, None).unwrap().is_none());
+    let err = c
+        .hardware_for(Some("tpu-v9"), None)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "no hardware profile `tpu-v9` in knowledge/hardware");
+}
+
 /// A knowledge dir with one actions file and the given hardware files.
 fn pack(actions: &str, hardware: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
