@@ -52,7 +52,17 @@ enum Command {
     /// Knowledge packs: what prompts receive per target, static checks, targets and devices.
     Knowledge(knowledge::KnowledgeArgs),
     /// Time a GPU kernel against PyTorch SDPA and MLX native on the task's workloads.
-    Bench(Box<bench::BenchArgs>),
+    Bench(Box<BenchCommand>),
+}
+
+/// `ksearch bench`'s options: those of a task's bench and those of the whole-model Mamba bench
+/// (TASK = mamba), which `main` hands over to bench_mamba.rs.
+#[derive(Debug, clap::Args)]
+struct BenchCommand {
+    #[command(flatten)]
+    bench: bench::BenchArgs,
+    #[command(flatten)]
+    mamba: bench_mamba::MambaArgs,
 }
 
 /// Exit codes shared by all commands.
@@ -88,7 +98,10 @@ fn main() -> ExitCode {
         Command::Show(args) => inspect::show(&args),
         Command::Export(args) => inspect::export(&args),
         Command::Knowledge(args) => knowledge::run(&args),
-        Command::Bench(args) => bench::run(&args, cli.quiet),
+        Command::Bench(args) if args.bench.task == bench_mamba::TASK => {
+            bench_mamba::run(&args.bench, &args.mamba, cli.quiet)
+        }
+        Command::Bench(args) => bench::run(&args.bench, cli.quiet),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -8,11 +8,13 @@
 use crate::error::{EvalError, Result};
 use crate::evaluator::Evaluator;
 use crate::protocol::PROTOCOL_VERSION;
-use crate::request::{fresh_nonce, EvalRequest};
+use crate::request::{fresh_nonce, is_gpu_backend, EvalRequest, TimingPreset, WorkloadSet};
+use ksearch_task::{CustomWorkload, ResolvedWorkload, Task};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 /// The harness module `ksearch bench` runs.
 pub const BENCH_MODULE: &str = "ksearch_harness.bench";
@@ -54,6 +56,81 @@ pub struct BenchRequest {
 }
 
 impl BenchRequest {
+    /// The bench of `kernel` on `shapes` of `task`'s `backend` (every workload of the backend,
+    /// held-out ones included, when `shapes` is empty). A shape is a workload's name or an
+    /// `AXIS=VALUE,...` list, which the task checks and resolves like its own workloads;
+    /// several are separated by `;`.
+    pub fn for_task(
+        task: &Task,
+        backend: &str,
+        kernel: &Path,
+        shapes: &[String],
+        settings: BenchSettings,
+        secret_seed: u64,
+        timeout: Duration,
+    ) -> Result<BenchRequest> {
+        let invalid = |m: String| Err(EvalError::Bench(m));
+        if !is_gpu_backend(backend) {
+            return invalid(format!(
+                "`ksearch bench` measures the GPU backends (cuda, mlx), not {backend}"
+            ));
+        }
+        if settings
+            .compare
+            .iter()
+            .any(|c| !COMPARATORS.contains(&c.as_str()))
+        {
+            return invalid(format!("--compare takes {}", COMPARATORS.join(", ")));
+        }
+        if !kernel.is_file() {
+            return invalid(format!("kernel file not found: {}", kernel.display()));
+        }
+        let mut eval = EvalRequest::from_task(
+            task,
+            backend,
+            kernel,
+            WorkloadSet::Acceptance,
+            secret_seed,
+            TimingPreset::Standard,
+        )?;
+        eval.timeout = timeout;
+        let specs: Vec<&str> = shapes
+            .iter()
+            .flat_map(|s| s.split(';'))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        if !specs.is_empty() {
+            let known = task.workloads(backend)?;
+            let mut chosen: Vec<ResolvedWorkload> = Vec::new();
+            for spec in specs {
+                let w = match known.iter().find(|w| w.name == spec) {
+                    Some(w) => w.clone(),
+                    None if spec.contains('=') => custom_workload(task, backend, spec)?,
+                    None => {
+                        let names: Vec<&str> = known.iter().map(|w| w.name.as_str()).collect();
+                        return invalid(format!(
+                            "`{spec}` is neither a {backend} workload of task {} ({}) nor an \
+                             AXIS=VALUE list",
+                            task.name(),
+                            names.join(", ")
+                        ));
+                    }
+                };
+                if chosen.iter().any(|c| c.name == w.name) {
+                    return invalid(format!("workload `{}` is listed twice", w.name));
+                }
+                chosen.push(w);
+            }
+            eval.workloads = chosen
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| EvalError::Bench(format!("cannot encode a workload: {e}")))?;
+        }
+        Ok(BenchRequest { eval, settings })
+    }
+
     /// The JSON request the bench module reads: an `evaluate` request with `op = "bench"`, the
     /// flush size in `timing` and the settings in `bench`.
     pub fn to_wire(&self, nonce: &str, build_dir: &Path) -> Value {
@@ -66,6 +143,17 @@ impl BenchRequest {
         });
         wire
     }
+}
+
+/// A workload from `AXIS=VALUE,...`, checked and resolved by the task like its own workloads.
+fn custom_workload(task: &Task, backend: &str, spec: &str) -> Result<ResolvedWorkload> {
+    let custom = CustomWorkload {
+        name: spec.replace(' ', ""),
+        params: task.parse_params(spec)?,
+        held_out: false,
+        dist: BTreeMap::new(),
+    };
+    Ok(task.resolve_workload(backend, &custom)?)
 }
 
 /// Whether a native was importable, and how it was timed.
@@ -169,6 +257,15 @@ impl BenchResult {
         self.status == "passed"
     }
 
+    /// Whether the kernel failed anywhere: an error, a wrong output or no measurement on some
+    /// workload (a native's failure does not count).
+    pub fn kernel_failed(&self) -> bool {
+        self.workloads.iter().any(|w| {
+            w.result("kernel")
+                .is_none_or(|m| m.error.is_some() || m.correct != Some(true))
+        })
+    }
+
     /// The GPU the harness measured on (`NVIDIA H200`), as it reports it.
     pub fn gpu(&self) -> Option<&str> {
         self.environment.get("gpu").and_then(Value::as_str)
@@ -247,5 +344,152 @@ impl Evaluator {
             ));
         }
         Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn attention() -> Task {
+        ksearch_task::load_task(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks/attention"),
+        )
+        .unwrap()
+    }
+
+    fn seed(task: &Task, backend: &str) -> PathBuf {
+        task.backend(backend).unwrap().seed.clone().unwrap()
+    }
+
+    fn request(backend: &str, shapes: &[&str]) -> Result<BenchRequest> {
+        let task = attention();
+        let shapes: Vec<String> = shapes.iter().map(|s| s.to_string()).collect();
+        let kernel = seed(&task, if backend == "cpu" { "cuda" } else { backend });
+        BenchRequest::for_task(
+            &task,
+            backend,
+            &kernel,
+            &shapes,
+            BenchSettings::default(),
+            7,
+            Duration::from_secs(900),
+        )
+    }
+
+    #[test]
+    fn the_request_carries_every_gpu_workload_and_the_settings() {
+        let req = request("cuda", &[]).unwrap();
+        let task = attention();
+        assert_eq!(
+            req.eval.workloads.len(),
+            task.workloads("cuda").unwrap().len()
+        );
+        assert!(req.eval.workloads.iter().any(|w| w["held_out"] == true));
+        assert_eq!(req.eval.timeout, Duration::from_secs(900));
+        assert_eq!(
+            req.eval.device.as_deref().map(|d| d.starts_with("gpu:")),
+            Some(true)
+        );
+        let wire = req.to_wire("n1", Path::new("/tmp/b"));
+        assert_eq!(wire["op"], "bench");
+        assert_eq!(wire["nonce"], "n1");
+        assert_eq!(wire["backend"], "cuda");
+        assert_eq!(wire["task"]["entry"]["symbol"], "attention_{dtype}");
+        assert_eq!(wire["candidate"]["language"], "cuda");
+        assert_eq!(wire["bench"]["reps"], 20);
+        assert_eq!(wire["bench"]["warmup"], 5);
+        assert_eq!(wire["bench"]["compare"], json!(["sdpa", "mlx"]));
+        assert_eq!(wire["timing"]["flush_bytes"], 256u64 << 20);
+        assert_eq!(wire["timeout_s"], 900.0);
+        assert_eq!(wire["tolerance"]["bf16"]["rtol"], 1.6e-2);
+        let mlx = request("mlx", &[]).unwrap();
+        assert_eq!(
+            mlx.to_wire("n", Path::new("/b"))["task"]["entry"]["symbol"],
+            "attention"
+        );
+    }
+
+    #[test]
+    fn shapes_select_workloads_or_make_new_ones() {
+        let req = request("cuda", &["b1h32l4096d128-bf16; b3h4l100d64-f16"]).unwrap();
+        let names: Vec<&str> = req
+            .eval
+            .workloads
+            .iter()
+            .map(|w| w["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["b1h32l4096d128-bf16", "b3h4l100d64-f16"]);
+
+        let req = request("cuda", &["B=2, H=4, L=100, D=64, causal=1, dtype=bf16"]).unwrap();
+        let w = &req.eval.workloads[0];
+        assert_eq!(w["name"], "B=2,H=4,L=100,D=64,causal=1,dtype=bf16");
+        assert_eq!(
+            w["params"],
+            json!({"B": 2, "D": 64, "H": 4, "L": 100, "causal": 1, "dtype": "bf16"})
+        );
+        assert_eq!(w["inputs"][0]["shape"], json!([2, 4, 100, 64]));
+        assert_eq!(w["inputs"][0]["dtype"], "bf16");
+        assert_eq!(w["inputs"][0]["dist"]["kind"], "normal");
+        assert_eq!(w["outputs"][0]["dtype"], "bf16");
+        assert_eq!(w["flops"], 4.0 * 2.0 * 4.0 * 100.0 * 100.0 * 64.0 / 2.0);
+        assert_eq!(w["bytes"], 4.0 * 2.0 * 2.0 * 4.0 * 100.0 * 64.0);
+        // The same numbers as the task's own resolution of that shape.
+        let task = attention();
+        let own = task
+            .workloads("cuda")
+            .unwrap()
+            .into_iter()
+            .find(|w| w.name == "b3h4l100d64-f16")
+            .unwrap();
+        let req = request("cuda", &["B=3,H=4,L=100,D=64,causal=0,dtype=f16"]).unwrap();
+        let made: ResolvedWorkload = serde_json::from_value(req.eval.workloads[0].clone()).unwrap();
+        assert_eq!(
+            (
+                made.inputs,
+                made.outputs,
+                made.flops,
+                made.bytes,
+                made.params
+            ),
+            (own.inputs, own.outputs, own.flops, own.bytes, own.params)
+        );
+    }
+
+    #[test]
+    fn bad_requests_say_what_is_wrong() {
+        let err =
+            |backend: &str, shapes: &[&str]| request(backend, shapes).unwrap_err().to_string();
+        assert!(err("cpu", &[]).contains("GPU backends"));
+        assert!(err("cuda", &["b9h9"]).contains("neither"));
+        assert!(err("cuda", &["B=1,H=1,L=8,D=64,causal=0"]).contains("`dtype`"));
+        assert!(err("cuda", &["B=1,H=1,L=8,causal=0,dtype=f16"]).contains("axis `D`"));
+        assert!(
+            err("cuda", &["B=1,H=1,L=8,D=64,causal=0,dtype=f16,X=2"]).contains("unknown axis `X`")
+        );
+        assert!(err("cuda", &["B=x,H=1,L=8,D=64,causal=0,dtype=f16"]).contains("not an integer"));
+        assert!(err("cuda", &["B=0,H=1,L=8,D=64,causal=0,dtype=f16"])
+            .contains("`B` = 0; a dimension must be positive"));
+        // The task's checks apply to a shape as to the task's own workloads: what the cuda
+        // kernels may assume, and an integer draw for integer inputs.
+        assert!(err("cuda", &["B=1,H=1,L=8,D=96,causal=0,dtype=f16"])
+            .contains("D = 96 breaks what kernels may assume"));
+        assert!(err("cuda", &["B=1,H=1,L=8,D=64,causal=0,dtype=i32"])
+            .contains("integer input `q` (i32) needs a `rand_int` or `custom` dist"));
+        assert!(err("cuda", &["b3h4l100d64-f16", "b3h4l100d64-f16"]).contains("twice"));
+        let task = attention();
+        let e = BenchRequest::for_task(
+            &task,
+            "cuda",
+            Path::new("/no/such.cu"),
+            &[],
+            BenchSettings::default(),
+            1,
+            Duration::from_secs(1),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("/no/such.cu"), "{e}");
     }
 }

@@ -65,6 +65,10 @@ pub enum EvalError {
     #[error("invalid request: {0}")]
     Request(String),
 
+    /// A `ksearch bench` request that the task or the options rule out (the message says why).
+    #[error("{0}")]
+    Bench(String),
+
     #[error("cannot measure the yardstick (the baseline and reference times scores divide): {0}")]
     Yardstick(String),
 

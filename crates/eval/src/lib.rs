@@ -3,15 +3,18 @@
 //! It owns the Python environment the harness runs in ([`harness_env`]), spawning one harness
 //! process per operation in its own process group with a scrubbed environment and a private
 //! result channel ([`harness`]), the JSON protocol types ([`protocol`]), the [`Evaluator`] the
-//! search calls, plain-text result tables ([`report`]), and the `ksearch bench` measurement of a
-//! kernel against native implementations ([`bench`]). It does not know who asks.
+//! search calls, plain-text result tables ([`report`]), the `ksearch bench` measurement of a
+//! kernel against native implementations ([`bench`]) and its report ([`bench_report`]), and the
+//! whole-model Mamba bench's launcher and report ([`mamba_bench`]). It does not know who asks.
 
 pub mod bench;
+pub mod bench_report;
 pub mod error;
 pub mod evaluator;
 pub mod harness;
 pub mod harness_env;
 pub mod interrupt;
+pub mod mamba_bench;
 pub mod protocol;
 pub mod report;
 pub mod request;

@@ -26,6 +26,24 @@ impl Table {
         }
     }
 
+    /// A table of `rows`, the first of which is the header; `align(column, columns)` aligns
+    /// each column.
+    pub fn from_rows(rows: &[Vec<String>], align: impl Fn(usize, usize) -> Align) -> Self {
+        let Some((header, body)) = rows.split_first() else {
+            return Table::new(&[]);
+        };
+        let columns: Vec<(&str, Align)> = header
+            .iter()
+            .enumerate()
+            .map(|(c, h)| (h.as_str(), align(c, header.len())))
+            .collect();
+        let mut table = Table::new(&columns);
+        for row in body {
+            table.row(row.clone());
+        }
+        table
+    }
+
     /// Adds a row; missing cells are blank and surplus cells are dropped.
     pub fn row(&mut self, cells: Vec<String>) {
         let mut cells = cells;
