@@ -318,3 +318,23 @@ fn a_broken_template_is_an_error_naming_it() {
     let err = PromptSet::load(dir.path()).unwrap_err().to_string();
     assert!(err.contains("improve.j2"), "{err}");
 }
+
+/// Every role's rendered size (system + user, in characters) for the softmax and attention
+/// tasks at full context, printed for the record (`--nocapture`) and held under a budget so a
+/// template change that bloats a prompt fails here.
+#[test]
+fn prompt_sizes_stay_within_budget() {
+    let attention = ksearch_task::load_task(&root().join("tasks/attention")).unwrap();
+    let attention =
+        PromptInputs::for_task(&attention, "cpu", &packs(), None, ContextLevel::Full).unwrap();
+    for (task, inputs) in [("softmax", inputs(ContextLevel::Full)), ("attention", attention)] {
+        for role in PromptRole::ALL {
+            let mut ctx = context(role, ContextLevel::Full);
+            ctx.inputs = inputs.clone();
+            let p = prompts().render(role, &ctx).unwrap();
+            let n = p.system.chars().count() + p.user.chars().count();
+            println!("prompt size {task} {}: {n}", role.template());
+            assert!(n < 24_000, "{task} {}: {n} characters", role.template());
+        }
+    }
+}
