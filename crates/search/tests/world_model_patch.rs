@@ -915,16 +915,25 @@ fn lenient_parser_reports_each_bad_op() {
 #[test]
 fn set_summary_replaces_the_summary_and_refuses_an_empty_one() {
     let mut wm = fixture();
-    let e = Edit::from_json_str(r#"{"ops": [{"op": "set_summary", "kernel_summary": "  memory bound; one pass wins  "}]}"#).unwrap();
+    let e = Edit::from_json_str(
+        r#"{"ops": [{"op": "set_summary", "kernel_summary": "  memory bound; one pass wins  "}]}"#,
+    )
+    .unwrap();
     wm.apply_edit(&e, 3).unwrap();
     assert_eq!(wm.kernel_summary(), "memory bound; one pass wins");
-    let e = Edit::from_json_str(r#"{"ops": [{"op": "set_summary", "kernel_summary": " "}]}"#).unwrap();
+    let e =
+        Edit::from_json_str(r#"{"ops": [{"op": "set_summary", "kernel_summary": " "}]}"#).unwrap();
     let errs = wm.apply_edit(&e, 4).unwrap_err();
     assert!(errs[0].to_string().contains("kernel_summary"), "{errs:?}");
     assert_eq!(wm.kernel_summary(), "memory bound; one pass wins");
     // A missing field is a parse error naming it.
     let errs = Edit::from_json_str(r#"{"ops": [{"op": "set_summary"}]}"#).unwrap_err();
-    assert!(errs[0].to_string().contains("missing field `kernel_summary`"), "{errs:?}");
+    assert!(
+        errs[0]
+            .to_string()
+            .contains("missing field `kernel_summary`"),
+        "{errs:?}"
+    );
 }
 
 #[test]
@@ -955,22 +964,37 @@ fn close_question_rejects_unknown_numbers_repeats_and_empty_answers_atomically()
     let mut wm = WorldModel::new_root("s", vec!["q1".into(), "q2".into()]);
     let before = wm.clone();
     for (ops, want) in [
-        (r#"[{"op": "close_question", "question": 3, "answer": "a"}]"#, "no open question 3 (open questions are numbered 1 to 2)"),
-        (r#"[{"op": "close_question", "question": 0, "answer": "a"}]"#, "no open question 0"),
+        (
+            r#"[{"op": "close_question", "question": 3, "answer": "a"}]"#,
+            "no open question 3 (open questions are numbered 1 to 2)",
+        ),
+        (
+            r#"[{"op": "close_question", "question": 0, "answer": "a"}]"#,
+            "no open question 0",
+        ),
         (
             r#"[{"op": "close_question", "question": 1, "answer": "a"}, {"op": "close_question", "question": 1, "answer": "b"}]"#,
             "closed twice",
         ),
-        (r#"[{"op": "close_question", "question": 2, "answer": "  "}]"#, "`answer`"),
+        (
+            r#"[{"op": "close_question", "question": 2, "answer": "  "}]"#,
+            "`answer`",
+        ),
     ] {
         let e = Edit::from_json_str(&format!(r#"{{"ops": {ops}}}"#)).unwrap();
         let errs = wm.apply_edit(&e, 1).unwrap_err();
-        let text = errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+        let text = errs
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ");
         assert!(text.contains(want), "{ops}: {text}");
         assert_eq!(wm, before, "a rejected edit changes nothing");
     }
-    let errs = Edit::from_json_str(r#"{"ops": [{"op": "close_question", "question": "first", "answer": "a"}]}"#)
-        .unwrap_err();
+    let errs = Edit::from_json_str(
+        r#"{"ops": [{"op": "close_question", "question": "first", "answer": "a"}]}"#,
+    )
+    .unwrap_err();
     assert!(errs[0].to_string().contains("op 0"), "{errs:?}");
 }
 

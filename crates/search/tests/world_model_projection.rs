@@ -218,20 +218,37 @@ fn outline_lists_every_live_node_with_detail_only_where_marked() {
     let text = wm.outline(&id("n4"), 40);
     // Every live node has a line; the pruned one has none.
     for n in ["root", "n1", "n2", "n4", "n5", "n6"] {
-        assert!(text.lines().any(|l| l.trim_start_matches(['*', '>', ' ']).starts_with(&format!("{n} ["))), "{n}: {text}");
+        assert!(
+            text.lines().any(|l| l
+                .trim_start_matches(['*', '>', ' '])
+                .starts_with(&format!("{n} ["))),
+            "{n}: {text}"
+        );
     }
     assert!(!text.contains("n3 ["), "{text}");
     let line = |n: &str| {
         text.lines()
-            .find(|l| l.trim_start_matches(['*', '>', ' ']).starts_with(&format!("{n} [")))
+            .find(|l| {
+                l.trim_start_matches(['*', '>', ' '])
+                    .starts_with(&format!("{n} ["))
+            })
             .unwrap()
             .to_string()
     };
     // The path to the focus and the frontier carry detail, the others do not.
-    assert!(line("n4").starts_with('*') && line("n4").contains("priority"), "{text}");
-    assert!(line("n5").starts_with('>') && line("n5").contains("priority"), "{text}");
+    assert!(
+        line("n4").starts_with('*') && line("n4").contains("priority"),
+        "{text}"
+    );
+    assert!(
+        line("n5").starts_with('>') && line("n5").contains("priority"),
+        "{text}"
+    );
     assert!(!line("n2").contains("confidence"), "{text}");
-    assert!(text.contains("notes: long notes"), "notes of the path are shown: {text}");
+    assert!(
+        text.contains("notes: long notes"),
+        "notes of the path are shown: {text}"
+    );
     assert!(!text.contains("more nodes not shown"));
 }
 
@@ -245,7 +262,10 @@ fn outline_cuts_long_texts_visibly_and_caps_the_node_count() {
     .unwrap();
     wm.apply_edit(&e, 5).unwrap();
     let text = wm.outline(&id("n4"), 40);
-    assert!(text.contains(&format!("{}… [+100 characters]", "c".repeat(200))), "{text}");
+    assert!(
+        text.contains(&format!("{}… [+100 characters]", "c".repeat(200))),
+        "{text}"
+    );
     // Over the cap, unmarked nodes go first and the cut is counted; marked nodes and their
     // ancestors stay.
     let text = wm.outline(&id("n4"), 2);

@@ -515,9 +515,7 @@ fn edit_is_finite(e: &Edit) -> bool {
         PatchOp::Split { set, children, .. } => {
             patch_is_finite(set) && children.iter().all(patch_is_finite)
         }
-        PatchOp::Delete { .. } | PatchOp::SetSummary { .. } | PatchOp::CloseQuestion { .. } => {
-            true
-        }
+        PatchOp::Delete { .. } | PatchOp::SetSummary { .. } | PatchOp::CloseQuestion { .. } => true,
     })
 }
 

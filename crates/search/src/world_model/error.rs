@@ -75,7 +75,9 @@ pub enum PatchError {
         node_id: String,
         reason: &'static str,
     },
-    #[error("op {op}: there is no open question {question} (open questions are numbered 1 to {open})")]
+    #[error(
+        "op {op}: there is no open question {question} (open questions are numbered 1 to {open})"
+    )]
     UnknownQuestion {
         op: usize,
         question: usize,

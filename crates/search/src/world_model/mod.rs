@@ -17,7 +17,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use error::{InvariantViolation, PatchError, WorldModelError};
-pub use projection::{cut, OUTLINE_NOTES, OUTLINE_TEXT};
 pub use node::{
     Action, Impact, Impacts, Node, NodeId, NodeState, SolutionRef, DEFAULT_CONFIDENCE,
     DEFAULT_DIFFICULTY, DEFAULT_RATING, ROOT_ID,
@@ -26,6 +25,7 @@ pub use patch::{
     ActionPatch, ApplyReport, Edit, ImpactPatch, ImpactsPatch, NodePatch, PatchOp,
     MAX_NEW_NODES_PER_EDIT,
 };
+pub use projection::{cut, OUTLINE_NOTES, OUTLINE_TEXT};
 
 /// The evaluation a round ended with (its best, else its last), for prompts.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -178,11 +178,16 @@ pub enum PatchOp {
         node_id: NodeId,
     },
     /// Replace the tree's `kernel_summary` (non-empty).
-    SetSummary { kernel_summary: String },
+    SetSummary {
+        kernel_summary: String,
+    },
     /// Settle an open question: `question` is its number as prompts list them (1-based, in
     /// the list as it was before the edit); the question leaves `open_questions` and is kept
     /// with its `answer` (non-empty) among the settled ones.
-    CloseQuestion { question: usize, answer: String },
+    CloseQuestion {
+        question: usize,
+        answer: String,
+    },
 }
 
 /// A proposer's edit: ops applied in order, all or nothing.
@@ -379,7 +384,7 @@ impl WorldModel {
             }
         }
         // Numbers refer to the list before the edit, so they are removed last, highest first.
-        closed.sort_by(|a, b| b.0.cmp(&a.0));
+        closed.sort_by_key(|c| std::cmp::Reverse(c.0));
         for (q, answer) in closed {
             let question = draft.open_questions.remove(q - 1);
             draft.settled_questions.push(SettledQuestion {

@@ -285,7 +285,11 @@ impl WorldModel {
                 stack.push((depth + 1, k));
             }
         }
-        let path: BTreeSet<NodeId> = self.path_to_root(focus).unwrap_or_default().into_iter().collect();
+        let path: BTreeSet<NodeId> = self
+            .path_to_root(focus)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         let frontier: BTreeSet<&NodeId> = self.frontier().into_iter().map(|n| &n.id).collect();
         let marked = |n: &Node| path.contains(&n.id) || frontier.contains(&n.id);
         // Ancestors of marked nodes stay so every shown node hangs under its shown parent.
@@ -322,7 +326,13 @@ impl WorldModel {
             } else {
                 ' '
             };
-            let _ = write!(out, "{mark} {}{} [{}", "  ".repeat(*depth), n.id, n.state.kind());
+            let _ = write!(
+                out,
+                "{mark} {}{} [{}",
+                "  ".repeat(*depth),
+                n.id,
+                n.state.kind()
+            );
             if let Some(s) = n.solution() {
                 let _ = write!(out, " {:.3}", s.score);
             }
@@ -330,7 +340,11 @@ impl WorldModel {
             if marked(n) {
                 let _ = write!(out, ", confidence {:.2}", n.confidence);
                 if let Some(a) = n.open_action() {
-                    let _ = write!(out, ", priority {:.2}, difficulty {}", a.score, a.difficulty);
+                    let _ = write!(
+                        out,
+                        ", priority {:.2}, difficulty {}",
+                        a.score, a.difficulty
+                    );
                     if let Some(f) = a.expected_vs_baseline_factor {
                         let _ = write!(out, ", predicts {f:.2}x");
                     }
@@ -356,7 +370,12 @@ impl WorldModel {
             out.push('\n');
             let notes = n.notes.split_whitespace().collect::<Vec<_>>().join(" ");
             if marked(n) && !notes.is_empty() {
-                let _ = writeln!(out, "  {}  notes: {}", "  ".repeat(*depth), cut(&notes, OUTLINE_NOTES));
+                let _ = writeln!(
+                    out,
+                    "  {}  notes: {}",
+                    "  ".repeat(*depth),
+                    cut(&notes, OUTLINE_NOTES)
+                );
             }
         }
         if left_out > 0 {
