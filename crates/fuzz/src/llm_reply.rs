@@ -77,6 +77,7 @@ pub fn run(data: &[u8]) {
             base: Some(&base),
             last: Some(&last),
             cycle_best: Some(&base),
+            history: &[],
             wm,
             known_sources: &known,
         };
@@ -98,6 +99,7 @@ pub fn run(data: &[u8]) {
         base: Some(&base),
         best: Some(&base),
         last: Some(&last),
+        history: &[],
         feedback: &feedback,
     };
     // `too_hard` reads its reply as `propose` and `refine` do.
@@ -227,6 +229,7 @@ fn proposer() -> (&'static FixedReply, &'static LlmProposer) {
             spec: Some("Row softmax.".into()),
             device: None,
             knowledge: None,
+            reference: None,
             code_format: "- One ```c block.".into(),
             fence_tags: vec!["c".into(), "cpp".into()],
         };

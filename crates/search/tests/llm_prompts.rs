@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 
 use ksearch_knowledge::Packs;
 use ksearch_search::proposer::prompts::{
-    tree_path, ActionView, AttemptText, ContextLevel, PromptContext, PromptInputs, PromptRole,
+    history_lines, ActionView, AttemptText, ContextLevel, PromptContext, PromptInputs, PromptRole,
     PromptSet,
 };
-use ksearch_search::proposer::{AttemptView, OutcomeSummary};
-use ksearch_search::world_model::{ActionPatch, NodeId, NodePatch, SolutionRef, WorldModel};
+use ksearch_search::proposer::{AttemptView, CycleAttempt, OutcomeSummary};
+use ksearch_search::world_model::{ActionPatch, NodeId, NodePatch, SolutionRef, Trace, WorldModel};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -105,6 +105,15 @@ fn world_model() -> (WorldModel, NodeId, NodeId) {
         )
         .unwrap();
     wm.begin_cycle(&c).unwrap();
+    wm.record_signals(
+        3,
+        Some(Trace {
+            status: "passed".into(),
+            latency_ms: Some(0.52),
+            reference_latency_ms: Some(1.69),
+            speedup: Some(1.9),
+        }),
+    );
     (wm, a, b)
 }
 
@@ -151,38 +160,60 @@ fn failed(id: i64) -> AttemptView {
     }
 }
 
+/// A cycle of four attempts: a pass, a slower pass, a failure, and a repeat of the first.
+fn cycle_history() -> Vec<CycleAttempt> {
+    let attempt = |n: u32, view: AttemptView, note: &str| CycleAttempt {
+        attempt: n,
+        sample: 0,
+        candidate_id: Some(view.candidate_id),
+        note: note.into(),
+        outcome: view.outcome,
+        duplicate_of: None,
+        reused_from: None,
+    };
+    let mut slower = passed(8, 1.7);
+    slower.outcome.latency_ms = Some(0.61);
+    vec![
+        attempt(1, passed(7, 1.9), "one pass: running max and rescaled sum"),
+        attempt(2, slower, "unrolled the exp loop by 4"),
+        attempt(3, failed(9), "float accumulator for the sum"),
+        CycleAttempt {
+            duplicate_of: Some((1, 0)),
+            ..attempt(4, passed(7, 1.9), "")
+        },
+    ]
+}
+
 fn context(role: PromptRole, level: ContextLevel) -> PromptContext {
     let (wm, solved, _) = world_model();
     let mut ctx = PromptContext::new(&inputs(level));
     ctx.round = 4;
     ctx.attempt = 2;
     let node = |id: &NodeId| wm.node(id).unwrap();
-    let edit = |ctx: &mut PromptContext| {
-        ctx.world_model = Some(wm.compact_json(6000));
-        ctx.frontier = Some(wm.frontier_listing(10));
-        ctx.tree_path = Some(tree_path(&wm, wm.active_leaf_id()));
-    };
     let active = wm.active_leaf_id().clone();
+    let edit = |ctx: &mut PromptContext, focus: &NodeId| {
+        ctx.tree = Some(wm.outline(focus, 40));
+    };
     match role {
         PromptRole::WmInit => {
             ctx.attempt = 1;
         }
         PromptRole::Propose => {
-            edit(&mut ctx);
+            edit(&mut ctx, &active);
             ctx.requirements = vec![
                 "Leave at least one executable open action with priority score above 0.5.".into(),
             ];
             ctx.feedback = vec!["the edit was rejected: op 0: unknown node `n9`".into()];
         }
         PromptRole::Refine => {
-            edit(&mut ctx);
-            ctx.tree_path = Some(tree_path(&wm, &solved));
+            edit(&mut ctx, &solved);
             ctx.action = Some(ActionView::of(node(&solved)));
             ctx.best = Some(AttemptText::of(&passed(7, 1.9)));
             ctx.base = Some(AttemptText::of(&passed(1, 1.1)));
+            ctx.history = history_lines(&cycle_history());
         }
         PromptRole::TooHard => {
-            edit(&mut ctx);
+            edit(&mut ctx, &active);
             ctx.action = Some(ActionView::of(node(&active)));
             ctx.current = Some(AttemptText::of(&failed(9)));
         }
@@ -207,6 +238,7 @@ fn context(role: PromptRole, level: ContextLevel) -> PromptContext {
             ctx.action = Some(ActionView::of(node(&active)));
             ctx.best = Some(AttemptText::of(&passed(10, 2.3)));
             ctx.current = Some(AttemptText::of(&failed(11)));
+            ctx.history = history_lines(&cycle_history());
         }
     }
     if role.writes_code() && level.has_spec() {
@@ -317,4 +349,27 @@ fn a_broken_template_is_an_error_naming_it() {
     std::fs::remove_file(dir.path().join("improve.j2")).unwrap();
     let err = PromptSet::load(dir.path()).unwrap_err().to_string();
     assert!(err.contains("improve.j2"), "{err}");
+}
+
+/// Every role's rendered size (system + user, in characters) for the softmax and attention
+/// tasks at full context, printed for the record (`--nocapture`) and held under a budget so a
+/// template change that bloats a prompt fails here.
+#[test]
+fn prompt_sizes_stay_within_budget() {
+    let attention = ksearch_task::load_task(&root().join("tasks/attention")).unwrap();
+    let attention =
+        PromptInputs::for_task(&attention, "cpu", &packs(), None, ContextLevel::Full).unwrap();
+    for (task, inputs) in [
+        ("softmax", inputs(ContextLevel::Full)),
+        ("attention", attention),
+    ] {
+        for role in PromptRole::ALL {
+            let mut ctx = context(role, ContextLevel::Full);
+            ctx.inputs = inputs.clone();
+            let p = prompts().render(role, &ctx).unwrap();
+            let n = p.system.chars().count() + p.user.chars().count();
+            println!("prompt size {task} {}: {n}", role.template());
+            assert!(n < 24_000, "{task} {}: {n} characters", role.template());
+        }
+    }
 }

@@ -302,7 +302,7 @@ fn unusable_replies_are_failed_attempts_and_every_call_is_stored() {
     );
     assert!(user_prompt(codes[3]).contains("the model call failed"));
     assert!(
-        !user_prompt(codes[4]).contains("the model call failed"),
+        !user_prompt(codes[4]).contains("## Problems with your previous reply"),
         "cleared after a good reply"
     );
     assert!(user_prompt(codes[6]).contains("does not define the entry point `kern`"));
@@ -345,10 +345,19 @@ fn an_unusable_first_plan_falls_back_to_one_action() {
         vec![
             Ok("".into()),
             Ok("{\"kernel_summary\": \"x\", \"ops\": []}".into()),
+            Ok(
+                "```json\n{\"ops\": [\n  {\"op\": \"delete\", \"node_id\": \"n1\"},\n]}\n```"
+                    .into(),
+            ),
         ],
     )]));
     let proposer = LlmProposer::new(llm.clone(), prompts(), inputs(), LlmSettings::new());
     let wm = proposer.init_world_model(&brief()).unwrap();
+    // Each retry carried the exact reason the previous reply could not be used.
+    let inits = llm.seen();
+    assert_eq!(inits.len(), 3);
+    assert!(user_prompt(&inits[1]).contains("the reply is empty"));
+    assert!(user_prompt(&inits[2]).contains("no executable action"));
     assert_eq!(wm.frontier().len(), 1);
     assert!(
         wm.kernel_summary().contains("could not be used"),
@@ -356,12 +365,13 @@ fn an_unusable_first_plan_falls_back_to_one_action() {
         wm.kernel_summary()
     );
     assert!(
-        wm.kernel_summary().contains("no executable action"),
+        wm.kernel_summary()
+            .contains("trailing comma at line 3 column 1"),
         "{}",
         wm.kernel_summary()
     );
     let xs = proposer.drain_exchanges();
-    assert_eq!(xs.len(), 2);
+    assert_eq!(xs.len(), 3);
     assert!(proposer.drain_exchanges().is_empty(), "drained once");
 }
 

@@ -186,6 +186,7 @@ proptest! {
             base: None,
             last: None,
             cycle_best: None,
+            history: &[],
             wm: &wm,
             known_sources: &known,
         };

@@ -911,3 +911,97 @@ fn lenient_parser_reports_each_bad_op() {
     let bare = Edit::from_json_value(&json!([{"op": "delete_node", "node_id": 7}])).unwrap();
     assert_eq!(bare.ops, [delete("7")]);
 }
+
+#[test]
+fn set_summary_replaces_the_summary_and_refuses_an_empty_one() {
+    let mut wm = fixture();
+    let e = Edit::from_json_str(
+        r#"{"ops": [{"op": "set_summary", "kernel_summary": "  memory bound; one pass wins  "}]}"#,
+    )
+    .unwrap();
+    wm.apply_edit(&e, 3).unwrap();
+    assert_eq!(wm.kernel_summary(), "memory bound; one pass wins");
+    let e =
+        Edit::from_json_str(r#"{"ops": [{"op": "set_summary", "kernel_summary": " "}]}"#).unwrap();
+    let errs = wm.apply_edit(&e, 4).unwrap_err();
+    assert!(errs[0].to_string().contains("kernel_summary"), "{errs:?}");
+    assert_eq!(wm.kernel_summary(), "memory bound; one pass wins");
+    // A missing field is a parse error naming it.
+    let errs = Edit::from_json_str(r#"{"ops": [{"op": "set_summary"}]}"#).unwrap_err();
+    assert!(
+        errs[0]
+            .to_string()
+            .contains("missing field `kernel_summary`"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn close_question_settles_questions_by_their_number_before_the_edit() {
+    let mut wm = WorldModel::new_root("s", vec!["q1".into(), "q2".into(), "q3".into()]);
+    // Numbers refer to the list as shown, whatever order the ops come in.
+    let e = Edit::from_json_str(
+        r#"{"ops": [{"op": "close_question", "question": 3, "answer": "yes"},
+                    {"op": "close_question", "question": 1, "answer": "no, 2x slower"}]}"#,
+    )
+    .unwrap();
+    let report = wm.apply_edit(&e, 5).unwrap();
+    assert_eq!(report.closed_questions, 2);
+    assert_eq!(wm.open_questions(), ["q2".to_string()]);
+    let settled: Vec<(&str, &str, u32)> = wm
+        .settled_questions()
+        .iter()
+        .map(|q| (q.question.as_str(), q.answer.as_str(), q.round))
+        .collect();
+    assert_eq!(settled, [("q3", "yes", 5), ("q1", "no, 2x slower", 5)]);
+    // The settled questions survive a round trip through JSON.
+    let back = WorldModel::from_json(&wm.to_json().unwrap()).unwrap();
+    assert_eq!(back.settled_questions(), wm.settled_questions());
+}
+
+#[test]
+fn close_question_rejects_unknown_numbers_repeats_and_empty_answers_atomically() {
+    let mut wm = WorldModel::new_root("s", vec!["q1".into(), "q2".into()]);
+    let before = wm.clone();
+    for (ops, want) in [
+        (
+            r#"[{"op": "close_question", "question": 3, "answer": "a"}]"#,
+            "no open question 3 (open questions are numbered 1 to 2)",
+        ),
+        (
+            r#"[{"op": "close_question", "question": 0, "answer": "a"}]"#,
+            "no open question 0",
+        ),
+        (
+            r#"[{"op": "close_question", "question": 1, "answer": "a"}, {"op": "close_question", "question": 1, "answer": "b"}]"#,
+            "closed twice",
+        ),
+        (
+            r#"[{"op": "close_question", "question": 2, "answer": "  "}]"#,
+            "`answer`",
+        ),
+    ] {
+        let e = Edit::from_json_str(&format!(r#"{{"ops": {ops}}}"#)).unwrap();
+        let errs = wm.apply_edit(&e, 1).unwrap_err();
+        let text = errs
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ");
+        assert!(text.contains(want), "{ops}: {text}");
+        assert_eq!(wm, before, "a rejected edit changes nothing");
+    }
+    let errs = Edit::from_json_str(
+        r#"{"ops": [{"op": "close_question", "question": "first", "answer": "a"}]}"#,
+    )
+    .unwrap_err();
+    assert!(errs[0].to_string().contains("op 0"), "{errs:?}");
+}
+
+#[test]
+fn an_unknown_op_names_the_ops_there_are() {
+    let errs = Edit::from_json_str(r#"{"ops": [{"op": "rename", "node_id": "n1"}]}"#).unwrap_err();
+    let text = errs[0].to_string();
+    assert!(text.contains("unknown op kind `rename`"), "{text}");
+    assert!(text.contains("set_summary, close_question"), "{text}");
+}

@@ -173,7 +173,10 @@ fn compact_json_shrinks_the_summary_only_after_all_nodes_are_gone() {
     assert!(text.chars().count() <= 1_000);
     assert!(v.get("nodes").unwrap().as_array().unwrap().is_empty());
     let summary = v["kernel_summary"].as_str().unwrap();
-    assert!(summary.ends_with('…') && summary.len() > 500, "{summary}");
+    assert!(
+        summary.contains("… [+") && summary.ends_with(" characters]") && summary.len() > 500,
+        "{summary}"
+    );
     assert_eq!(wm.compact_json(1), "{}");
 }
 
@@ -192,4 +195,83 @@ fn compact_json_is_deterministic_and_ignores_unrelated_edits() {
     };
     wm.apply_edit(&e, 5).unwrap();
     assert_eq!(before, wm.compact_json(2_600));
+}
+
+#[test]
+fn outline_snapshot() {
+    let mut wm = fixture();
+    wm.record_signals(
+        4,
+        Some(Trace {
+            status: "passed".into(),
+            latency_ms: Some(1.1),
+            reference_latency_ms: Some(3.3),
+            speedup: Some(1.8),
+        }),
+    );
+    insta::assert_snapshot!(wm.outline(&id("n4"), 40));
+}
+
+#[test]
+fn outline_lists_every_live_node_with_detail_only_where_marked() {
+    let wm = fixture();
+    let text = wm.outline(&id("n4"), 40);
+    // Every live node has a line; the pruned one has none.
+    for n in ["root", "n1", "n2", "n4", "n5", "n6"] {
+        assert!(
+            text.lines().any(|l| l
+                .trim_start_matches(['*', '>', ' '])
+                .starts_with(&format!("{n} ["))),
+            "{n}: {text}"
+        );
+    }
+    assert!(!text.contains("n3 ["), "{text}");
+    let line = |n: &str| {
+        text.lines()
+            .find(|l| {
+                l.trim_start_matches(['*', '>', ' '])
+                    .starts_with(&format!("{n} ["))
+            })
+            .unwrap()
+            .to_string()
+    };
+    // The path to the focus and the frontier carry detail, the others do not.
+    assert!(
+        line("n4").starts_with('*') && line("n4").contains("priority"),
+        "{text}"
+    );
+    assert!(
+        line("n5").starts_with('>') && line("n5").contains("priority"),
+        "{text}"
+    );
+    assert!(!line("n2").contains("confidence"), "{text}");
+    assert!(
+        text.contains("notes: long notes"),
+        "notes of the path are shown: {text}"
+    );
+    assert!(!text.contains("more nodes not shown"));
+}
+
+#[test]
+fn outline_cuts_long_texts_visibly_and_caps_the_node_count() {
+    let mut wm = fixture();
+    let long = "c".repeat(300);
+    let e: Edit = serde_json::from_value(json!({"ops": [
+        {"op": "update", "node_id": "n2", "set": {"choice": long}}
+    ]}))
+    .unwrap();
+    wm.apply_edit(&e, 5).unwrap();
+    let text = wm.outline(&id("n4"), 40);
+    assert!(
+        text.contains(&format!("{}… [+100 characters]", "c".repeat(200))),
+        "{text}"
+    );
+    // Over the cap, unmarked nodes go first and the cut is counted; marked nodes and their
+    // ancestors stay.
+    let text = wm.outline(&id("n4"), 2);
+    assert!(text.contains("(2 more nodes not shown)"), "{text}");
+    assert!(!text.contains("n2 [") && !text.contains("n6 ["), "{text}");
+    for n in ["root [", "n1 [", "n4 [", "n5 ["] {
+        assert!(text.contains(n), "{n}: {text}");
+    }
 }

@@ -515,7 +515,7 @@ fn edit_is_finite(e: &Edit) -> bool {
         PatchOp::Split { set, children, .. } => {
             patch_is_finite(set) && children.iter().all(patch_is_finite)
         }
-        PatchOp::Delete { .. } => true,
+        PatchOp::Delete { .. } | PatchOp::SetSummary { .. } | PatchOp::CloseQuestion { .. } => true,
     })
 }
 
@@ -530,7 +530,9 @@ fn edit_has_unknown_keys(e: &Edit) -> bool {
         PatchOp::Split { set, children, .. } => {
             patch_has_unknown_keys(set) || children.iter().any(patch_has_unknown_keys)
         }
-        PatchOp::Delete { .. } => false,
+        PatchOp::Delete { .. } | PatchOp::SetSummary { .. } | PatchOp::CloseQuestion { .. } => {
+            false
+        }
     })
 }
 

@@ -35,12 +35,12 @@ use ksearch_eval::Interrupt;
 use ksearch_store::{CandidateKind, CandidateRow, NewCandidate, RunStore, SourceId, StoreError};
 
 use crate::proposer::{
-    AttemptView, CodeRequest, CycleReport, OutcomeSummary, Proposal, Proposer, ProposerError, Step,
-    TaskBrief,
+    AttemptView, CodeRequest, CycleAttempt, CycleReport, OutcomeSummary, Proposal, Proposer,
+    ProposerError, Step, TaskBrief,
 };
 use crate::selection::SelectionPolicy;
 use crate::world_model::{
-    ActionPatch, NodeId, NodePatch, SolutionRef, WorldModel, WorldModelError,
+    ActionPatch, Edit, NodeId, NodePatch, SolutionRef, Trace, WorldModel, WorldModelError,
 };
 
 /// Limits and switches of one run.
@@ -203,7 +203,24 @@ struct CycleState {
     base: Option<i64>,
     best: Option<(i64, f64)>,
     last: Option<i64>,
+    /// Every attempt of the cycle in order (cycles checkpointed before this was kept have
+    /// none).
+    #[serde(default)]
+    history: Vec<HistoryEntry>,
 }
+
+/// One attempt of a cycle: its candidate, or why the proposer gave none.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct HistoryEntry {
+    attempt: u32,
+    sample: u32,
+    candidate: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// Longest proposer error kept in a cycle's history (the end is kept).
+const HISTORY_ERROR_CHARS: usize = 400;
 
 /// Everything needed to continue a run; checkpointed as one JSON value.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -247,6 +264,10 @@ pub struct Engine<'a> {
 
 /// A lint hook: source in, blocking findings out (empty = fine).
 pub type Lint = dyn Fn(&str) -> Vec<String> + Sync;
+
+/// Tries of one world-model step (propose, refine, too hard) when the reply cannot be used or
+/// the edit is rejected, as in the original.
+pub const EDIT_TRIES: usize = 3;
 
 /// Status of a proposal rejected by the lint hook.
 pub const LINT_FAILED: &str = "lint_failed";
@@ -490,6 +511,7 @@ impl<'a> Engine<'a> {
             .proposer
             .init_world_model(&self.task)
             .map_err(|e| EngineError::Proposer(e.to_string()))?;
+        wm.record_signals(0, seed_summary.as_ref().map(trace_of));
         let mut best = None;
         if let (Some(id), Some(score), Some(summary)) = (seed_candidate, seed_score, &seed_summary)
         {
@@ -571,41 +593,16 @@ impl<'a> Engine<'a> {
     fn begin_cycle(&self, state: &mut EngineState) -> Result<bool, EngineError> {
         let round = state.rounds_used + 1;
         if self.should_propose(&state.wm) {
-            let mut feedback: Vec<String> = Vec::new();
-            for _ in 0..3 {
-                match self.proposer.propose(&state.wm, round, &feedback) {
-                    Ok(None) => break,
-                    Ok(Some(edit)) => match state.wm.apply_edit(&edit, round) {
-                        Ok(_) => break,
-                        Err(errors) => {
-                            feedback = errors.iter().map(|e| e.to_string()).collect();
-                            self.event(
-                                "edit_rejected",
-                                json!({"step": "propose", "errors": feedback}),
-                            )?;
-                        }
-                    },
-                    Err(ProposerError::Budget(_)) => break,
-                    Err(e) => {
-                        self.event(
-                            "proposer_error",
-                            json!({"step": "propose", "error": e.to_string()}),
-                        )?;
-                        break;
-                    }
-                }
-            }
+            self.edit_with_retries("propose", state, round, |wm, feedback| {
+                self.proposer.propose(wm, round, feedback)
+            })?;
             self.fallback_child(state, round, "continue from the best solution", 0.6)?;
         }
         let Some(node) = self.policy.choose(&state.wm) else {
             return Ok(false);
         };
-        state.wm.begin_cycle(&node)?;
-        let parent = state.wm.node(&node).and_then(|n| n.parent.clone());
-        let base = parent
-            .and_then(|p| state.wm.node(&p).and_then(|n| n.solution().cloned()))
-            .and_then(|s| self.candidate_for_source(&s.solution_id).ok().flatten());
-        state.cycles += 1;
+        // The ranking the policy chose from, taken before the visit below changes the
+        // statistics it is computed from.
         let ranking: Vec<String> = self
             .policy
             .rank(&state.wm)
@@ -613,6 +610,12 @@ impl<'a> Engine<'a> {
             .take(5)
             .map(|c| c.to_string())
             .collect();
+        state.wm.begin_cycle(&node)?;
+        let parent = state.wm.node(&node).and_then(|n| n.parent.clone());
+        let base = parent
+            .and_then(|p| state.wm.node(&p).and_then(|n| n.solution().cloned()))
+            .and_then(|s| self.candidate_for_source(&s.solution_id).ok().flatten());
+        state.cycles += 1;
         self.event(
             "cycle_start",
             json!({"cycle": state.cycles, "node": node.as_str(), "policy": self.policy.name(),
@@ -627,6 +630,7 @@ impl<'a> Engine<'a> {
             base,
             best: None,
             last: None,
+            history: Vec::new(),
         });
         Ok(true)
     }
@@ -754,6 +758,7 @@ impl<'a> Engine<'a> {
         let base = view(cycle.base)?;
         let last = view(cycle.last)?;
         let cycle_best = view(cycle.best.map(|b| b.0))?;
+        let history = self.cycle_history(&cycle)?;
         let step = if attempt == 1 {
             if base.is_some() {
                 Step::BaseAction
@@ -784,6 +789,7 @@ impl<'a> Engine<'a> {
             base: base.as_ref(),
             last: last.as_ref(),
             cycle_best: cycle_best.as_ref(),
+            history: &history,
             wm: &state.wm,
             known_sources: &known,
         };
@@ -821,7 +827,15 @@ impl<'a> Engine<'a> {
         let mut improved = false;
         let mut round_best: Option<(i64, f64)> = None;
         let mut last_id = None;
-        for o in &outcomes {
+        for (sample, o) in (0u32..).zip(&outcomes) {
+            c.history.push(HistoryEntry {
+                attempt,
+                sample,
+                candidate: o.candidate,
+                error: o.candidate.is_none().then(|| {
+                    crate::proposer::prompts::keep_end(&o.summary.message, HISTORY_ERROR_CHARS)
+                }),
+            });
             state
                 .wm
                 .record_attempt(&c.node, o.summary.passed)
@@ -890,6 +904,21 @@ impl<'a> Engine<'a> {
         c.last = round_best.map(|(id, _)| id).or(last_id).or(c.last);
         c.consumed += 1;
         state.rounds_used = round;
+        // What the next prompts show as the search's signals: this round and its best
+        // evaluation (else its last one).
+        let traced = outcomes
+            .iter()
+            .filter(|o| o.summary.passed)
+            .max_by(|a, b| {
+                a.summary
+                    .score
+                    .unwrap_or(0.0)
+                    .total_cmp(&b.summary.score.unwrap_or(0.0))
+            })
+            .or(outcomes.last());
+        state
+            .wm
+            .record_signals(round, traced.map(|o| trace_of(&o.summary)));
 
         let usage = self.proposer.usage();
         let message = outcomes
@@ -1102,6 +1131,55 @@ impl<'a> Engine<'a> {
         }))
     }
 
+    /// The cycle's attempts as prompts list them: each with its outcome and note, an attempt
+    /// whose source repeats an earlier one of the cycle named as its duplicate.
+    fn cycle_history(&self, c: &CycleState) -> Result<Vec<CycleAttempt>, EngineError> {
+        let mut out: Vec<CycleAttempt> = Vec::new();
+        let mut sources: Vec<(String, (u32, u32))> = Vec::new();
+        for h in &c.history {
+            let mut a = CycleAttempt {
+                attempt: h.attempt,
+                sample: h.sample,
+                candidate_id: h.candidate,
+                ..CycleAttempt::default()
+            };
+            match h.candidate {
+                None => {
+                    a.outcome = OutcomeSummary {
+                        status: "proposer_error".into(),
+                        message: h.error.clone().unwrap_or_default(),
+                        ..OutcomeSummary::default()
+                    };
+                }
+                Some(id) => {
+                    let (row, result) = {
+                        let store = self.store();
+                        (
+                            store.candidate(id)?,
+                            store.evaluation_for(id)?.map(|e| e.result),
+                        )
+                    };
+                    if let Some(row) = &row {
+                        a.note = row.proposer_note.clone();
+                        let sid = row.source_id.as_str().to_string();
+                        a.duplicate_of = sources.iter().find(|(s, _)| *s == sid).map(|(_, at)| *at);
+                        if a.duplicate_of.is_none() {
+                            sources.push((sid, (h.attempt, h.sample)));
+                        }
+                    }
+                    if let Some(result) = &result {
+                        a.outcome = self.summarize_stored(result);
+                        if a.duplicate_of.is_none() {
+                            a.reused_from = result["reused_from_candidate"].as_i64();
+                        }
+                    }
+                }
+            }
+            out.push(a);
+        }
+        Ok(out)
+    }
+
     fn candidate_for_source(&self, source_id: &str) -> Result<Option<i64>, EngineError> {
         let store = self.store();
         let mut best: Option<(i64, f64)> = None;
@@ -1145,8 +1223,8 @@ impl<'a> Engine<'a> {
                     round,
                 },
             )?;
-            let mut feedback: Vec<String> = Vec::new();
-            for _ in 0..3 {
+            let history = self.cycle_history(&c)?;
+            self.edit_with_retries("refine", state, round, |wm, feedback| {
                 let report = CycleReport {
                     node_id: &c.node,
                     round,
@@ -1154,29 +1232,11 @@ impl<'a> Engine<'a> {
                     base: base.as_ref(),
                     best: best.as_ref(),
                     last: last.as_ref(),
-                    feedback: &feedback,
+                    history: &history,
+                    feedback,
                 };
-                match self.proposer.refine(&state.wm, &report) {
-                    Ok(None) | Err(ProposerError::Budget(_)) => break,
-                    Ok(Some(edit)) => match state.wm.apply_edit(&edit, round) {
-                        Ok(_) => break,
-                        Err(errors) => {
-                            feedback = errors.iter().map(|e| e.to_string()).collect();
-                            self.event(
-                                "edit_rejected",
-                                json!({"step": "refine", "errors": feedback}),
-                            )?;
-                        }
-                    },
-                    Err(e) => {
-                        self.event(
-                            "proposer_error",
-                            json!({"step": "refine", "error": e.to_string()}),
-                        )?;
-                        break;
-                    }
-                }
-            }
+                self.proposer.refine(wm, &report)
+            })?;
             // The continuation rule: a solved node always offers a next step.
             self.ensure_continuation(state, &c.node, round, "next-step refinement", 0.35)?;
             self.event(
@@ -1186,33 +1246,20 @@ impl<'a> Engine<'a> {
             )?;
         } else {
             state.wm.mark_too_hard(&c.node)?;
-            let report = CycleReport {
-                node_id: &c.node,
-                round,
-                attempts: c.consumed,
-                base: base.as_ref(),
-                best: None,
-                last: last.as_ref(),
-                feedback: &[],
-            };
-            match self.proposer.too_hard(&state.wm, &report) {
-                Ok(Some(edit)) => {
-                    if let Err(errors) = state.wm.apply_edit(&edit, round) {
-                        let errors: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-                        self.event(
-                            "edit_rejected",
-                            json!({"step": "too_hard", "errors": errors}),
-                        )?;
-                    }
-                }
-                Ok(None) | Err(ProposerError::Budget(_)) => {}
-                Err(e) => {
-                    self.event(
-                        "proposer_error",
-                        json!({"step": "too_hard", "error": e.to_string()}),
-                    )?;
-                }
-            }
+            let history = self.cycle_history(&c)?;
+            self.edit_with_retries("too_hard", state, round, |wm, feedback| {
+                let report = CycleReport {
+                    node_id: &c.node,
+                    round,
+                    attempts: c.consumed,
+                    base: base.as_ref(),
+                    best: None,
+                    last: last.as_ref(),
+                    history: &history,
+                    feedback,
+                };
+                self.proposer.too_hard(wm, &report)
+            })?;
             self.event(
                 "cycle_end",
                 json!({"cycle": c.index, "node": c.node.as_str(), "result": "too_hard",
@@ -1226,6 +1273,49 @@ impl<'a> Engine<'a> {
     fn event(&self, kind: &str, data: Value) -> Result<(), EngineError> {
         tracing::debug!(kind, %data, "engine event");
         self.store().append_event(kind, &data)?;
+        Ok(())
+    }
+
+    /// Asks the proposer for an edit (`ask` gets the tree and the reasons earlier tries were
+    /// refused) and applies it, up to [`EDIT_TRIES`] times: a reply that cannot be used (no
+    /// JSON, JSON that does not parse, an edit with unknown ops or missing fields) and an edit
+    /// that the world model rejects are both asked for again with the exact reason. A spent
+    /// budget, an empty edit and a failed call end the step; the tree is then left as it is.
+    fn edit_with_retries(
+        &self,
+        step: &str,
+        state: &mut EngineState,
+        round: u32,
+        mut ask: impl FnMut(&WorldModel, &[String]) -> Result<Option<Edit>, ProposerError>,
+    ) -> Result<(), EngineError> {
+        let mut feedback: Vec<String> = Vec::new();
+        for _ in 0..EDIT_TRIES {
+            match ask(&state.wm, &feedback) {
+                Ok(None) | Err(ProposerError::Budget(_)) => break,
+                Ok(Some(edit)) => match state.wm.apply_edit(&edit, round) {
+                    Ok(_) => break,
+                    Err(errors) => {
+                        let errors: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                        self.event("edit_rejected", json!({"step": step, "errors": errors}))?;
+                        feedback = errors
+                            .iter()
+                            .map(|e| format!("the edit was rejected: {e}"))
+                            .collect();
+                    }
+                },
+                Err(ProposerError::Unusable(why)) => {
+                    self.event("proposer_error", json!({"step": step, "error": why}))?;
+                    feedback = vec![format!("your previous reply could not be used: {why}")];
+                }
+                Err(e) => {
+                    self.event(
+                        "proposer_error",
+                        json!({"step": step, "error": e.to_string()}),
+                    )?;
+                    break;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -1342,6 +1432,16 @@ impl<'a> Engine<'a> {
             serde_json::to_value(&outcome).map_err(|e| EngineError::State(e.to_string()))?;
         self.store().mark_finished(&summary)?;
         Ok(outcome)
+    }
+}
+
+/// The world model's trace of one evaluation.
+fn trace_of(o: &OutcomeSummary) -> Trace {
+    Trace {
+        status: o.status.clone(),
+        latency_ms: o.latency_ms,
+        reference_latency_ms: o.latency_ms.zip(o.speedup_vs_reference).map(|(l, s)| l * s),
+        speedup: o.score,
     }
 }
 

@@ -21,21 +21,22 @@ use ksearch_llm::{ChatProvider, ChatRequest, Client, LlmError};
 use ksearch_store::Exchange;
 
 use super::prompts::{
-    tree_path, ActionView, AttemptText, PromptContext, PromptInputs, PromptRole, PromptSet,
-    RenderedPrompt,
+    cut_marked, history_lines, ActionView, AttemptText, PromptContext, PromptInputs, PromptRole,
+    PromptSet, RenderedPrompt,
 };
 use super::{
     CodeRequest, CycleReport, Proposal, Proposer, ProposerError, ProposerUsage, Step, TaskBrief,
 };
 use crate::world_model::{ActionPatch, Edit, NodeId, NodePatch, PatchOp, WorldModel};
 
-/// Characters of the compact world model in code prompts and in edit prompts.
+/// Characters of the compact world model in code prompts.
 const WM_CHARS_CODE: usize = 12_000;
-const WM_CHARS_EDIT: usize = 6_000;
-/// Frontier lines in edit prompts.
-const FRONTIER_LINES: usize = 10;
+/// Node lines of the plan in edit prompts (the prompt states the cap).
+pub const TREE_NODES: usize = 40;
 /// Nodes the initial world model may have (the per-edit cap does not apply to it).
 const MAX_INIT_NODES: usize = 12;
+/// Longest note kept from a code reply's `Note:` line.
+const NOTE_CHARS: usize = 200;
 /// Role tag of every code-writing call. One tag for all four code steps keeps a lenient
 /// replay in step even when measurements (and so the step sequence) differ between runs.
 pub const CODE_ROLE_TAG: &str = "code";
@@ -48,14 +49,15 @@ pub struct LlmSettings {
     pub temperature: Option<f32>,
     /// Sent as the request seed (mixed with round and sample) for providers that honour it.
     pub seed: Option<u64>,
-    /// Init calls before falling back to a one-action tree.
+    /// Init calls before falling back to a one-action tree (each retry carries the reason the
+    /// previous reply could not be used).
     pub init_attempts: u32,
 }
 
 impl LlmSettings {
     pub fn new() -> Self {
         Self {
-            init_attempts: 2,
+            init_attempts: 3,
             ..Self::default()
         }
     }
@@ -208,11 +210,10 @@ impl LlmProposer {
         out
     }
 
-    fn edit_context(&self, wm: &WorldModel, round: u32) -> PromptContext {
+    /// The context of an edit prompt: the whole plan with detail on the path to `focus`.
+    fn edit_context(&self, wm: &WorldModel, focus: &NodeId, round: u32) -> PromptContext {
         let mut ctx = PromptContext::new(&self.inputs);
-        ctx.world_model = Some(wm.compact_json(WM_CHARS_EDIT));
-        ctx.frontier = Some(wm.frontier_listing(FRONTIER_LINES)).filter(|s| !s.trim().is_empty());
-        ctx.tree_path = Some(tree_path(wm, wm.active_leaf_id()));
+        ctx.tree = Some(wm.outline(focus, TREE_NODES));
         ctx.round = round;
         ctx
     }
@@ -225,13 +226,8 @@ impl LlmProposer {
     ) -> Result<Option<Edit>, ProposerError> {
         let prompt = self.render(role, ctx)?;
         let text = self.call(role, &prompt, u64::from(ctx.round))?;
-        let value = extract_json(&text, "ops").ok_or_else(|| {
-            ProposerError::Unusable(format!(
-                "{}: the reply holds no JSON object{}",
-                role.tag(),
-                excerpt_note(&text)
-            ))
-        })?;
+        let value = parse_json_reply(&text, "ops")
+            .map_err(|why| ProposerError::Unusable(format!("{}: {why}", role.tag())))?;
         let edit = Edit::from_json_value(&value).map_err(|errors| {
             ProposerError::Unusable(format!(
                 "{}: the edit does not parse: {}",
@@ -413,9 +409,7 @@ impl Proposer for LlmProposer {
                     continue;
                 }
             };
-            let parsed = extract_json(&text, "ops")
-                .ok_or_else(|| format!("the reply holds no JSON object{}", excerpt_note(&text)))
-                .and_then(|v| self.world_model_from(&v));
+            let parsed = parse_json_reply(&text, "ops").and_then(|v| self.world_model_from(&v));
             match parsed {
                 Ok(wm) => return Ok(wm),
                 Err(why) => {
@@ -435,7 +429,7 @@ impl Proposer for LlmProposer {
         round: u32,
         feedback: &[String],
     ) -> Result<Option<Edit>, ProposerError> {
-        let mut ctx = self.edit_context(wm, round);
+        let mut ctx = self.edit_context(wm, wm.active_leaf_id(), round);
         ctx.requirements.push(
             "Leave at least one executable open action with priority score above 0.5: concrete, \
              one step, no hard-coded shape."
@@ -455,10 +449,7 @@ impl Proposer for LlmProposer {
                 ));
             }
         }
-        ctx.feedback = feedback
-            .iter()
-            .map(|f| format!("the edit was rejected: {f}"))
-            .collect();
+        ctx.feedback = feedback.to_vec();
         self.ask_edit(PromptRole::Propose, &ctx)
     }
 
@@ -475,6 +466,7 @@ impl Proposer for LlmProposer {
         ctx.base = req.base.map(AttemptText::of);
         ctx.current = req.last.map(AttemptText::of);
         ctx.best = req.cycle_best.map(AttemptText::of);
+        ctx.history = history_lines(req.history);
         // Improve prompts start from the cycle's best; without one (only after a resume with a
         // lost candidate) fall back to the base.
         if role == PromptRole::Improve && ctx.best.is_none() {
@@ -510,19 +502,15 @@ impl Proposer for LlmProposer {
             return Err(ProposerError::Unusable(why));
         }
         Self::lock(&self.pending).clear();
-        let title = req
-            .action
-            .title
-            .lines()
-            .next()
-            .unwrap_or("")
-            .chars()
-            .take(120)
-            .collect::<String>();
+        // The model's own note on what this version tries, else the step and the action.
+        let note = extract_note(&text).unwrap_or_else(|| {
+            let title = req.action.title.lines().next().unwrap_or("");
+            format!("{}: {}", role.tag(), cut_marked(title, NOTE_CHARS))
+        });
         Ok(Proposal {
             source,
             knobs: None,
-            note: format!("{}: {title}", role.tag()),
+            note,
         })
     }
 
@@ -534,17 +522,13 @@ impl Proposer for LlmProposer {
         let Some(best) = report.best else {
             return Ok(None);
         };
-        let mut ctx = self.edit_context(wm, report.round);
-        ctx.tree_path = Some(tree_path(wm, report.node_id));
+        let mut ctx = self.edit_context(wm, report.node_id, report.round);
         ctx.action = wm.node(report.node_id).map(ActionView::of);
         ctx.best = Some(AttemptText::of(best));
         ctx.base = report.base.map(AttemptText::of);
         ctx.attempt = report.attempts;
-        ctx.feedback = report
-            .feedback
-            .iter()
-            .map(|f| format!("the edit was rejected: {f}"))
-            .collect();
+        ctx.history = history_lines(report.history);
+        ctx.feedback = report.feedback.to_vec();
         self.ask_edit(PromptRole::Refine, &ctx)
     }
 
@@ -553,11 +537,12 @@ impl Proposer for LlmProposer {
         wm: &WorldModel,
         report: &CycleReport<'_>,
     ) -> Result<Option<Edit>, ProposerError> {
-        let mut ctx = self.edit_context(wm, report.round);
-        ctx.tree_path = Some(tree_path(wm, report.node_id));
+        let mut ctx = self.edit_context(wm, report.node_id, report.round);
         ctx.action = wm.node(report.node_id).map(ActionView::of);
         ctx.current = report.last.map(AttemptText::of);
         ctx.attempt = report.attempts;
+        ctx.history = history_lines(report.history);
+        ctx.feedback = report.feedback.to_vec();
         self.ask_edit(PromptRole::TooHard, &ctx)
     }
 
@@ -683,6 +668,96 @@ pub fn extract_code(text: &str, tags: &[String]) -> Result<String, String> {
         None => Err(format!(
             "the reply has {} fenced blocks and none is tagged `{want}`; send exactly one ```{want} block",
             blocks.len()
+        )),
+    }
+}
+
+/// The note line of a code reply (`Note: …`, outside fenced blocks, markdown emphasis or a
+/// list marker allowed), cut at [`NOTE_CHARS`] with a marker; `None` without one.
+pub fn extract_note(text: &str) -> Option<String> {
+    let mut open: Option<&str> = None;
+    for line in text.lines() {
+        let t = line.trim_start();
+        let marker = ["```", "~~~"].into_iter().find(|m| t.starts_with(m));
+        if let Some(m) = marker {
+            match open {
+                None => open = Some(m),
+                Some(o) if o == m && t.trim_start_matches(['`', '~']).trim().is_empty() => {
+                    open = None
+                }
+                Some(_) => {}
+            }
+            continue;
+        }
+        if open.is_some() {
+            continue;
+        }
+        let bare = t.trim_start_matches(['-', '*', '#', '>', ' ', '_']);
+        let Some(head) = bare.get(..5) else {
+            continue;
+        };
+        if head.eq_ignore_ascii_case("note:") {
+            let note = bare[5..]
+                .trim_start_matches(['*', '_'])
+                .trim()
+                .trim_end_matches(['*', '_'])
+                .trim();
+            if !note.is_empty() {
+                return Some(cut_marked(note, NOTE_CHARS));
+            }
+        }
+    }
+    None
+}
+
+/// The JSON object of a world-model reply: the first object with key `key` that
+/// [`extract_json`] finds. Otherwise the reason, as exactly as it can be told: serde_json's own
+/// message (with line and column) for the first ```json block, or else the reply's outermost
+/// `{…}` span, that does not parse (a trailing comma, a missing quote, a cut reply); an object
+/// without `key`; no JSON at all.
+pub fn parse_json_reply(text: &str, key: &str) -> Result<Value, String> {
+    let found = extract_json(text, key);
+    if let Some(v) = found.as_ref().filter(|v| v.get(key).is_some()) {
+        return Ok(v.clone());
+    }
+    let fenced: Vec<Fence> = fenced_blocks(text)
+        .into_iter()
+        .filter(|b| matches!(b.tag.as_str(), "" | "json" | "jsonc") && b.body.contains('{'))
+        .collect();
+    let candidates: Vec<(String, &str)> = if fenced.is_empty() {
+        match (text.find('{'), text.rfind('}')) {
+            (Some(a), Some(b)) if a < b => vec![(
+                "the reply's JSON (from its first `{` to its last `}`)".to_string(),
+                &text[a..=b],
+            )],
+            _ => Vec::new(),
+        }
+    } else {
+        fenced
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                (
+                    format!("JSON block {} of the reply", i + 1),
+                    b.body.as_str(),
+                )
+            })
+            .collect()
+    };
+    for (what, body) in &candidates {
+        if let Err(e) = serde_json::from_str::<Value>(body.trim()) {
+            return Err(format!(
+                "{what} does not parse: {e} (line and column count from the start of that JSON); send one valid JSON object"
+            ));
+        }
+    }
+    match found {
+        Some(Value::Object(_)) => Err(format!(
+            "the reply's JSON object has no `{key}` list; send {{\"{key}\": [...]}}"
+        )),
+        _ => Err(format!(
+            "the reply holds no JSON object{}",
+            excerpt_note(text)
         )),
     }
 }
@@ -825,6 +900,62 @@ mod tests {
         assert!(v.get("ops").is_none());
         assert!(extract_json("no json here", "ops").is_none());
         assert!(extract_json("", "ops").is_none());
+    }
+
+    #[test]
+    fn json_replies_that_do_not_parse_get_serde_json_s_message_with_its_position() {
+        // A trailing comma in a fenced block: the inner op parses, but the edit does not, and
+        // the reason is serde_json's own, with line and column.
+        let reply =
+            "Here:\n```json\n{\"ops\": [\n  {\"op\": \"delete\", \"node_id\": \"n1\"},\n]}\n```";
+        let e = parse_json_reply(reply, "ops").unwrap_err();
+        assert!(
+            e.contains(
+                "JSON block 1 of the reply does not parse: trailing comma at line 3 column 1"
+            ),
+            "{e}"
+        );
+        // Bare JSON cut short by the token limit.
+        let e = parse_json_reply("Plan: {\"ops\": [{\"op\": \"update\"}", "ops").unwrap_err();
+        assert!(
+            e.contains("does not parse") || e.contains("no `ops` list"),
+            "{e}"
+        );
+        let e = parse_json_reply("{\"kernel_summary\": \"x\", \"ops\": [1,]}", "ops").unwrap_err();
+        assert!(e.contains("the reply's JSON (from its first `{` to its last `}`) does not parse: trailing comma at line 1 column"), "{e}");
+        // Valid JSON without the key, and no JSON at all.
+        let e = parse_json_reply("{\"edits\": []}", "ops").unwrap_err();
+        assert!(e.contains("has no `ops` list"), "{e}");
+        let e = parse_json_reply("I cannot help with that.", "ops").unwrap_err();
+        assert!(
+            e.contains("holds no JSON object") && e.contains("I cannot help"),
+            "{e}"
+        );
+        // A good reply among broken blocks still wins.
+        let ok = "```json\n{\"ops\": [],}\n```\nfixed:\n```json\n{\"ops\": []}\n```";
+        assert_eq!(
+            parse_json_reply(ok, "ops").unwrap()["ops"],
+            serde_json::json!([])
+        );
+    }
+
+    #[test]
+    fn the_note_line_comes_from_outside_code_blocks() {
+        let reply = "Note: fused the max and sum passes\n```c\n// Note: not this one\nvoid kern(void) {}\n```";
+        assert_eq!(extract_note(reply).unwrap(), "fused the max and sum passes");
+        assert_eq!(
+            extract_note("**Note:** unrolled by 4**\n```c\nx\n```").unwrap(),
+            "unrolled by 4"
+        );
+        assert_eq!(extract_note("```c\nNote: inside\n```\n"), None);
+        assert_eq!(extract_note("Here is the kernel.\n```c\nx\n```"), None);
+        assert_eq!(extract_note("Note:   \n"), None);
+        let long = format!("Note: {}", "y".repeat(300));
+        assert!(extract_note(&long)
+            .unwrap()
+            .ends_with("… [+100 characters]"));
+        // Multi-byte text before the colon position cannot split a character.
+        assert_eq!(extract_note("Ünïcödé line\nnote: ok"), Some("ok".into()));
     }
 
     /// The per-`{` scan `balanced_spans` replaced, as the reference it must agree with.

@@ -71,6 +71,28 @@ pub struct AttemptView {
     pub outcome: OutcomeSummary,
 }
 
+/// One attempt of the current cycle, as the next prompts list it: what came of it and what
+/// the proposer said it tried, so a model that sees a slower or failed attempt does not write
+/// it again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CycleAttempt {
+    /// Attempt number inside the cycle (1-based).
+    pub attempt: u32,
+    /// Sample index inside the attempt (0-based).
+    pub sample: u32,
+    /// The recorded candidate; `None` when no code came out of the reply.
+    pub candidate_id: Option<i64>,
+    /// The proposer's one-line note on the candidate (the model's own note line when its reply
+    /// had one).
+    pub note: String,
+    pub outcome: OutcomeSummary,
+    /// `(attempt, sample)` of an earlier attempt of this cycle whose source was identical: the
+    /// stored result was reused, nothing was measured again.
+    pub duplicate_of: Option<(u32, u32)>,
+    /// A candidate of an earlier cycle whose identical source's result was reused.
+    pub reused_from: Option<i64>,
+}
+
 /// Everything a proposer needs to write one candidate.
 #[derive(Clone, Debug)]
 pub struct CodeRequest<'a> {
@@ -89,6 +111,8 @@ pub struct CodeRequest<'a> {
     pub last: Option<&'a AttemptView>,
     /// The best passing attempt of this cycle (what improve prompts start from).
     pub cycle_best: Option<&'a AttemptView>,
+    /// Every attempt of this cycle so far, in order.
+    pub history: &'a [CycleAttempt],
     pub wm: &'a WorldModel,
     /// Content hashes of every source already evaluated in this run: proposing one again
     /// only costs a cache hit, but a proposer that can tell should try something new.
@@ -115,6 +139,8 @@ pub struct CycleReport<'a> {
     pub best: Option<&'a AttemptView>,
     /// The last attempt, for too-hard edits.
     pub last: Option<&'a AttemptView>,
+    /// Every attempt of the cycle, in order.
+    pub history: &'a [CycleAttempt],
     /// Rejection messages of an earlier edit in this step, when the engine asks again.
     pub feedback: &'a [String],
 }

@@ -27,8 +27,8 @@ use ksearch_knowledge::packs::hardware_lines;
 use ksearch_knowledge::{HardwareProfile, KnowledgeContext, Packs, Target};
 use ksearch_task::{ParamValue, Task};
 
-use super::{AttemptView, OutcomeSummary};
-use crate::world_model::{Node, NodeId, WorldModel};
+use super::{AttemptView, CycleAttempt, OutcomeSummary};
+use crate::world_model::{Node, NodeId};
 
 /// How much context the prompts carry (the seeds' three configurations).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -342,6 +342,8 @@ pub struct PromptInputs {
     pub device: Option<String>,
     /// Knowledge packs (level `full`).
     pub knowledge: Option<KnowledgeContext>,
+    /// The source of the function the harness checks candidates against (level `full`).
+    pub reference: Option<String>,
     pub code_format: String,
     /// Fence tags accepted for code replies, preferred first.
     #[serde(skip)]
@@ -403,6 +405,11 @@ impl PromptInputs {
                 None
             },
             knowledge,
+            reference: if level.has_knowledge() {
+                reference_source(task, backend)
+            } else {
+                None
+            },
             code_format: target.code_format.trim().to_string(),
             fence_tags: target.fence_tags.clone(),
         })
@@ -416,6 +423,31 @@ impl PromptInputs {
             .map(hardware_lines)
             .unwrap_or_default()
     }
+}
+
+/// Longest reference source a prompt carries; beyond it the middle is cut, visibly.
+const MAX_REFERENCE_CHARS: usize = 6_000;
+
+/// The reference function `backend` is checked against, as it stands in its module: the `def`
+/// line (with its decorators) through the end of its body; `None` when the module cannot be
+/// read or does not define it at the top level.
+pub fn reference_source(task: &Task, backend: &str) -> Option<String> {
+    let spec = task.reference_for(backend).ok()?;
+    let text = std::fs::read_to_string(task.dir().join(&spec.module)).ok()?;
+    let lines: Vec<&str> = text.lines().collect();
+    let def = format!("def {}(", spec.function);
+    let start = lines.iter().position(|l| l.starts_with(&def))?;
+    let mut first = start;
+    while first > 0 && lines[first - 1].starts_with('@') {
+        first -= 1;
+    }
+    // The body ends at the next line that starts at column 0 (a new top-level statement).
+    let end = lines[start + 1..]
+        .iter()
+        .position(|l| !l.trim().is_empty() && !l.starts_with([' ', '\t', ')', ']', '}']))
+        .map_or(lines.len(), |i| start + 1 + i);
+    let body = lines[first..end].join("\n");
+    Some(cut_middle(body.trim_end(), MAX_REFERENCE_CHARS))
 }
 
 /// A target for a backend the packs do not know: the language's own fence tag, no rules beyond
@@ -626,6 +658,85 @@ impl AttemptText {
     }
 }
 
+/// Keeps the first `max` characters and marks the cut with how many were left out.
+pub fn cut_marked(s: &str, max: usize) -> String {
+    crate::world_model::cut(s, max)
+}
+
+/// Longest failure reason on one line of a cycle's attempt list.
+const HISTORY_REASON_CHARS: usize = 240;
+
+/// The attempts of a cycle as prompts list them, one entry each (continuation lines indented):
+/// status, score and time, the note, then the per-workload times or the failure reason. An
+/// attempt that repeated an earlier source is named as that attempt's duplicate.
+pub fn history_lines(history: &[CycleAttempt]) -> Vec<String> {
+    let samples = history.iter().any(|h| h.sample > 0);
+    let name = |attempt: u32, sample: u32| {
+        if samples {
+            format!("attempt {attempt}.{}", sample + 1)
+        } else {
+            format!("attempt {attempt}")
+        }
+    };
+    let best = history
+        .iter()
+        .filter(|h| h.outcome.passed && h.duplicate_of.is_none())
+        .filter_map(|h| h.outcome.score.map(|s| (h.attempt, h.sample, s)))
+        .max_by(|a, b| a.2.total_cmp(&b.2))
+        .map(|(a, s, _)| (a, s));
+    history
+        .iter()
+        .map(|h| {
+            let o = &h.outcome;
+            let me = name(h.attempt, h.sample);
+            if let Some((a, s)) = h.duplicate_of {
+                return format!(
+                    "{me} was identical to {}; it was not re-evaluated.",
+                    name(a, s)
+                );
+            }
+            let mut line = me;
+            if h.candidate_id.is_none() {
+                line.push_str(": no code came out of the reply");
+            } else {
+                line.push_str(&format!(": {}", if o.status.is_empty() { "not evaluated" } else { &o.status }));
+            }
+            if let Some(sc) = o.score.filter(|_| o.passed) {
+                line.push_str(&format!(", score {sc:.3}"));
+            }
+            if let Some(l) = o.latency_ms.filter(|_| o.passed) {
+                line.push_str(&format!(", {l:.4} ms"));
+            }
+            if best == Some((h.attempt, h.sample)) {
+                line.push_str(" (the cycle's best)");
+            }
+            let note = h.note.trim();
+            if !note.is_empty() {
+                line.push_str(&format!(" — {note}"));
+            }
+            if let Some(c) = h.reused_from {
+                line.push_str(&format!(
+                    "\n  identical to candidate {c} of an earlier cycle: its result was reused, not measured again"
+                ));
+            }
+            if o.passed {
+                if !o.workloads.is_empty() {
+                    line.push_str(&format!("\n  {}", o.workloads.join("; ")));
+                }
+            } else {
+                let reason = o
+                    .message
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| !l.is_empty())
+                    .unwrap_or("(no reason recorded)");
+                line.push_str(&format!("\n  why: {}", cut_marked(reason, HISTORY_REASON_CHARS)));
+            }
+            line
+        })
+        .collect()
+}
+
 pub(crate) fn cut_middle(s: &str, max: usize) -> String {
     let n = s.chars().count();
     if n <= max {
@@ -639,7 +750,7 @@ pub(crate) fn cut_middle(s: &str, max: usize) -> String {
     )
 }
 
-pub(crate) fn keep_end(s: &str, max: usize) -> String {
+pub fn keep_end(s: &str, max: usize) -> String {
     let n = s.chars().count();
     if n <= max {
         return s.to_string();
@@ -655,10 +766,10 @@ pub struct PromptContext {
     pub inputs: PromptInputs,
     /// Compact JSON of the world model (edit prompts always; code prompts from level `spec`).
     pub world_model: Option<String>,
-    /// Executable open actions, one per line.
-    pub frontier: Option<String>,
-    /// Root → active node, one line per node.
-    pub tree_path: Option<String>,
+    /// The whole plan, one line per node (edit prompts; [`WorldModel::outline`]).
+    pub tree: Option<String>,
+    /// Every attempt of the current cycle, one entry each ([`history_lines`]).
+    pub history: Vec<String>,
     pub action: Option<ActionView>,
     /// The parent's solution (code prompts), or the cycle's base (refine).
     pub base: Option<AttemptText>,
@@ -683,29 +794,6 @@ impl PromptContext {
             ..Self::default()
         }
     }
-}
-
-/// Root → `id`, one line per node: id, decision → choice, state and score.
-pub fn tree_path(wm: &WorldModel, id: &NodeId) -> String {
-    let mut path = wm.path_to_root(id).unwrap_or_default();
-    path.reverse();
-    path.iter()
-        .filter_map(|n| wm.node(n))
-        .map(|n| {
-            let what = match (&n.decision, &n.choice, n.action.as_ref()) {
-                (Some(d), Some(c), _) => format!("{d} -> {c}"),
-                (_, _, Some(a)) if !a.title.is_empty() => a.title.clone(),
-                _ if n.parent.is_none() => "(root)".to_string(),
-                _ => "(no title)".to_string(),
-            };
-            let score = n
-                .solution()
-                .map(|s| format!(", solved, score {:.3}", s.score))
-                .unwrap_or_default();
-            format!("- {} [{}{}]: {}", n.id, n.state.kind(), score, what)
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[cfg(test)]

@@ -75,11 +75,19 @@ pub enum PatchError {
         node_id: String,
         reason: &'static str,
     },
+    #[error(
+        "op {op}: there is no open question {question} (open questions are numbered 1 to {open})"
+    )]
+    UnknownQuestion {
+        op: usize,
+        question: usize,
+        open: usize,
+    },
     #[error("the edit adds {requested} new nodes; at most {limit} are allowed per edit")]
     InsertCap { requested: usize, limit: usize },
     #[error("active_leaf_id: unknown or deleted node `{node_id}`")]
     BadActiveLeaf { node_id: String },
-    #[error("op {op}: unknown op kind `{name}`")]
+    #[error("op {op}: unknown op kind `{name}` (the ops are update, insert, split, delete, set_summary, close_question)")]
     UnknownOp { op: usize, name: String },
     #[error("{}malformed: {reason}", .op.map(|i| format!("op {i}: ")).unwrap_or_default())]
     Malformed { op: Option<usize>, reason: String },

@@ -25,21 +25,37 @@ pub use patch::{
     ActionPatch, ApplyReport, Edit, ImpactPatch, ImpactsPatch, NodePatch, PatchOp,
     MAX_NEW_NODES_PER_EDIT,
 };
+pub use projection::{cut, OUTLINE_NOTES, OUTLINE_TEXT};
 
-/// The last evaluation the search saw, for prompts.
+/// The evaluation a round ended with (its best, else its last), for prompts.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Trace {
     pub status: String,
+    /// Geometric-mean time of the candidate over the workloads.
     pub latency_ms: Option<f64>,
+    /// The reference's time on the same workloads (the candidate's time x its speedup over
+    /// the reference).
     pub reference_latency_ms: Option<f64>,
+    /// The candidate's score: geometric-mean speedup over the baseline.
     pub speedup: Option<f64>,
 }
 
-/// Machine-written signals (never edited by a proposer).
+/// An open question an edit settled, with the answer it gave.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SettledQuestion {
+    pub question: String,
+    pub answer: String,
+    /// The round of the edit that settled it.
+    pub round: u32,
+}
+
+/// Machine-written signals (never edited by a proposer); the engine records them after every
+/// round.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ComputedSignals {
+    /// The last round the search completed (0: only the seed was evaluated).
     pub round_index: u32,
     pub trace: Option<Trace>,
 }
@@ -50,6 +66,9 @@ pub struct WorldModel {
     kernel_summary: String,
     #[serde(default)]
     open_questions: Vec<String>,
+    /// Questions settled by `close_question` ops, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    settled_questions: Vec<SettledQuestion>,
     root_id: NodeId,
     active_leaf_id: NodeId,
     /// Next value of the `n<seq>` id counter; ids are never reused.
@@ -71,6 +90,7 @@ impl WorldModel {
         Self {
             kernel_summary: kernel_summary.into(),
             open_questions,
+            settled_questions: Vec::new(),
             root_id: root_id.clone(),
             active_leaf_id: root_id,
             next_seq: 1,
@@ -100,6 +120,10 @@ impl WorldModel {
 
     pub fn open_questions(&self) -> &[String] {
         &self.open_questions
+    }
+
+    pub fn settled_questions(&self) -> &[SettledQuestion] {
+        &self.settled_questions
     }
 
     pub fn computed_signals(&self) -> &ComputedSignals {

@@ -2,7 +2,9 @@
 //!
 //! Canonical JSON form (tagged by `"op"`):
 //! `{"op":"update","node_id":..,"set":{..}}`, `{"op":"insert","parent_id":..,"node":{..}}`,
-//! `{"op":"split","node_id":..,"set":{..},"children":[..]}`, `{"op":"delete","node_id":..}`.
+//! `{"op":"split","node_id":..,"set":{..},"children":[..]}`, `{"op":"delete","node_id":..}`,
+//! and two tree-level ops: `{"op":"set_summary","kernel_summary":..}` and
+//! `{"op":"close_question","question":<1-based number>,"answer":..}`.
 //! `set` / `node` / children accept only the fields of [`NodePatch`]; anything else is kept
 //! aside by serde and rejected by [`WorldModel::apply_edit`] with the field's name, so that
 //! system-owned fields (solution ids, states, parents, counters) can never be written.
@@ -14,7 +16,7 @@ use serde_json::Value;
 
 use super::error::PatchError;
 use super::node::{Action, Node, NodeId, NodeState};
-use super::WorldModel;
+use super::{SettledQuestion, WorldModel};
 
 /// New nodes (inserts plus split children) one edit may add, as in the original.
 pub const MAX_NEW_NODES_PER_EDIT: usize = 3;
@@ -175,6 +177,17 @@ pub enum PatchOp {
     Delete {
         node_id: NodeId,
     },
+    /// Replace the tree's `kernel_summary` (non-empty).
+    SetSummary {
+        kernel_summary: String,
+    },
+    /// Settle an open question: `question` is its number as prompts list them (1-based, in
+    /// the list as it was before the edit); the question leaves `open_questions` and is kept
+    /// with its `answer` (non-empty) among the settled ones.
+    CloseQuestion {
+        question: usize,
+        answer: String,
+    },
 }
 
 /// A proposer's edit: ops applied in order, all or nothing.
@@ -193,6 +206,8 @@ pub struct ApplyReport {
     /// New ids with the label the proposer gave them, in creation order.
     pub inserted: Vec<(NodeId, Option<String>)>,
     pub deleted: Vec<NodeId>,
+    /// Open questions the edit settled.
+    pub closed_questions: usize,
     pub active_leaf_id: NodeId,
 }
 
@@ -205,6 +220,8 @@ impl WorldModel {
         let mut report = ApplyReport::default();
         let mut labels: BTreeMap<String, NodeId> = BTreeMap::new();
         let mut new_nodes = 0usize;
+        // Questions settled by this edit: (number in the list before the edit, answer).
+        let mut closed: Vec<(usize, String)> = Vec::new();
 
         for (op, item) in edit.ops.iter().enumerate() {
             let before = errors.len();
@@ -329,7 +346,53 @@ impl WorldModel {
                     }
                     report.deleted.push(id);
                 }
+                PatchOp::SetSummary { kernel_summary } => {
+                    if kernel_summary.trim().is_empty() {
+                        errors.push(PatchError::InvalidValue {
+                            op,
+                            field: "kernel_summary".into(),
+                            reason: "must not be empty".into(),
+                        });
+                    } else {
+                        draft.kernel_summary = kernel_summary.trim().to_owned();
+                    }
+                }
+                PatchOp::CloseQuestion { question, answer } => {
+                    let open = self.open_questions.len();
+                    if *question == 0 || *question > open {
+                        errors.push(PatchError::UnknownQuestion {
+                            op,
+                            question: *question,
+                            open,
+                        });
+                    } else if closed.iter().any(|(q, _)| q == question) {
+                        errors.push(PatchError::InvalidValue {
+                            op,
+                            field: "question".into(),
+                            reason: format!("question {question} is closed twice in this edit"),
+                        });
+                    } else if answer.trim().is_empty() {
+                        errors.push(PatchError::InvalidValue {
+                            op,
+                            field: "answer".into(),
+                            reason: "must say what settled the question".into(),
+                        });
+                    } else {
+                        closed.push((*question, answer.trim().to_owned()));
+                    }
+                }
             }
+        }
+        // Numbers refer to the list before the edit, so they are removed last, highest first.
+        closed.sort_by_key(|c| std::cmp::Reverse(c.0));
+        for (q, answer) in closed {
+            let question = draft.open_questions.remove(q - 1);
+            draft.settled_questions.push(SettledQuestion {
+                question,
+                answer,
+                round,
+            });
+            report.closed_questions += 1;
         }
 
         if new_nodes > MAX_NEW_NODES_PER_EDIT {

@@ -74,16 +74,24 @@ fn r3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// Cuts at a char boundary and marks the cut.
-fn cut(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
+/// Keeps the first `max` characters and marks the cut with how much was left out
+/// (`… [+N characters]`), so a reader can tell a cut text from a short one.
+pub fn cut(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
         s.to_owned()
     } else {
-        let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
-        out.push('…');
-        out
+        let head: String = s.chars().take(max).collect();
+        format!("{}… [+{} characters]", head.trim_end(), n - max)
     }
 }
+
+/// Longest text (a title, a choice, a decision) on one line of [`WorldModel::outline`].
+pub const OUTLINE_TEXT: usize = 200;
+/// Longest notes on a detailed line of [`WorldModel::outline`].
+pub const OUTLINE_NOTES: usize = 400;
+/// Settled questions [`WorldModel::outline`] lists (the most recent).
+const OUTLINE_SETTLED: usize = 5;
 
 fn compact_node(n: &Node) -> CompactNode<'_> {
     CompactNode {
@@ -217,6 +225,163 @@ impl WorldModel {
         } else {
             "{}".to_owned()
         }
+    }
+
+    /// The plan as edit prompts show it: the summary, the numbered open questions, the last
+    /// settled ones, the signals, and every live node (deleted ones left out) on one line,
+    /// children indented under their parent, in tree order. Nodes on the path from the root to
+    /// `focus` (marked `*`) and executable actions (marked `>`) carry detail: priority,
+    /// difficulty, prediction, counters and notes. Texts are cut at [`OUTLINE_TEXT`] and notes
+    /// at [`OUTLINE_NOTES`] characters, visibly. Beyond `max_nodes` lines, nodes that are
+    /// neither marked nor an ancestor of a marked one are left out, latest in tree order
+    /// first, and a closing line says how many.
+    pub fn outline(&self, focus: &NodeId, max_nodes: usize) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "Summary: {}", self.kernel_summary.trim());
+        if self.open_questions.is_empty() {
+            out.push_str("Open questions: none.\n");
+        } else {
+            out.push_str("Open questions (settle one with `close_question` and its number):\n");
+            for (i, q) in self.open_questions.iter().enumerate() {
+                let _ = writeln!(out, "{}. {}", i + 1, cut(q.trim(), OUTLINE_TEXT));
+            }
+        }
+        let settled = &self.settled_questions;
+        for q in &settled[settled.len().saturating_sub(OUTLINE_SETTLED)..] {
+            let _ = writeln!(
+                out,
+                "Settled in round {}: {} -> {}",
+                q.round,
+                cut(q.question.trim(), OUTLINE_TEXT),
+                cut(q.answer.trim(), OUTLINE_TEXT)
+            );
+        }
+        let sig = &self.computed_signals;
+        let _ = write!(out, "Signals: round {}", sig.round_index);
+        if let Some(t) = &sig.trace {
+            let _ = write!(out, "; last evaluation {}", t.status);
+            if let Some(s) = t.speedup {
+                let _ = write!(out, ", score {s:.3}");
+            }
+            if let Some(l) = t.latency_ms {
+                let _ = write!(out, ", {l:.4} ms");
+            }
+            if let Some(r) = t.reference_latency_ms {
+                let _ = write!(out, " (reference {r:.4} ms)");
+            }
+        }
+        out.push_str(".\n");
+
+        // Tree order (depth first, children in insertion order), live nodes only.
+        let mut order: Vec<(usize, &Node)> = Vec::new();
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<(usize, &Node)> = self.root().map(|r| (0, r)).into_iter().collect();
+        while let Some((depth, n)) = stack.pop() {
+            if !seen.insert(&n.id) {
+                continue;
+            }
+            order.push((depth, n));
+            for k in self.children(&n.id).into_iter().rev() {
+                stack.push((depth + 1, k));
+            }
+        }
+        let path: BTreeSet<NodeId> = self
+            .path_to_root(focus)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let frontier: BTreeSet<&NodeId> = self.frontier().into_iter().map(|n| &n.id).collect();
+        let marked = |n: &Node| path.contains(&n.id) || frontier.contains(&n.id);
+        // Ancestors of marked nodes stay so every shown node hangs under its shown parent.
+        let mut keep: BTreeSet<&NodeId> = BTreeSet::new();
+        for (_, n) in &order {
+            if marked(n) {
+                for id in self.path_to_root(&n.id).unwrap_or_default() {
+                    if let Some(k) = self.node(&id) {
+                        keep.insert(&k.id);
+                    }
+                }
+            }
+        }
+        let mut shown: BTreeSet<&NodeId> = keep.clone();
+        for (_, n) in &order {
+            if shown.len() >= max_nodes.max(keep.len()) {
+                break;
+            }
+            shown.insert(&n.id);
+        }
+        let left_out = order.len() - shown.len();
+        let _ = writeln!(
+            out,
+            "Nodes ({} live; at most {} lines shown; `*` marks the path to {focus}, `>` an \
+             action that can be chosen next):",
+            order.len(),
+            max_nodes.max(keep.len())
+        );
+        for (depth, n) in order.iter().filter(|(_, n)| shown.contains(&n.id)) {
+            let mark = if path.contains(&n.id) {
+                '*'
+            } else if frontier.contains(&n.id) {
+                '>'
+            } else {
+                ' '
+            };
+            let _ = write!(
+                out,
+                "{mark} {}{} [{}",
+                "  ".repeat(*depth),
+                n.id,
+                n.state.kind()
+            );
+            if let Some(s) = n.solution() {
+                let _ = write!(out, " {:.3}", s.score);
+            }
+            let _ = write!(out, ", rating {:.1}", n.overall_rating);
+            if marked(n) {
+                let _ = write!(out, ", confidence {:.2}", n.confidence);
+                if let Some(a) = n.open_action() {
+                    let _ = write!(
+                        out,
+                        ", priority {:.2}, difficulty {}",
+                        a.score, a.difficulty
+                    );
+                    if let Some(f) = a.expected_vs_baseline_factor {
+                        let _ = write!(out, ", predicts {f:.2}x");
+                    }
+                }
+                if n.attempts > 0 {
+                    let _ = write!(out, ", {} attempts, {} failed", n.attempts, n.failures);
+                }
+            }
+            out.push(']');
+            match (&n.decision, &n.choice) {
+                (Some(d), Some(c)) => {
+                    let _ = write!(out, " {} -> {}", cut(d, OUTLINE_TEXT), cut(c, OUTLINE_TEXT));
+                }
+                (Some(x), None) | (None, Some(x)) => {
+                    let _ = write!(out, " {}", cut(x, OUTLINE_TEXT));
+                }
+                (None, None) if n.parent.is_none() => out.push_str(" (root)"),
+                (None, None) => {}
+            }
+            if let Some(a) = n.action.as_ref().filter(|a| !a.title.is_empty()) {
+                let _ = write!(out, " | {}", cut(&a.title, OUTLINE_TEXT));
+            }
+            out.push('\n');
+            let notes = n.notes.split_whitespace().collect::<Vec<_>>().join(" ");
+            if marked(n) && !notes.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "  {}  notes: {}",
+                    "  ".repeat(*depth),
+                    cut(&notes, OUTLINE_NOTES)
+                );
+            }
+        }
+        if left_out > 0 {
+            let _ = writeln!(out, "({left_out} more nodes not shown)");
+        }
+        out
     }
 
     /// One line per executable frontier action (at most `max`), shallowest first, then by id:

@@ -48,6 +48,7 @@ pub fn fake_prompt_inputs(level: ContextLevel) -> PromptInputs {
         spec: level.has_spec().then(|| "A fake task.".into()),
         device: None,
         knowledge: None,
+        reference: None,
         code_format: "- One ```c block.".into(),
         fence_tags: vec!["c".into()],
     }
