@@ -3,9 +3,11 @@
 //! It owns the Python environment the harness runs in ([`harness_env`]), spawning one harness
 //! process per operation in its own process group with a scrubbed environment and a private
 //! result channel ([`harness`]), the JSON protocol types ([`protocol`]), the [`Evaluator`] the
-//! search calls, plain-text result tables ([`report`]), and the `ksearch bench` measurement of a
+//! search calls, the choice of a default backend from the harness probe ([`backends`]),
+//! plain-text result tables ([`report`]), and the `ksearch bench` measurement of a
 //! kernel against native implementations ([`bench`]). It does not know who asks.
 
+pub mod backends;
 pub mod bench;
 pub mod error;
 pub mod evaluator;
