@@ -5,7 +5,6 @@ mod bench;
 mod bench_mamba;
 mod doctor;
 mod eval;
-mod headline;
 mod inspect;
 mod knowledge;
 mod logging;

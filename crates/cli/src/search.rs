@@ -1,5 +1,6 @@
-//! `ksearch run` and `ksearch resume`: wiring the task, the proposer, the evaluator and the run
-//! store into the cycle engine, with a progress display.
+//! `ksearch run` and `ksearch resume`: the options of a run, and wiring the task, the run
+//! store and the set-up of `ksearch_search::session` into the engine, with a progress display
+//! and the exit status of the outcome.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -10,33 +11,20 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use ksearch_eval::{
-    fresh_secret_seed, Evaluator, EvaluatorConfig, Interrupt, SandboxMode, TimingPreset,
-};
-use ksearch_knowledge::lint::{self as knowledge_lint, LintTarget};
-use ksearch_knowledge::Catalog;
-use ksearch_knowledge::Packs;
-use ksearch_llm::{
-    AnthropicConfig, Budget, ChatProvider, Client, ClientConfig, CommandConfig, OpenAiConfig,
-    PriceTable, ProviderConfig, Recorder, ReplayConfig, ReplayMode, RetryPolicy,
-};
-use ksearch_search::engine::evaluation::HarnessEvaluator;
-use ksearch_search::engine::{
-    Engine, EngineConfig, EngineError, Progress, ProgressSink, RunOutcome,
-};
-use ksearch_search::proposer::llm::{LlmProposer, LlmSettings};
-use ksearch_search::proposer::offline::OfflineProposer;
-use ksearch_search::proposer::prompts::{ContextLevel, PromptInputs, PromptSet};
-use ksearch_search::proposer::{Proposer, ProposerUsage, TaskBrief};
-use ksearch_search::selection::{CalibratedPolicy, KSearchPolicy, SelectionPolicy};
+use ksearch_eval::{fresh_secret_seed, TimingPreset};
+use ksearch_search::engine::{EngineError, Progress, ProgressSink};
+use ksearch_search::proposer::prompts::ContextLevel;
+use ksearch_search::report::render_outcome;
+use ksearch_search::session::{self, Seeds, Setup};
 use ksearch_search::settings::{
     ProposerKind, ReplayMatch, RunSettings, SelectionKind, Strategy, RUN_SETTINGS_VERSION,
 };
-use ksearch_store::{RunConfig, RunStore};
-use ksearch_task::Task;
-use std::sync::Arc;
+use ksearch_store::RunStore;
 
 use crate::{exit, signals};
+
+// `ksearch bench` picks its backend the same way.
+pub use ksearch_eval::backends::{pick_backend, probed_backends};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum StrategyArg {
@@ -339,67 +327,7 @@ pub struct ResumeArgs {
     pub json: bool,
 }
 
-/// Picks the backend for the task from what this machine can run, as the harness probe reports
-/// it (`backends`: cpu always; cuda with PyTorch, nvcc and an NVIDIA GPU; mlx with MLX and a
-/// GPU): a GPU backend first, else the CPU.
-pub fn default_backend(task: &Task) -> Result<String> {
-    let available = probed_backends();
-    pick_backend(&task.backend_names(), &available, &["cuda", "mlx", "cpu"])
-        .with_context(|| format!("task {} has no backend", task.name()))
-}
-
-/// The backends the harness says this machine can run; just `cpu` when the probe fails (the
-/// evaluation that follows will say what is wrong with the set-up).
-pub fn probed_backends() -> Vec<String> {
-    let config = EvaluatorConfig {
-        verify_harness: false,
-        ..EvaluatorConfig::default()
-    };
-    let probe = Evaluator::new(config).and_then(|e| e.probe());
-    match probe {
-        Ok(v) => backends_of_probe(&v),
-        Err(e) => {
-            tracing::warn!("the harness probe failed, assuming only the cpu backend: {e}");
-            vec!["cpu".to_string()]
-        }
-    }
-}
-
-/// `backends` of a probe answer (nested under `probe`, or flat).
-pub fn backends_of_probe(answer: &serde_json::Value) -> Vec<String> {
-    let probe = answer.get("probe").unwrap_or(answer);
-    let listed: Vec<String> = probe
-        .get("backends")
-        .and_then(serde_json::Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|b| b.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    if listed.is_empty() {
-        vec!["cpu".to_string()]
-    } else {
-        listed
-    }
-}
-
-/// The first backend of `preference` that the task declares and the machine can run; else the
-/// task's first backend in `preference`, else its first backend at all (so the error comes
-/// from the evaluation, which names what is missing).
-pub fn pick_backend(
-    task_backends: &[&str],
-    available: &[String],
-    preference: &[&str],
-) -> Option<String> {
-    preference
-        .iter()
-        .find(|b| task_backends.contains(b) && available.iter().any(|a| a == *b))
-        .or_else(|| preference.iter().find(|b| task_backends.contains(b)))
-        .or(task_backends.first())
-        .map(|b| b.to_string())
-}
-
+/// Opens a run by id (or unique prefix) under `runs_dir`, or by its directory.
 pub fn open_run(runs_dir: &Path, run: &str) -> Result<RunStore> {
     let as_path = Path::new(run);
     let store = if as_path.is_dir() {
@@ -415,49 +343,27 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
     let task = ksearch_task::resolve(&args.task).context("cannot load the task")?;
     let backend = match &args.backend {
         Some(b) => b.clone(),
-        None => default_backend(&task)?,
+        None => ksearch_eval::backends::default_backend(&task)
+            .with_context(|| format!("task {} has no backend", task.name()))?,
     };
-    let spec = task.backend(&backend)?;
-    let seed_path = spec
-        .seed
-        .clone()
-        .with_context(|| format!("task {} has no seed kernel for {backend}", task.name()))?;
-    let seed_source = std::fs::read_to_string(&seed_path)
-        .with_context(|| format!("cannot read the seed kernel {}", seed_path.display()))?;
-    let seed = match args.seed {
-        Some(s) => s,
-        None => fresh_secret_seed()?,
+    let (seed_path, seed_source) = session::seed_kernel(&task, &backend)?;
+    let seeds = Seeds {
+        seed: match args.seed {
+            Some(s) => s,
+            None => fresh_secret_seed()?,
+        },
+        secret_seed: fresh_secret_seed()?,
     };
-    let secret_seed = fresh_secret_seed()?;
     std::fs::create_dir_all(&args.runs_dir)
         .with_context(|| format!("cannot create {}", args.runs_dir.display()))?;
-    let config = RunConfig {
-        task: args.task.clone(),
-        backend: backend.clone(),
-        strategy: "world-model".into(),
-        proposer: settings.proposer.as_str().into(),
-        selection: format!("{:?}", settings.selection).to_lowercase(),
-        seed,
-        secret_seed,
-        budgets: json!({"rounds": settings.rounds, "max_wall_time": settings.max_wall_time,
-                        "max_tokens": settings.max_tokens, "max_cost": settings.max_cost}),
-        flags: settings.to_value(),
-        extra: json!({"task_dir": task.dir(), "seed_kernel": seed_path}),
-        created_at: String::new(),
-        ksearch_version: env!("CARGO_PKG_VERSION").into(),
-    };
+    let config = session::run_config(&args.task, &task, &backend, &settings, seeds, &seed_path);
     let store = RunStore::create(&args.runs_dir, &config).context("cannot create the run")?;
     // Held until the run ends: no `resume` writes into it meanwhile.
     let writer = store.lock_writer()?;
-    let setup = match set_up(
-        &store,
-        &task,
-        &backend,
-        &settings,
-        args.sandbox.mode,
-        seed,
-        secret_seed,
-        signals::interrupt_on_signals(),
+    let interrupt = signals::interrupt_on_signals();
+    let sandbox = args.sandbox.mode;
+    let setup = match session::set_up(
+        &store, &task, &backend, &settings, sandbox, seeds, interrupt,
     ) {
         Ok(s) => s,
         Err(e) => {
@@ -467,12 +373,12 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
             if let Err(d) = store.discard(Some(writer)) {
                 tracing::warn!("cannot remove the unused run {}: {d}", dir.display());
             }
-            return Err(e);
+            return Err(e.into());
         }
     };
     if !quiet {
         eprintln!(
-            "ksearch: run {} — task {}, backend {backend}, {} rounds, proposer {}{}, seed {seed}",
+            "ksearch: run {} — task {}, backend {backend}, {} rounds, proposer {}{}, seed {}",
             store.id(),
             task.name(),
             settings.rounds,
@@ -481,7 +387,8 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
                 .model
                 .as_deref()
                 .map(|m| format!(" ({m}, context {})", settings.context))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            seeds.seed
         );
     }
     let outcome = drive(
@@ -511,12 +418,8 @@ pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
     if args.recheck {
         search.no_recheck = false;
     }
-    let task_ref = config.extra["task_dir"]
-        .as_str()
-        .filter(|d| Path::new(d).join("task.toml").is_file())
-        .map(str::to_string)
-        .unwrap_or_else(|| config.task.clone());
-    let task = ksearch_task::resolve(&task_ref).context("cannot load the run's task")?;
+    let task = ksearch_task::resolve(&session::task_ref_of_run(&config))
+        .context("cannot load the run's task")?;
     let seed_source = task
         .backend(&config.backend)?
         .seed
@@ -533,15 +436,19 @@ pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
                 .unwrap_or_default()
         );
     }
-    let setup = set_up(
+    let seeds = Seeds {
+        seed: config.seed,
+        secret_seed: config.secret_seed,
+    };
+    let interrupt = signals::interrupt_on_signals();
+    let setup = session::set_up(
         &store,
         &task,
         &config.backend,
         &search,
         args.sandbox.mode,
-        config.seed,
-        config.secret_seed,
-        signals::interrupt_on_signals(),
+        seeds,
+        interrupt,
     )?;
     drive(
         store,
@@ -553,99 +460,8 @@ pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
     )
 }
 
-/// Everything a run needs besides its store, built before the engine starts: a failure here
-/// is a set-up error (nothing evaluated, nothing spent), which `run` answers by removing the
-/// run it just made.
-struct Setup {
-    proposer: Box<dyn Proposer>,
-    lint_target: Option<LintTarget>,
-    policy: Box<dyn SelectionPolicy + Sync>,
-    evaluator: HarnessEvaluator,
-    cfg: EngineConfig,
-    brief: TaskBrief,
-    interrupt: Interrupt,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn set_up(
-    store: &RunStore,
-    task: &Task,
-    backend: &str,
-    opts: &RunSettings,
-    sandbox: SandboxMode,
-    seed: u64,
-    secret_seed: u64,
-    interrupt: Interrupt,
-) -> Result<Setup> {
-    let spec = task.backend(backend)?;
-    let catalog = Catalog::builtin().context("cannot load the knowledge pack")?;
-    let packs = Packs::builtin().context("cannot load the knowledge packs")?;
-    let proposer: Box<dyn Proposer> = match opts.proposer {
-        ProposerKind::Offline => Box::new(
-            OfflineProposer::for_task(
-                task.dir(),
-                task.kind(),
-                backend,
-                packs.target_for_backend(backend).map(|t| t.name.as_str()),
-                &catalog,
-                seed,
-            )
-            .map_err(|e| anyhow::anyhow!("{e}"))?,
-        ),
-        _ => Box::new(llm_proposer(store, task, backend, opts, seed, &packs)?),
-    };
-    let lint_target: Option<LintTarget> = if opts.no_lint {
-        None
-    } else {
-        packs
-            .target_for_backend(backend)
-            .and_then(|t| packs.lint_target(&t.name))
-    };
-    let policy: Box<dyn SelectionPolicy + Sync> = match opts.selection {
-        SelectionKind::Calibrated if matches!(opts.proposer, ProposerKind::Offline) => {
-            Box::new(CalibratedPolicy::template_backed())
-        }
-        SelectionKind::Calibrated => Box::new(CalibratedPolicy::default()),
-        SelectionKind::Ksearch => Box::new(KSearchPolicy {
-            max_difficulty: opts.max_difficulty,
-        }),
-    };
-    let evaluator = Evaluator::new(EvaluatorConfig {
-        sandbox,
-        interrupt: Some(interrupt.clone()),
-        backend: Some(backend.to_string()),
-        ..EvaluatorConfig::default()
-    })
-    .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
-    let evaluator = HarnessEvaluator::new(
-        evaluator,
-        task.clone(),
-        backend,
-        secret_seed,
-        opts.timing,
-        store.dir().join("work"),
-        &spec.language,
-    );
-    let cfg = opts.engine_config();
-    let brief = TaskBrief {
-        name: task.name().to_string(),
-        kind: task.kind().to_string(),
-        description: task.spec().description.clone(),
-        backend: backend.to_string(),
-        signature: spec.signature.clone(),
-        language: spec.language.clone(),
-    };
-    Ok(Setup {
-        proposer,
-        lint_target,
-        policy,
-        evaluator,
-        cfg,
-        brief,
-        interrupt,
-    })
-}
-
+/// Runs the engine with a progress display and maps how it ended to the exit status: an
+/// interruption or a proposer that gave up leaves a resumable run (and says so).
 fn drive(
     store: RunStore,
     setup: Setup,
@@ -654,37 +470,10 @@ fn drive(
     quiet: bool,
     json_out: bool,
 ) -> Result<u8> {
-    let Setup {
-        proposer,
-        lint_target,
-        policy,
-        evaluator,
-        cfg,
-        brief,
-        interrupt,
-    } = setup;
-    let lint = move |source: &str| -> Vec<String> {
-        lint_target
-            .as_ref()
-            .map(|t| knowledge_lint::errors(&knowledge_lint::lint(t, source)))
-            .unwrap_or_default()
-    };
     let progress = ProgressDisplay::new(rounds, quiet);
     let run_id = store.id().to_string();
-    let engine = Engine::new(
-        cfg,
-        store,
-        proposer.as_ref(),
-        &evaluator,
-        policy.as_ref(),
-        brief,
-        &progress,
-    )
-    .with_lint(&lint)
-    .with_interrupt(&interrupt);
-    let outcome = engine.run(seed_source);
+    let (outcome, store) = setup.run(store, seed_source, &progress);
     progress.finish();
-    let store = engine.into_store();
     let outcome = match outcome {
         Ok(o) => o,
         Err(EngineError::Interrupted) => {
@@ -717,275 +506,6 @@ fn drive(
     } else {
         exit::REJECTED
     })
-}
-
-/// Splits `--command` into argv: whitespace separates, single and double quotes group, a
-/// backslash escapes the next character (outside single quotes). No shell is involved.
-fn split_command(line: &str) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut in_word = false;
-    let mut quote: Option<char> = None;
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some('\''), c) => cur.push(c),
-            (_, '\\') => {
-                in_word = true;
-                match chars.next() {
-                    Some(n) => cur.push(n),
-                    None => bail!("--command ends with a lone backslash"),
-                }
-            }
-            (Some(_), c) => cur.push(c),
-            (None, '\'' | '"') => {
-                in_word = true;
-                quote = Some(c);
-            }
-            (None, c) if c.is_whitespace() => {
-                if in_word {
-                    out.push(std::mem::take(&mut cur));
-                    in_word = false;
-                }
-            }
-            (None, c) => {
-                in_word = true;
-                cur.push(c);
-            }
-        }
-    }
-    if quote.is_some() {
-        bail!("--command has an unclosed quote: {line}");
-    }
-    if in_word {
-        out.push(cur);
-    }
-    if out.is_empty() {
-        bail!("--command is empty");
-    }
-    Ok(out)
-}
-
-/// The provider configuration the options describe. Keys are not part of it: providers read
-/// them from the environment variable named by `--api-key-env` when they are built.
-fn provider_config(opts: &RunSettings) -> Result<ProviderConfig> {
-    let model = || {
-        opts.model
-            .clone()
-            .with_context(|| format!("--proposer {} needs --model NAME", opts.proposer.as_str()))
-    };
-    Ok(match opts.proposer {
-        ProposerKind::Offline => bail!("the offline proposer has no provider"),
-        ProposerKind::Openai => {
-            let mut c = OpenAiConfig {
-                model: model()?,
-                timeout_s: opts.llm_timeout,
-                ..OpenAiConfig::default()
-            };
-            if let Some(u) = &opts.base_url {
-                c.base_url = u.clone();
-            }
-            if let Some(k) = &opts.api_key_env {
-                c.api_key_env = k.clone();
-            }
-            ProviderConfig::Openai(c)
-        }
-        ProposerKind::Anthropic => {
-            let mut c = AnthropicConfig {
-                model: model()?,
-                timeout_s: opts.llm_timeout,
-                ..AnthropicConfig::default()
-            };
-            if let Some(u) = &opts.base_url {
-                c.base_url = u.clone();
-            }
-            if let Some(k) = &opts.api_key_env {
-                c.api_key_env = k.clone();
-            }
-            if let Some(n) = opts.max_output_tokens {
-                c.default_max_tokens = n;
-            }
-            ProviderConfig::Anthropic(c)
-        }
-        ProposerKind::Command => {
-            let line = opts
-                .command
-                .as_deref()
-                .context("--proposer command needs --command \"PROG ARGS\"")?;
-            let mut c = CommandConfig {
-                argv: split_command(line)?,
-                timeout_s: opts.llm_timeout,
-                ..CommandConfig::default()
-            };
-            if let Some(m) = &opts.model {
-                c.model = m.clone();
-            }
-            ProviderConfig::Command(c)
-        }
-        ProposerKind::Replay => ProviderConfig::Replay(ReplayConfig {
-            transcript: opts
-                .transcript
-                .clone()
-                .context("--proposer replay needs --transcript FILE")?,
-            mode: match opts.replay_mode {
-                ReplayMatch::Lenient => ReplayMode::Lenient,
-                ReplayMatch::Strict => ReplayMode::Strict,
-            },
-            delay_s: opts.replay_delay,
-        }),
-    })
-}
-
-/// An LLM proposer for the run in `store`: provider → client (retries, accounting, budget,
-/// cache) → recorder (`<run>/transcript.jsonl`). Spending of earlier sessions of the run (a
-/// resume) counts against the budgets.
-fn llm_proposer(
-    store: &RunStore,
-    task: &Task,
-    backend: &str,
-    opts: &RunSettings,
-    seed: u64,
-    packs: &Packs,
-) -> Result<LlmProposer> {
-    if !(opts.llm_timeout.is_finite() && opts.llm_timeout > 0.0) {
-        bail!("--llm-timeout must be a positive number of seconds");
-    }
-    let provider = provider_config(opts)?
-        .build()
-        .context("cannot set up the LLM provider")?;
-    let mut prices = PriceTable::builtin();
-    if let Some(path) = &opts.price_table {
-        prices = prices.with_overrides(
-            PriceTable::load(path)
-                .with_context(|| format!("cannot read the price table {}", path.display()))?,
-        );
-    }
-    let spent = store
-        .usage_totals()
-        .context("cannot read the run's LLM usage")?;
-    let prior = ProposerUsage {
-        calls: spent.calls,
-        input_tokens: spent.input_tokens,
-        output_tokens: spent.output_tokens,
-        cost_usd: spent.cost_usd,
-    };
-    let replay = opts.proposer == ProposerKind::Replay;
-    let client = Arc::new(
-        Client::new(
-            provider,
-            ClientConfig {
-                retry: RetryPolicy::default(),
-                max_in_flight: opts.llm_concurrency as usize,
-                budget: Budget {
-                    max_tokens: opts
-                        .max_tokens
-                        .map(|m| m.saturating_sub(prior.input_tokens + prior.output_tokens)),
-                    max_cost_usd: opts.max_cost.map(|c| (c - prior.cost_usd).max(0.0)),
-                },
-                cache_dir: (!opts.no_llm_cache && !replay)
-                    .then(|| ksearch_assets::cache_dir().join("llm")),
-                prices,
-            },
-        )
-        .context("cannot set up the LLM client")?,
-    );
-    // Before anything is evaluated: a server that is down, a refused key or a missing program
-    // stops here, in seconds, rather than after the seed's evaluation and three failed calls.
-    client
-        .preflight()
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .with_context(|| preflight_failure(opts))?;
-    let recorder = Recorder::create(client.clone(), store.dir().join("transcript.jsonl"))
-        .context("cannot open the run's transcript")?;
-    let prompts = PromptSet::builtin().context("cannot load the prompt templates")?;
-    let inputs =
-        PromptInputs::for_task(task, backend, packs, opts.hardware.as_deref(), opts.context)
-            .context("cannot prepare the prompts")?;
-    let provider: Arc<dyn ChatProvider> = Arc::new(recorder);
-    Ok(LlmProposer::new(
-        provider,
-        prompts,
-        inputs,
-        LlmSettings {
-            max_output_tokens: opts.max_output_tokens,
-            temperature: opts.temperature,
-            seed: Some(seed),
-            ..LlmSettings::new()
-        },
-    )
-    .with_client(client)
-    .with_prior_usage(prior))
-}
-
-/// What to check when the provider cannot be used (the error itself follows).
-fn preflight_failure(opts: &RunSettings) -> String {
-    match opts.proposer {
-        ProposerKind::Command => "the --command program cannot be run".into(),
-        ProposerKind::Openai | ProposerKind::Anthropic => format!(
-            "the {} server cannot be used: check --base-url, that the server is up, and the \
-             key in ${}",
-            opts.proposer.as_str(),
-            opts.api_key_env
-                .clone()
-                .unwrap_or_else(|| match opts.proposer {
-                    ProposerKind::Anthropic => "ANTHROPIC_API_KEY".into(),
-                    _ => "OPENAI_API_KEY".into(),
-                })
-        ),
-        ProposerKind::Offline | ProposerKind::Replay => "the proposer cannot be used".into(),
-    }
-}
-
-fn render_outcome(run_id: &str, o: &RunOutcome) -> String {
-    let mut s = format!(
-        "\nrun {run_id}: {} rounds in {} cycles, {} passed / {} failed — stopped: {}\n",
-        o.rounds_used, o.cycles, o.passed, o.failed, o.stop_reason
-    );
-    match &o.best {
-        Some(best) => {
-            s.push_str(&format!(
-                "best: candidate {} (round {}, node {})\n",
-                best.candidate_id,
-                best.round,
-                best.node.as_deref().unwrap_or("-"),
-            ));
-            // The confirmation leads (the winner, runner-ups and seed measured in turn), then
-            // the re-check's comparison (fresh process and seed, every workload); the search's
-            // own score follows as what it ranked by.
-            let summary = serde_json::to_value(o).unwrap_or_default();
-            let lines =
-                crate::headline::confirmed(&summary)
-                    .into_iter()
-                    .chain(crate::headline::rechecked(
-                        &summary,
-                        best.rechecked_score,
-                        o.seed_recheck_score,
-                    ));
-            for line in lines {
-                s.push_str(&format!("{line}\n"));
-            }
-            s.push_str(&format!("search score {:.3}", best.score));
-            if let Some(seed) = o.seed_score.filter(|v| *v > 0.0) {
-                s.push_str(&format!(
-                    " ({} by the search's own measurements, {seed:.3})",
-                    crate::headline::versus_seed(best.score / seed)
-                ));
-            }
-            s.push('\n');
-        }
-        None => s.push_str("no candidate passed the final re-check\n"),
-    }
-    if let Some(r) = &o.recheck {
-        s.push_str(&format!(
-            "re-check (fresh process, fresh seed, held-out and assertion workloads): {}\n",
-            r["status"].as_str().unwrap_or("?")
-        ));
-    }
-    s.push_str(&format!(
-        "see `ksearch show {run_id}`; export the kernel with `ksearch export {run_id}`\n"
-    ));
-    s
 }
 
 /// A progress bar on a terminal; one line per round otherwise (logs, CI).
@@ -1060,70 +580,12 @@ impl ProgressSink for ProgressDisplay {
 mod tests {
     use super::*;
     use clap::Parser;
+    use ksearch_llm::ProviderConfig;
 
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
         search: SearchOptions,
-    }
-
-    #[test]
-    fn the_default_backend_is_the_first_gpu_backend_the_probe_lists() {
-        let order = ["cuda", "mlx", "cpu"];
-        let avail =
-            |names: &[&str]| -> Vec<String> { names.iter().map(|s| s.to_string()).collect() };
-        let all = ["cpu", "cuda", "mlx"];
-        assert_eq!(
-            pick_backend(&all, &avail(&["cpu", "cuda", "mlx"]), &order).unwrap(),
-            "cuda"
-        );
-        assert_eq!(
-            pick_backend(&all, &avail(&["cpu", "mlx"]), &order).unwrap(),
-            "mlx"
-        );
-        assert_eq!(pick_backend(&all, &avail(&["cpu"]), &order).unwrap(), "cpu");
-        // A cpu-only task stays on cpu on a GPU machine.
-        assert_eq!(
-            pick_backend(&["cpu"], &avail(&["cpu", "cuda"]), &order).unwrap(),
-            "cpu"
-        );
-        // Nothing runnable: the task's preferred backend, so the evaluation explains what is
-        // missing.
-        assert_eq!(
-            pick_backend(&["mlx", "cuda"], &avail(&["cpu"]), &order).unwrap(),
-            "cuda"
-        );
-        assert_eq!(
-            pick_backend(&["tpu"], &avail(&["cpu"]), &order).unwrap(),
-            "tpu"
-        );
-        assert!(pick_backend(&[], &avail(&["cpu"]), &order).is_none());
-    }
-
-    #[test]
-    fn probe_answers_give_their_backend_list() {
-        let nested = json!({"protocol": 1, "probe": {"backends": ["cpu", "cuda"]}});
-        assert_eq!(backends_of_probe(&nested), ["cpu", "cuda"]);
-        assert_eq!(
-            backends_of_probe(&json!({"backends": ["cpu", "mlx"]})),
-            ["cpu", "mlx"]
-        );
-        // An answer without the list (an old harness, an error string) means cpu only.
-        assert_eq!(
-            backends_of_probe(&json!({"probe": {"backends": "error: x"}})),
-            ["cpu"]
-        );
-        assert_eq!(backends_of_probe(&json!({})), ["cpu"]);
-    }
-
-    #[test]
-    fn commands_split_like_a_shell_without_one() {
-        assert_eq!(
-            split_command(r#"my-agent --print  'two words' "a \"q\"" x\ y"#).unwrap(),
-            vec!["my-agent", "--print", "two words", "a \"q\"", "x y"]
-        );
-        assert!(split_command("   ").is_err());
-        assert!(split_command("agent 'open").is_err());
     }
 
     #[test]
@@ -1147,7 +609,7 @@ mod tests {
         assert_eq!(stored["api_key_env"], "MY_KEY");
         assert_eq!(stored["context"], "spec");
         let back = RunSettings::from_value(&stored).unwrap();
-        match provider_config(&back).unwrap() {
+        match session::provider_config(&back).unwrap() {
             ProviderConfig::Openai(c) => {
                 assert_eq!(
                     (c.model.as_str(), c.base_url.as_str()),

@@ -167,10 +167,10 @@ fn a_run_its_wall_budget_stopped_continues_under_a_raised_one() {
     assert_eq!(v["outcome"]["recheck"]["status"], "passed", "{v}");
     // The stored summary is the new ending's, not the wall budget's.
     let store = RunStore::open(&runs.path().join(&id)).unwrap();
-    let summary = store.finish_summary().unwrap().unwrap();
+    let summary = ksearch_search::report::finished(&store).unwrap().unwrap();
     assert_eq!(
-        summary["stop_reason"], "rounds budget reached (2)",
-        "{summary}"
+        summary.stop_reason, "rounds budget reached (2)",
+        "{summary:?}"
     );
 }
 
@@ -379,6 +379,8 @@ fn fixture_run(dir: &Path) -> PathBuf {
         .unwrap();
     store
         .mark_finished(&json!({"stop_reason": "rounds budget reached (2)",
+                               "rounds_used": 2, "cycles": 2, "passed": 2, "failed": 1,
+                               "seed_score": 0.5,
                                "best": {"candidate_id": a, "score": 2.0, "node": "n1", "round": 1},
                                "recheck": {"status": "passed"}}))
         .unwrap();

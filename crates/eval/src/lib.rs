@@ -3,11 +3,13 @@
 //! It owns the Python environment the harness runs in ([`harness_env`]), spawning one harness
 //! process per operation in its own process group with a scrubbed environment and a private
 //! result channel ([`harness`]), the JSON protocol types ([`protocol`]), the [`Evaluator`] the
-//! search calls, plain-text result tables ([`report`]), the `ksearch bench` measurement of a
-//! kernel against native implementations ([`bench`]) and its report ([`bench_report`]), the
-//! whole-model Mamba bench's launcher and report ([`mamba_bench`]) and what `ksearch doctor`
-//! checks ([`doctor`]). It does not know who asks.
+//! search calls, the choice of a default backend from the harness probe ([`backends`]),
+//! plain-text result tables ([`report`]), the `ksearch bench` measurement of a kernel against
+//! native implementations ([`bench`]) and its report ([`bench_report`]), the whole-model Mamba
+//! bench's launcher and report ([`mamba_bench`]) and what `ksearch doctor` checks
+//! ([`doctor`]). It does not know who asks.
 
+pub mod backends;
 pub mod bench;
 pub mod bench_report;
 pub mod doctor;

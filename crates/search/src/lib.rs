@@ -8,6 +8,10 @@
 //!   families) and the LLM proposer (prompt templates over `ksearch-llm` providers).
 //! - [`accounting`]: where a finished or running search's time went (wall, evaluations per hour,
 //!   time per harness phase, the device's busy fraction), read back from its run store.
+//! - [`session`]: setting up a run from its settings (proposer, provider check, lint target,
+//!   selection policy, evaluator, engine limits) and running the engine over its store.
+//! - [`report`]: a run as text: the outcome printed at its end, `ksearch show`, and the kernel
+//!   and README of `ksearch export`; the finish summary read back as a typed [`engine::RunOutcome`].
 //!
 //! This crate never knows which backend runs a kernel: evaluation goes through
 //! [`engine::CandidateEvaluator`].
@@ -15,6 +19,8 @@
 pub mod accounting;
 pub mod engine;
 pub mod proposer;
+pub mod report;
 pub mod selection;
+pub mod session;
 pub mod settings;
 pub mod world_model;

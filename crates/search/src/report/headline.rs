@@ -2,6 +2,8 @@
 //! with the seed leads, since both kernels were measured there under the same conditions, and a
 //! ratio below one reads as "slower", never as "0.49x faster".
 
+use crate::engine::RunOutcome;
+
 /// `ratio` is how many times the seed's time the kernel's time divides into (a ratio of
 /// speedups over the same baseline): above one it is faster, below one slower.
 pub fn versus_seed(ratio: f64) -> String {
@@ -20,10 +22,10 @@ pub fn versus_seed(ratio: f64) -> String {
 
 /// The confirmed comparison, the run's headline: the winner's score in the final confirmation
 /// (it, the runner-ups and the seed evaluated in turn) with its interval, and how it compares
-/// with the seed measured there. `summary` is the run's outcome as stored.
-pub fn confirmed(summary: &serde_json::Value) -> Option<String> {
-    let c = ksearch_search::engine::ranking::confirmation_of(summary)?;
-    let best_id = summary["best"]["candidate_id"].as_i64()?;
+/// with the seed measured there.
+pub fn confirmed(outcome: &RunOutcome) -> Option<String> {
+    let c = outcome.confirmation.as_ref()?;
+    let best_id = outcome.best.as_ref()?.candidate_id;
     let w = c.of(best_id)?;
     let score = w.score?;
     let mut line = format!("confirmed: {score:.3}x the baseline");
@@ -60,14 +62,24 @@ pub fn remeasured(best: f64, seed: f64) -> Option<String> {
 /// The re-check's lines, in the order run, show and export print them: its comparison with
 /// the seed ([`remeasured`]) and, where it and the confirmation do not support each other,
 /// the [`disagreement`] caution. `best` and `seed` are the two kernels' re-check scores;
-/// `summary` is the run's outcome as stored.
-pub fn rechecked(summary: &serde_json::Value, best: Option<f64>, seed: Option<f64>) -> Vec<String> {
+/// `outcome` is the run's.
+pub fn rechecked(outcome: &RunOutcome, best: Option<f64>, seed: Option<f64>) -> Vec<String> {
     let Some((best, seed)) = best.zip(seed) else {
         return Vec::new();
     };
     remeasured(best, seed)
         .into_iter()
-        .chain(disagreement(summary, best, seed))
+        .chain(disagreement(outcome, best, seed))
+        .collect()
+}
+
+/// The headline lines of a run whose best kernel passed the re-check, in the order run, show
+/// and export print them: the [`confirmed`] comparison, then the [`rechecked`] lines.
+pub fn lines(outcome: &RunOutcome) -> Vec<String> {
+    let best = outcome.best.as_ref().and_then(|b| b.rechecked_score);
+    confirmed(outcome)
+        .into_iter()
+        .chain(rechecked(outcome, best, outcome.seed_recheck_score))
         .collect()
 }
 
@@ -84,9 +96,9 @@ const PRECISE_SPAN: f64 = 2.0;
 /// than a factor of two. Both happen when the machine was busy while the run measured, or when
 /// the kernels' times vary widely from call to call (multi-threaded cpu kernels on few cores);
 /// the figures are then printed as they are, with this line, rather than one of them alone.
-pub fn disagreement(summary: &serde_json::Value, best: f64, seed: f64) -> Option<String> {
-    let c = ksearch_search::engine::ranking::confirmation_of(summary)?;
-    let best_id = summary["best"]["candidate_id"].as_i64()?;
+pub fn disagreement(outcome: &RunOutcome, best: f64, seed: f64) -> Option<String> {
+    let c = outcome.confirmation.as_ref()?;
+    let best_id = outcome.best.as_ref()?.candidate_id;
     let w = c.of(best_id)?;
     let mut why = Vec::new();
     let confirmed = c
@@ -128,6 +140,18 @@ pub fn disagreement(summary: &serde_json::Value, best: f64, seed: f64) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
+
+    /// A finished run whose best is candidate 7, with `confirmation` as stored.
+    fn outcome(confirmation: Value) -> RunOutcome {
+        serde_json::from_value(json!({
+            "stop_reason": "rounds budget reached (2)", "rounds_used": 2, "cycles": 1,
+            "passed": 2, "failed": 0, "seed_score": 1.0, "recheck": null,
+            "best": {"candidate_id": 7, "score": 2.0, "node": "n1", "round": 1},
+            "confirmation": confirmation,
+        }))
+        .unwrap()
+    }
 
     #[test]
     fn ratios_read_the_right_way_round() {
@@ -144,35 +168,29 @@ mod tests {
 
     #[test]
     fn the_confirmation_leads_with_its_interval_and_the_seed() {
-        let summary = serde_json::json!({
-            "best": {"candidate_id": 7},
-            "confirmation": {"rounds": 2, "winner": 7, "contenders": [
-                {"candidate_id": 7, "role": "winner", "scores": [2.0, 2.2], "score": 2.1,
-                 "interval": [1.9, 2.3]},
-                {"candidate_id": 1, "role": "seed", "scores": [1.0, 1.1], "score": 1.05,
-                 "interval": [0.9, 1.2]},
-                {"candidate_id": 5, "role": "runner-up", "scores": [1.9, 2.0], "score": 1.95,
-                 "interval": null},
-            ]},
-        });
+        let summary = outcome(json!({"rounds": 2, "winner": 7, "contenders": [
+            {"candidate_id": 7, "role": "winner", "scores": [2.0, 2.2], "score": 2.1,
+             "interval": [1.9, 2.3]},
+            {"candidate_id": 1, "role": "seed", "scores": [1.0, 1.1], "score": 1.05,
+             "interval": [0.9, 1.2]},
+            {"candidate_id": 5, "role": "runner-up", "scores": [1.9, 2.0], "score": 1.95,
+             "interval": null},
+        ]}));
         assert_eq!(
             confirmed(&summary).unwrap(),
             "confirmed: 2.100x the baseline (1.900–2.300), 2.00x faster than the seed \
              (2 kernels re-measured in turn with it, 2 rounds)"
         );
-        assert!(confirmed(&serde_json::json!({"best": {"candidate_id": 7}})).is_none());
+        assert!(confirmed(&outcome(Value::Null)).is_none());
     }
 
-    fn confirmation(interval: [f64; 2]) -> serde_json::Value {
-        serde_json::json!({
-            "best": {"candidate_id": 7},
-            "confirmation": {"rounds": 2, "winner": 7, "contenders": [
-                {"candidate_id": 7, "role": "winner", "scores": [2.0], "score": 2.0,
-                 "interval": interval},
-                {"candidate_id": 1, "role": "seed", "scores": [1.0], "score": 1.0,
-                 "interval": [0.9, 1.1]},
-            ]},
-        })
+    fn confirmation(interval: [f64; 2]) -> RunOutcome {
+        outcome(json!({"rounds": 2, "winner": 7, "contenders": [
+            {"candidate_id": 7, "role": "winner", "scores": [2.0], "score": 2.0,
+             "interval": interval},
+            {"candidate_id": 1, "role": "seed", "scores": [1.0], "score": 1.0,
+             "interval": [0.9, 1.1]},
+        ]}))
     }
 
     #[test]
@@ -201,10 +219,12 @@ mod tests {
         assert!(lines[1].starts_with("caution: "));
         assert_eq!(rechecked(&steady, Some(0.95), Some(0.5)).len(), 1);
         assert!(rechecked(&steady, Some(0.95), None).is_empty());
+        // `lines` takes the re-check's scores from the outcome.
+        let mut run = steady.clone();
+        run.best.as_mut().unwrap().rechecked_score = Some(0.531);
+        run.seed_recheck_score = Some(1.350);
+        assert_eq!(super::lines(&run).len(), 3);
         // Nothing confirmed, nothing to compare.
-        assert_eq!(
-            disagreement(&serde_json::json!({"best": {"candidate_id": 7}}), 1.0, 2.0),
-            None
-        );
+        assert_eq!(disagreement(&outcome(Value::Null), 1.0, 2.0), None);
     }
 }

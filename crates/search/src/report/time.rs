@@ -1,0 +1,209 @@
+//! The `time:` block of `ksearch show`: where a run's wall time went, as
+//! [`crate::accounting`] reads it back from the store.
+
+use std::fmt::Write as _;
+
+use crate::accounting::{TimeAccount, TimeKind, WallEnd};
+
+/// How many parts of the wall `show` lists before summing the rest.
+const TIME_PARTS_SHOWN: usize = 8;
+
+/// The `time:` block of `show`: wall, evaluations per hour, the device's busy fraction and the
+/// largest parts of the wall (the accounting is [`crate::accounting`]'s).
+pub fn render_time(t: &TimeAccount) -> String {
+    let mut s = String::new();
+    let wall = match (t.wall_seconds, t.wall_end) {
+        (Some(w), WallEnd::Finished) => format!("wall {}", duration(w)),
+        (Some(w), WallEnd::LastRecord) => {
+            format!("wall {} (not finished: to the latest record)", duration(w))
+        }
+        (None, _) => "wall n/a (unreadable time stamps)".into(),
+    };
+    let n = t.evaluations.harness_runs();
+    let per_hour = t
+        .evaluations_per_hour
+        .map(|r| {
+            if r >= 100.0 {
+                format!("{r:.0}")
+            } else {
+                format!("{r:.1}")
+            }
+        })
+        .unwrap_or_else(|| "n/a".into());
+    let busy = match (t.busy_fraction, t.device_seconds) {
+        (Some(f), Some(d)) => format!("{:.1}% ({d:.1} s)", f * 100.0),
+        _ => "n/a".into(),
+    };
+    let _ = writeln!(
+        s,
+        "\ntime: {wall} · {n} evaluations, {per_hour} per hour · device busy {busy}"
+    );
+
+    let e = &t.evaluations;
+    if !e.in_events.is_empty() {
+        let mut made = vec![format!("{} stored", e.stored)];
+        made.extend(
+            e.in_events
+                .iter()
+                .map(|(kind, k)| format!("{k} in {kind} events")),
+        );
+        let _ = writeln!(s, "  evaluations: {}", made.join(" + "));
+    }
+    let mut notes = Vec::new();
+    if t.yardsticks > 0 {
+        let plural = if t.yardsticks == 1 { "" } else { "s" };
+        notes.push(format!("{} yardstick{plural} measured", t.yardsticks));
+    }
+    if e.reused + e.lint_rejected > 0 {
+        notes.push(format!(
+            "{} reused and {} lint-rejected results ran no harness",
+            e.reused, e.lint_rejected
+        ));
+    }
+    if !notes.is_empty() {
+        let _ = writeln!(s, "  {}", notes.join("; "));
+    }
+    if e.unsteady_repeats > 0 {
+        let _ = writeln!(
+            s,
+            "  {} evaluations repeated after an unsteady first try",
+            e.unsteady_repeats
+        );
+    }
+    if e.unsteady_kept > 0 {
+        let _ = writeln!(
+            s,
+            "  {} unsteady evaluations kept as measured (repeats had come out as unsteady)",
+            e.unsteady_kept
+        );
+    }
+
+    if t.parts.iter().all(|p| p.kind == TimeKind::Other) {
+        let _ = writeln!(s, "  no phase times recorded (results of an older ksearch)");
+        return s;
+    }
+    let share = |secs: f64| {
+        t.share(secs)
+            .map(|f| format!("{:.1}%", f * 100.0))
+            .unwrap_or_else(|| "-".into())
+    };
+    let _ = writeln!(
+        s,
+        "  {:<24} {:>9} {:>6}",
+        "where it went", "seconds", "share"
+    );
+    for p in t.parts.iter().take(TIME_PARTS_SHOWN) {
+        let mark = if p.kind == TimeKind::Device { " *" } else { "" };
+        let name = format!("{}{mark}", p.name);
+        let _ = writeln!(s, "  {name:<24} {:>9.1} {:>6}", p.seconds, share(p.seconds));
+    }
+    let rest = &t.parts[t.parts.len().min(TIME_PARTS_SHOWN)..];
+    if !rest.is_empty() {
+        let secs: f64 = rest.iter().map(|p| p.seconds).sum();
+        let name = format!("{} more", rest.len());
+        let _ = writeln!(s, "  {name:<24} {secs:>9.1} {:>6}", share(secs));
+    }
+    if t.overlap_seconds > 0.0 {
+        let _ = writeln!(
+            s,
+            "  (the parts exceed the wall by {:.1} s: work overlapped)",
+            t.overlap_seconds
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  * device work (its sum over the wall is the busy fraction)"
+    );
+    s
+}
+
+/// `42.1 s`, `4 min 10 s`, `2 h 05 min`.
+fn duration(secs: f64) -> String {
+    if secs < 60.0 {
+        return format!("{secs:.1} s");
+    }
+    let whole = secs.round() as u64;
+    if whole < 3600 {
+        format!("{} min {:02} s", whole / 60, whole % 60)
+    } else {
+        format!("{} h {:02} min", whole / 3600, whole % 3600 / 60)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::{EvaluationCounts, TimePart};
+
+    fn part(name: &str, seconds: f64, kind: TimeKind) -> TimePart {
+        TimePart {
+            name: name.into(),
+            seconds,
+            kind,
+        }
+    }
+
+    #[test]
+    fn the_time_block_of_a_finished_run() {
+        let parts = vec![
+            part("other", 88.9, TimeKind::Other),
+            part("timed_calls", 33.6, TimeKind::Device),
+            part("yardstick", 26.6, TimeKind::Device),
+            part("flush", 21.4, TimeKind::Device),
+            part("settle", 13.8, TimeKind::Harness),
+            part("candidate", 12.4, TimeKind::Device),
+            part("harness start/exit", 11.8, TimeKind::Harness),
+            part("inputs", 11.3, TimeKind::Harness),
+            part("load", 7.6, TimeKind::Harness),
+            part("reference", 7.4, TimeKind::Device),
+        ];
+        let t = TimeAccount {
+            wall_seconds: Some(250.266),
+            wall_end: WallEnd::Finished,
+            evaluations: EvaluationCounts {
+                stored: 23,
+                in_events: [("confirmation".into(), 8), ("remeasure".into(), 4)].into(),
+                with_phases: 35,
+                reused: 2,
+                lint_rejected: 1,
+                unsteady_repeats: 11,
+                unsteady_kept: 4,
+            },
+            evaluations_per_hour: Some(35.0 * 3600.0 / 250.266),
+            yardsticks: 12,
+            parts,
+            device_seconds: Some(101.4),
+            busy_fraction: Some(101.4 / 250.266),
+            overlap_seconds: 0.0,
+        };
+        insta::assert_snapshot!(render_time(&t));
+    }
+
+    #[test]
+    fn the_time_block_of_an_old_unfinished_run() {
+        let t = TimeAccount {
+            wall_seconds: Some(4000.0),
+            wall_end: WallEnd::LastRecord,
+            evaluations: EvaluationCounts {
+                stored: 3,
+                ..EvaluationCounts::default()
+            },
+            evaluations_per_hour: Some(2.7),
+            yardsticks: 0,
+            parts: vec![part("other", 4000.0, TimeKind::Other)],
+            device_seconds: None,
+            busy_fraction: None,
+            overlap_seconds: 0.0,
+        };
+        insta::assert_snapshot!(render_time(&t));
+    }
+
+    #[test]
+    fn durations_read_as_seconds_minutes_or_hours() {
+        assert_eq!(duration(0.04), "0.0 s");
+        assert_eq!(duration(59.94), "59.9 s");
+        assert_eq!(duration(250.27), "4 min 10 s");
+        assert_eq!(duration(3600.0), "1 h 00 min");
+        assert_eq!(duration(7385.0), "2 h 03 min");
+    }
+}
