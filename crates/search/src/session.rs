@@ -425,9 +425,8 @@ fn llm_proposer(
     if !(opts.llm_timeout.is_finite() && opts.llm_timeout > 0.0) {
         return Err(SessionError::LlmTimeout);
     }
-    let provider = provider_config(opts)?
-        .build()
-        .map_err(SessionError::Provider)?;
+    let provider_cfg = provider_config(opts)?;
+    let provider = provider_cfg.build().map_err(SessionError::Provider)?;
     let mut prices = PriceTable::builtin();
     if let Some(path) = &opts.price_table {
         prices = prices.with_overrides(PriceTable::load(path).map_err(|source| {
@@ -467,7 +466,7 @@ fn llm_proposer(
     // Before anything is evaluated: a server that is down, a refused key or a missing program
     // stops here, in seconds, rather than after the seed's evaluation and three failed calls.
     client.preflight().map_err(|e| SessionError::Preflight {
-        what: preflight_failure(opts),
+        what: preflight_failure(&provider_cfg),
         cause: Cause(e.to_string()),
     })?;
     let recorder = Recorder::create(client.clone(), store.dir().join("transcript.jsonl"))
@@ -492,22 +491,20 @@ fn llm_proposer(
     .with_prior_usage(prior))
 }
 
-/// What to check when the provider cannot be used (the error itself follows).
-fn preflight_failure(opts: &RunSettings) -> String {
-    match opts.proposer {
-        ProposerKind::Command => "the --command program cannot be run".into(),
-        ProposerKind::Openai | ProposerKind::Anthropic => format!(
-            "the {} server cannot be used: check --base-url, that the server is up, and the \
-             key in ${}",
-            opts.proposer.as_str(),
-            opts.api_key_env
-                .clone()
-                .unwrap_or_else(|| match opts.proposer {
-                    ProposerKind::Anthropic => "ANTHROPIC_API_KEY".into(),
-                    _ => "OPENAI_API_KEY".into(),
-                })
-        ),
-        ProposerKind::Offline | ProposerKind::Replay => "the proposer cannot be used".into(),
+/// What to check when the provider cannot be used (the error itself follows): the key named
+/// is the variable the provider read.
+fn preflight_failure(cfg: &ProviderConfig) -> String {
+    let server = |name: &str, key_env: &str| {
+        format!(
+            "the {name} server cannot be used: check --base-url, that the server is up, and the \
+             key in ${key_env}"
+        )
+    };
+    match cfg {
+        ProviderConfig::Command(_) => "the --command program cannot be run".into(),
+        ProviderConfig::Openai(c) => server("openai", &c.api_key_env),
+        ProviderConfig::Anthropic(c) => server("anthropic", &c.api_key_env),
+        ProviderConfig::Replay(_) => "the proposer cannot be used".into(),
     }
 }
 

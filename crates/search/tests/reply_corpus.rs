@@ -5,6 +5,8 @@
 //! real reply parser (each reply alone, asserting what it becomes) and through the real engine
 //! with a fake evaluator (one cycle and its refine step, asserting what the next prompts say).
 
+mod common;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,7 +26,7 @@ use ksearch_search::proposer::{
 };
 use ksearch_search::selection::{CandidateExplanation, SelectionPolicy};
 use ksearch_search::world_model::{ActionPatch, Edit, NodeId, NodePatch, SolutionRef, WorldModel};
-use ksearch_store::{CandidateKind, RunConfig, RunStore};
+use ksearch_store::CandidateKind;
 
 const ROLES: [&str; 5] = ["code", "init", "propose", "refine", "too_hard"];
 
@@ -476,27 +478,6 @@ impl SelectionPolicy for FewestVisitsFirst {
     }
 }
 
-fn run_store(dir: &Path) -> RunStore {
-    RunStore::create(
-        dir,
-        &RunConfig {
-            task: "softmax".into(),
-            backend: "cpu".into(),
-            strategy: "world-model".into(),
-            proposer: "llm".into(),
-            selection: "ksearch".into(),
-            seed: 7,
-            secret_seed: 11,
-            budgets: json!({}),
-            flags: json!({}),
-            extra: json!({}),
-            created_at: String::new(),
-            ksearch_version: String::new(),
-        },
-    )
-    .unwrap()
-}
-
 /// One cycle of five attempts from the corpus (two passes, a compile error, a repeat of the
 /// first source, a refusal) and its refine step (a trailing comma, a refused field, then a
 /// good edit), through the real engine.
@@ -534,7 +515,7 @@ fn the_corpus_replayed_through_the_engine() {
     };
     let engine = Engine::new(
         cfg,
-        run_store(tmp.path()),
+        common::store(tmp.path(), "llm"),
         &p,
         &eval,
         &policy,
