@@ -5,6 +5,7 @@ mod bench;
 mod bench_mamba;
 mod doctor;
 mod eval;
+mod import;
 mod inspect;
 mod knowledge;
 mod logging;
@@ -52,6 +53,8 @@ enum Command {
     Knowledge(knowledge::KnowledgeArgs),
     /// Time a GPU kernel against PyTorch SDPA and MLX native on the task's workloads.
     Bench(Box<BenchCommand>),
+    /// Turn another benchmark's problem into a ksearch task (FlashInfer-Bench definitions).
+    Import(import::ImportArgs),
 }
 
 /// `ksearch bench`'s options: those of a task's bench and those of the whole-model Mamba bench
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
             bench_mamba::run(&args.bench, &args.mamba, cli.quiet)
         }
         Command::Bench(args) => bench::run(&args.bench, cli.quiet),
+        Command::Import(args) => import::run(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

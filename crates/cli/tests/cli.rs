@@ -478,3 +478,36 @@ fn a_killed_ksearch_leaves_no_harness_running() {
         "the harness {pid} outlived the ksearch that started it"
     );
 }
+
+#[test]
+fn import_flashinfer_writes_a_task_that_loads_and_never_overwrites() {
+    let root = workspace_root();
+    let def = root.join("examples/flashinfer-bench/definitions/rmsnorm/rmsnorm_h4096.json");
+    let jsonl = root.join("examples/flashinfer-bench/workloads/rmsnorm/rmsnorm_h4096.jsonl");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("rms");
+    ksearch()
+        .args(["import", "flashinfer"])
+        .arg(&def)
+        .arg("--out")
+        .arg(&out)
+        .arg("--workloads")
+        .arg(&jsonl)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("wrote task `rmsnorm_h4096`"))
+        .stdout(predicate::str::contains("(8 workloads)"));
+    ksearch()
+        .args(["tasks", "--check"])
+        .arg(&out)
+        .assert()
+        .success();
+    ksearch()
+        .args(["import", "flashinfer"])
+        .arg(&def)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("exists and is not empty"));
+}

@@ -112,7 +112,10 @@ fn every_relative_link_in_the_docs_resolves_to_a_file() {
     let root = workspace_root();
     let mut broken = Vec::new();
     let mut checked = 0;
-    for file in repo_files().iter().filter(|f| f.extension().is_some_and(|e| e == "md")) {
+    for file in repo_files()
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "md"))
+    {
         let text = std::fs::read_to_string(file).unwrap();
         for (line, target) in markdown_links(&text) {
             if !is_local(&target) {
@@ -129,8 +132,15 @@ fn every_relative_link_in_the_docs_resolves_to_a_file() {
             }
         }
     }
-    assert!(checked > 20, "only {checked} relative links seen: is the scan finding the docs?");
-    assert!(broken.is_empty(), "links to missing files:\n{}", broken.join("\n"));
+    assert!(
+        checked > 20,
+        "only {checked} relative links seen: is the scan finding the docs?"
+    );
+    assert!(
+        broken.is_empty(),
+        "links to missing files:\n{}",
+        broken.join("\n")
+    );
 }
 
 #[test]
@@ -155,8 +165,15 @@ fn every_cited_result_is_a_file_in_docs_results() {
             }
         }
     }
-    assert!(checked > 10, "only {checked} result citations seen: is the scan finding them?");
-    assert!(broken.is_empty(), "results cited but not in the tree:\n{}", broken.join("\n"));
+    assert!(
+        checked > 10,
+        "only {checked} result citations seen: is the scan finding them?"
+    );
+    assert!(
+        broken.is_empty(),
+        "results cited but not in the tree:\n{}",
+        broken.join("\n")
+    );
 }
 
 #[test]
@@ -176,11 +193,17 @@ fn results_are_topic_folders_of_a_readme_and_compressed_raw_data() {
         for file in std::fs::read_dir(&path).unwrap().flatten() {
             let file_name = file.file_name().to_string_lossy().into_owned();
             if file_name != "README.md" && !file_name.ends_with(".gz") {
-                problems.push(format!("{name}/{file_name}: raw data is stored compressed (.gz)"));
+                problems.push(format!(
+                    "{name}/{file_name}: raw data is stored compressed (.gz)"
+                ));
             }
         }
     }
-    assert!(problems.is_empty(), "docs/results layout:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "docs/results layout:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]

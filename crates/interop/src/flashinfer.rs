@@ -1,0 +1,1114 @@
+//! FlashInfer-Bench definitions and workload traces → a ksearch task for the cuda backend.
+//!
+//! A definition names its axes (`const` with a value, or `var`, bound per workload), its inputs
+//! and outputs in calling order with shapes over those axes, Python constraints over the axes
+//! and a PyTorch reference: a top-level `run(*inputs)` returning the outputs. The written task:
+//!
+//! - **axes**: every axis becomes an int axis; a const axis declares `values = [v]`, so kernels
+//!   may specialise on it, and every workload binds it to `v`;
+//! - **tensors**: same names, order and shapes (axis names are valid shape expressions); a
+//!   scalar input (`"shape": null`) becomes a 0-d tensor of its dtype, turned back into a Python
+//!   number for `run`; `random` inputs are drawn as FlashInfer-Bench draws them (floats from a
+//!   standard normal, integers uniform on [-1024, 1024)); scalar values from workloads come
+//!   from a generator in `reference.py`;
+//! - **reference**: `run` verbatim in `reference.py`, called on the harness's device tensors;
+//!   it is also the timed baseline, as FlashInfer-Bench's speedup is against its reference;
+//! - **cuda backend**: entry named after the definition, arguments in the definition's order
+//!   (inputs, outputs, then every axis as `int64_t`) and the stream last, like the built-in
+//!   cuda tasks;
+//! - **workloads**: those of the given workload traces, or, without any, three chosen from the
+//!   axes (free var axes at 1, 16 and 128, axes fixed by an equality constraint computed from
+//!   it) and one held out (7), said in the README. Of four or more given workloads every
+//!   fourth is held out (checked for correctness, not timed).
+//!
+//! Not supported yet, with a clear error: `safetensors` inputs, fp8/fp4/int8/int16/bool
+//! tensors and scalar outputs. Constraints that are not comparisons of arithmetic over axes
+//! are listed in the README as unchecked.
+
+use crate::toml_text::{inline_ints, key, string, string_list};
+use crate::ImportError;
+use ksearch_task::{Expr, Num};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// An axis of a definition.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AxisDef {
+    /// Fixed by the definition.
+    Const { value: i64, description: String },
+    /// Bound by each workload.
+    Var { description: String },
+}
+
+/// An input or output of a definition.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorDef {
+    pub name: String,
+    /// Axis names, outermost first; `None` is a Python scalar.
+    pub shape: Option<Vec<String>>,
+    /// FlashInfer-Bench's dtype name (`float32`, `bfloat16`, …).
+    pub dtype: String,
+    pub description: String,
+}
+
+/// A FlashInfer-Bench definition, in the order its file declares axes and tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Definition {
+    pub name: String,
+    pub op_type: String,
+    pub axes: Vec<(String, AxisDef)>,
+    pub inputs: Vec<TensorDef>,
+    pub outputs: Vec<TensorDef>,
+    pub reference: String,
+    pub constraints: Vec<String>,
+    pub description: String,
+    pub tags: Vec<String>,
+}
+
+/// How a workload provides one input.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkloadInput {
+    Random,
+    Scalar(f64),
+    Safetensors { path: String, tensor_key: String },
+}
+
+/// One workload of a definition: values of its var axes and how each input is provided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    pub uuid: String,
+    pub axes: BTreeMap<String, i64>,
+    pub inputs: BTreeMap<String, WorkloadInput>,
+}
+
+#[derive(Deserialize)]
+struct RawDefinition {
+    name: String,
+    op_type: String,
+    axes: Map<String, Value>,
+    inputs: Map<String, Value>,
+    outputs: Map<String, Value>,
+    reference: String,
+    #[serde(default)]
+    tags: Vec<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    constraints: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum RawAxis {
+    Const {
+        value: i64,
+        #[serde(default)]
+        description: Option<String>,
+    },
+    Var {
+        #[serde(default)]
+        description: Option<String>,
+    },
+}
+
+#[derive(Deserialize)]
+struct RawTensor {
+    shape: Option<Vec<String>>,
+    dtype: String,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawTraceLine {
+    definition: String,
+    workload: RawWorkload,
+}
+
+#[derive(Deserialize)]
+struct RawWorkload {
+    uuid: String,
+    axes: BTreeMap<String, i64>,
+    inputs: BTreeMap<String, RawInput>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum RawInput {
+    Random,
+    Scalar { value: Value },
+    Safetensors { path: String, tensor_key: String },
+}
+
+fn read(path: &Path) -> Result<String, ImportError> {
+    std::fs::read_to_string(path).map_err(|source| ImportError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn invalid(path: &Path, message: impl Into<String>) -> ImportError {
+    ImportError::Invalid {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// Reads a definition file (`definitions/**/<name>.json`).
+pub fn read_definition(path: &Path) -> Result<Definition, ImportError> {
+    parse_definition(&read(path)?, path)
+}
+
+/// Parses and checks a definition; `path` is only used in messages.
+pub fn parse_definition(text: &str, path: &Path) -> Result<Definition, ImportError> {
+    let raw: RawDefinition = serde_json::from_str(text).map_err(|e| ImportError::Parse {
+        path: path.to_path_buf(),
+        line: e.line(),
+        message: e.to_string(),
+    })?;
+    if raw.name.trim().is_empty() {
+        return Err(invalid(path, "`name` is empty"));
+    }
+    let mut axes = Vec::new();
+    for (name, value) in raw.axes {
+        check_identifier(path, "axis", &name)?;
+        let axis: RawAxis = serde_json::from_value(value)
+            .map_err(|e| invalid(path, format!("axes.{name}: {e}")))?;
+        axes.push((
+            name.clone(),
+            match axis {
+                RawAxis::Const { value, description } => {
+                    if value < 1 {
+                        return Err(invalid(
+                            path,
+                            format!("axes.{name}: a const axis of {value} gives empty tensors"),
+                        ));
+                    }
+                    AxisDef::Const {
+                        value,
+                        description: description.unwrap_or_default(),
+                    }
+                }
+                RawAxis::Var { description } => AxisDef::Var {
+                    description: description.unwrap_or_default(),
+                },
+            },
+        ));
+    }
+    let tensors = |what: &str, map: Map<String, Value>| -> Result<Vec<TensorDef>, ImportError> {
+        let mut out = Vec::new();
+        for (name, value) in map {
+            check_identifier(path, what, &name)?;
+            let t: RawTensor = serde_json::from_value(value)
+                .map_err(|e| invalid(path, format!("{what}s.{name}: {e}")))?;
+            for axis in t.shape.iter().flatten() {
+                if !axes.iter().any(|(a, _)| a == axis) {
+                    return Err(invalid(
+                        path,
+                        format!("{what}s.{name}: shape names axis `{axis}`, which `axes` lacks"),
+                    ));
+                }
+            }
+            dtype(path, &format!("{what}s.{name}"), &t.dtype)?;
+            out.push(TensorDef {
+                name,
+                shape: t.shape,
+                dtype: t.dtype,
+                description: t.description.unwrap_or_default(),
+            });
+        }
+        Ok(out)
+    };
+    let inputs = tensors("input", raw.inputs)?;
+    let outputs = tensors("output", raw.outputs)?;
+    if inputs.is_empty() || outputs.is_empty() {
+        return Err(invalid(
+            path,
+            "a definition needs at least one input and one output",
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for name in axes
+        .iter()
+        .map(|(n, _)| n)
+        .chain(inputs.iter().map(|t| &t.name))
+        .chain(outputs.iter().map(|t| &t.name))
+    {
+        if !seen.insert(name.as_str()) {
+            return Err(invalid(
+                path,
+                format!("`{name}` names two of the axes, inputs and outputs; a ksearch task needs distinct names"),
+            ));
+        }
+    }
+    if let Some(out) = outputs.iter().find(|t| t.shape.is_none()) {
+        return Err(invalid(
+            path,
+            format!("outputs.{}: scalar outputs are not supported yet", out.name),
+        ));
+    }
+    if !raw
+        .reference
+        .lines()
+        .any(|l| l.starts_with("def run(") || l.starts_with("def run ("))
+    {
+        return Err(invalid(
+            path,
+            "`reference` defines no top-level `def run(...)`",
+        ));
+    }
+    Ok(Definition {
+        name: raw.name,
+        op_type: raw.op_type,
+        axes,
+        inputs,
+        outputs,
+        reference: raw.reference,
+        constraints: raw.constraints,
+        description: raw.description.unwrap_or_default(),
+        tags: raw.tags,
+    })
+}
+
+fn check_identifier(path: &Path, what: &str, name: &str) -> Result<(), ImportError> {
+    let mut chars = name.chars();
+    let ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        return Err(invalid(
+            path,
+            format!("{what} `{name}` is not an identifier"),
+        ));
+    }
+    if ["min", "max", "ceil_div", "elem_bytes"].contains(&name) {
+        return Err(invalid(
+            path,
+            format!("{what} `{name}` is a reserved name in ksearch's shape expressions"),
+        ));
+    }
+    Ok(())
+}
+
+/// ksearch's dtype for a FlashInfer-Bench dtype.
+fn dtype(path: &Path, at: &str, name: &str) -> Result<&'static str, ImportError> {
+    Ok(match name {
+        "float32" => "f32",
+        "float16" => "f16",
+        "bfloat16" => "bf16",
+        "int32" => "i32",
+        "int64" => "i64",
+        "float8_e4m3fn" | "float8_e5m2" | "float4_e2m1" | "int16" | "int8" | "bool" => {
+            return Err(invalid(
+                path,
+                format!("{at}: dtype `{name}` is not supported by ksearch tasks yet"),
+            ))
+        }
+        other => return Err(invalid(path, format!("{at}: unknown dtype `{other}`"))),
+    })
+}
+
+/// Reads the workloads of `definition` from a workload trace file (JSON lines); lines of other
+/// definitions are skipped, blank lines too.
+pub fn read_workloads(path: &Path, definition: &str) -> Result<Vec<Workload>, ImportError> {
+    parse_workloads(&read(path)?, path, definition)
+}
+
+/// Parses workload trace lines; `path` is only used in messages.
+pub fn parse_workloads(
+    text: &str,
+    path: &Path,
+    definition: &str,
+) -> Result<Vec<Workload>, ImportError> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let raw: RawTraceLine = serde_json::from_str(line).map_err(|e| ImportError::Parse {
+            path: path.to_path_buf(),
+            line: n + 1,
+            message: e.to_string(),
+        })?;
+        if raw.definition != definition {
+            continue;
+        }
+        let at = |m: String| invalid(path, format!("line {}: {m}", n + 1));
+        if raw.workload.uuid.is_empty() {
+            return Err(at("`workload.uuid` is empty".into()));
+        }
+        let mut inputs = BTreeMap::new();
+        for (name, input) in raw.workload.inputs {
+            let input = match input {
+                RawInput::Random => WorkloadInput::Random,
+                RawInput::Scalar { value } => match value {
+                    Value::Number(x) => WorkloadInput::Scalar(x.as_f64().unwrap_or(f64::NAN)),
+                    Value::Bool(b) => WorkloadInput::Scalar(f64::from(u8::from(b))),
+                    other => return Err(at(format!("inputs.{name}: scalar value {other}"))),
+                },
+                RawInput::Safetensors { path, tensor_key } => {
+                    WorkloadInput::Safetensors { path, tensor_key }
+                }
+            };
+            inputs.insert(name, input);
+        }
+        out.push(Workload {
+            uuid: raw.workload.uuid,
+            axes: raw.workload.axes,
+            inputs,
+        });
+    }
+    if out.is_empty() {
+        return Err(invalid(
+            path,
+            format!("no workload of definition `{definition}` in this file"),
+        ));
+    }
+    Ok(out)
+}
+
+/// A constraint of the definition, as ksearch can check it.
+enum Constraint {
+    /// `lhs <op> rhs`, both sides arithmetic over axes.
+    Compare {
+        text: String,
+        lhs: Expr,
+        op: &'static str,
+        rhs: Expr,
+    },
+    /// Anything else (Python beyond arithmetic and comparisons): listed as unchecked.
+    Unchecked(String),
+}
+
+fn parse_constraints(def: &Definition) -> Vec<Constraint> {
+    let mut out = Vec::new();
+    for c in &def.constraints {
+        for part in c.split(" and ") {
+            let mut part = part.trim();
+            while part.starts_with('(') && part.ends_with(')') {
+                part = part[1..part.len() - 1].trim();
+            }
+            let parsed = ["==", "!=", "<=", ">=", "<", ">"].iter().find_map(|op| {
+                let (l, r) = part.split_once(op)?;
+                // `<` must not be the first half of `<=` (tried before), nor `=` of `==`.
+                if r.starts_with('=') {
+                    return None;
+                }
+                Some(Constraint::Compare {
+                    text: part.to_string(),
+                    lhs: Expr::parse(l.trim()).ok()?,
+                    op,
+                    rhs: Expr::parse(r.trim()).ok()?,
+                })
+            });
+            out.push(parsed.unwrap_or_else(|| Constraint::Unchecked(part.to_string())));
+        }
+    }
+    out
+}
+
+fn holds(op: &str, l: f64, r: f64) -> bool {
+    match op {
+        "==" => l == r,
+        "!=" => l != r,
+        "<=" => l <= r,
+        ">=" => l >= r,
+        "<" => l < r,
+        _ => l > r,
+    }
+}
+
+/// Checks every comparable constraint against `values`; `Err` names the first that fails.
+fn check_constraints(cs: &[Constraint], values: &BTreeMap<String, i64>) -> Result<(), String> {
+    let lookup = |n: &str| values.get(n).map(|v| Num::Int(*v));
+    for c in cs {
+        if let Constraint::Compare { text, lhs, op, rhs } = c {
+            let (Ok(l), Ok(r)) = (lhs.eval(&lookup), rhs.eval(&lookup)) else {
+                return Err(format!("`{text}` cannot be evaluated"));
+            };
+            if !holds(op, l.as_f64(), r.as_f64()) {
+                return Err(format!("`{text}` does not hold ({l} {op} {r})"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Values for every axis with the free var axes at `free`: const axes at their value, a var
+/// axis that an equality constraint (`X == expr`) fixes computed from the others.
+fn choose_axes(
+    def: &Definition,
+    cs: &[Constraint],
+    free: i64,
+) -> Result<BTreeMap<String, i64>, String> {
+    let mut fixed_by: BTreeMap<&str, &Expr> = BTreeMap::new();
+    for c in cs {
+        if let Constraint::Compare {
+            lhs, op: "==", rhs, ..
+        } = c
+        {
+            for (side, other) in [(lhs, rhs), (rhs, lhs)] {
+                let name = side.source().trim();
+                let is_var = def
+                    .axes
+                    .iter()
+                    .any(|(n, a)| n == name && matches!(a, AxisDef::Var { .. }));
+                let self_ref = other.identifiers().iter().any(|(i, _)| *i == name);
+                if is_var && !self_ref && !fixed_by.contains_key(name) {
+                    fixed_by.insert(
+                        def.axes
+                            .iter()
+                            .find(|(n, _)| n == name)
+                            .map(|(n, _)| n.as_str())
+                            .unwrap_or(name),
+                        other,
+                    );
+                    break;
+                }
+            }
+        }
+    }
+    let mut values = BTreeMap::new();
+    for (name, axis) in &def.axes {
+        match axis {
+            AxisDef::Const { value, .. } => {
+                values.insert(name.clone(), *value);
+            }
+            AxisDef::Var { .. } if !fixed_by.contains_key(name.as_str()) => {
+                values.insert(name.clone(), free);
+            }
+            AxisDef::Var { .. } => {}
+        }
+    }
+    // Each pass fixes every axis whose expression is computable; a pass that fixes nothing
+    // leaves a cycle.
+    while values.len() < def.axes.len() {
+        let mut progress = false;
+        for (name, expr) in &fixed_by {
+            if values.contains_key(*name) {
+                continue;
+            }
+            let lookup = |n: &str| values.get(n).map(|v| Num::Int(*v));
+            if let Ok(Num::Int(v)) = expr.eval(&lookup) {
+                values.insert(name.to_string(), v);
+                progress = true;
+            }
+        }
+        if !progress {
+            let open: Vec<&str> = fixed_by
+                .keys()
+                .filter(|n| !values.contains_key(**n))
+                .copied()
+                .collect();
+            return Err(format!(
+                "the constraints leave no integer value for {}",
+                open.join(", ")
+            ));
+        }
+    }
+    Ok(values)
+}
+
+/// Per scalar input, its value in each workload, keyed by the workload's axis values in
+/// declaration order.
+type ScalarTables = BTreeMap<String, Vec<(Vec<(String, i64)>, f64)>>;
+
+/// One workload of the written task.
+struct TaskWorkload {
+    name: String,
+    params: Vec<(String, i64)>,
+    held_out: bool,
+    scalars: BTreeMap<String, f64>,
+}
+
+/// The files of an imported task, relative to its directory, and what the import decided that
+/// its user should know.
+#[derive(Clone, Debug)]
+pub struct Rendered {
+    pub files: Vec<(String, String)>,
+    pub notes: Vec<String>,
+}
+
+/// The task name and cuda entry for a definition name: runs of characters other than letters,
+/// digits and `_` become `_`, and a leading digit gets a `k` in front.
+fn identifier(name: &str) -> String {
+    let mut out = String::new();
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            out.push(c);
+        } else if !out.ends_with('_') {
+            out.push('_');
+        }
+    }
+    if out.starts_with(|c: char| c.is_ascii_digit()) || out.is_empty() {
+        out.insert(0, 'k');
+    }
+    out
+}
+
+/// The task for `def`: from `workloads` when given (`source` names their file in messages),
+/// else from workloads chosen from its axes.
+pub fn render(
+    def: &Definition,
+    workloads: Option<(&[Workload], &Path)>,
+) -> Result<Rendered, ImportError> {
+    let def_path = PathBuf::from(format!("definition {}", def.name));
+    let constraints = parse_constraints(def);
+    let mut notes = Vec::new();
+    let unchecked: Vec<&str> = constraints
+        .iter()
+        .filter_map(|c| match c {
+            Constraint::Unchecked(t) => Some(t.as_str()),
+            Constraint::Compare { .. } => None,
+        })
+        .collect();
+    if !unchecked.is_empty() {
+        notes.push(format!(
+            "constraints not checked (not arithmetic comparisons over axes): {}",
+            unchecked.join("; ")
+        ));
+    }
+    let axis_order: Vec<&str> = def.axes.iter().map(|(n, _)| n.as_str()).collect();
+    let ordered = |values: &BTreeMap<String, i64>| -> Vec<(String, i64)> {
+        axis_order
+            .iter()
+            .map(|n| (n.to_string(), values[*n]))
+            .collect()
+    };
+    let scalar_inputs: Vec<&TensorDef> = def.inputs.iter().filter(|t| t.shape.is_none()).collect();
+    let mut task_workloads = Vec::new();
+    match workloads {
+        Some((given, source)) => {
+            let count = given.len();
+            for (i, w) in given.iter().enumerate() {
+                let at = |m: String| invalid(source, format!("workload {}: {m}", w.uuid));
+                let mut values = BTreeMap::new();
+                for (name, axis) in &def.axes {
+                    let v = match (axis, w.axes.get(name)) {
+                        (AxisDef::Const { value, .. }, None) => *value,
+                        (AxisDef::Const { value, .. }, Some(v)) if v == value => *v,
+                        (AxisDef::Const { value, .. }, Some(v)) => {
+                            return Err(at(format!("const axis `{name}` is {value}, not {v}")))
+                        }
+                        (AxisDef::Var { .. }, Some(v)) if *v >= 1 => *v,
+                        (AxisDef::Var { .. }, Some(v)) => {
+                            return Err(at(format!("axis `{name}` = {v} gives empty tensors")))
+                        }
+                        (AxisDef::Var { .. }, None) => {
+                            return Err(at(format!("var axis `{name}` has no value")))
+                        }
+                    };
+                    values.insert(name.clone(), v);
+                }
+                if let Some(extra) = w.axes.keys().find(|k| !values.contains_key(*k)) {
+                    return Err(at(format!("axis `{extra}` is not in the definition")));
+                }
+                check_constraints(&constraints, &values).map_err(at)?;
+                let mut scalars = BTreeMap::new();
+                for t in &def.inputs {
+                    match w.inputs.get(&t.name) {
+                        None | Some(WorkloadInput::Random) => {}
+                        Some(WorkloadInput::Scalar(x)) if t.shape.is_none() => {
+                            scalars.insert(t.name.clone(), *x);
+                        }
+                        Some(WorkloadInput::Scalar(_)) => {
+                            return Err(at(format!(
+                                "input `{}` is a tensor but the workload gives a scalar",
+                                t.name
+                            )))
+                        }
+                        Some(WorkloadInput::Safetensors { .. }) => {
+                            return Err(at(format!(
+                                "input `{}` comes from a safetensors file, which the import \
+                                 does not support yet",
+                                t.name
+                            )))
+                        }
+                    }
+                }
+                if let Some(extra) = w
+                    .inputs
+                    .keys()
+                    .find(|k| !def.inputs.iter().any(|t| &&t.name == k))
+                {
+                    return Err(at(format!("input `{extra}` is not in the definition")));
+                }
+                let short: String = w
+                    .uuid
+                    .chars()
+                    .filter(|c| c.is_ascii_alphanumeric())
+                    .take(8)
+                    .collect();
+                task_workloads.push(TaskWorkload {
+                    name: format!("w{i}-{short}"),
+                    params: ordered(&values),
+                    held_out: count >= 4 && i % 4 == 3,
+                    scalars,
+                });
+            }
+            if count >= 4 {
+                notes.push(format!(
+                    "{} of the {count} workloads are held out (every fourth): checked for correctness, not timed",
+                    count / 4
+                ));
+            } else {
+                notes.push(format!(
+                    "no workload is held out (only {count} given): `ksearch tasks --check` will say so"
+                ));
+            }
+        }
+        None => {
+            for (free, held_out) in [(1, false), (16, false), (128, false), (7, true)] {
+                let values = choose_axes(def, &constraints, free).map_err(|m| {
+                    invalid(
+                        &def_path,
+                        format!("{m}; pass workloads (--workloads FILE.jsonl)"),
+                    )
+                })?;
+                check_constraints(&constraints, &values).map_err(|m| {
+                    invalid(
+                        &def_path,
+                        format!("with every free var axis at {free}, {m}; pass workloads (--workloads FILE.jsonl)"),
+                    )
+                })?;
+                let name: Vec<String> = def
+                    .axes
+                    .iter()
+                    .filter(|(_, a)| matches!(a, AxisDef::Var { .. }))
+                    .map(|(n, _)| format!("{n}{}", values[n]))
+                    .collect();
+                let name = if name.is_empty() {
+                    "const".to_string()
+                } else {
+                    name.join("_")
+                };
+                if task_workloads.iter().any(|w: &TaskWorkload| w.name == name) {
+                    continue;
+                }
+                task_workloads.push(TaskWorkload {
+                    name,
+                    params: ordered(&values),
+                    held_out,
+                    scalars: BTreeMap::new(),
+                });
+            }
+            notes.push(
+                "no workloads given: chosen from the axes (free var axes at 1, 16 and 128, and 7 held out); \
+                 real shapes come from the definition's workload traces (--workloads)"
+                    .to_string(),
+            );
+        }
+    }
+    // A scalar input gets one value per workload from the generator; one that no workload
+    // sets is drawn like a random one.
+    let mut scalar_tables: ScalarTables = BTreeMap::new();
+    for t in &scalar_inputs {
+        let given: Vec<_> = task_workloads
+            .iter()
+            .filter_map(|w| w.scalars.get(&t.name).map(|x| (w.params.clone(), *x)))
+            .collect();
+        if given.is_empty() {
+            continue;
+        }
+        if given.len() != task_workloads.len() {
+            return Err(invalid(
+                &def_path,
+                format!(
+                    "scalar input `{}` has a value in some workloads and not others",
+                    t.name
+                ),
+            ));
+        }
+        for (i, (p, x)) in given.iter().enumerate() {
+            if given[..i].iter().any(|(q, y)| q == p && y != x) {
+                return Err(invalid(
+                    &def_path,
+                    format!(
+                        "scalar input `{}` takes two values in workloads of the same axes; \
+                         the import needs the axes to tell them apart",
+                        t.name
+                    ),
+                ));
+            }
+        }
+        scalar_tables.insert(t.name.clone(), given);
+    }
+
+    let entry = identifier(&def.name);
+    let files = vec![
+        (
+            "task.toml".to_string(),
+            task_toml(def, &entry, &task_workloads, &scalar_tables)?,
+        ),
+        (
+            "reference.py".to_string(),
+            reference_py(def, &scalar_tables),
+        ),
+        ("README.md".to_string(), readme(def, &notes)),
+    ];
+    Ok(Rendered { files, notes })
+}
+
+fn task_toml(
+    def: &Definition,
+    entry: &str,
+    workloads: &[TaskWorkload],
+    scalars: &ScalarTables,
+) -> Result<String, ImportError> {
+    let path = PathBuf::from(format!("definition {}", def.name));
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Imported from the FlashInfer-Bench definition `{}` by `ksearch import flashinfer`.\n\
+         # docs/task-format.md describes every field.\nformat = 1\nname = {}\nkind = {}",
+        def.name,
+        string(&identifier(&def.name)),
+        string(&identifier(&def.op_type)),
+    );
+    let description = if def.description.is_empty() {
+        format!(
+            "{} ({}), from its FlashInfer-Bench definition.",
+            def.name, def.op_type
+        )
+    } else {
+        def.description.clone()
+    };
+    let _ = writeln!(s, "description = {}", string(&description));
+    for (name, axis) in &def.axes {
+        let _ = writeln!(s, "\n[axes.{}]", key(name));
+        match axis {
+            AxisDef::Const { value, description } => {
+                let d = if description.is_empty() {
+                    String::new()
+                } else {
+                    format!("{description} ")
+                };
+                let _ = writeln!(
+                    s,
+                    "description = {}",
+                    string(&format!("{d}(const in the definition)"))
+                );
+                let _ = writeln!(s, "values = [{value}]");
+            }
+            AxisDef::Var { description } => {
+                let _ = writeln!(s, "description = {}", string(description));
+            }
+        }
+    }
+    let tensor =
+        |s: &mut String, table: &str, t: &TensorDef, input: bool| -> Result<(), ImportError> {
+            let _ = writeln!(s, "\n[[{table}]]\nname = {}", string(&t.name));
+            let _ = writeln!(s, "dtype = {}", string(dtype(&path, &t.name, &t.dtype)?));
+            let shape = t.shape.clone().unwrap_or_default();
+            let _ = writeln!(s, "shape = {}", string_list(&shape));
+            if input {
+                let integer = matches!(t.dtype.as_str(), "int32" | "int64");
+                if scalars.contains_key(&t.name) {
+                    let _ = writeln!(s, "dist = {{ kind = \"custom\" }}");
+                } else if integer {
+                    let _ = writeln!(
+                        s,
+                        "dist = {{ kind = \"rand_int\", low = -1024, high = 1024 }}"
+                    );
+                }
+            }
+            let mut d = t.description.clone();
+            if t.shape.is_none() {
+                d = format!("{} (a scalar in the definition: a 0-d tensor here)", d)
+                    .trim()
+                    .to_string();
+            }
+            let _ = writeln!(s, "description = {}", string(&d));
+            Ok(())
+        };
+    for t in &def.inputs {
+        tensor(&mut s, "inputs", t, true)?;
+    }
+    for t in &def.outputs {
+        tensor(&mut s, "outputs", t, false)?;
+    }
+    for w in workloads {
+        let _ = writeln!(
+            s,
+            "\n[[workloads]]\nname = {}\nparams = {}",
+            string(&w.name),
+            inline_ints(&w.params)
+        );
+        if w.held_out {
+            let _ = writeln!(s, "held_out = true");
+        }
+    }
+    // FlashInfer-Bench's default tolerance is atol = rtol = 1e-2 for every dtype; ksearch's
+    // rule scales atol by the output's largest magnitude (docs/task-format.md).
+    let mut dtypes: Vec<&str> = def
+        .outputs
+        .iter()
+        .filter_map(|t| dtype(&path, &t.name, &t.dtype).ok())
+        .filter(|d| d.starts_with('f') || d.starts_with('b'))
+        .collect();
+    dtypes.sort_unstable();
+    dtypes.dedup();
+    for d in dtypes {
+        let _ = writeln!(s, "\n[tolerance.{d}]\nrtol = 1e-2\natol = 1e-2");
+    }
+    // The floor must never exceed the truth: outputs are written in full, while inputs (a
+    // paged cache, an index set) may be read only in part, and the definition says nothing of
+    // the work. The README asks the user to raise it.
+    let out_bytes: Vec<String> = def
+        .outputs
+        .iter()
+        .map(|t| {
+            let size = match t.dtype.as_str() {
+                "float16" | "bfloat16" => 2,
+                "int64" => 8,
+                _ => 4,
+            };
+            std::iter::once(size.to_string())
+                .chain(t.shape.iter().flatten().cloned())
+                .collect::<Vec<_>>()
+                .join(" * ")
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "\n# A floor that cannot exceed the truth: the outputs' bytes, no flops. Raise it to the\n\
+         # op's real traffic and work once known.\n[roofline]\nflops = \"0\"\nbytes = {}",
+        string(&out_bytes.join(" + "))
+    );
+    let _ = writeln!(
+        s,
+        "\n[reference]\nmodule = \"reference.py\"\nfunction = \"reference\""
+    );
+    let mut args: Vec<&str> = def.inputs.iter().map(|t| t.name.as_str()).collect();
+    args.extend(def.outputs.iter().map(|t| t.name.as_str()));
+    args.extend(def.axes.iter().map(|(n, _)| n.as_str()));
+    let mut params: Vec<String> = def
+        .inputs
+        .iter()
+        .map(|t| format!("const void* {}", t.name))
+        .collect();
+    params.extend(def.outputs.iter().map(|t| format!("void* {}", t.name)));
+    params.extend(def.axes.iter().map(|(n, _)| format!("int64_t {n}")));
+    params.push("void* stream".into());
+    let signature = format!("extern \"C\" int {entry}({})", params.join(", "));
+    let _ = writeln!(
+        s,
+        "\n[backends.cuda]\nentry = {}\nargs = {}\nsignature = {}\nreference = \"reference_torch\"\nbaseline = \"baseline_torch\"",
+        string(entry),
+        string_list(&args),
+        string(&signature),
+    );
+    Ok(s)
+}
+
+/// A Python float literal that reads back as `x`.
+fn py_float(x: f64) -> String {
+    if x.is_nan() {
+        "float('nan')".into()
+    } else if x.is_infinite() {
+        if x > 0.0 {
+            "float('inf')".into()
+        } else {
+            "float('-inf')".into()
+        }
+    } else {
+        format!("{x:?}")
+    }
+}
+
+fn reference_py(def: &Definition, scalars: &ScalarTables) -> String {
+    let names = |ts: &[TensorDef]| -> String {
+        let q: Vec<String> = ts.iter().map(|t| format!("{:?}", t.name)).collect();
+        format!("[{}]", q.join(", "))
+    };
+    let scalar_names: Vec<String> = def
+        .inputs
+        .iter()
+        .filter(|t| t.shape.is_none())
+        .map(|t| format!("{:?}", t.name))
+        .collect();
+    let mut s = format!(
+        r#""""The reference of the FlashInfer-Bench definition `{name}`, imported by `ksearch import
+flashinfer`.
+
+`run` below is the definition's reference, verbatim. `reference_torch` calls it on the harness's
+device tensors (PyTorch on the GPU) and is also the timed baseline: FlashInfer-Bench measures a
+solution's speedup against its reference. Scalar inputs arrive as 0-d arrays and are passed to
+`run` as Python numbers.
+"""
+
+import numpy as np
+
+INPUTS = {inputs}
+OUTPUTS = {outputs}
+SCALAR_INPUTS = {{{scalars}}}
+
+
+def _call_run(inputs, params):
+    from ksearch_harness.adapters import device
+
+    tensors = device.torch_inputs(inputs, params)
+    args = [tensors[n].item() if n in SCALAR_INPUTS else tensors[n] for n in INPUTS]
+    result = run(*args)
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    if len(results) != len(OUTPUTS):
+        raise ValueError(f"run returned {{len(results)}} outputs, the definition has {{len(OUTPUTS)}}")
+    return {{n: device.host(r) for n, r in zip(OUTPUTS, results)}}
+
+
+def reference(inputs, params):
+    """Ground truth: the definition's `run` (needs PyTorch and a CUDA device)."""
+    return _call_run(inputs, params)
+
+
+def reference_torch(inputs, params):
+    """The cuda backend's reference: the definition's `run` on the GPU."""
+    return _call_run(inputs, params)
+
+
+def baseline_torch(inputs, params):
+    """The timed baseline: the definition's `run`, as FlashInfer-Bench times it."""
+    return _call_run(inputs, params)
+"#,
+        name = def.name,
+        inputs = names(&def.inputs),
+        outputs = names(&def.outputs),
+        scalars = scalar_names.join(", "),
+    );
+    for (input, table) in scalars {
+        let t = def.inputs.iter().find(|t| &t.name == input);
+        let np_dtype = match t.map(|t| t.dtype.as_str()) {
+            Some("int32") => "np.int32",
+            Some("int64") => "np.int64",
+            Some("float16") => "np.float16",
+            _ => "np.float32",
+        };
+        let rows: Vec<String> = table
+            .iter()
+            .map(|(params, x)| {
+                let key: Vec<String> = params.iter().map(|(_, v)| v.to_string()).collect();
+                format!("    ({},): {},", key.join(", "), py_float(*x))
+            })
+            .collect();
+        let axes: Vec<String> = def
+            .axes
+            .iter()
+            .map(|(n, _)| format!("params[{n:?}]"))
+            .collect();
+        let _ = write!(
+            s,
+            "\n\n# `{input}` per workload, keyed by the workload's axes in declaration order.\n\
+             _{input}_VALUES = {{\n{}\n}}\n\n\n\
+             def make_{input}(rng, shape, params):\n    \
+             \"\"\"The workload's value of the scalar input `{input}`.\"\"\"\n    \
+             return np.array(_{input}_VALUES[({},)], dtype={np_dtype})\n",
+            rows.join("\n"),
+            axes.join(", "),
+        );
+    }
+    let _ = write!(
+        s,
+        "\n\n# ---- the definition's reference, verbatim ----\n{}\n",
+        def.reference.trim_end()
+    );
+    s
+}
+
+fn readme(def: &Definition, notes: &[String]) -> String {
+    let mut s = format!(
+        "# {name}\n\nImported from the FlashInfer-Bench definition `{name}` (op_type `{op}`) by \
+         `ksearch import flashinfer`.\n\n",
+        name = def.name,
+        op = def.op_type
+    );
+    if !def.description.is_empty() {
+        let _ = writeln!(s, "{}\n", def.description);
+    }
+    s.push_str(
+        "The reference is the definition's PyTorch `run`: evaluating and searching this task \
+         needs PyTorch and a CUDA GPU (`ksearch eval --task DIR --backend cuda`). The kernel's \
+         entry point and arguments are in `task.toml` (`[backends.cuda]`); a seed kernel \
+         (`seed = \"seed/naive.cu\"`) gives the search a place to start.\n\n\
+         The roofline floor in `task.toml` counts only the outputs' bytes (the definition \
+         gives neither traffic nor work); raise it to the op's real traffic and flops.\n\n\
+         Tolerances are FlashInfer-Bench's defaults (rtol = atol = 1e-2) under ksearch's \
+         rule, where atol is scaled by the output's largest magnitude (docs/task-format.md).\n",
+    );
+    if !notes.is_empty() {
+        s.push_str("\nWhat the import decided:\n\n");
+        for n in notes {
+            let _ = writeln!(s, "- {n}");
+        }
+    }
+    if !def.tags.is_empty() {
+        let _ = writeln!(s, "\nTags: {}", def.tags.join(", "));
+    }
+    s
+}
+
+/// What [`import`] wrote.
+#[derive(Debug)]
+pub struct Imported {
+    pub dir: PathBuf,
+    pub task: ksearch_task::Task,
+    pub notes: Vec<String>,
+}
+
+/// Writes the task for `def` into `out` (which must not exist or be empty) and loads it.
+pub fn import(
+    def: &Definition,
+    workloads: Option<(&[Workload], &Path)>,
+    out: &Path,
+) -> Result<Imported, ImportError> {
+    let rendered = render(def, workloads)?;
+    let io = |source| ImportError::Io {
+        path: out.to_path_buf(),
+        source,
+    };
+    if out.exists() {
+        let empty = std::fs::read_dir(out).map_err(io)?.next().is_none();
+        if !empty {
+            return Err(ImportError::OutputExists(out.to_path_buf()));
+        }
+    }
+    std::fs::create_dir_all(out).map_err(io)?;
+    for (name, text) in &rendered.files {
+        let path = out.join(name);
+        std::fs::write(&path, text).map_err(|source| ImportError::Io { path, source })?;
+    }
+    let task = ksearch_task::load_task(out).map_err(|e| ImportError::Generated {
+        dir: out.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    Ok(Imported {
+        dir: out.to_path_buf(),
+        task,
+        notes: rendered.notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_made_from_any_name() {
+        assert_eq!(
+            identifier("gqa_paged_decode_h32_kv4_d128_ps1"),
+            "gqa_paged_decode_h32_kv4_d128_ps1"
+        );
+        assert_eq!(identifier("rms-norm.v2"), "rms_norm_v2");
+        assert_eq!(identifier("2d-conv"), "k2d_conv");
+    }
+
+    #[test]
+    fn python_floats_read_back() {
+        assert_eq!(py_float(0.08838834764831845), "0.08838834764831845");
+        assert_eq!(py_float(1.0), "1.0");
+        assert_eq!(py_float(f64::INFINITY), "float('inf')");
+    }
+}
