@@ -143,10 +143,18 @@ class Candidate:
     language: str
 
 
+TOLERANCE_RULES = ("scaled", "either")
+
+
 @dataclass(frozen=True)
 class Tolerance:
     rtol: float
     atol: float
+    # "scaled": |x - ref| <= atol * max|ref| + rtol * |ref|. "either" (FlashInfer-Bench's): an
+    # element fails only when |x - ref| > atol and |x - ref| / (|ref| + 1e-8) > rtol.
+    rule: str = "scaled"
+    # The fraction of an output's elements that must be close.
+    matched_ratio: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -350,8 +358,14 @@ def parse_request(obj: dict, op: str) -> Request:
                 raise TaskError(f"tolerance.{dtype}: unknown dtype "
                                 f"(expected one of {', '.join(DTYPE_NAMES)})")
             t = tol.sub(dtype)
-            tolerance[dtype] = Tolerance(t.get("rtol", float, check=_non_negative),
-                                         t.get("atol", float, check=_non_negative))
+            tolerance[dtype] = Tolerance(
+                t.get("rtol", float, check=_non_negative),
+                t.get("atol", float, check=_non_negative),
+                t.get("rule", str, "scaled",
+                      check=lambda v: None if v in TOLERANCE_RULES
+                      else f"must be one of {', '.join(TOLERANCE_RULES)}"),
+                t.get("matched_ratio", float, 1.0,
+                      check=lambda v: None if 0.0 < v <= 1.0 else "must be in (0, 1]"))
 
     trials = DEFAULT_TRIALS
     if f.has("correctness"):

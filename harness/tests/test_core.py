@@ -4,6 +4,7 @@ validation."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -45,6 +46,49 @@ def test_compare_reports_errors():
     truth = np.array([2.0, 4.0])
     c = compare(np.array([2.0, 4.4]), truth, Tolerance(1e-5, 1e-5))
     assert not c.ok and math.isclose(c.max_abs, 0.4) and math.isclose(c.max_rel, 0.1)
+
+
+def test_either_rule_fails_an_element_only_when_both_errors_exceed_their_bounds():
+    # FlashInfer-Bench's rule: atol is absolute, and an element within either bound passes.
+    truth = np.array([100.0, 1e-3, 0.0])
+    tol = Tolerance(rtol=1e-2, atol=1e-2, rule="either")
+    assert close(np.array([100.9, 1e-3 + 0.009, 0.0099]), truth, truth, tol).all()
+    got = close(np.array([101.5, 0.02, 0.02]), truth, truth, tol)
+    assert list(got) == [False, False, False]
+    # The scaled rule on the same numbers: atol scaled by max|truth| = 100 lets all pass.
+    assert close(np.array([101.5, 0.02, 0.02]), truth, truth,
+                 Tolerance(rtol=1e-2, atol=1e-2)).all()
+
+
+def test_a_matched_ratio_lets_a_few_elements_miss_but_never_a_nan():
+    truth = np.arange(1.0, 21.0)
+    tol = Tolerance(rtol=1e-2, atol=1e-2, rule="either", matched_ratio=0.95)
+    one_off = truth.copy()
+    one_off[3] += 5.0
+    assert compare(one_off, truth, tol).ok  # 19 of 20 elements: 95%
+    two_off = one_off.copy()
+    two_off[7] += 5.0
+    c = compare(two_off, truth, tol)
+    assert not c.ok and math.isclose(c.max_abs, 5.0)
+    with_nan = truth.copy()
+    with_nan[0] = np.nan
+    assert not compare(with_nan, truth, tol).ok
+    # A ratio works under the scaled rule too.
+    assert compare(one_off, truth, Tolerance(1e-5, 1e-5, matched_ratio=0.95)).ok
+    assert not compare(one_off, truth, Tolerance(1e-5, 1e-5)).ok
+
+
+def test_the_request_carries_the_rule_and_ratio(tmp_path):
+    raw = driver.softmax_request(driver.HONEST / "naive.c", tmp_path)
+    raw["tolerance"]["f32"].update(rule="either", matched_ratio=0.9)
+    req = parse_request(raw, "evaluate")
+    assert req.tolerance["f32"] == Tolerance(2e-5, 1e-5, "either", 0.9)
+    for field, value, needle in [("rule", "loose", "must be one of"),
+                                 ("matched_ratio", 0.0, "must be in (0, 1]")]:
+        bad = driver.softmax_request(driver.HONEST / "naive.c", tmp_path)
+        bad["tolerance"]["f32"][field] = value
+        with pytest.raises(TaskError, match=re.escape(needle)):
+            parse_request(bad, "evaluate")
 
 
 @pytest.mark.parametrize("name", sorted(dtypes.DTYPES))

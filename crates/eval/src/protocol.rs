@@ -328,6 +328,36 @@ pub struct CandidateSection {
 pub struct ToleranceSpec {
     pub rtol: f64,
     pub atol: f64,
+    /// `"scaled"` (the default, left out of the request) or `"either"`.
+    #[serde(default, skip_serializing_if = "is_scaled")]
+    pub rule: ksearch_task::ToleranceRule,
+    /// The fraction of an output's elements that must be close; 1 is left out.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub matched_ratio: f64,
+}
+
+fn is_scaled(rule: &ksearch_task::ToleranceRule) -> bool {
+    *rule == ksearch_task::ToleranceRule::Scaled
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
+}
+
+impl ToleranceSpec {
+    /// The default rule with every element required to pass.
+    pub fn scaled(rtol: f64, atol: f64) -> ToleranceSpec {
+        ToleranceSpec {
+            rtol,
+            atol,
+            rule: ksearch_task::ToleranceRule::Scaled,
+            matched_ratio: 1.0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

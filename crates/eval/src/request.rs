@@ -242,6 +242,8 @@ impl EvalRequest {
                         ToleranceSpec {
                             rtol: t.rtol,
                             atol: t.atol,
+                            rule: t.rule,
+                            matched_ratio: t.matched_ratio,
                         },
                     )
                 })

@@ -90,10 +90,7 @@ impl Fixture {
             workloads: vec![json!({"name": "w1", "held_out": false, "params": {"n": 4}})],
             tolerance: [(
                 "f32".to_string(),
-                ToleranceSpec {
-                    rtol: 1e-5,
-                    atol: 1e-6,
-                },
+                ToleranceSpec::scaled(1e-5, 1e-6),
             )]
             .into(),
             correctness: CorrectnessConfig { trials: 2 },

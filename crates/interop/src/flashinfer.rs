@@ -11,7 +11,8 @@
 //!   number for `run`; `random` inputs are drawn as FlashInfer-Bench draws them (floats from a
 //!   standard normal, integers uniform on [-1024, 1024)); scalar values from workloads come
 //!   from a generator in `reference.py`;
-//! - **reference**: `run` verbatim in `reference.py`, called on the harness's device tensors;
+//! - **reference**: `run` verbatim in `definition_reference.py`, which `reference.py` loads on
+//!   first use and calls on the harness's device tensors;
 //!   it is also the timed baseline, as FlashInfer-Bench's speedup is against its reference;
 //! - **cuda backend**: entry named after the definition, arguments in the definition's order
 //!   (inputs, outputs, then every axis as `int64_t`) and the stream last, like the built-in
@@ -748,6 +749,10 @@ pub fn render(
             "reference.py".to_string(),
             reference_py(def, &scalar_tables),
         ),
+        (
+            "definition_reference.py".to_string(),
+            definition_reference_py(def),
+        ),
         ("README.md".to_string(), readme(def, &notes)),
     ];
     Ok(Rendered { files, notes })
@@ -842,18 +847,19 @@ fn task_toml(
             let _ = writeln!(s, "held_out = true");
         }
     }
-    // FlashInfer-Bench's default tolerance is atol = rtol = 1e-2 for every dtype; ksearch's
-    // rule scales atol by the output's largest magnitude (docs/task-format.md).
+    // FlashInfer-Bench's default tolerance, under its own rule (docs/task-format.md).
     let mut dtypes: Vec<&str> = def
         .outputs
         .iter()
         .filter_map(|t| dtype(&path, &t.name, &t.dtype).ok())
-        .filter(|d| d.starts_with('f') || d.starts_with('b'))
         .collect();
     dtypes.sort_unstable();
     dtypes.dedup();
     for d in dtypes {
-        let _ = writeln!(s, "\n[tolerance.{d}]\nrtol = 1e-2\natol = 1e-2");
+        let _ = writeln!(
+            s,
+            "\n[tolerance.{d}]\nrule = \"either\"\nrtol = 1e-2\natol = 1e-2"
+        );
     }
     // The floor must never exceed the truth: outputs are written in full, while inputs (a
     // paged cache, an index set) may be read only in part, and the definition says nothing of
@@ -935,11 +941,15 @@ fn reference_py(def: &Definition, scalars: &ScalarTables) -> String {
         r#""""The reference of the FlashInfer-Bench definition `{name}`, imported by `ksearch import
 flashinfer`.
 
-`run` below is the definition's reference, verbatim. `reference_torch` calls it on the harness's
+The definition's reference is `run` in definition_reference.py, verbatim; it is loaded on first
+use, so that this module imports without PyTorch. `reference_torch` calls it on the harness's
 device tensors (PyTorch on the GPU) and is also the timed baseline: FlashInfer-Bench measures a
 solution's speedup against its reference. Scalar inputs arrive as 0-d arrays and are passed to
 `run` as Python numbers.
 """
+
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 
@@ -948,12 +958,25 @@ OUTPUTS = {outputs}
 SCALAR_INPUTS = {{{scalars}}}
 
 
+_RUN = []
+
+
+def _run():
+    if not _RUN:
+        path = Path(__file__).with_name("definition_reference.py")
+        spec = importlib.util.spec_from_file_location("definition_reference", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _RUN.append(module.run)
+    return _RUN[0]
+
+
 def _call_run(inputs, params):
     from ksearch_harness.adapters import device
 
     tensors = device.torch_inputs(inputs, params)
     args = [tensors[n].item() if n in SCALAR_INPUTS else tensors[n] for n in INPUTS]
-    result = run(*args)
+    result = _run()(*args)
     results = result if isinstance(result, (tuple, list)) else (result,)
     if len(results) != len(OUTPUTS):
         raise ValueError(f"run returned {{len(results)}} outputs, the definition has {{len(OUTPUTS)}}")
@@ -1010,12 +1033,17 @@ def baseline_torch(inputs, params):
             axes.join(", "),
         );
     }
-    let _ = write!(
-        s,
-        "\n\n# ---- the definition's reference, verbatim ----\n{}\n",
-        def.reference.trim_end()
-    );
     s
+}
+
+/// The definition's reference source, verbatim, with a header comment.
+fn definition_reference_py(def: &Definition) -> String {
+    format!(
+        "# The reference of the FlashInfer-Bench definition `{}`, verbatim (reference.py calls\n\
+         # its `run`).\n{}\n",
+        def.name,
+        def.reference.trim_end()
+    )
 }
 
 fn readme(def: &Definition, notes: &[String]) -> String {
@@ -1035,8 +1063,9 @@ fn readme(def: &Definition, notes: &[String]) -> String {
          (`seed = \"seed/naive.cu\"`) gives the search a place to start.\n\n\
          The roofline floor in `task.toml` counts only the outputs' bytes (the definition \
          gives neither traffic nor work); raise it to the op's real traffic and flops.\n\n\
-         Tolerances are FlashInfer-Bench's defaults (rtol = atol = 1e-2) under ksearch's \
-         rule, where atol is scaled by the output's largest magnitude (docs/task-format.md).\n",
+         Tolerances are FlashInfer-Bench's defaults (rtol = atol = 1e-2) under its rule \
+         (`rule = \"either\"`: an element fails only when both its absolute and relative \
+         errors exceed them; docs/task-format.md).\n",
     );
     if !notes.is_empty() {
         s.push_str("\nWhat the import decided:\n\n");

@@ -69,6 +69,9 @@ fn the_shipped_rmsnorm_definition_and_its_workloads_import_as_a_loadable_task() 
         .workloads
         .iter()
         .all(|w| int(&w.params["hidden_size"]) == 4096));
+    let tol = imported.task.tolerance(ksearch_task::DType::BF16);
+    assert_eq!(tol.rule, ksearch_task::ToleranceRule::Either);
+    assert_eq!((tol.rtol, tol.atol, tol.matched_ratio), (1e-2, 1e-2, 1.0));
     let cuda = &spec.backends["cuda"];
     assert_eq!(cuda.entry, "rmsnorm_h4096");
     assert_eq!(
@@ -89,8 +92,9 @@ fn the_shipped_rmsnorm_definition_and_its_workloads_import_as_a_loadable_task() 
     let first = &resolved[0];
     assert_eq!(first.inputs[0].shape, [1, 4096]);
     // The reference module holds `run` verbatim and the functions the backend names.
+    let verbatim = std::fs::read_to_string(dir.join("definition_reference.py")).unwrap();
+    assert!(verbatim.contains(def.reference.trim_end()));
     let reference = std::fs::read_to_string(dir.join("reference.py")).unwrap();
-    assert!(reference.contains(&def.reference.trim_end().to_string()));
     for f in [
         "def reference(",
         "def reference_torch(",

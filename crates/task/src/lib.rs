@@ -17,6 +17,7 @@ pub use expr::{Expr, ExprError, Num};
 pub use spec::{
     Assumption, Axis, AxisType, BackendSpec, DType, DTypeSpec, Distribution, ParamValue, Reach,
     ReferenceSpec, ResolvedTensor, ResolvedWorkload, Roofline, TaskSpec, TensorSpec, Tolerance,
+    ToleranceRule,
     WorkloadSpec, FORMAT_VERSION, NORMAL_REACH_STD,
 };
 pub use workload::CustomWorkload;

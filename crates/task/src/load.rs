@@ -767,9 +767,28 @@ impl Checker<'_, '_> {
                 )
             })?;
             let default = dtype.default_tolerance();
+            let rule = match t.rule.as_deref() {
+                None | Some("scaled") => crate::ToleranceRule::Scaled,
+                Some("either") => crate::ToleranceRule::Either,
+                Some(other) => {
+                    return Err(self.err(
+                        &path.key("rule"),
+                        format!("unknown rule `{other}` (expected `scaled` or `either`)"),
+                    ))
+                }
+            };
+            let matched_ratio = t.matched_ratio.unwrap_or(1.0);
+            if !(matched_ratio > 0.0 && matched_ratio <= 1.0) {
+                return Err(self.err(
+                    &path.key("matched_ratio"),
+                    format!("must be in (0, 1], got {matched_ratio}"),
+                ));
+            }
             let value = Tolerance {
                 rtol: t.rtol.unwrap_or(default.rtol),
                 atol: t.atol.unwrap_or(default.atol),
+                rule,
+                matched_ratio,
             };
             for (field, v) in [("rtol", value.rtol), ("atol", value.atol)] {
                 if !v.is_finite() || v < 0.0 {

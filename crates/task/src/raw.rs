@@ -108,6 +108,8 @@ pub(crate) struct RawOutput {
 pub(crate) struct RawTolerance {
     pub rtol: Option<f64>,
     pub atol: Option<f64>,
+    pub rule: Option<String>,
+    pub matched_ratio: Option<f64>,
 }
 
 #[derive(Deserialize, Debug)]

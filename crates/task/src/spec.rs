@@ -70,7 +70,7 @@ impl DType {
             DType::F64 => (1e-10, 1e-10),
             DType::I32 | DType::I64 => (0.0, 0.0),
         };
-        Tolerance { rtol, atol }
+        Tolerance::scaled(rtol, atol)
     }
 }
 
@@ -80,12 +80,54 @@ impl fmt::Display for DType {
     }
 }
 
-/// Correctness tolerance: `|out - ref| <= atol * max|ref| + rtol * |ref|` element-wise. `atol`
-/// is relative to the largest reference magnitude so one task works across input scales.
+/// Correctness tolerance of one dtype: which elements are close (`rule`) and which fraction of
+/// an output's elements must be (`matched_ratio`, 1 unless the task says otherwise).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 pub struct Tolerance {
     pub rtol: f64,
     pub atol: f64,
+    #[serde(default)]
+    pub rule: ToleranceRule,
+    #[serde(default = "one")]
+    pub matched_ratio: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl Tolerance {
+    /// The default rule with every element required to pass.
+    pub fn scaled(rtol: f64, atol: f64) -> Tolerance {
+        Tolerance {
+            rtol,
+            atol,
+            rule: ToleranceRule::Scaled,
+            matched_ratio: 1.0,
+        }
+    }
+}
+
+/// When an output element counts as close to the reference.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ToleranceRule {
+    /// `|out - ref| <= atol * max|ref| + rtol * |ref|`: `atol` is relative to the output's
+    /// largest reference magnitude, so one task works across input scales.
+    #[default]
+    Scaled,
+    /// FlashInfer-Bench's rule: an element fails only when its absolute error exceeds `atol`
+    /// *and* its relative error `|out - ref| / (|ref| + 1e-8)` exceeds `rtol`.
+    Either,
+}
+
+impl ToleranceRule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToleranceRule::Scaled => "scaled",
+            ToleranceRule::Either => "either",
+        }
+    }
 }
 
 /// A workload's value for one axis: an integer, or a string for `type = "str"` axes (`"f16"`).

@@ -555,7 +555,7 @@ pub fn task_spec_text(task: &Task, backend: &str) -> String {
         .map(|(d, t)| {
             (
                 d.as_str().to_string(),
-                format!("rtol {:e}, atol {:e} x max|reference|", t.rtol, t.atol),
+                describe_tolerance(&t),
             )
         })
         .collect();
@@ -796,9 +796,42 @@ impl PromptContext {
     }
 }
 
+/// A dtype's tolerance as proposers read it: what an element may be off by, and how many
+/// elements must pass.
+fn describe_tolerance(t: &ksearch_task::Tolerance) -> String {
+    let rule = match t.rule {
+        ksearch_task::ToleranceRule::Scaled => {
+            format!("rtol {:e}, atol {:e} x max|reference|", t.rtol, t.atol)
+        }
+        ksearch_task::ToleranceRule::Either => format!(
+            "an element fails only if its absolute error exceeds {:e} and its relative error exceeds {:e}",
+            t.atol, t.rtol
+        ),
+    };
+    if t.matched_ratio < 1.0 {
+        format!("{rule}; at least {}% of elements must pass", t.matched_ratio * 100.0)
+    } else {
+        rule
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tolerances_read_as_their_rule_says() {
+        let scaled = ksearch_task::Tolerance::scaled(2e-5, 1e-5);
+        assert_eq!(describe_tolerance(&scaled), "rtol 2e-5, atol 1e-5 x max|reference|");
+        let either = ksearch_task::Tolerance {
+            rule: ksearch_task::ToleranceRule::Either,
+            matched_ratio: 0.95,
+            ..ksearch_task::Tolerance::scaled(1e-2, 1e-2)
+        };
+        let text = describe_tolerance(&either);
+        assert!(text.starts_with("an element fails only if its absolute error exceeds 1e-2"));
+        assert!(text.ends_with("at least 95% of elements must pass"), "{text}");
+    }
 
     #[test]
     fn the_spec_says_what_kernels_of_the_backend_may_assume() {
