@@ -1,7 +1,7 @@
 //! `ksearch import`: other benchmarks' problems as ksearch tasks (ksearch-interop).
 
 use anyhow::Result;
-use ksearch_interop::flashinfer;
+use ksearch_interop::flashinfer::{self, ImportOptions};
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
@@ -22,6 +22,13 @@ enum Format {
         /// Workload trace lines (JSONL); without it, workloads are chosen from the axes.
         #[arg(long)]
         workloads: Option<PathBuf>,
+        /// The dataset's root, for workloads' safetensors paths [default: the directory above
+        /// the definition's `definitions/`].
+        #[arg(long)]
+        dataset: Option<PathBuf>,
+        /// A CUDA kernel to ship as the task's seed (seed/naive.cu).
+        #[arg(long)]
+        seed: Option<PathBuf>,
     },
 }
 
@@ -30,14 +37,23 @@ pub fn run(args: &ImportArgs) -> Result<u8> {
         definition,
         out,
         workloads,
+        dataset,
+        seed,
     } = &args.format;
     let def = flashinfer::read_definition(definition)?;
     let given = match workloads {
         Some(path) => Some((flashinfer::read_workloads(path, &def.name)?, path)),
         None => None,
     };
-    let given = given.as_ref().map(|(w, p)| (w.as_slice(), p.as_path()));
-    let imported = flashinfer::import(&def, given, out)?;
+    let dataset = dataset
+        .clone()
+        .or_else(|| flashinfer::dataset_root(definition));
+    let opts = ImportOptions {
+        workloads: given.as_ref().map(|(w, p)| (w.as_slice(), p.as_path())),
+        dataset: dataset.as_deref(),
+        seed: seed.as_deref(),
+    };
+    let imported = flashinfer::import(&def, &opts, out)?;
     let n = imported.task.spec().workloads.len();
     println!(
         "wrote task `{}` to {} ({n} workloads)",

@@ -26,6 +26,7 @@
 //! tensors and scalar outputs. Constraints that are not comparisons of arithmetic over axes
 //! are listed in the README as unchecked.
 
+use crate::safetensors;
 use crate::toml_text::{inline_ints, key, string, string_list};
 use crate::ImportError;
 use ksearch_task::{Expr, Num};
@@ -313,6 +314,17 @@ fn dtype(path: &Path, at: &str, name: &str) -> Result<&'static str, ImportError>
     })
 }
 
+/// The dataset root of a definition file inside a FlashInfer-Bench dataset: the directory
+/// that holds the nearest `definitions/` above it.
+pub fn dataset_root(definition: &Path) -> Option<PathBuf> {
+    let absolute = std::path::absolute(definition).ok()?;
+    absolute
+        .ancestors()
+        .find(|a| a.file_name().is_some_and(|n| n == "definitions"))
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+}
+
 /// Reads the workloads of `definition` from a workload trace file (JSON lines); lines of other
 /// definitions are skipped, blank lines too.
 pub fn read_workloads(path: &Path, definition: &str) -> Result<Vec<Workload>, ImportError> {
@@ -514,23 +526,51 @@ fn choose_axes(
     Ok(values)
 }
 
-/// Per scalar input, its value in each workload, keyed by the workload's axis values in
-/// declaration order.
-type ScalarTables = BTreeMap<String, Vec<(Vec<(String, i64)>, f64)>>;
+/// What a workload fixes for one input instead of drawing it.
+#[derive(Clone, Debug, PartialEq)]
+enum Fixed {
+    /// A scalar input's value.
+    Scalar(f64),
+    /// A tensor from a safetensors file, copied into the task (`blobs/...`).
+    Blob { file: String, key: String },
+}
+
+/// Per input, what each workload fixes, keyed by the workload's axis values in declaration
+/// order (the generator in `reference.py` looks them up by its `params`).
+type FixedTables = BTreeMap<String, Vec<(Vec<(String, i64)>, Fixed)>>;
+
+/// What to import besides the definition.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ImportOptions<'a> {
+    /// Workloads read from a trace file (named in messages); `None` chooses them from the axes.
+    pub workloads: Option<(&'a [Workload], &'a Path)>,
+    /// The dataset's root, against which `safetensors` paths of workloads resolve.
+    pub dataset: Option<&'a Path>,
+    /// A kernel to ship as the task's cuda seed (`seed/naive.cu`).
+    pub seed: Option<&'a Path>,
+}
+
+/// One file of an imported task.
+#[derive(Clone, Debug)]
+pub enum Content {
+    Text(String),
+    /// A copy of this file (a safetensors blob, the seed).
+    Copy(PathBuf),
+}
 
 /// One workload of the written task.
 struct TaskWorkload {
     name: String,
     params: Vec<(String, i64)>,
     held_out: bool,
-    scalars: BTreeMap<String, f64>,
+    fixed: BTreeMap<String, Fixed>,
 }
 
 /// The files of an imported task, relative to its directory, and what the import decided that
 /// its user should know.
 #[derive(Clone, Debug)]
 pub struct Rendered {
-    pub files: Vec<(String, String)>,
+    pub files: Vec<(String, Content)>,
     pub notes: Vec<String>,
 }
 
@@ -553,10 +593,7 @@ fn identifier(name: &str) -> String {
 
 /// The task for `def`: from `workloads` when given (`source` names their file in messages),
 /// else from workloads chosen from its axes.
-pub fn render(
-    def: &Definition,
-    workloads: Option<(&[Workload], &Path)>,
-) -> Result<Rendered, ImportError> {
+pub fn render(def: &Definition, opts: &ImportOptions<'_>) -> Result<Rendered, ImportError> {
     let def_path = PathBuf::from(format!("definition {}", def.name));
     let constraints = parse_constraints(def);
     let mut notes = Vec::new();
@@ -580,9 +617,9 @@ pub fn render(
             .map(|n| (n.to_string(), values[*n]))
             .collect()
     };
-    let scalar_inputs: Vec<&TensorDef> = def.inputs.iter().filter(|t| t.shape.is_none()).collect();
     let mut task_workloads = Vec::new();
-    match workloads {
+    let mut blobs: Vec<(String, PathBuf)> = Vec::new();
+    match opts.workloads {
         Some((given, source)) => {
             let count = given.len();
             for (i, w) in given.iter().enumerate() {
@@ -609,12 +646,12 @@ pub fn render(
                     return Err(at(format!("axis `{extra}` is not in the definition")));
                 }
                 check_constraints(&constraints, &values).map_err(at)?;
-                let mut scalars = BTreeMap::new();
+                let mut fixed = BTreeMap::new();
                 for t in &def.inputs {
                     match w.inputs.get(&t.name) {
                         None | Some(WorkloadInput::Random) => {}
                         Some(WorkloadInput::Scalar(x)) if t.shape.is_none() => {
-                            scalars.insert(t.name.clone(), *x);
+                            fixed.insert(t.name.clone(), Fixed::Scalar(*x));
                         }
                         Some(WorkloadInput::Scalar(_)) => {
                             return Err(at(format!(
@@ -622,12 +659,43 @@ pub fn render(
                                 t.name
                             )))
                         }
-                        Some(WorkloadInput::Safetensors { .. }) => {
-                            return Err(at(format!(
-                                "input `{}` comes from a safetensors file, which the import \
-                                 does not support yet",
-                                t.name
-                            )))
+                        Some(WorkloadInput::Safetensors { path, tensor_key }) => {
+                            let root = opts.dataset.ok_or_else(|| {
+                                at(format!(
+                                    "input `{}` comes from a safetensors file, whose path is \
+                                     relative to the dataset's root: name it (--dataset DIR)",
+                                    t.name
+                                ))
+                            })?;
+                            let shape = t.shape.as_deref().unwrap_or_default();
+                            let want: Vec<i64> = shape.iter().map(|a| values[a]).collect();
+                            let source = root.join(path);
+                            safetensors::check(&source, tensor_key, &t.dtype, &want)
+                                .map_err(|m| at(format!("input `{}`: {m}", t.name)))?;
+                            let file = match blobs.iter().find(|(_, p)| *p == source) {
+                                Some((f, _)) => f.clone(),
+                                None => {
+                                    let base = source
+                                        .file_name()
+                                        .map(|n| n.to_string_lossy().into_owned())
+                                        .unwrap_or_else(|| "blob.safetensors".into());
+                                    let taken = blobs.iter().any(|(f, _)| f.ends_with(&base));
+                                    let f = if taken {
+                                        format!("blobs/{}-{base}", blobs.len())
+                                    } else {
+                                        format!("blobs/{base}")
+                                    };
+                                    blobs.push((f.clone(), source.clone()));
+                                    f
+                                }
+                            };
+                            fixed.insert(
+                                t.name.clone(),
+                                Fixed::Blob {
+                                    file,
+                                    key: tensor_key.clone(),
+                                },
+                            );
                         }
                     }
                 }
@@ -648,7 +716,7 @@ pub fn render(
                     name: format!("w{i}-{short}"),
                     params: ordered(&values),
                     held_out: count >= 4 && i % 4 == 3,
-                    scalars,
+                    fixed,
                 });
             }
             if count >= 4 {
@@ -694,7 +762,7 @@ pub fn render(
                     name,
                     params: ordered(&values),
                     held_out,
-                    scalars: BTreeMap::new(),
+                    fixed: BTreeMap::new(),
                 });
             }
             notes.push(
@@ -704,13 +772,13 @@ pub fn render(
             );
         }
     }
-    // A scalar input gets one value per workload from the generator; one that no workload
-    // sets is drawn like a random one.
-    let mut scalar_tables: ScalarTables = BTreeMap::new();
-    for t in &scalar_inputs {
+    // An input that workloads fix gets one value per workload from a generator; a scalar that
+    // no workload sets is drawn like a random one.
+    let mut tables: FixedTables = BTreeMap::new();
+    for t in &def.inputs {
         let given: Vec<_> = task_workloads
             .iter()
-            .filter_map(|w| w.scalars.get(&t.name).map(|x| (w.params.clone(), *x)))
+            .filter_map(|w| w.fixed.get(&t.name).map(|x| (w.params.clone(), x.clone())))
             .collect();
         if given.is_empty() {
             continue;
@@ -719,7 +787,7 @@ pub fn render(
             return Err(invalid(
                 &def_path,
                 format!(
-                    "scalar input `{}` has a value in some workloads and not others",
+                    "input `{}` is fixed by some workloads and drawn in others",
                     t.name
                 ),
             ));
@@ -729,32 +797,46 @@ pub fn render(
                 return Err(invalid(
                     &def_path,
                     format!(
-                        "scalar input `{}` takes two values in workloads of the same axes; \
+                        "input `{}` takes two values in workloads of the same axes; \
                          the import needs the axes to tell them apart",
                         t.name
                     ),
                 ));
             }
         }
-        scalar_tables.insert(t.name.clone(), given);
+        tables.insert(t.name.clone(), given);
+    }
+    if !blobs.is_empty() {
+        notes.push(format!(
+            "{} safetensors file(s) copied to blobs/; the inputs they hold are the same in \
+             every trial",
+            blobs.len()
+        ));
     }
 
     let entry = identifier(&def.name);
-    let files = vec![
+    let seed = opts.seed.map(|_| "seed/naive.cu");
+    let mut files = vec![
         (
             "task.toml".to_string(),
-            task_toml(def, &entry, &task_workloads, &scalar_tables)?,
+            Content::Text(task_toml(def, &entry, &task_workloads, &tables, seed)?),
         ),
         (
             "reference.py".to_string(),
-            reference_py(def, &scalar_tables),
+            Content::Text(reference_py(def, &tables)),
         ),
         (
             "definition_reference.py".to_string(),
-            definition_reference_py(def),
+            Content::Text(definition_reference_py(def)),
         ),
-        ("README.md".to_string(), readme(def, &notes)),
+        ("README.md".to_string(), Content::Text(readme(def, &notes))),
     ];
+    for (file, source) in blobs {
+        files.push((file, Content::Copy(source)));
+    }
+    if let (Some(rel), Some(path)) = (seed, opts.seed) {
+        files.push((rel.to_string(), Content::Copy(path.to_path_buf())));
+    }
     Ok(Rendered { files, notes })
 }
 
@@ -762,7 +844,8 @@ fn task_toml(
     def: &Definition,
     entry: &str,
     workloads: &[TaskWorkload],
-    scalars: &ScalarTables,
+    fixed: &FixedTables,
+    seed: Option<&str>,
 ) -> Result<String, ImportError> {
     let path = PathBuf::from(format!("definition {}", def.name));
     let mut s = String::new();
@@ -812,7 +895,7 @@ fn task_toml(
             let _ = writeln!(s, "shape = {}", string_list(&shape));
             if input {
                 let integer = matches!(t.dtype.as_str(), "int32" | "int64");
-                if scalars.contains_key(&t.name) {
+                if fixed.contains_key(&t.name) {
                     let _ = writeln!(s, "dist = {{ kind = \"custom\" }}");
                 } else if integer {
                     let _ = writeln!(
@@ -908,6 +991,9 @@ fn task_toml(
         string_list(&args),
         string(&signature),
     );
+    if let Some(seed) = seed {
+        let _ = writeln!(s, "seed = {}", string(seed));
+    }
     Ok(s)
 }
 
@@ -926,7 +1012,7 @@ fn py_float(x: f64) -> String {
     }
 }
 
-fn reference_py(def: &Definition, scalars: &ScalarTables) -> String {
+fn reference_py(def: &Definition, fixed: &FixedTables) -> String {
     let names = |ts: &[TensorDef]| -> String {
         let q: Vec<String> = ts.iter().map(|t| format!("{:?}", t.name)).collect();
         format!("[{}]", q.join(", "))
@@ -949,6 +1035,7 @@ solution's speedup against its reference. Scalar inputs arrive as 0-d arrays and
 """
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -1002,7 +1089,19 @@ def baseline_torch(inputs, params):
         outputs = names(&def.outputs),
         scalars = scalar_names.join(", "),
     );
-    for (input, table) in scalars {
+    if fixed
+        .values()
+        .flatten()
+        .any(|(_, f)| matches!(f, Fixed::Blob { .. }))
+    {
+        s.push_str(SAFETENSORS_PY);
+    }
+    let axes: Vec<String> = def
+        .axes
+        .iter()
+        .map(|(n, _)| format!("params[{n:?}]"))
+        .collect();
+    for (input, table) in fixed {
         let t = def.inputs.iter().find(|t| &t.name == input);
         let np_dtype = match t.map(|t| t.dtype.as_str()) {
             Some("int32") => "np.int32",
@@ -1014,27 +1113,57 @@ def baseline_torch(inputs, params):
             .iter()
             .map(|(params, x)| {
                 let key: Vec<String> = params.iter().map(|(_, v)| v.to_string()).collect();
-                format!("    ({},): {},", key.join(", "), py_float(*x))
+                let value = match x {
+                    Fixed::Scalar(x) => py_float(*x),
+                    Fixed::Blob { file, key } => format!("({file:?}, {key:?})"),
+                };
+                format!("    ({},): {value},", key.join(", "))
             })
             .collect();
-        let axes: Vec<String> = def
-            .axes
-            .iter()
-            .map(|(n, _)| format!("params[{n:?}]"))
-            .collect();
+        let (what, value) = match table.first().map(|(_, f)| f) {
+            Some(Fixed::Blob { .. }) => (
+                "tensor, read from the safetensors file the workload names",
+                format!("_read_safetensors(*_{input}_VALUES[key])"),
+            ),
+            _ => ("scalar", format!("_{input}_VALUES[key]")),
+        };
         let _ = write!(
             s,
             "\n\n# `{input}` per workload, keyed by the workload's axes in declaration order.\n\
              _{input}_VALUES = {{\n{}\n}}\n\n\n\
              def make_{input}(rng, shape, params):\n    \
-             \"\"\"The workload's value of the scalar input `{input}`.\"\"\"\n    \
-             return np.array(_{input}_VALUES[({},)], dtype={np_dtype})\n",
+             \"\"\"The workload's `{input}` ({what}).\"\"\"\n    \
+             key = ({},)\n    \
+             return np.asarray({value}, dtype={np_dtype}).reshape(shape)\n",
             rows.join("\n"),
             axes.join(", "),
         );
     }
     s
 }
+
+/// A reader of one tensor of a safetensors file (an 8-byte little-endian header length, a
+/// JSON header naming each tensor's dtype, shape and byte range, then the data), with numpy
+/// only; bf16 is widened to float32, as the harness stores it.
+const SAFETENSORS_PY: &str = r#"
+
+_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4"}
+
+
+def _read_safetensors(file, key):
+    """Tensor `key` of the safetensors file `file` (relative to this task)."""
+    with open(Path(__file__).parent / file, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        meta = json.loads(f.read(size))[key]
+        start, end = meta["data_offsets"]
+        f.seek(8 + size + start)
+        raw = f.read(end - start)
+    if meta["dtype"] == "BF16":
+        values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        values = np.frombuffer(raw, dtype=_SAFETENSORS_DTYPES[meta["dtype"]])
+    return values.reshape(meta["shape"])
+"#;
 
 /// The definition's reference source, verbatim, with a header comment.
 fn definition_reference_py(def: &Definition) -> String {
@@ -1087,27 +1216,35 @@ pub struct Imported {
     pub notes: Vec<String>,
 }
 
-/// Writes the task for `def` into `out` (which must not exist or be empty) and loads it.
+/// Writes the task for `def` into `out` (which must not exist or be empty) and loads it. A
+/// task that does not load is left in `out` for inspection and reported.
 pub fn import(
     def: &Definition,
-    workloads: Option<(&[Workload], &Path)>,
+    opts: &ImportOptions<'_>,
     out: &Path,
 ) -> Result<Imported, ImportError> {
-    let rendered = render(def, workloads)?;
-    let io = |source| ImportError::Io {
-        path: out.to_path_buf(),
-        source,
+    let rendered = render(def, opts)?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ImportError::Io { path, source }
     };
     if out.exists() {
-        let empty = std::fs::read_dir(out).map_err(io)?.next().is_none();
+        let empty = std::fs::read_dir(out).map_err(io(out))?.next().is_none();
         if !empty {
             return Err(ImportError::OutputExists(out.to_path_buf()));
         }
     }
-    std::fs::create_dir_all(out).map_err(io)?;
-    for (name, text) in &rendered.files {
+    for (name, content) in &rendered.files {
         let path = out.join(name);
-        std::fs::write(&path, text).map_err(|source| ImportError::Io { path, source })?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        match content {
+            Content::Text(text) => std::fs::write(&path, text).map_err(io(&path))?,
+            Content::Copy(source) => {
+                std::fs::copy(source, &path).map_err(io(source))?;
+            }
+        }
     }
     let task = ksearch_task::load_task(out).map_err(|e| ImportError::Generated {
         dir: out.to_path_buf(),

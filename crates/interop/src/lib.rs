@@ -11,6 +11,7 @@
 //! machine).
 
 pub mod flashinfer;
+pub mod safetensors;
 mod toml_text;
 
 use std::path::PathBuf;

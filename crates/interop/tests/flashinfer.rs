@@ -1,7 +1,7 @@
 //! FlashInfer-Bench definitions imported as ksearch tasks: the shipped example, workloads chosen
 //! from the axes, constraints, scalar inputs, and every refusal with its reason.
 
-use ksearch_interop::flashinfer::{self, Definition};
+use ksearch_interop::flashinfer::{self, Definition, ImportOptions};
 use ksearch_interop::ImportError;
 use ksearch_task::ParamValue;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,13 @@ fn examples() -> PathBuf {
 
 fn rmsnorm() -> Definition {
     flashinfer::read_definition(&examples().join("definitions/rmsnorm/rmsnorm_h4096.json")).unwrap()
+}
+
+fn given<'a>(workloads: &'a [flashinfer::Workload], source: &'a Path) -> ImportOptions<'a> {
+    ImportOptions {
+        workloads: Some((workloads, source)),
+        ..ImportOptions::default()
+    }
 }
 
 fn definition(json: &str) -> Result<Definition, ImportError> {
@@ -52,7 +59,7 @@ fn the_shipped_rmsnorm_definition_and_its_workloads_import_as_a_loadable_task() 
     assert_eq!(workloads.len(), 8);
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().join("rmsnorm");
-    let imported = flashinfer::import(&def, Some((&workloads, &jsonl)), &dir).unwrap();
+    let imported = flashinfer::import(&def, &given(&workloads, &jsonl), &dir).unwrap();
     let spec = imported.task.spec();
     assert_eq!(spec.name, "rmsnorm_h4096");
     assert_eq!(spec.kind, "rmsnorm");
@@ -109,7 +116,8 @@ fn the_shipped_rmsnorm_definition_and_its_workloads_import_as_a_loadable_task() 
 #[test]
 fn without_workloads_three_are_chosen_from_the_axes_and_one_is_held_out() {
     let out = tempfile::tempdir().unwrap();
-    let imported = flashinfer::import(&rmsnorm(), None, &out.path().join("t")).unwrap();
+    let imported =
+        flashinfer::import(&rmsnorm(), &ImportOptions::default(), &out.path().join("t")).unwrap();
     let spec = imported.task.spec();
     let sizes: Vec<(i64, bool)> = spec
         .workloads
@@ -127,7 +135,8 @@ fn without_workloads_three_are_chosen_from_the_axes_and_one_is_held_out() {
 fn an_equality_constraint_fixes_its_axis_and_scalars_come_from_a_generator() {
     let def = definition(SCALED).unwrap();
     let out = tempfile::tempdir().unwrap();
-    let imported = flashinfer::import(&def, None, &out.path().join("t")).unwrap();
+    let imported =
+        flashinfer::import(&def, &ImportOptions::default(), &out.path().join("t")).unwrap();
     for w in &imported.task.spec().workloads {
         let b = int(&w.params["batch_size"]);
         assert_eq!(int(&w.params["len_indptr"]), b + 1, "{}", w.name);
@@ -151,7 +160,7 @@ fn an_equality_constraint_fixes_its_axis_and_scalars_come_from_a_generator() {
     let source = Path::new("w.jsonl");
     let workloads = flashinfer::parse_workloads(&lines, source, "scaled_rows").unwrap();
     let dir = out.path().join("given");
-    let imported = flashinfer::import(&def, Some((&workloads, source)), &dir).unwrap();
+    let imported = flashinfer::import(&def, &given(&workloads, source), &dir).unwrap();
     let scale = imported
         .task
         .spec()
@@ -193,7 +202,7 @@ fn a_workload_that_breaks_a_constraint_is_refused_with_its_uuid() {
     let source = Path::new("w.jsonl");
     let w = flashinfer::parse_workloads(line, source, "scaled_rows").unwrap();
     let out = tempfile::tempdir().unwrap();
-    let err = flashinfer::import(&def, Some((&w, source)), &out.path().join("t"))
+    let err = flashinfer::import(&def, &given(&w, source), &out.path().join("t"))
         .unwrap_err()
         .to_string();
     assert!(
@@ -269,7 +278,7 @@ fn refusals_say_what_is_unsupported_or_wrong() {
     ] {
         let w = flashinfer::parse_workloads(&text, source, "scaled_rows").unwrap();
         let out = tempfile::tempdir().unwrap();
-        let err = flashinfer::import(&def, Some((&w, source)), &out.path().join("t"))
+        let err = flashinfer::import(&def, &given(&w, source), &out.path().join("t"))
             .unwrap_err()
             .to_string();
         assert!(err.contains(expect), "expected `{expect}` in: {err}");
@@ -288,10 +297,200 @@ fn refusals_say_what_is_unsupported_or_wrong() {
 fn an_import_never_overwrites() {
     let out = tempfile::tempdir().unwrap();
     std::fs::write(out.path().join("keep.txt"), "mine").unwrap();
-    let err = flashinfer::import(&rmsnorm(), None, out.path()).unwrap_err();
+    let err = flashinfer::import(&rmsnorm(), &ImportOptions::default(), out.path()).unwrap_err();
     assert!(matches!(err, ImportError::OutputExists(_)), "{err}");
     assert_eq!(
         std::fs::read_to_string(out.path().join("keep.txt")).unwrap(),
         "mine"
     );
+}
+
+#[test]
+fn safetensors_inputs_are_checked_copied_and_read_back_by_the_generator() {
+    let def = definition(SCALED).unwrap();
+    let dataset = tempfile::tempdir().unwrap();
+    let blob_dir = dataset.path().join("blob/workloads/scale/scaled_rows");
+    std::fs::create_dir_all(&blob_dir).unwrap();
+    let i32s = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    // bf16 bits of 1.0, -2.5 and 0.15625.
+    let bf16: Vec<u8> = [0x3f80u16, 0xc020, 0x3e20]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let mut lines = Vec::new();
+    for (i, b) in [2i64, 3].into_iter().enumerate() {
+        let file = blob_dir.join(format!("scaled_rows_{i}.safetensors"));
+        let indptr: Vec<i32> = (0..=b as i32).map(|k| k * 10 + i as i32).collect();
+        ksearch_interop::safetensors::write(
+            &file,
+            &[
+                ("indptr", "I32", vec![b + 1], i32s(&indptr)),
+                ("extra", "BF16", vec![3], bf16.clone()),
+            ],
+        )
+        .unwrap();
+        lines.push(format!(
+            r#"{{"definition": "scaled_rows", "workload": {{"uuid": "u{i}", "axes": {{"batch_size": {b}, "len_indptr": {p}}}, "inputs": {{"indptr": {{"type": "safetensors", "path": "blob/workloads/scale/scaled_rows/scaled_rows_{i}.safetensors", "tensor_key": "indptr"}}, "scale": {{"type": "scalar", "value": 2.0}}}}}}}}"#,
+            p = b + 1
+        ));
+    }
+    let source = dataset.path().join("w.jsonl");
+    let workloads = flashinfer::parse_workloads(&lines.join("\n"), &source, "scaled_rows").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("t");
+    let opts = ImportOptions {
+        workloads: Some((&workloads, &source)),
+        dataset: Some(dataset.path()),
+        seed: None,
+    };
+    let imported = flashinfer::import(&def, &opts, &dir).unwrap();
+    assert!(dir.join("blobs/scaled_rows_0.safetensors").is_file());
+    assert!(dir.join("blobs/scaled_rows_1.safetensors").is_file());
+    assert!(imported
+        .notes
+        .iter()
+        .any(|n| n.contains("2 safetensors file(s) copied")));
+    let indptr = imported
+        .task
+        .spec()
+        .inputs
+        .iter()
+        .find(|t| t.name == "indptr")
+        .unwrap()
+        .clone();
+    assert!(matches!(
+        indptr.dist,
+        Some(ksearch_task::Distribution::Custom { .. })
+    ));
+
+    if let Some(python) = std::env::var_os("KSEARCH_TEST_PYTHON") {
+        let script = "import importlib.util, sys\n\
+            spec = importlib.util.spec_from_file_location('r', sys.argv[1])\n\
+            m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n\
+            v = m.make_indptr(None, (4,), {'batch_size': 3, 'len_indptr': 4, 'width': 64})\n\
+            print(v.dtype, v.tolist())\n\
+            print(m._read_safetensors('blobs/scaled_rows_0.safetensors', 'extra').tolist())";
+        let run = std::process::Command::new(python)
+            .args(["-c", script])
+            .arg(dir.join("reference.py"))
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        let mut lines = stdout.lines();
+        assert_eq!(lines.next(), Some("int32 [1, 11, 21, 31]"));
+        assert_eq!(lines.next(), Some("[1.0, -2.5, 0.15625]"));
+    }
+
+    // A blob whose shape is not the workload's is refused before anything is written.
+    let wrong = lines[0].replace(
+        r#""batch_size": 2, "len_indptr": 3"#,
+        r#""batch_size": 4, "len_indptr": 5"#,
+    );
+    let workloads = flashinfer::parse_workloads(&wrong, &source, "scaled_rows").unwrap();
+    let opts = ImportOptions {
+        workloads: Some((&workloads, &source)),
+        dataset: Some(dataset.path()),
+        seed: None,
+    };
+    let err = flashinfer::import(&def, &opts, &out.path().join("wrong"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("has shape [3], the workload's is [5]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_shipped_gqa_paged_decode_example_imports_with_its_blobs_and_seed() {
+    let root = examples();
+    let def = flashinfer::read_definition(
+        &root.join("definitions/gqa_paged/gqa_paged_decode_h32_kv4_d128_ps1.json"),
+    )
+    .unwrap();
+    let jsonl = root.join("workloads/gqa_paged/gqa_paged_decode_h32_kv4_d128_ps1.jsonl");
+    let workloads = flashinfer::read_workloads(&jsonl, &def.name).unwrap();
+    let seed = root.join("seeds/gqa_paged_decode_h32_kv4_d128_ps1.cu");
+    let dataset = flashinfer::dataset_root(
+        &root.join("definitions/gqa_paged/gqa_paged_decode_h32_kv4_d128_ps1.json"),
+    )
+    .unwrap();
+    assert_eq!(
+        dataset.canonicalize().unwrap(),
+        root.canonicalize().unwrap()
+    );
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("gqa");
+    let opts = ImportOptions {
+        workloads: Some((&workloads, &jsonl)),
+        dataset: Some(&dataset),
+        seed: Some(&seed),
+    };
+    let imported = flashinfer::import(&def, &opts, &dir).unwrap();
+    let task = &imported.task;
+    let cuda = task.backend("cuda").unwrap();
+    assert!(cuda.seed.as_ref().unwrap().is_file());
+    assert!(std::fs::read_to_string(cuda.seed.as_ref().unwrap())
+        .unwrap()
+        .contains(&format!("extern \"C\" int {}(", cuda.entry)));
+    let resolved = task.workloads("cuda").unwrap();
+    assert_eq!(resolved.len(), 5);
+    assert_eq!(resolved.iter().filter(|w| w.held_out).count(), 1);
+    for w in &resolved {
+        let b = int(&w.params["batch_size"]);
+        assert_eq!(int(&w.params["len_indptr"]), b + 1);
+        assert_eq!(int(&w.params["num_qo_heads"]), 32);
+    }
+    assert!(imported
+        .notes
+        .iter()
+        .any(|n| n.contains("num_kv_indices == kv_indptr[-1].item()")));
+
+    // The blobs hold valid page tables: indptr runs from 0 to num_kv_indices, each request
+    // has tokens, and every index is a distinct page of the cache (numpy only).
+    if let Some(python) = std::env::var_os("KSEARCH_TEST_PYTHON") {
+        let params: Vec<String> = resolved
+            .iter()
+            .map(|w| {
+                let p: Vec<String> = w
+                    .params
+                    .iter()
+                    .map(|(k, v)| format!("{k:?}: {v}"))
+                    .collect();
+                format!("{{{}}}", p.join(", "))
+            })
+            .collect();
+        let script = format!(
+            "import importlib.util, sys\n\
+             import numpy as np\n\
+             spec = importlib.util.spec_from_file_location('r', sys.argv[1])\n\
+             m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n\
+             for p in [{}]:\n    \
+                 ptr = m.make_kv_indptr(None, (p['len_indptr'],), p)\n    \
+                 idx = m.make_kv_indices(None, (p['num_kv_indices'],), p)\n    \
+                 assert ptr[0] == 0 and ptr[-1] == p['num_kv_indices'], p\n    \
+                 assert (np.diff(ptr) > 0).all(), p\n    \
+                 assert idx.min() >= 0 and idx.max() < p['num_pages'], p\n    \
+                 assert len(np.unique(idx)) == len(idx), p\n    \
+                 assert abs(float(m.make_sm_scale(None, (), p)) - 128 ** -0.5) < 1e-7\n\
+             print('ok')",
+            params.join(", ")
+        );
+        let run = std::process::Command::new(python)
+            .args(["-c", &script])
+            .arg(dir.join("reference.py"))
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "ok");
+    }
 }
