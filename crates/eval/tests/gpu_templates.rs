@@ -8,8 +8,6 @@
 //!   that covers every knob value is built by the cuda adapter for sm_90a, two at a time, and
 //!   the ptxas report must be parsed (registers for every kernel instance, spills recorded).
 //!   `KSEARCH_TEST_CUDA_BUILD_ALL=1` builds every valid setting (about 1 400; an hour on 2 cores).
-//!   With the same switch, the seed of the FlashInfer-Bench GQA decode example
-//!   (examples/flashinfer-bench), imported as a task, builds as that task's candidate.
 
 mod common;
 use common::{python, root};
@@ -329,56 +327,4 @@ fn cuda_variants_build_for_sm90a_with_a_parsed_ptxas_report() {
     };
     assert!(by_name("s0_naive")["spill_bytes"].as_u64().unwrap() > 0);
     assert_eq!(by_name("wg_m128n128s2")["spill_bytes"].as_u64().unwrap(), 0);
-}
-
-#[test]
-fn cuda_seed_of_the_imported_gqa_decode_example_builds_for_sm90a() {
-    if std::env::var_os("KSEARCH_TEST_CUDA_BUILD").is_none() {
-        eprintln!("skipped: set KSEARCH_TEST_CUDA_BUILD=1 to build CUDA sources");
-        return;
-    }
-    let Some(python) = python() else {
-        panic!("KSEARCH_TEST_CUDA_BUILD is set but no Python with numpy was found");
-    };
-    use ksearch_interop::flashinfer::{self, ImportOptions};
-    let examples = root().join("examples/flashinfer-bench");
-    let name = "gqa_paged_decode_h32_kv4_d128_ps1";
-    let def = flashinfer::read_definition(
-        &examples.join(format!("definitions/gqa_paged/{name}.json")),
-    )
-    .unwrap();
-    let jsonl = examples.join(format!("workloads/gqa_paged/{name}.jsonl"));
-    let workloads = flashinfer::read_workloads(&jsonl, name).unwrap();
-    let seed = examples.join(format!("seeds/{name}.cu"));
-    let work = tempfile::tempdir().unwrap();
-    let opts = ImportOptions {
-        workloads: Some((&workloads, &jsonl)),
-        dataset: Some(&examples),
-        seed: Some(&seed),
-    };
-    let imported = flashinfer::import(&def, &opts, &work.path().join("task")).unwrap();
-    let task_seed = imported.task.backend("cuda").unwrap().seed.clone().unwrap();
-    let ev = evaluator(python, &work.path().join("work"));
-    let mut req = EvalRequest::from_task(
-        &imported.task,
-        "cuda",
-        &task_seed,
-        WorkloadSet::Search,
-        1,
-        TimingPreset::Quick,
-    )
-    .unwrap();
-    req.timeout = Duration::from_secs(600);
-    let result = ev.build(&req).unwrap();
-    let built = Built {
-        label: name.into(),
-        result,
-        seconds: 0.0,
-    };
-    assert_eq!(built.result.status, Status::Passed, "{}", describe(&built));
-    let build = built.result.build.as_ref().unwrap();
-    assert_eq!(build.extra["arch"], "sm_90a");
-    let kernels = build.extra["ptxas"]["kernels"].as_array().unwrap();
-    assert_eq!(kernels.len(), 1, "{}", build.extra["ptxas"]);
-    assert_eq!(kernels[0]["spill_store_bytes"].as_u64(), Some(0));
 }

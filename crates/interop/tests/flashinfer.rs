@@ -494,3 +494,137 @@ fn the_shipped_gqa_paged_decode_example_imports_with_its_blobs_and_seed() {
         assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "ok");
     }
 }
+
+fn measured(
+    name: &str,
+    correct: bool,
+    kernel_ns: f64,
+    baseline_ns: f64,
+) -> ksearch_eval::WorkloadResult {
+    ksearch_eval::WorkloadResult {
+        name: name.into(),
+        correct: Some(correct),
+        max_abs_err: Some(if correct { 1e-3 } else { f64::NAN }),
+        max_rel_err: Some(if correct { 2e-3 } else { f64::NAN }),
+        candidate_median_ns: correct.then_some(kernel_ns),
+        baseline_median_ns: Some(baseline_ns),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_kernel_exports_as_a_solution_with_a_torch_binding_and_a_trace_per_workload() {
+    let def = rmsnorm();
+    let jsonl = examples().join("workloads/rmsnorm/rmsnorm_h4096.jsonl");
+    let workloads = flashinfer::read_workloads(&jsonl, &def.name).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("rms");
+    let imported = flashinfer::import(&def, &given(&workloads, &jsonl), &dir).unwrap();
+    let names: Vec<String> = imported
+        .task
+        .spec()
+        .workloads
+        .iter()
+        .map(|w| w.name.clone())
+        .collect();
+    let mut eval = ksearch_eval::EvalResult::synthesised("n", ksearch_eval::Status::Passed, "");
+    let mut env = serde_json::Map::new();
+    env.insert("gpu".into(), "NVIDIA H200".into());
+    env.insert("torch".into(), "2.11.0+cu130".into());
+    eval.environment = Some(env);
+    eval.workloads = vec![
+        measured(&names[0], true, 10_000.0, 25_000.0),
+        measured(&names[1], false, 0.0, 30_000.0),
+        ksearch_eval::WorkloadResult {
+            held_out: true,
+            ..measured(&names[3], true, 1.0, 1.0)
+        },
+    ];
+    let kernel = "extern \"C\" int rmsnorm_h4096(const void* hidden_states, const void* weight, void* output, int64_t batch_size, int64_t hidden_size, void* stream) { return 0; }";
+    let provenance = flashinfer::Provenance {
+        run_id: "20261202-1",
+        timestamp: "2026-12-02T14:00:00Z",
+    };
+    let exported = flashinfer::export(&dir, kernel, &eval, &provenance).unwrap();
+    let solution: serde_json::Value = serde_json::from_str(&exported.solution).unwrap();
+    assert_eq!(solution["definition"], "rmsnorm_h4096");
+    assert_eq!(solution["name"], "rmsnorm_h4096_ksearch_20261202-1");
+    assert_eq!(solution["spec"]["entry_point"], "binding.cpp::run");
+    assert_eq!(solution["spec"]["binding"], "torch");
+    assert_eq!(solution["spec"]["destination_passing_style"], true);
+    assert_eq!(solution["spec"]["target_hardware"][0], "NVIDIA H200");
+    assert_eq!(solution["sources"][0]["content"], kernel);
+    let binding = solution["sources"][1]["content"].as_str().unwrap();
+    assert!(
+        binding.contains(
+            "void run(torch::Tensor hidden_states, torch::Tensor weight, torch::Tensor output)"
+        ),
+        "{binding}"
+    );
+    assert!(binding.contains("const int64_t batch_size = hidden_states.size(0);"));
+    assert!(binding.contains("const int64_t hidden_size = hidden_states.size(1);"));
+    assert!(binding.contains("rmsnorm_h4096(\n      hidden_states.data_ptr(), weight.data_ptr(), output.data_ptr(), batch_size, hidden_size, at::cuda::getCurrentCUDAStream().stream());"), "{binding}");
+
+    // One trace per shown workload, the workload as the dataset wrote it.
+    let lines: Vec<serde_json::Value> = exported
+        .traces
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["workload"], workloads[0].json);
+    assert_eq!(lines[0]["solution"], solution["name"]);
+    let ev = &lines[0]["evaluation"];
+    assert_eq!(ev["status"], "PASSED");
+    assert_eq!(ev["performance"]["latency_ms"], 0.01);
+    assert_eq!(ev["performance"]["speedup_factor"], 2.5);
+    assert_eq!(ev["environment"]["libs"]["torch"], "2.11.0+cu130");
+    assert_eq!(ev["timestamp"], "2026-12-02T14:00:00Z");
+    let failed = &lines[1]["evaluation"];
+    assert_eq!(failed["status"], "INCORRECT_NUMERICAL");
+    assert_eq!(failed["correctness"]["max_absolute_error"], "NaN");
+    assert!(failed.get("performance").is_none());
+}
+
+#[test]
+fn scalars_reach_the_kernel_as_device_values_and_chosen_workloads_get_their_axes() {
+    let def = definition(SCALED).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("t");
+    let imported = flashinfer::import(&def, &ImportOptions::default(), &dir).unwrap();
+    let first = imported.task.spec().workloads[0].name.clone();
+    let mut eval = ksearch_eval::EvalResult::synthesised("n", ksearch_eval::Status::Passed, "");
+    eval.workloads = vec![measured(&first, true, 1_000.0, 2_000.0)];
+    let provenance = flashinfer::Provenance {
+        run_id: "r",
+        timestamp: "2026-12-02T14:00:00Z",
+    };
+    let exported = flashinfer::export(&dir, "// kernel", &eval, &provenance).unwrap();
+    let solution: serde_json::Value = serde_json::from_str(&exported.solution).unwrap();
+    let binding = solution["sources"][1]["content"].as_str().unwrap();
+    assert!(
+        binding.contains("torch::Tensor indptr, double scale, torch::Tensor y"),
+        "{binding}"
+    );
+    assert!(binding.contains("torch::full({}, scale, x.options().dtype(torch::kFloat32))"));
+    assert!(binding.contains("const int64_t len_indptr = indptr.size(0);"));
+    assert!(binding.contains("const int64_t width = x.size(1);"));
+    let trace: serde_json::Value =
+        serde_json::from_str(exported.traces.lines().next().unwrap()).unwrap();
+    assert_eq!(trace["workload"]["uuid"], format!("ksearch-{first}"));
+    assert_eq!(trace["workload"]["axes"]["len_indptr"], 2);
+    assert!(
+        trace["workload"]["axes"].get("width").is_none(),
+        "const axes are the definition's"
+    );
+    assert_eq!(trace["evaluation"]["environment"]["hardware"], "unknown");
+
+    // A task that was not imported has nothing to export to.
+    let err = flashinfer::export(&examples(), "", &eval, &provenance)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("not a task imported from FlashInfer-Bench"),
+        "{err}"
+    );
+}

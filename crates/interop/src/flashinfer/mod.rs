@@ -26,6 +26,9 @@
 //! tensors and scalar outputs. Constraints that are not comparisons of arithmetic over axes
 //! are listed in the README as unchecked.
 
+mod solution;
+pub use solution::{export, Provenance, SolutionExport};
+
 use crate::safetensors;
 use crate::toml_text::{inline_ints, key, string, string_list};
 use crate::ImportError;
@@ -68,6 +71,8 @@ pub struct Definition {
     pub constraints: Vec<String>,
     pub description: String,
     pub tags: Vec<String>,
+    /// The definition file's text, kept in imported tasks as `definition.json`.
+    pub json: String,
 }
 
 /// How a workload provides one input.
@@ -84,6 +89,8 @@ pub struct Workload {
     pub uuid: String,
     pub axes: BTreeMap<String, i64>,
     pub inputs: BTreeMap<String, WorkloadInput>,
+    /// The trace line's `workload` object as read, for the traces of an export.
+    pub json: Value,
 }
 
 #[derive(Deserialize)]
@@ -272,6 +279,7 @@ pub fn parse_definition(text: &str, path: &Path) -> Result<Definition, ImportErr
         constraints: raw.constraints,
         description: raw.description.unwrap_or_default(),
         tags: raw.tags,
+        json: text.to_string(),
     })
 }
 
@@ -342,11 +350,14 @@ pub fn parse_workloads(
         if line.trim().is_empty() {
             continue;
         }
-        let raw: RawTraceLine = serde_json::from_str(line).map_err(|e| ImportError::Parse {
+        let parse_error = |e: serde_json::Error| ImportError::Parse {
             path: path.to_path_buf(),
             line: n + 1,
             message: e.to_string(),
-        })?;
+        };
+        let value: Value = serde_json::from_str(line).map_err(parse_error)?;
+        let json = value.get("workload").cloned().unwrap_or(Value::Null);
+        let raw: RawTraceLine = serde_json::from_value(value).map_err(parse_error)?;
         if raw.definition != definition {
             continue;
         }
@@ -373,6 +384,7 @@ pub fn parse_workloads(
             uuid: raw.workload.uuid,
             axes: raw.workload.axes,
             inputs,
+            json,
         });
     }
     if out.is_empty() {
@@ -538,6 +550,13 @@ enum Fixed {
 /// Per input, what each workload fixes, keyed by the workload's axis values in declaration
 /// order (the generator in `reference.py` looks them up by its `params`).
 type FixedTables = BTreeMap<String, Vec<(Vec<(String, i64)>, Fixed)>>;
+
+/// The definition's own file in an imported task (what `ksearch export --format flashinfer`
+/// reads back).
+pub const DEFINITION_FILE: &str = "definition.json";
+/// The given workload trace lines in an imported task, in the order of the task's workloads
+/// (`w<index>-...`).
+pub const WORKLOADS_FILE: &str = "workloads.jsonl";
 
 /// What to import besides the definition.
 #[derive(Clone, Copy, Debug, Default)]
@@ -830,7 +849,18 @@ pub fn render(def: &Definition, opts: &ImportOptions<'_>) -> Result<Rendered, Im
             Content::Text(definition_reference_py(def)),
         ),
         ("README.md".to_string(), Content::Text(readme(def, &notes))),
+        (DEFINITION_FILE.to_string(), Content::Text(def.json.clone())),
     ];
+    if let Some((given, _)) = opts.workloads {
+        let lines: Vec<String> = given
+            .iter()
+            .map(|w| serde_json::json!({"definition": def.name, "workload": w.json}).to_string())
+            .collect();
+        files.push((
+            WORKLOADS_FILE.to_string(),
+            Content::Text(lines.join("\n") + "\n"),
+        ));
+    }
     for (file, source) in blobs {
         files.push((file, Content::Copy(source)));
     }
