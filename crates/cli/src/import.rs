@@ -1,8 +1,10 @@
 //! `ksearch import`: other benchmarks' problems as ksearch tasks (ksearch-interop).
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use ksearch_eval::harness_env;
 use ksearch_interop::flashinfer::{self, ImportOptions};
-use std::path::PathBuf;
+use ksearch_interop::kernelbench;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
@@ -30,16 +32,27 @@ enum Format {
         #[arg(long)]
         seed: Option<PathBuf>,
     },
+    /// A KernelBench problem (Python) → a task for the cuda backend (runs it once with PyTorch).
+    Kernelbench {
+        /// The problem file (`Model`, `get_inputs`, `get_init_inputs`).
+        problem: PathBuf,
+        /// The task directory to write (must not exist, or be empty).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 pub fn run(args: &ImportArgs) -> Result<u8> {
-    let Format::Flashinfer {
-        definition,
-        out,
-        workloads,
-        dataset,
-        seed,
-    } = &args.format;
+    let (definition, out, workloads, dataset, seed) = match &args.format {
+        Format::Flashinfer {
+            definition,
+            out,
+            workloads,
+            dataset,
+            seed,
+        } => (definition, out, workloads, dataset, seed),
+        Format::Kernelbench { problem, out } => return import_kernelbench(problem, out),
+    };
     let def = flashinfer::read_definition(definition)?;
     let given = match workloads {
         Some(path) => Some((flashinfer::read_workloads(path, &def.name)?, path)),
@@ -53,11 +66,23 @@ pub fn run(args: &ImportArgs) -> Result<u8> {
         dataset: dataset.as_deref(),
         seed: seed.as_deref(),
     };
-    let imported = flashinfer::import(&def, &opts, out)?;
-    let n = imported.task.spec().workloads.len();
+    report(&flashinfer::import(&def, &opts, out)?)
+}
+
+fn import_kernelbench(problem: &Path, out: &Path) -> Result<u8> {
+    let python = harness_env::resolve_for(Some("cuda"))
+        .context("cannot set up the Python environment (try `ksearch doctor`)")?
+        .python;
+    let seen = kernelbench::introspect(&python, problem)?;
+    report(&kernelbench::import(problem, &seen, out)?)
+}
+
+fn report(imported: &flashinfer::Imported) -> Result<u8> {
+    let spec = imported.task.spec();
+    let n = spec.workloads.len();
     println!(
         "wrote task `{}` to {} ({n} workloads)",
-        def.name,
+        spec.name,
         imported.dir.display()
     );
     for note in &imported.notes {

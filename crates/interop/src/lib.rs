@@ -6,11 +6,14 @@
 //! other. The written task is loaded before the import reports success, so every error the
 //! task loader would raise is raised here, against the generated files.
 //!
-//! This crate knows the foreign formats and the task format; it runs no Python and evaluates
-//! nothing (the references of these formats need PyTorch, which the harness calls on a GPU
-//! machine).
+//! [`kernelbench`] runs a KernelBench problem once (with an interpreter that has PyTorch) to
+//! learn its tensors, and writes a task whose reference is the problem's `Model`.
+//!
+//! This crate knows the foreign formats and the task format; it evaluates nothing (the
+//! references of these formats need PyTorch, which the harness calls on a GPU machine).
 
 pub mod flashinfer;
+pub mod kernelbench;
 pub mod safetensors;
 mod toml_text;
 

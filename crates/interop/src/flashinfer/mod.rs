@@ -1253,7 +1253,12 @@ pub fn import(
     opts: &ImportOptions<'_>,
     out: &Path,
 ) -> Result<Imported, ImportError> {
-    let rendered = render(def, opts)?;
+    write_task(render(def, opts)?, out)
+}
+
+/// Writes rendered task files into `out` (which must not exist or be empty) and loads the
+/// task. A task that does not load is left in `out` for inspection and reported.
+pub(crate) fn write_task(rendered: Rendered, out: &Path) -> Result<Imported, ImportError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ImportError::Io { path, source }
