@@ -327,6 +327,24 @@ pub fn run(
     Ok(())
 }
 
+/// [`run`] on the process's stdin and stdout.
+pub fn run_stdio(
+    task_dir: &Path,
+    backend: &str,
+    target: Option<&str>,
+    job: Job<'_>,
+) -> Result<(), RenderError> {
+    let (input, out) = (std::io::stdin(), std::io::stdout());
+    run(
+        task_dir,
+        backend,
+        target,
+        job,
+        &mut input.lock(),
+        &mut out.lock(),
+    )
+}
+
 /// The reply to one batch request.
 fn answer(family: &TemplateFamily, request: Request) -> Reply<'_> {
     if request.describe {
