@@ -91,7 +91,8 @@ class Family:
             raise RenderError(f"ksearch answered {len(replies)} of {len(requests)} requests")
         return replies
 
-    def _one(self, request: dict[str, Any]) -> dict[str, Any]:
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """ksearch's reply to one request; an error reply raises RenderError."""
         (reply,) = self.batch([request])
         if "error" in reply:
             raise RenderError(reply["error"])
@@ -100,7 +101,7 @@ class Family:
     def describe(self) -> dict[str, Any]:
         """The family: name, entry, targets, knobs (name, values, default, description), rules."""
         if self._description is None:
-            self._description = self._one({"describe": True})["family"]
+            self._description = self.ask({"describe": True})["family"]
         return self._description
 
     @property
@@ -116,7 +117,7 @@ class Family:
 
     def setting(self, knobs: dict[str, Any] | None = None) -> dict[str, Any]:
         """The complete setting with its labels: knobs, variant_id, knob_summary."""
-        return self._one({"knobs": dict(knobs or {}), "source": False})
+        return self.ask({"knobs": dict(knobs or {}), "source": False})
 
     def resolve(self, knobs: dict[str, Any] | None = None) -> dict[str, Any]:
         """Defaults filled in; unknown knobs, values outside a domain, broken rules raise."""
@@ -133,7 +134,7 @@ class Family:
             request["template"] = template
         if target:
             request["target"] = target
-        return self._one(request)["source"]
+        return self.ask(request)["source"]
 
     def render_many(self, settings: list[dict[str, Any]], template: str | None = None) -> list[str]:
         """The sources of many settings in one call; the first invalid one raises."""
