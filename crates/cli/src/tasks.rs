@@ -84,12 +84,8 @@ pub fn run(args: &TasksArgs) -> Result<u8> {
     if let (Some(target), Some(backend)) = (&args.render, &args.backend) {
         use ksearch_knowledge::render::{run_stdio, Job};
         let task = ksearch_task::resolve(target).context("cannot load the task")?;
-        let job = match (&args.list, args.batch) {
-            (Some(Some(file)), _) => Job::Variants(file),
-            (Some(None), _) => Job::All,
-            (None, true) => Job::Batch,
-            (None, false) => Job::Source(&args.set),
-        };
+        let list = args.list.as_ref().map(|file| file.as_deref());
+        let job = Job::from_options(list, args.batch, &args.set);
         run_stdio(task.dir(), backend, args.target.as_deref(), job)?;
         return Ok(exit::OK);
     }

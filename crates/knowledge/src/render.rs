@@ -26,6 +26,19 @@ pub enum Job<'a> {
     Batch,
 }
 
+impl<'a> Job<'a> {
+    /// The job of `ksearch tasks --render`'s options: `--list [FILE]`, else `--batch`, else the
+    /// source of the `--set` items.
+    pub fn from_options(list: Option<Option<&'a Path>>, batch: bool, set: &'a [String]) -> Self {
+        match (list, batch) {
+            (Some(Some(file)), _) => Job::Variants(file),
+            (Some(None), _) => Job::All,
+            (None, true) => Job::Batch,
+            (None, false) => Job::Source(set),
+        }
+    }
+}
+
 /// Why `ksearch tasks --render` could not do its job. Errors about one request of a batch are
 /// replies, not errors.
 #[derive(Debug, thiserror::Error)]
