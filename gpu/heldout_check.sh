@@ -22,22 +22,14 @@ files=("tasks/$TASK/seed/naive.cu")
 case "$TASK" in
 attention)
     for v in ${VARIANTS:-s1_tiled s4_mma s7_causal_skip wg_m64n64s2 wg_m64n64_ov wg_m128n128s3_pp}; do
-        python3 gpu/attention/render.py --variants gpu/attention/variants.toml --name "$v" \
-            --backend cuda -o "$WORK/$v.cu" && files+=("$WORK/$v.cu")
+        python3 gpu/ksearch_render.py attention cuda --variants gpu/attention/variants.toml \
+            --name "$v" -o "$WORK/$v.cu" && files+=("$WORK/$v.cu")
     done
     ;;
 selective-scan)
     for v in ${VARIANTS:-s1_state_lanes s3_items s6_vec ch_t256_i4 seq_lanes8_fused tiled_c32_t256}; do
-        knobs=$(python3 - "$v" <<'PY'
-import sys, tomllib
-v = next(x for x in tomllib.load(open("gpu/mamba/variants.toml", "rb"))["variant"]
-         if x["name"] == sys.argv[1])
-print(" ".join(f"{k}={str(x).lower() if isinstance(x, bool) else x}"
-               for k, x in v["knobs"].items()))
-PY
-)
-        # shellcheck disable=SC2086
-        python3 gpu/mamba/render.py cuda $knobs > "$WORK/$v.cu" && files+=("$WORK/$v.cu")
+        python3 gpu/ksearch_render.py selective-scan cuda --variants gpu/mamba/variants.toml \
+            --name "$v" -o "$WORK/$v.cu" && files+=("$WORK/$v.cu")
     done
     ;;
 *)

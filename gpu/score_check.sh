@@ -30,8 +30,8 @@ mlx) KERNEL=${KERNEL:-s7_causal_skip}; EXT=py; COPY=tasks/copy/seed/copy_mlx.py 
 *) echo "unknown BACKEND $BACKEND" >&2; exit 2 ;;
 esac
 F="$WORK/$KERNEL.$EXT"
-python3 gpu/attention/render.py --variants gpu/attention/variants.toml --name "$KERNEL" \
-    --backend "$BACKEND" -o "$F" || exit 2
+python3 gpu/ksearch_render.py attention "$BACKEND" --variants-backend cuda \
+    --variants gpu/attention/variants.toml --name "$KERNEL" -o "$F" || exit 2
 
 STEPS=" ${STEPS:-eval bench copy} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }

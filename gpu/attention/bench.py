@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from render import HERE, Family, load_variants
+import family
+from family import HERE
 
 TOL = {"f16": 2e-3, "bf16": 1.6e-2}
 TORCH_DT = {"f16": torch.float16, "bf16": torch.bfloat16}
@@ -176,8 +177,7 @@ def main(argv=None):
     deadline = Deadline(args.budget_s)
     torch.manual_seed(0)
     dev = torch.cuda.get_device_properties(0)
-    fam = Family.load()
-    knobs = load_variants(args.variants, fam)
+    knobs = family.load_variants(args.variants)
     if args.only:
         knobs = {k: v for k, v in knobs.items() if k in args.only}
     mx = None if args.no_mlx else try_mlx()
@@ -283,7 +283,7 @@ def main(argv=None):
                 try:
                     from mlx_attention import MlxAttention
 
-                    impl = mlx_impls.get(name) or mlx_impls.setdefault(name, MlxAttention(knobs[name], fam))
+                    impl = mlx_impls.get(name) or mlx_impls.setdefault(name, MlxAttention(knobs[name]))
                     f = lambda: impl(mq, mk, mv, bool(causal))  # noqa: E731
                     t0 = time.perf_counter()
                     res = f()

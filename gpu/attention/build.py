@@ -25,7 +25,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from render import HERE, Family, load_variants, variant_id
+import family
+from family import HERE
 
 PTXAS_ENTRY = re.compile(r"Compiling entry function '(\S+)' for")
 PTXAS_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -72,10 +73,12 @@ def find_nvcc(explicit: str | None) -> str:
     raise SystemExit("nvcc not found: pass --nvcc or set NVCC")
 
 
-def build_one(nvcc: str, name: str, knobs: dict, fam: Family, out: Path) -> dict:
+def build_one(nvcc: str, name: str, setting: dict, out: Path) -> dict:
+    """`setting`: a reply of ksearch (knobs, variant_id, source of the cuda family)."""
+    knobs = setting["knobs"]
     src = out / f"{name}.cu"
     so = out / f"{name}.so"
-    src.write_text(fam.render("cuda", knobs))
+    src.write_text(setting["source"])
     cmd = [nvcc, "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Xptxas", "-v",
            "-shared", "-Xcompiler", "-fPIC", "-o", str(so), str(src)]
     # pip-installed nvcc (nvidia-cuda-nvcc wheels) keeps libcudart_static.a in ../lib, not lib64.
@@ -89,13 +92,13 @@ def build_one(nvcc: str, name: str, knobs: dict, fam: Family, out: Path) -> dict
         subprocess.run(["strip", "--strip-unneeded", str(so)], check=False)
     return {
         "name": name,
-        "variant_id": variant_id(knobs),
+        "variant_id": setting["variant_id"],
         "knobs": knobs,
         "ok": proc.returncode == 0,
         "command": cmd,
         "kernels": parse_ptxas(log),
         "perf_warnings": perf_warnings(log),
-        "smem_bytes": {str(d): fam.launch(knobs, d)["smem_bytes"] for d in fam.head_dims},
+        "smem_bytes": {str(d): family.launch(knobs, d)["smem_bytes"] for d in family.HEAD_DIMS},
         "log": "" if proc.returncode == 0 else log[-4000:],
     }
 
@@ -119,13 +122,13 @@ MLX_KERNEL = """__global__ void ksa_attention_kernel_mlx_{ty}_{d}_{c}(const {ty}
 MLX_MANGLED = re.compile(r"ksa_attention_kernel_mlx_(\w+?)_(\d+)_([01])")
 
 
-def build_mlx_wrap(nvcc: str, name: str, knobs: dict, fam: Family, out: Path) -> dict:
+def build_mlx_wrap(nvcc: str, name: str, knobs: dict, out: Path) -> dict:
     """The header and body of the mlx backend in a __global__ function without launch bounds,
     compiled as the harness compiles (-arch=sm_90a: the sm_90a code and a compute_90 pass)."""
-    header, body = fam.render_mlx(knobs)
+    header, body = family.render_mlx(knobs)
     kernels = "".join(
         MLX_KERNEL.format(ty=ty, d=d, c=int(c), causal="true" if c else "false", body=body)
-        for ty in ("__half", "__nv_bfloat16") for d in fam.head_dims for c in (False, True))
+        for ty in ("__half", "__nv_bfloat16") for d in family.HEAD_DIMS for c in (False, True))
     src = out / f"{name}.mlx.cu"
     src.write_text(MLX_WRAP.format(header=header, kernels=kernels))
     cmd = [nvcc, "-arch=sm_90a", "-O3", "-std=c++17", "-Xptxas", "-v", "-c", "-o", str(out / f"{name}.mlx.o"),
@@ -139,15 +142,15 @@ def build_mlx_wrap(nvcc: str, name: str, knobs: dict, fam: Family, out: Path) ->
             k.update(dtype="bf16" if "bfloat16" in m.group(1) else "f16", head_dim=int(m.group(2)),
                      causal=m.group(3) == "1")
         kernels_report.append(k)
-    threads = fam.launch(knobs, fam.head_dims[0])["threads"]
+    threads = family.launch(knobs, family.HEAD_DIMS[0])["threads"]
     regs = max((k.get("registers", 0) for k in kernels_report), default=0)
     return {"mlx_ok": proc.returncode == 0, "mlx_kernels": kernels_report, "mlx_perf_warnings": perf_warnings(log),
             "mlx_regs_fit": regs * threads <= 65536, "mlx_log": "" if proc.returncode == 0 else log[-4000:]}
 
 
-def build_probe(nvcc: str, fam: Family, knobs: dict, out: Path) -> int:
+def build_probe(nvcc: str, knobs: dict, out: Path) -> int:
     """The probe launches one warpgroup (128 threads), so it needs a variant whose THREADS is 128."""
-    header, _ = fam.render_mlx(knobs)
+    header, _ = family.render_mlx(knobs)
     (out / "wgmma_device.cuh").write_text(header)
     cmd = [nvcc, "-gencode=arch=compute_90a,code=sm_90a", "-O2", "-std=c++17", f"-I{out}",
            str(HERE / "probe" / "wgmma_probe.cu"), "-o", str(out / "wgmma_probe")]
@@ -174,15 +177,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="also compile each variant as the mlx backend's kernel (no launch bounds)")
     args = ap.parse_args(argv)
     nvcc = find_nvcc(args.nvcc)
-    fam = Family.load()
-    variants = load_variants(args.variants, fam)
+    variants = family.load_variants(args.variants)
     if args.only:
         variants = {k: v for k, v in variants.items() if k in args.only}
+    # ksearch renders every variant in one call; nvcc then runs in parallel.
+    replies = family.cuda().batch([{"name": n, "knobs": k} for n, k in variants.items()])
+    for r in replies:
+        if "error" in r:
+            raise SystemExit(f"{r['name']}: {r['error']}")
     args.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda kv: build_one(nvcc, kv[0], kv[1], fam, args.out), variants.items()))
+        results = list(pool.map(lambda r: build_one(nvcc, r["name"], r, args.out), replies))
         if args.mlx_wrap:
-            wraps = pool.map(lambda kv: build_mlx_wrap(nvcc, kv[0], kv[1], fam, args.out), variants.items())
+            wraps = pool.map(lambda kv: build_mlx_wrap(nvcc, kv[0], kv[1], args.out), variants.items())
             for r, w in zip(results, wraps):
                 r.update(w)
     report = args.out / "build.json"
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     report.write_text(json.dumps(list(merged.values()), indent=1))
     failed = 0
     if args.probe:
-        failed += build_probe(nvcc, fam, load_variants(args.variants, fam)["wg_m64n64s2"], args.out)
+        failed += build_probe(nvcc, family.load_variants(args.variants)["wg_m64n64s2"], args.out)
     for r in results:
         worst = max(r["kernels"], key=lambda k: k.get("registers", 0), default={})
         spills = sum(k.get("spill_stores", 0) + k.get("spill_loads", 0) for k in r["kernels"])

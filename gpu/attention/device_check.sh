@@ -2,7 +2,7 @@
 # The GPU attention work through ksearch on the H200, in one device call (kind nvidia-h200):
 #   1. ksearch doctor: the harness must list the cuda backend;
 #   2. ksearch eval --backend cuda --held-out of the best measured variant (wg_m64n64s2,
-#      rendered from tasks/attention/templates-cuda by render.py): passed, times vs SDPA;
+#      rendered from tasks/attention/templates-cuda by ksearch, through gpu/ksearch_render.py): passed, times vs SDPA;
 #   3. ksearch bench attention --kernel <it> --backend cuda: kernel, PyTorch SDPA (and MLX native
 #      when MLX is importable, see device_check_mlx.sh) per workload, one process;
 #   4. ksearch run --task attention --backend cuda: the offline search on the GPU family, a few
@@ -46,7 +46,7 @@ fi
 step "machine"
 nvidia-smi -L
 nvcc --version | tail -n 2
-"$KSEARCH_PYTHON" -c 'import torch, numpy, jinja2; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0), "numpy", numpy.__version__)'
+"$KSEARCH_PYTHON" -c 'import torch, numpy; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0), "numpy", numpy.__version__)'
 if ! "$KS" --version; then
     echo "cannot run $KS here: build it with cargo build --release -p ksearch-cli and carry it" >&2
     exit 2
@@ -65,8 +65,8 @@ PY
 
 step "render $VARIANT (cuda)"
 KERNEL="$WORK/$VARIANT.cu"
-"$KSEARCH_PYTHON" gpu/attention/render.py --variants gpu/attention/variants.toml \
-    --name "$VARIANT" --backend cuda -o "$KERNEL"
+KSEARCH_BIN="$KS" "$KSEARCH_PYTHON" gpu/ksearch_render.py attention cuda \
+    --variants gpu/attention/variants.toml --name "$VARIANT" -o "$KERNEL"
 head -n 2 "$KERNEL"
 
 step "ksearch eval --backend cuda --held-out $VARIANT"

@@ -57,10 +57,11 @@ timeout "$(cap 120)" "$KS" doctor --json > "$OUT/doctor.json"
 step "render $VARIANT (mlx module and cuda file)"
 MODULE="$WORK/${VARIANT}_mlx.py"
 KERNEL="$WORK/$VARIANT.cu"
-"$KSEARCH_PYTHON" gpu/attention/render.py --variants gpu/attention/variants.toml \
-    --name "$VARIANT" --backend mlx -o "$MODULE"
-"$KSEARCH_PYTHON" gpu/attention/render.py --variants gpu/attention/variants.toml \
-    --name "$VARIANT" --backend cuda -o "$KERNEL"
+# The variants name cuda settings; the mlx family has all their knobs but min_blocks.
+KSEARCH_BIN="$KS" "$KSEARCH_PYTHON" gpu/ksearch_render.py attention mlx --variants-backend cuda \
+    --variants gpu/attention/variants.toml --name "$VARIANT" -o "$MODULE"
+KSEARCH_BIN="$KS" "$KSEARCH_PYTHON" gpu/ksearch_render.py attention cuda \
+    --variants gpu/attention/variants.toml --name "$VARIANT" -o "$KERNEL"
 
 step "ksearch eval --backend mlx --held-out $VARIANT"
 T=$(cap 200)

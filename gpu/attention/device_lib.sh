@@ -16,7 +16,7 @@ cap() {
 fits() { ((BUDGET_S - SECONDS >= $1)); }
 
 # ksearch reads tasks/, knowledge/ and harness/ from this checkout and runs the harness with the
-# image's python3 (PyTorch, numpy, jinja2, nvcc on PATH; MLX once the carry is assembled);
+# image's python3 (PyTorch, numpy, nvcc on PATH; MLX once the carry is assembled);
 # nothing is installed.
 ksearch_env() {
     export KSEARCH_ROOT="$ROOT"

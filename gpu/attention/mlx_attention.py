@@ -12,21 +12,24 @@ first kernel compiled under a name, and a search compiles many bodies.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
-from render import Family, FamilyError, load_variants
+import family
 
 _DTYPES = {mx.float16: "f16", mx.bfloat16: "bf16"}
 
 
+class FamilyError(ValueError):
+    """Inputs the kernels do not take (shape, dtype, head dim)."""
+
+
 class MlxAttention:
-    def __init__(self, knobs: dict[str, Any] | None = None, family: Family | None = None):
-        self.family = family or Family.load()
-        self.knobs = self.family.resolve(dict(knobs or {}))
-        self.header, self.body = self.family.render_mlx(self.knobs)
+    def __init__(self, knobs: dict[str, Any] | None = None):
+        # ksearch completes and checks the setting (family.RenderError otherwise), renders it.
+        self.knobs = family.cuda().resolve(dict(knobs or {}))
+        self.header, self.body = family.render_mlx(self.knobs)
         self.source_hash = hashlib.sha256((self.header + "\0" + self.body).encode()).hexdigest()[:12]
         self._kernels: dict[int, Any] = {}
         self._launch: dict[tuple[int, int, int, int], tuple[int, tuple[int, int, int]]] = {}
@@ -35,7 +38,7 @@ class MlxAttention:
         # Dynamic shared memory is fixed when the kernel object is made, and depends on D.
         kern = self._kernels.get(head_dim)
         if kern is None:
-            smem = self.family.launch(self.knobs, head_dim)["smem_bytes"]
+            smem = family.launch(self.knobs, head_dim)["smem_bytes"]
             kern = mx.fast.cuda_kernel(
                 name=f"ksa_attention_{self.source_hash}_d{head_dim}",
                 input_names=["q", "k", "v"],
@@ -54,16 +57,16 @@ class MlxAttention:
         if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
             raise FamilyError(f"dtype must be float16 or bfloat16 for all inputs, got {q.dtype}, {k.dtype}, {v.dtype}")
         B, H, L, D = q.shape
-        if D not in self.family.head_dims:
-            raise FamilyError(f"head dim {D} not in {self.family.head_dims}")
+        if D not in family.HEAD_DIMS:
+            raise FamilyError(f"head dim {D} not in {family.HEAD_DIMS}")
         if B == 0 or H == 0 or L == 0:
             return mx.zeros(q.shape, dtype=q.dtype)
         if B > 65535 or H > 65535:
             raise FamilyError("B and H must be at most 65535 (grid y/z)")
         launch = self._launch.get((B, H, L, D))
         if launch is None:
-            threads = self.family.launch(self.knobs, D)["threads"]
-            launch = self._launch[(B, H, L, D)] = (threads, self.family.grid(self.knobs, B, H, L))
+            threads = family.launch(self.knobs, D)["threads"]
+            launch = self._launch[(B, H, L, D)] = (threads, family.grid(self.knobs, B, H, L))
         threads, (gx, gy, gz) = launch
         (out,) = self._kernel(D)(
             inputs=[q, k, v],
@@ -91,7 +94,7 @@ _VARIANTS: dict[str, dict[str, Any]] = {}
 
 def _named_variants() -> dict[str, dict[str, Any]]:
     if not _VARIANTS:
-        _VARIANTS.update(load_variants(Path(__file__).resolve().parent / "variants.toml", Family.load()))
+        _VARIANTS.update(family.load_variants())
     return _VARIANTS
 
 

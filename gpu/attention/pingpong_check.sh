@@ -2,7 +2,8 @@
 # One-shot H200 check of the wgmma ping-pong schedule (knob `pingpong`, docs/gpu-attention.md)
 # against the two measured references, in one device call of at most ~150 s:
 #   1. the libraries: unpacked from .gpu-carry/pingpong.tar.xz when it was built from this
-#      checkout's templates, else built here with nvcc (python3 + jinja2, ~15 s);
+#      checkout's templates, else built here with nvcc (python3, and a ksearch binary that
+#      renders the variants: $KSEARCH_BIN or the checkout's target/*/ksearch; ~15 s);
 #   2. smoke: every variant on many sequence lengths (1 .. 1000, partial tiles), D 64 and 128,
 #      f16 and bf16, causal and not, against SDPA in f32, no sanitizer. A deadlock in the barrier
 #      protocol shows up here as a timeout; then each variant runs alone (15 s each) and those

@@ -25,10 +25,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 TASK_DIR = REPO / "tasks" / "selective-scan"
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(REPO / "harness"))
 
-from render import Family, load_variants  # noqa: E402
+from ksearch_render import Family  # noqa: E402
 
 SPEC = tomllib.loads((TASK_DIR / "task.toml").read_text())
 DEFAULT_TOL = {"f32": {"rtol": 2e-5, "atol": 1e-5}, "f16": {"rtol": 1e-2, "atol": 5e-3},
@@ -109,9 +109,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--ksearch", default=os.environ.get("KSEARCH_BIN",
                                                         str(REPO / "target/release/ksearch")),
-                    help="the ksearch binary that resolves the workloads (default: $KSEARCH_BIN, "
+                    help="the ksearch binary that resolves the workloads and renders the variants (default: $KSEARCH_BIN, "
                          "else target/release/ksearch)")
     args = ap.parse_args(argv)
+    os.environ["KSEARCH_BIN"] = args.ksearch  # the variants are rendered by the same ksearch
     wls = workloads(args.ksearch, args.backend)
     if args.backend == "mlx":
         os.environ.setdefault("MLX_ENABLE_TF32", "0")
@@ -120,14 +121,15 @@ def main(argv=None) -> int:
     from ksearch_harness.protocol import parse_request
 
     root = Path(tempfile.mkdtemp(prefix=f"ksm-eval-{args.backend}-"))
-    fam = Family(args.backend)
+    fam = Family("selective-scan", args.backend)
     suffix = ".cu" if args.backend == "cuda" else ".py"
     seed = TASK_DIR / SPEC["backends"][args.backend]["seed"]
     candidates = [("seed", seed)]
-    named = load_variants()
-    for name in [n for n in args.variants.split(",") if n]:
+    named = fam.variants(HERE / "variants.toml")
+    chosen = [n for n in args.variants.split(",") if n]
+    for name, source in zip(chosen, fam.render_many([named[n] for n in chosen])):
         path = root / f"{name}{suffix}"
-        path.write_text(fam.render(named[name]))
+        path.write_text(source)
         candidates.append((name, path))
     rows = []
     for name, path in candidates:

@@ -36,7 +36,8 @@ os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 import numpy as np  # noqa: E402
 
-from render import Family, load_variants  # noqa: E402
+sys.path.insert(0, str(HERE.parent))
+from ksearch_render import Family  # noqa: E402
 
 TOL = 2e-3
 
@@ -144,11 +145,11 @@ def run_cuda(args, variants):
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="ksm-cuda-"))
-    fam = Family("cuda")
+    fam = Family("selective-scan", "cuda")
     srcs = {}
-    for name, knobs in variants.items():
+    for (name, knobs), source in zip(variants.items(), fam.render_many(list(variants.values()))):
         srcs[name] = work / f"{name}.cu"
-        srcs[name].write_text(fam.render(knobs))
+        srcs[name].write_text(source)
     with concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
         builds = dict(zip(srcs, pool.map(lambda n: nvcc_build(args.nvcc, srcs[n], work / f"{n}.so"),
                                          srcs)))
@@ -173,7 +174,7 @@ def run_cuda(args, variants):
     out = {"bandwidth_gbs": bandwidth / 1e9, "device": torch.cuda.get_device_name(0),
            "torch": torch.__version__, "variants": {}}
     for name, knobs in variants.items():
-        row = {"knobs": fam.resolve(knobs), "build": builds[name], "checks": [], "timings": {}}
+        row = {"knobs": knobs, "build": builds[name], "checks": [], "timings": {}}
         out["variants"][name] = row
         if builds[name]["rc"]:
             log(f"{name}: build failed")
@@ -253,7 +254,6 @@ def run_mlx(args, variants):
 
     if not mx.cuda.is_available():
         raise SystemExit("MLX runs without CUDA here")
-    fam = Family("mlx")
     checks = [(c, host_inputs(*c[:6], decay=c[6], seed=i)) for i, c in enumerate(CHECKS[args.checks])]
     truths = [truth_torch(inp, p).cpu() for _, (inp, p) in checks]
     out = {"mlx": mx.__version__, "variants": {}}
@@ -321,7 +321,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]
-    named = load_variants()
+    named = Family("selective-scan", args.backend).variants(HERE / "variants.toml")
     names = list(named) if args.variants == "all" else args.variants.split(",")
     variants = {n: named[n] for n in names}
     result = run_cuda(args, variants) if args.backend == "cuda" else run_mlx(args, variants)

@@ -138,20 +138,28 @@ def load_module(path: Path, name: str | None = None):
     return module
 
 
+def render_client():
+    """gpu/ksearch_render.py, the client of `ksearch tasks --render`: one level up in a checkout,
+    beside this file in the copy `ksearch bench mamba` extracts (which sets KSEARCH_BIN to
+    itself, so the renders come from the running ksearch)."""
+    for d in (HERE, HERE.parent):
+        if (d / "ksearch_render.py").is_file() and str(d) not in sys.path:
+            sys.path.insert(0, str(d))
+    import ksearch_render
+
+    return ksearch_render
+
+
 def render_module(knobs: dict[str, Any] | None = None, variant: str | None = None):
-    """The selective-scan mlx family rendered with `knobs` (or a named variant), imported."""
-    sys.path.insert(0, str(HERE))
-    try:
-        from render import Family, load_variants
-    finally:
-        sys.path.remove(str(HERE))
+    """The selective-scan mlx family rendered by ksearch with `knobs` (or a named variant of
+    variants.toml), imported, and the complete setting."""
+    fam = render_client().Family("selective-scan", "mlx")
     if knobs is None:
-        knobs = load_variants()[variant or DEFAULT_VARIANT]
-    fam = Family("mlx")
-    source = fam.render(knobs)
+        knobs = fam.variants(HERE / "variants.toml")[variant or DEFAULT_VARIANT]
+    reply = fam.ask({"knobs": knobs})
     tmp = Path(tempfile.mkdtemp(prefix="ksm-mlx-")) / "scan_mlx.py"
-    tmp.write_text(source)
-    return load_module(tmp), fam.resolve(knobs)
+    tmp.write_text(reply["source"])
+    return load_module(tmp), reply["knobs"]
 
 
 class KernelScan:

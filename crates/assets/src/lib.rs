@@ -19,27 +19,35 @@ static KNOWLEDGE: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/../../knowledge");
 static HARNESS: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/../../harness");
 
 /// A tree of chosen files of one checkout directory (`include_dir!` takes a whole directory, and
-/// `gpu/mamba` also holds tests, fixtures and emulators that the bench never imports). rustc
-/// tracks `include_bytes!` files itself, so an edit to one is picked up without build.rs.
+/// `gpu/mamba` also holds tests, fixtures and emulators that the bench never imports), plus
+/// files from elsewhere in the checkout under a name of their own. rustc tracks
+/// `include_bytes!` files itself, so an edit to one is picked up without build.rs.
 macro_rules! chosen_files {
-    ($dir:literal: $($name:literal),+ $(,)?) => {
-        Dir::new("", &[$(DirEntry::File(File::new(
-            $name,
-            include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../", $dir, "/", $name)),
-        ))),+])
+    ($dir:literal: $($name:literal),+ ; $($extra:literal = $path:literal),*) => {
+        Dir::new("", &[
+            $(DirEntry::File(File::new(
+                $name,
+                include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../", $dir, "/", $name)),
+            )),)+
+            $(DirEntry::File(File::new(
+                $extra,
+                include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../", $path)),
+            )),)*
+        ])
     };
 }
 
 /// What `ksearch bench mamba` runs: bench.py and the modules it imports at run time (the model,
-/// its kernels, the template renderer and its named settings), and the MLX settings probe. The
-/// selective-scan templates it renders come from the tasks tree.
+/// its kernels and its named family settings), the MLX settings probe, and the client through
+/// which it asks the running ksearch for the selective-scan family's renders (gpu/ in a
+/// checkout, beside the others here).
 static MAMBA_BENCH: Dir<'_> = chosen_files!("gpu/mamba":
     "bench.py",
     "mamba_model.py",
     "model_kernels.py",
-    "render.py",
     "variants.toml",
-    "mlx_env_probe.py",
+    "mlx_env_probe.py";
+    "ksearch_render.py" = "gpu/ksearch_render.py"
 );
 
 /// Set (to anything but empty or `0`), step 2 of the lookup is skipped: the binary behaves as
@@ -250,17 +258,21 @@ mod tests {
             names,
             [
                 "bench.py",
+                "ksearch_render.py",
                 "mamba_model.py",
                 "mlx_env_probe.py",
                 "model_kernels.py",
-                "render.py",
                 "variants.toml"
             ]
         );
         for name in names {
+            let source = match name.as_str() {
+                "ksearch_render.py" => checkout.join("../ksearch_render.py"),
+                _ => checkout.join(&name),
+            };
             assert_eq!(
                 std::fs::read(dir.join(&name)).unwrap(),
-                std::fs::read(checkout.join(&name)).unwrap(),
+                std::fs::read(source).unwrap(),
                 "{name}"
             );
         }

@@ -1,6 +1,7 @@
 //! `ksearch tasks`: the built-in tasks; `--check` runs `ksearch_task::check` on them (or on
 //! one task) and reports every problem; `--workloads` prints one task's resolved workloads for
-//! a backend as JSON, for tools that need them without evaluating task.toml's expressions.
+//! a backend as JSON, for tools that need them without evaluating task.toml's expressions;
+//! `--render` renders a task's template family for tools (ksearch_knowledge::render).
 
 use crate::exit;
 use anyhow::{Context, Result};
@@ -10,6 +11,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("per_backend").args(["workloads", "render"])))]
 pub struct TasksArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -29,9 +31,25 @@ pub struct TasksArgs {
         requires = "backend"
     )]
     workloads: Option<String>,
-    /// The backend whose workloads --workloads prints.
-    #[arg(long, requires = "workloads")]
+    /// The backend whose workloads --workloads prints, or whose family --render renders.
+    #[arg(long, requires = "per_backend")]
     backend: Option<String>,
+    /// Render this task's template family for --backend: the source of the --set setting, or
+    /// JSON lines (--list, --batch; docs/cli.md).
+    #[arg(long, value_name = "NAME|DIR", conflicts_with_all = ["check", "workloads"], requires = "backend")]
+    render: Option<String>,
+    /// A knob's value (repeatable); the others take their defaults.
+    #[arg(long = "set", value_name = "KNOB=VALUE", requires = "render")]
+    set: Vec<String>,
+    /// The family's code target (default: its first).
+    #[arg(long, requires = "render")]
+    target: Option<String>,
+    /// Every valid setting, or the named ones of a variants file, with ids and knob summaries.
+    #[arg(long, value_name = "FILE.toml", requires = "render", conflicts_with_all = ["set", "batch"])]
+    list: Option<Option<std::path::PathBuf>>,
+    /// A JSON reply per JSON request line on stdin (settings, sources, the family's knobs).
+    #[arg(long, requires = "render", conflicts_with = "set")]
+    batch: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -61,6 +79,14 @@ pub fn run(args: &TasksArgs) -> Result<u8> {
         let task = ksearch_task::resolve(target).context("cannot load the task")?;
         let workloads = task.workloads(backend)?;
         println!("{}", serde_json::to_string_pretty(&workloads)?);
+        return Ok(exit::OK);
+    }
+    if let (Some(target), Some(backend)) = (&args.render, &args.backend) {
+        use ksearch_knowledge::render::{run_stdio, Job};
+        let task = ksearch_task::resolve(target).context("cannot load the task")?;
+        let list = args.list.as_ref().map(|file| file.as_deref());
+        let job = Job::from_options(list, args.batch, &args.set);
+        run_stdio(task.dir(), backend, args.target.as_deref(), job)?;
         return Ok(exit::OK);
     }
     let tasks = ksearch_task::builtin::list().context("cannot load the built-in tasks")?;

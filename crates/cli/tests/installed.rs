@@ -170,35 +170,33 @@ fn an_installed_binary_needs_no_checkout() {
         let in_checkout = checkout.join(tree);
         assert!(!stderr.contains(in_checkout.to_str().unwrap()), "{stderr}");
     }
-    // What mamba_model.render_module does once MLX is there: the default variant of the mlx
-    // family, rendered by the extracted render.py from the extracted tasks tree (the variable is
-    // how `bench mamba` points it there). Needs jinja2, as the bench does.
+    // What mamba_model.render_module does once MLX is there: the extracted client asks the
+    // installed binary (KSEARCH_BIN, as `bench mamba` sets it to itself) for the default variant
+    // of the mlx family, which it renders from its embedded tasks.
     let python = common::numpy_python().unwrap();
-    let has_jinja = Command::new(&python)
-        .args(["-c", "import jinja2"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if has_jinja {
-        let tasks = ks.extracted("tasks-");
-        let script = "import sys; sys.path.insert(0, sys.argv[1]); \
-                      from render import Family, load_variants; \
-                      print(Family('mlx').render(load_variants()['chunked_fused']))";
-        let render = Command::new(&python)
-            .current_dir(ks.cwd.path())
-            .env("KSEARCH_TASKS_DIR", &tasks[0])
-            .args(["-c", script])
-            .arg(&bench[0])
-            .output()
-            .unwrap();
-        assert!(render.status.success(), "{}", text(&render.stderr));
-        assert!(
-            text(&render.stdout).contains("def selective_scan("),
-            "{}",
-            text(&render.stdout)
-        );
-    } else {
-        eprintln!("not checked: rendering the mlx family needs jinja2");
-    }
+    let script = "import sys; sys.path.insert(0, sys.argv[1]); \
+                  from ksearch_render import Family; \
+                  f = Family('selective-scan', 'mlx'); \
+                  print(f.render(f.variants(sys.argv[1] + '/variants.toml')['chunked_fused']))";
+    let render = Command::new(&python)
+        .current_dir(ks.cwd.path())
+        .env("KSEARCH_BIN", &ks.binary)
+        .env("KSEARCH_NO_SOURCE_CHECKOUT", "1")
+        .env("KSEARCH_CACHE_DIR", ks.cache.path())
+        .env_remove("KSEARCH_ROOT")
+        .args(["-c", script])
+        .arg(&bench[0])
+        .output()
+        .unwrap();
+    assert!(render.status.success(), "{}", text(&render.stderr));
+    let module = text(&render.stdout);
+    assert!(module.contains("def selective_scan("), "{module}");
+    assert!(module.contains("algo=\"chunked\""), "{module}");
+    assert_eq!(
+        ks.extracted("tasks-").len(),
+        1,
+        "the tasks come from the binary"
+    );
     if !out.status.success() {
         let script = bench[0].join("bench.py");
         assert!(

@@ -19,9 +19,10 @@ use wait_timeout::ChildExt;
 pub const SCHEMA: &str = "ksearch-bench-mamba/1";
 /// bench.py's exit status when our logits disagree with stock mlx-lm's.
 const CHECK_FAILED: i32 = 3;
-/// Where render.py (beside bench.py) finds the tasks tree: it may run from the cache, where
-/// the tree is not its grandparent as in a checkout.
-const TASKS_DIR_VAR: &str = "KSEARCH_TASKS_DIR";
+/// The ksearch binary that ksearch_render.py (the bench's client of `ksearch tasks --render`)
+/// asks for the selective-scan family's renders: the running one, so the bench measures what
+/// this ksearch renders, installed or not.
+const BIN_VAR: &str = "KSEARCH_BIN";
 /// The longest the MLX settings probe may take, whatever the bench's own timeout.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -38,6 +39,8 @@ pub enum MambaBenchError {
     },
     #[error("{0} is missing")]
     ScriptMissing(PathBuf),
+    #[error("cannot find the running ksearch binary (the bench's renderer asks it): {0}")]
+    CurrentExe(std::io::Error),
     #[error("cannot prepare the bench's output file: {0}")]
     TempFile(std::io::Error),
     #[error("cannot start the bench's Python: {0}")]
@@ -212,7 +215,7 @@ impl ProbePick {
 #[derive(Debug, Clone)]
 pub struct MambaBench {
     script: PathBuf,
-    tasks: PathBuf,
+    ksearch: PathBuf,
     python: PathBuf,
 }
 
@@ -244,21 +247,22 @@ impl MambaRun {
 impl MambaBench {
     /// bench.py of the bench's Python (`gpu/mamba` of `KSEARCH_ROOT` or of the checkout ksearch
     /// was built from, else the copy embedded in the binary, extracted into the cache), the
-    /// tasks tree its renderer reads the selective-scan templates from, and `python` to run
+    /// running ksearch, which renders the selective-scan family for it, and `python` to run
     /// them (the harness interpreter for the mlx backend).
     pub fn locate(python: PathBuf) -> Result<MambaBench> {
         use ksearch_assets::{locate, Tree};
-        let locate =
-            |tree, what| locate(tree).map_err(|source| MambaBenchError::Locate { what, source });
-        let dir = locate(Tree::MambaBench, "Mamba bench's Python")?;
-        let tasks = locate(Tree::Tasks, "built-in tasks")?;
+        let dir = locate(Tree::MambaBench).map_err(|source| MambaBenchError::Locate {
+            what: "Mamba bench's Python",
+            source,
+        })?;
         let script = dir.join("bench.py");
         if !script.is_file() {
             return Err(MambaBenchError::ScriptMissing(script));
         }
+        let ksearch = std::env::current_exe().map_err(MambaBenchError::CurrentExe)?;
         Ok(MambaBench {
             script,
-            tasks,
+            ksearch,
             python,
         })
     }
@@ -275,7 +279,7 @@ impl MambaBench {
         let report = dir.path().join("probe.json");
         let status = run_with_timeout(
             Command::new(&self.python)
-                .env(TASKS_DIR_VAR, &self.tasks)
+                .env(BIN_VAR, &self.ksearch)
                 .arg(&probe)
                 .arg("--json")
                 .arg(&report),
@@ -305,7 +309,7 @@ impl MambaBench {
         let mut cmd = Command::new(&self.python);
         cmd.arg(&self.script)
             .args(options.script_args(&out))
-            .env(TASKS_DIR_VAR, &self.tasks);
+            .env(BIN_VAR, &self.ksearch);
         if let Some(pick) = pick {
             for c in &pick.controls {
                 cmd.env_remove(c);

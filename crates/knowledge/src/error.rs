@@ -78,6 +78,8 @@ pub enum TemplateError {
         target: String,
         known: String,
     },
+    #[error("family `{family}`: expected KNOB=VALUE, got {text:?}")]
+    Setting { family: String, text: String },
     #[error("family `{family}`: no valid combination keeps {fixed}")]
     Unsatisfiable { family: String, fixed: String },
     #[error(

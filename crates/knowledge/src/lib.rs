@@ -4,7 +4,8 @@
 //!   proposer turns into world-model nodes, and the hardware profiles
 //!   (`knowledge/hardware/*.toml`).
 //! - [`TemplateFamily`]: a task's parametric kernel templates (`tasks/<name>/templates/`):
-//!   knobs with ordered domains, constraints, minijinja rendering, neighbours and enumeration.
+//!   knobs with ordered domains, constraints, minijinja rendering, neighbours and enumeration;
+//!   [`render`] serves it to tools outside the binary (`ksearch tasks --render`).
 //! - [`Packs`]: the translation layer (`knowledge/packs/`): code targets, CUDA→target concept
 //!   maps, code patterns, assertions (with adversarial acceptance workloads) and lint rules;
 //!   [`lint`] runs the static checks on candidate code.
@@ -18,6 +19,7 @@ mod files;
 mod hardware;
 pub mod lint;
 pub mod packs;
+pub mod render;
 pub mod templates;
 
 pub use catalog::{Action, Catalog, Impacts};

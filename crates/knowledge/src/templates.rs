@@ -775,22 +775,54 @@ impl TemplateFamily {
     /// Renders the entry template. Missing knobs take their defaults; unknown knobs, values
     /// outside a domain and broken rules are errors.
     pub fn render(&self, knobs: &Knobs) -> Result<String, TemplateError> {
+        self.render_template(&self.entry, knobs)
+    }
+
+    /// Renders `name`, any template of the family (its path relative to the family directory
+    /// or to an included one), with the same checks and context as [`Self::render`]. Tools use
+    /// it for pieces of a candidate, e.g. the device code that MLX takes as a kernel's header.
+    pub fn render_template(&self, name: &str, knobs: &Knobs) -> Result<String, TemplateError> {
         let full = self.validate(knobs)?;
         let template = self
             .env
-            .get_template(&self.entry)
-            .map_err(|e| self.render_error(e))?;
+            .get_template(name)
+            .map_err(|e| self.render_error(name, e))?;
         template
             .render(self.context(&full))
-            .map_err(|e| self.render_error(e))
+            .map_err(|e| self.render_error(name, e))
     }
 
-    fn render_error(&self, e: minijinja::Error) -> TemplateError {
+    fn render_error(&self, template: &str, e: minijinja::Error) -> TemplateError {
         TemplateError::Render {
             family: self.name.clone(),
-            file: self.dir.join(&self.entry).display().to_string(),
+            file: self.dir.join(template).display().to_string(),
             source: Box::new(e),
         }
+    }
+
+    /// Reads `KNOB=VALUE` as written on a command line: the value is taken as the knob's type
+    /// (`true`/`false` for a boolean knob, a number for an integer one), so `--set block_n=64`
+    /// means the integer. A value that is not of the knob's type is kept as text and fails the
+    /// domain check with the knob's domain in the message.
+    pub fn parse_setting(&self, text: &str) -> Result<(String, KnobValue), TemplateError> {
+        let Some((name, raw)) = text.split_once('=') else {
+            return Err(TemplateError::Setting {
+                family: self.name.clone(),
+                text: text.to_string(),
+            });
+        };
+        let (name, raw) = (name.trim(), raw.trim());
+        let value = match self.knob(name).and_then(|k| k.values.first()) {
+            Some(KnobValue::Bool(_)) if raw == "true" || raw == "false" => {
+                KnobValue::Bool(raw == "true")
+            }
+            Some(KnobValue::Int(_)) => raw
+                .parse()
+                .map_or_else(|_| KnobValue::from(raw), KnobValue::Int),
+            _ => KnobValue::from(raw),
+        };
+        self.check_domain(&Knobs::from([(name.to_string(), value.clone())]))?;
+        Ok((name.to_string(), value))
     }
 
     fn context(&self, knobs: &Knobs) -> Value {

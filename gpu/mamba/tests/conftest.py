@@ -1,6 +1,7 @@
-"""CPU tests of gpu/mamba and the selective-scan GPU families. Optional packages (jinja2, mlx,
-mlx-lm, torch, mambapy, a C++20 compiler) are skipped with a reason when absent:
-run `python -m pytest gpu/mamba/tests -rs` to see which."""
+"""CPU tests of gpu/mamba and the selective-scan GPU families. The families are rendered by
+ksearch (gpu/ksearch_render.py: $KSEARCH_BIN, else ksearch on PATH, else this checkout's build).
+Optional packages (mlx, mlx-lm, torch, mambapy, a C++20 compiler) are skipped with a reason when
+absent: run `python -m pytest gpu/mamba/tests -rs` to see which."""
 
 import sys
 from pathlib import Path
@@ -8,6 +9,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 MAMBA = HERE.parent
 REPO = MAMBA.parents[1]
-for p in (MAMBA, MAMBA / "emu", REPO / "harness"):
+for p in (MAMBA, MAMBA / "emu", REPO / "harness", REPO / "gpu"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))

@@ -5,19 +5,26 @@ module launch it. Results are compared with the float64 reference: lengths that 
 multiples of the chunk, a chunk plus one, one step, odd state sizes, both layouts, a state in and
 out, decays near 0 and near 1, f32 I/O (tight) and f16 I/O (the task's tolerance)."""
 
+import json
+
 import numpy as np
 import pytest
 
-pytest.importorskip("jinja2", reason="jinja2 renders the families (pip install jinja2)")
-
 import emu  # noqa: E402
-from render import Family, load_variants  # noqa: E402
+from conftest import MAMBA  # noqa: E402
+from ksearch_render import Family  # noqa: E402
 from scan_ref import make_inputs, scan_ref  # noqa: E402
 
 if emu.compiler() is None:
     pytest.skip("no C++20 compiler (g++ or $CXX) for the CPU emulation", allow_module_level=True)
 
-FAM = Family("mlx")
+# Target mlx-cuda (the family's only one), so the device code has the decode kernel too.
+FAM = Family("selective-scan", "mlx")
+
+
+def _key(knobs):
+    # Complete settings from ksearch: their sorted JSON names them.
+    return json.dumps(knobs, sort_keys=True)
 
 
 def _variants():
@@ -26,30 +33,30 @@ def _variants():
     for knobs in FAM.enumerate():
         new = set(knobs.items()) - seen
         if new:
-            picked[FAM.context(knobs)["knob_summary"]] = knobs
+            picked[_key(knobs)] = knobs
             seen |= new
-    for name, knobs in load_variants().items():
+    for name, knobs in FAM.variants(MAMBA / "variants.toml").items():
         if name.startswith(("s", "tiled")) or name == "chunked_fused":
-            full = FAM.resolve(knobs)
-            picked[FAM.context(full)["knob_summary"]] = full
+            picked[_key(knobs)] = knobs
     return list(picked.values())
 
 
 VARIANTS = _variants()
+# Test ids: ksearch's knob summaries, asked for all settings in one call.
+SUMMARY = {_key(r["knobs"]): r["knob_summary"]
+           for r in FAM.batch([{"knobs": k, "source": False} for k in VARIANTS])}
 _BUILT = {}
-
-
-def _key(knobs):
-    return FAM.context(FAM.resolve(knobs))["knob_summary"]
 
 
 def build(knobs):
     """The emulated variant; the first call compiles every variant the tests use at once."""
+    knobs = FAM.resolve(knobs)
     if not _BUILT:
         wanted = VARIANTS + [FAM.resolve({"exp2": e}) for e in (False, True)]
-        unique = {_key(k): FAM.resolve(k) for k in wanted}
-        built = emu.build_many([(FAM.render_device(k, target="mlx-cuda"), k["fuse_epilogue"], True)
-                                for k in unique.values()])
+        unique = {_key(k): k for k in wanted}
+        codes = FAM.render_many(list(unique.values()), template="scan_device.cuh.j2")
+        built = emu.build_many([(code, k["fuse_epilogue"], True)
+                                for code, k in zip(codes, unique.values())])
         _BUILT.update(zip(unique, built))
     return _BUILT[_key(knobs)]
 
@@ -68,7 +75,7 @@ def close(got, want, tol):
     return bool(np.all(err <= tol * scale + tol * np.abs(want))), float(err.max() / scale)
 
 
-@pytest.mark.parametrize("knobs", VARIANTS, ids=lambda k: FAM.context(k)["knob_summary"])
+@pytest.mark.parametrize("knobs", VARIANTS, ids=lambda k: SUMMARY[_key(k)])
 def test_variant_matches_the_reference(knobs):
     v = build(knobs)
     rng = np.random.default_rng(7)
@@ -132,7 +139,7 @@ def test_a_broken_combine_is_caught():
     """The harness's point: the comparison above fails a kernel whose warp combine takes its
     operands in the wrong order (the earlier pair on the left)."""
     knobs = FAM.resolve({"algo": "chunked", "threads": 64, "items": 2})
-    code = FAM.render_device(knobs, target="mlx-cuda")
+    code = FAM.render(knobs, template="scan_device.cuh.j2")
     good = "          tb = ta * pb + tb;\n          ta = ta * pa;"
     assert good in code
     broken = emu.EmuVariant.build(code.replace(good, "          tb = pa * tb + pb;\n          ta = ta * pa;"),

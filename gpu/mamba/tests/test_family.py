@@ -1,49 +1,45 @@
-"""The selective-scan GPU families (tasks/selective-scan/templates-cuda, templates-mlx): schema,
-knobs in step between the backends, constraints, seeds equal to the rendered defaults, every
-setting passing the harness's static checks, parity with minijinja (what the Rust proposer
-renders with), and the named variants."""
+"""The selective-scan GPU families (tasks/selective-scan/templates-cuda, templates-mlx) as ksearch
+renders them for the tools here (gpu/ksearch_render.py): knobs in step between the backends,
+constraints and ksearch's messages, seeds equal to the rendered defaults, every setting passing
+the harness's static checks, knob values in the code they name, and the named variants."""
 
 import re
 import tomllib
 
 import pytest
 
-jinja2 = pytest.importorskip("jinja2", reason="jinja2 renders the families (pip install jinja2)")
-
-from conftest import REPO  # noqa: E402
-from render import Family, FamilyError, load_variants  # noqa: E402
+from conftest import MAMBA, REPO  # noqa: E402
+from ksearch_render import Family, RenderError  # noqa: E402
 
 TASK = REPO / "tasks" / "selective-scan"
 SPEC = tomllib.loads((TASK / "task.toml").read_text())
 
 
+def load_variants(fam):
+    return fam.variants(MAMBA / "variants.toml")
+
+
 @pytest.fixture(scope="module")
 def cuda():
-    return Family("cuda")
+    return Family("selective-scan", "cuda")
 
 
 @pytest.fixture(scope="module")
 def mlx():
-    return Family("mlx")
+    return Family("selective-scan", "mlx")
 
 
 def test_backends_share_knobs_and_rules(cuda, mlx):
-    assert cuda.knobs == mlx.knobs
-    assert cuda.constraints == mlx.constraints
-    for fam, backend in ((cuda, "cuda"), (mlx, "mlx")):
-        spec = tomllib.loads((fam.dir / "family.toml").read_text())
-        assert spec["family"]["backends"] == [backend]
-        assert set(spec["family"]) <= {"name", "description", "entry", "backends",
-                                       "include_dirs", "targets"}
-        for k in spec["knob"]:
-            assert set(k) <= {"name", "description", "values", "type", "default"}
+    c, m = cuda.describe(), mlx.describe()
+    assert c["knobs"] == m["knobs"]
+    assert c["rules"] == m["rules"]
+    assert (c["backends"], m["backends"]) == (["cuda"], ["mlx"])
+    assert (c["name"], m["name"]) == ("selective-scan-cuda", "selective-scan-mlx")
+    assert m["targets"] == ["mlx-cuda"] and m["target"] == "mlx-cuda"
 
 
 def test_space_defaults_and_constraints(cuda):
-    space = 1
-    for k in cuda.knobs.values():
-        space *= len(k["values"])
-    assert space <= 100_000
+    assert cuda.describe()["space"] <= 100_000
     valid = cuda.enumerate()
     # sequential: threads x state_lanes x exp2 x fuse, less 512 threads with fewer than 8
     # lanes; chunked: threads x (items, vec) pairs with vec | items x exp2 x fuse, less
@@ -57,11 +53,13 @@ def test_space_defaults_and_constraints(cuda):
                      ({"threads": 512, "state_lanes": 4}, "128 registers"),
                      ({"algo": "chunked", "threads": 512, "items": 16}, "128 registers"),
                      ({"channels": 16}, "channels only applies"),
-                     ({"threads": 100}, "outside its domain"),
-                     ({"exp2": 1}, "outside its domain"),
-                     ({"warps": 4}, "unknown knobs")]:
-        with pytest.raises(FamilyError, match=msg):
+                     ({"threads": 100}, r"`threads` = 100 is outside its domain \[32, 64"),
+                     ({"exp2": 1}, r"`exp2` = 1 is outside its domain \[false, true\]"),
+                     ({"warps": 4}, "family `selective-scan-cuda` has no knob `warps`")]:
+        with pytest.raises(RenderError, match=msg):
             cuda.resolve(bad)
+        with pytest.raises(RenderError, match=msg):
+            cuda.render(bad)
 
 
 def test_seeds_are_the_rendered_defaults(cuda, mlx):
@@ -94,7 +92,7 @@ def covering_sample(fam):
         if new:
             out.append(knobs)
             seen |= new
-    return out + list(load_variants().values())
+    return out + list(load_variants(fam).values())
 
 
 def test_settings_pass_the_static_checks(cuda, mlx):
@@ -102,9 +100,9 @@ def test_settings_pass_the_static_checks(cuda, mlx):
 
     forbid_cuda = SPEC["backends"]["cuda"]["forbidden"]
     forbid_mlx = SPEC["backends"]["mlx"]["forbidden"]
-    for knobs in covering_sample(cuda):
-        assert check_source(cuda.render(knobs), forbid_cuda, "cuda") == [], knobs
-        src = mlx.render(knobs)
+    sample = covering_sample(cuda)
+    for knobs, cu, src in zip(sample, cuda.render_many(sample), mlx.render_many(sample)):
+        assert check_source(cu, forbid_cuda, "cuda") == [], knobs
         assert check_python(src, forbid_mlx) == [], knobs
         assert kernel_dialects(src) == {"cuda"}
         compile(src, "scan_mlx.py", "exec")
@@ -123,14 +121,25 @@ def test_knobs_change_the_code_they_name(cuda):
     assert "__shfl_xor_sync" in cuda.render({"state_lanes": 16})
     # The decode kernel is only for the mlx module.
     assert "decode_body" not in seq
-    assert "decode_body" in Family("mlx").render({})
+    assert "decode_body" in Family("selective-scan", "mlx").render({})
+
+
+def test_knob_values_land_where_the_templates_put_them(cuda, mlx):
+    src = cuda.render({"algo": "chunked", "threads": 256, "items": 4})
+    assert "constexpr int THREADS = 256;" in src and "constexpr int ITEMS = 4;" in src
+    summary = cuda.setting({"algo": "chunked", "threads": 256, "items": 4})["knob_summary"]
+    assert f"// Knobs: {summary}\n" in src
+    assert "threads=256" in summary and 'algo="chunked"' in summary
+    device = mlx.render({"algo": "chunked", "items": 4}, template="scan_device.cuh.j2")
+    assert "decode_body" in device and "extern \"C\"" not in device
 
 
 def test_named_variants_are_valid(cuda):
-    variants = load_variants()
+    variants = load_variants(cuda)
     assert len(variants) >= 10
     for name, knobs in variants.items():
-        cuda.resolve(knobs)
+        # Complete settings: every knob, as ksearch checked them.
+        assert set(knobs) == set(cuda.knob_names), name
     # mamba_model needs mlx; read its default from the source.
     import ast
 
@@ -138,26 +147,3 @@ def test_named_variants_are_valid(cuda):
     default = next(ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
                    and getattr(n.targets[0], "id", "") == "DEFAULT_VARIANT")
     assert default in variants
-
-
-def test_minijinja_renders_identically(cuda, mlx):
-    # The Rust proposer renders with minijinja (strict undefined; knobs, knobs map,
-    # knob_summary, family and, for families with targets, target); the Python tools render
-    # with jinja2. Same bytes and the same rule verdicts, or the offline search would compile
-    # something nobody tested.
-    minijinja = pytest.importorskip("minijinja", reason="pip install minijinja for the parity check")
-    variants = list(load_variants().values()) + [{}]
-    for fam in (cuda, mlx):
-        templates = {}
-        for d in [fam.dir] + fam.include_dirs:
-            templates.update({p.name: p.read_text() for p in d.glob("*.j2")})
-        env = minijinja.Environment(templates=templates, trim_blocks=True, lstrip_blocks=True,
-                                    keep_trailing_newline=True, undefined_behavior="strict")
-        for knobs in variants:
-            full = fam.resolve(knobs)
-            assert env.render_template(fam.entry, **fam.context(full)) == fam.render(knobs), knobs
-        for knobs in fam.enumerate()[::11] + [{"items": 8}, {"algo": "chunked", "vec": 2}]:
-            full = dict(fam.defaults(), **knobs)
-            for expr, _ in fam.constraints:
-                assert bool(env.eval_expr(expr, **full)) == bool(
-                    fam.env().compile_expression(expr)(**full)), (knobs, expr)

@@ -8,11 +8,10 @@ the task entry, the stateful channel-last entry and one decode step."""
 import numpy as np
 import pytest
 
-pytest.importorskip("jinja2", reason="jinja2 renders the families (pip install jinja2)")
-
 import emu  # noqa: E402
+from conftest import MAMBA  # noqa: E402
 from fake_mlx import FakeMx  # noqa: E402
-from render import Family, load_variants  # noqa: E402
+from ksearch_render import Family  # noqa: E402
 from scan_ref import make_inputs, scan_ref  # noqa: E402
 
 if emu.compiler() is None:
@@ -24,7 +23,8 @@ KEYS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
 
 def load(name, tmp_path):
     path = tmp_path / f"{name}.py"
-    path.write_text(Family("mlx").render(load_variants()[name]))
+    fam = Family("selective-scan", "mlx")
+    path.write_text(fam.render(fam.variants(MAMBA / "variants.toml")[name]))
     fake = FakeMx()
     return fake, fake.load(path, f"ksm_{name}")
 

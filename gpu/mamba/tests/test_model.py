@@ -148,12 +148,12 @@ class EmulatedKernels:
     on a GPU."""
 
     def __init__(self, variant, tmp_path):
-        import jinja2  # noqa: F401  (render needs it)
         from fake_mlx import FakeMx
-        from render import Family, load_variants
+        from ksearch_render import Family
 
+        fam = Family("selective-scan", "mlx")
         path = tmp_path / f"{variant}.py"
-        path.write_text(Family("mlx").render(load_variants()[variant]))
+        path.write_text(fam.render(fam.variants(mm.HERE / "variants.toml")[variant]))
         self.fake = FakeMx()
         self.mod = self.fake.load(path, f"ksm_model_{variant}")
 
@@ -177,7 +177,6 @@ def test_model_with_our_kernels_on_the_emulation(models, variant, channel_last, 
     transposes, decode_step for single tokens) against stock mlx-lm, with the kernels run by
     the CPU emulation. mx.compile cannot trace the host round trip, so this also exercises the
     bench's fallback to an uncompiled forward."""
-    pytest.importorskip("jinja2", reason="jinja2 renders the families")
     import emu
 
     if emu.compiler() is None:
