@@ -33,8 +33,16 @@ pub(crate) fn read_text(path: &Path) -> Result<String, KnowledgeError> {
 }
 
 pub(crate) fn read_toml<T: DeserializeOwned>(path: &Path) -> Result<T, KnowledgeError> {
-    let text = read_text(path)?;
-    toml::from_str(&text).map_err(|source| KnowledgeError::Toml {
+    parse_toml(path, &read_text(path)?)
+}
+
+/// `text`, the contents of `path`, as TOML; the error names the file (toml's own message has
+/// the line and column).
+pub(crate) fn parse_toml<T: DeserializeOwned>(
+    path: &Path,
+    text: &str,
+) -> Result<T, KnowledgeError> {
+    toml::from_str(text).map_err(|source| KnowledgeError::Toml {
         path: path.to_path_buf(),
         source: Box::new(source),
     })

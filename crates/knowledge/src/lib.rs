@@ -20,7 +20,7 @@ pub mod lint;
 pub mod packs;
 pub mod templates;
 
-pub use catalog::{Action, Catalog, Impacts};
+pub use catalog::{Action, Catalog, Impacts, Origin, TASK_ACTIONS_DIR};
 pub use error::{KnowledgeError, TemplateError};
 pub use hardware::{DeviceKind, HardwareProfile, Memory, OnChip, Parallelism};
 pub use lint::{LintFinding, LintTarget, Severity};
