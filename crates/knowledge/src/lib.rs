@@ -8,6 +8,7 @@
 //! - [`Packs`]: the translation layer (`knowledge/packs/`): code targets, CUDA→target concept
 //!   maps, code patterns, assertions (with adversarial acceptance workloads) and lint rules;
 //!   [`lint`] runs the static checks on candidate code.
+//! - [`scaffold`]: the files of a new task (`ksearch new-task`), embedded in the binary.
 //!
 //! Data only: this crate never talks to an LLM or runs a kernel. `docs/offline-proposer.md`
 //! describes the file formats.
@@ -18,6 +19,7 @@ mod files;
 mod hardware;
 pub mod lint;
 pub mod packs;
+pub mod scaffold;
 pub mod templates;
 
 pub use catalog::{Action, Catalog, Impacts, Origin, TASK_ACTIONS_DIR};
