@@ -7,7 +7,7 @@
 //! the C families only).
 
 use crate::error::KnowledgeError;
-use crate::files::{parse_toml, read_text, toml_files};
+use crate::files::{header_lines, parse_toml, read_text, toml_files};
 use crate::hardware::HardwareProfile;
 use crate::templates::{format_knobs, Knobs, TemplateFamily};
 use serde::{Deserialize, Serialize};
@@ -489,21 +489,6 @@ fn read_actions(dir: &Path, task_local: bool) -> Result<Vec<(Action, Origin)>, K
         }
     }
     Ok(out)
-}
-
-/// The 1-based lines on which a table header such as `[[action]]` stands, in order: the
-/// `i`-th is where the `i`-th table of that array starts.
-fn header_lines(text: &str, header: &str) -> Vec<usize> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| {
-            let l = l.trim_start();
-            l.strip_prefix(header).is_some_and(|rest| {
-                rest.trim_start().is_empty() || rest.trim_start().starts_with('#')
-            })
-        })
-        .map(|(n, _)| n + 1)
-        .collect()
 }
 
 /// Checks every `requires` (a known action that applies to all of the dependent's kinds and

@@ -47,3 +47,18 @@ pub(crate) fn parse_toml<T: DeserializeOwned>(
         source: Box::new(source),
     })
 }
+
+/// The 1-based lines on which a table header such as `[[action]]` stands, in order: the
+/// `i`-th is where the `i`-th table of that array starts.
+pub(crate) fn header_lines(text: &str, header: &str) -> Vec<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let l = l.trim_start();
+            l.strip_prefix(header).is_some_and(|rest| {
+                rest.trim_start().is_empty() || rest.trim_start().starts_with('#')
+            })
+        })
+        .map(|(n, _)| n + 1)
+        .collect()
+}

@@ -26,7 +26,7 @@ pub use catalog::{Action, Catalog, Impacts, Origin, TASK_ACTIONS_DIR};
 pub use error::{KnowledgeError, TemplateError};
 pub use hardware::{DeviceKind, HardwareProfile, Memory, OnChip, Parallelism};
 pub use lint::{LintFinding, LintTarget, Severity};
-pub use packs::{KnowledgeContext, Packs, Target};
+pub use packs::{KnowledgeContext, Packs, Target, TASK_PATTERNS_DIR};
 pub use templates::{format_knobs, Knob, KnobValue, Knobs, Rule, TemplateFamily};
 
 /// Is `s` a C/Python identifier (a letter or `_`, then letters, digits and `_`)?

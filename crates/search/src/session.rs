@@ -164,18 +164,25 @@ pub fn task_ref_of_run(config: &RunConfig) -> String {
         .unwrap_or_else(|| config.task.clone())
 }
 
-/// Checks, before a run is created, what the run's proposer needs from the task: for the
-/// offline proposer, a template family for `backend` (the task's) and catalog actions for its
+/// Checks, before a run is created, what the run's proposer needs from the task: the task's
+/// own patterns load (`knowledge/patterns/`, for prompts); for the offline proposer, a template family for `backend` (the task's) and catalog actions for its
 /// kind (the built-in pack's and the task's own, `knowledge/actions/`). A task that cannot be
 /// searched this way is a set-up error whose message says what to add, and no run directory
-/// is made for it. LLM proposers need nothing from the task beyond what loading it checked.
+/// is made for it.
 pub fn check_task(task: &Task, backend: &str, opts: &RunSettings) -> Result<(), SessionError> {
     task.backend(backend)?;
+    let packs = task_packs(task)?;
     if opts.proposer == ProposerKind::Offline {
-        let packs = Packs::builtin().map_err(SessionError::Packs)?;
         offline_proposer(task, backend, &packs, 0)?;
     }
     Ok(())
+}
+
+/// The built-in knowledge packs with the task's own patterns (`knowledge/patterns/`).
+fn task_packs(task: &Task) -> Result<Packs, SessionError> {
+    Packs::builtin()
+        .and_then(|p| p.with_task(task.dir()))
+        .map_err(SessionError::Packs)
 }
 
 /// The offline proposer for `task` on `backend`: the task's template family and the actions of
@@ -228,7 +235,7 @@ pub fn set_up(
     interrupt: Interrupt,
 ) -> Result<Setup, SessionError> {
     let spec = task.backend(backend)?;
-    let packs = Packs::builtin().map_err(SessionError::Packs)?;
+    let packs = task_packs(task)?;
     let proposer: Box<dyn Proposer> = match opts.proposer {
         ProposerKind::Offline => Box::new(offline_proposer(task, backend, &packs, seeds.seed)?),
         _ => Box::new(llm_proposer(
