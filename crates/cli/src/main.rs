@@ -9,6 +9,7 @@ mod import;
 mod inspect;
 mod knowledge;
 mod logging;
+mod new_task;
 mod sandbox_arg;
 mod search;
 mod signals;
@@ -37,6 +38,9 @@ struct Cli {
 enum Command {
     /// List the built-in tasks.
     Tasks(tasks::TasksArgs),
+    /// Write a new task directory to start from (task.toml, reference, seed; --templates: a
+    /// template family and actions for the offline search).
+    NewTask(new_task::NewTaskArgs),
     /// Evaluate candidate kernel files: build, static checks, correctness, timing.
     Eval(eval::EvalArgs),
     /// Check what this machine offers (Python, numpy, compilers, torch, mlx, GPUs).
@@ -93,6 +97,7 @@ fn main() -> ExitCode {
     logging::init(cli.verbose, cli.quiet);
     let result = match cli.command {
         Command::Tasks(args) => tasks::run(&args),
+        Command::NewTask(args) => new_task::run(&args, cli.quiet),
         Command::Eval(args) => eval::run(&args, cli.quiet),
         Command::Doctor(args) => doctor::run(&args),
         Command::Run(args) => search::run(&args, cli.quiet),

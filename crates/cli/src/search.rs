@@ -347,6 +347,8 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
             .with_context(|| format!("task {} has no backend", task.name()))?,
     };
     let (seed_path, seed_source) = session::seed_kernel(&task, &backend)?;
+    // Before the run exists: a task the proposer cannot search leaves no run behind.
+    session::check_task(&task, &backend, &settings)?;
     let seeds = Seeds {
         seed: match args.seed {
             Some(s) => s,

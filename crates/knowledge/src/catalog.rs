@@ -7,7 +7,7 @@
 //! the C families only).
 
 use crate::error::KnowledgeError;
-use crate::files::{read_toml, toml_files};
+use crate::files::{header_lines, parse_toml, read_text, toml_files};
 use crate::hardware::HardwareProfile;
 use crate::templates::{format_knobs, Knobs, TemplateFamily};
 use serde::{Deserialize, Serialize};
@@ -95,11 +95,41 @@ struct RawActionsFile {
     action: Vec<Action>,
 }
 
-/// A knowledge pack: actions and hardware profiles loaded from one directory.
+/// Where a task keeps actions of its own, relative to the task directory (beside its template
+/// families): merged over the built-in catalog by [`Catalog::with_task`].
+pub const TASK_ACTIONS_DIR: &str = "knowledge/actions";
+
+/// Where an action was declared: its file, the line of its `[[action]]` header (when it can be
+/// found in the text) and whether the file belongs to a task rather than the built-in pack.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Origin {
+    pub path: PathBuf,
+    pub line: Option<usize>,
+    pub task_local: bool,
+}
+
+impl Origin {
+    fn invalid(&self, field: String, message: impl Into<String>) -> KnowledgeError {
+        match self.line {
+            Some(line) => KnowledgeError::InvalidAt {
+                path: self.path.clone(),
+                line,
+                field,
+                message: message.into(),
+            },
+            None => KnowledgeError::invalid(&self.path, field, message),
+        }
+    }
+}
+
+/// A knowledge pack: actions and hardware profiles loaded from one directory, plus the actions
+/// of a task when [`Catalog::with_task`] merged them in.
 #[derive(Debug, Clone)]
 pub struct Catalog {
     dir: PathBuf,
     actions: Vec<Action>,
+    /// Parallel to `actions`.
+    origin: Vec<Origin>,
     hardware: Vec<HardwareProfile>,
 }
 
@@ -108,70 +138,77 @@ impl Catalog {
     /// section is empty). Every file is checked: ids unique, `requires` known and acyclic,
     /// ratings in range.
     pub fn load(dir: &Path) -> Result<Catalog, KnowledgeError> {
-        let mut actions: Vec<Action> = Vec::new();
-        let mut origin: Vec<PathBuf> = Vec::new();
-        for path in toml_files(&dir.join("actions"))? {
-            let raw: RawActionsFile = read_toml(&path)?;
-            for (i, action) in raw.action.into_iter().enumerate() {
-                validate_action(&path, i, &action)?;
-                if let Some(j) = actions.iter().position(|a| a.id == action.id) {
-                    return Err(KnowledgeError::invalid(
-                        &path,
-                        format!("action[{i}].id"),
-                        format!(
-                            "{:?} is already defined in {}",
-                            action.id,
-                            origin[j].display()
-                        ),
-                    ));
-                }
-                actions.push(action);
-                origin.push(path.clone());
-            }
-        }
-        for (a, path) in actions.iter().zip(&origin) {
-            for r in &a.requires {
-                let field = format!("action {:?}.requires", a.id);
-                let Some(req) = actions.iter().find(|b| &b.id == r) else {
-                    return Err(KnowledgeError::invalid(
-                        path,
-                        field,
-                        format!("unknown action {r:?}"),
-                    ));
-                };
-                if let Some(kind) = a.kinds.iter().find(|k| !req.applies_to(k)) {
-                    return Err(KnowledgeError::invalid(
-                        path,
-                        field,
-                        format!(
-                            "{r:?} does not apply to kind {kind:?}, so it cannot come first there"
-                        ),
-                    ));
-                }
-                if let Some(b) = a.backends.iter().find(|b| !req.backends.contains(b)) {
-                    return Err(KnowledgeError::invalid(
-                        path,
-                        field,
-                        format!(
-                            "{r:?} does not apply to backend {b:?}, so it cannot come first there"
-                        ),
-                    ));
-                }
-            }
-        }
-        if let Some((id, path)) = find_cycle(&actions, &origin) {
-            return Err(KnowledgeError::invalid(
-                path,
-                format!("action {id:?}.requires"),
-                "the requirements form a cycle",
-            ));
-        }
+        let (actions, origin): (Vec<Action>, Vec<Origin>) =
+            read_actions(&dir.join("actions"), false)?
+                .into_iter()
+                .unzip();
+        check_links(&actions, &origin)?;
         let hardware = HardwareProfile::load_all(&dir.join("hardware"))?;
         Ok(Catalog {
             dir: dir.to_path_buf(),
             actions,
+            origin,
             hardware,
         })
+    }
+
+    /// This catalog with the actions of the task in `task_dir` (`task_dir/knowledge/actions/
+    /// *.toml`, same format) merged in: a task action whose id a built-in action has replaces
+    /// it (the task wins), the others are added. The task's files are checked as the pack's
+    /// are, and `requires` may name actions of either. A task without the directory changes
+    /// nothing.
+    pub fn with_task(mut self, task_dir: &Path) -> Result<Catalog, KnowledgeError> {
+        let local = read_actions(&task_dir.join(TASK_ACTIONS_DIR), true)?;
+        for (action, origin) in local {
+            match self.actions.iter().position(|a| a.id == action.id) {
+                Some(i) => {
+                    self.actions[i] = action;
+                    self.origin[i] = origin;
+                }
+                None => {
+                    self.actions.push(action);
+                    self.origin.push(origin);
+                }
+            }
+        }
+        check_links(&self.actions, &self.origin)?;
+        Ok(self)
+    }
+
+    /// The built-in pack with the actions of the task in `task_dir` merged in
+    /// ([`Catalog::with_task`]): what a run of that task proposes from.
+    pub fn for_task(task_dir: &Path) -> Result<Catalog, KnowledgeError> {
+        Catalog::builtin()?.with_task(task_dir)
+    }
+
+    /// Where action `id` was declared.
+    pub fn origin(&self, id: &str) -> Option<&Origin> {
+        let i = self.actions.iter().position(|a| a.id == id)?;
+        self.origin.get(i)
+    }
+
+    /// Like [`Catalog::check_family`], for the task's own actions only, as a load error that
+    /// names the action's file and line: a task action whose knobs its family lacks is a
+    /// mistake in the task, found before a run starts rather than when the action is tried.
+    pub fn check_task_actions(
+        &self,
+        kind: &str,
+        backend: &str,
+        family: &TemplateFamily,
+    ) -> Result<(), KnowledgeError> {
+        for (a, origin) in self.actions.iter().zip(&self.origin) {
+            if !origin.task_local || !a.applies_to_backend(kind, backend) {
+                continue;
+            }
+            let problems = self.check_actions(std::iter::once(a), family);
+            if let Some(p) = problems.into_iter().next() {
+                return Err(origin.invalid(
+                    format!("action {:?}.knobs", a.id),
+                    format!("{p} (family in {})", family.dir().display()),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The pack shipped with ksearch (see `ksearch_assets::locate`).
@@ -260,8 +297,16 @@ impl Catalog {
     /// has and that the action (with its requirements) can be applied to the defaults. Returns
     /// one line per problem.
     pub fn check_family(&self, kind: &str, backend: &str, family: &TemplateFamily) -> Vec<String> {
+        self.check_actions(self.for_kind_on(kind, backend), family)
+    }
+
+    fn check_actions<'a>(
+        &self,
+        actions: impl IntoIterator<Item = &'a Action>,
+        family: &TemplateFamily,
+    ) -> Vec<String> {
         let mut problems = Vec::new();
-        for a in self.for_kind_on(kind, backend) {
+        for a in actions {
             let conditions = a.when.iter().map(|w| (&w.knobs, "a `when` condition"));
             for (set, what) in std::iter::once((&a.knobs, "its knobs")).chain(conditions) {
                 for (name, value) in set {
@@ -322,9 +367,9 @@ impl Catalog {
     }
 }
 
-fn validate_action(path: &Path, i: usize, a: &Action) -> Result<(), KnowledgeError> {
+fn validate_action(origin: &Origin, i: usize, a: &Action) -> Result<(), KnowledgeError> {
     let field = |f: &str| format!("action[{i}] ({}).{f}", a.id);
-    let err = |f: &str, m: String| Err(KnowledgeError::invalid(path, field(f), m));
+    let err = |f: &str, m: String| Err(origin.invalid(field(f), m));
     let id_ok = !a.id.is_empty()
         && a.id
             .chars()
@@ -390,7 +435,7 @@ fn validate_action(path: &Path, i: usize, a: &Action) -> Result<(), KnowledgeErr
 }
 
 /// The id (and file) of an action on a `requires` cycle, if there is one.
-fn find_cycle<'a>(actions: &'a [Action], origin: &'a [PathBuf]) -> Option<(&'a str, &'a Path)> {
+fn find_cycle<'a>(actions: &'a [Action], origin: &'a [Origin]) -> Option<(&'a str, &'a Origin)> {
     // 0 = unvisited, 1 = on the current path, 2 = done.
     fn visit(i: usize, actions: &[Action], state: &mut [u8]) -> bool {
         match state[i] {
@@ -412,5 +457,68 @@ fn find_cycle<'a>(actions: &'a [Action], origin: &'a [PathBuf]) -> Option<(&'a s
     let mut state = vec![0u8; actions.len()];
     (0..actions.len())
         .find(|&i| visit(i, actions, &mut state))
-        .map(|i| (actions[i].id.as_str(), origin[i].as_path()))
+        .map(|i| (actions[i].id.as_str(), &origin[i]))
+}
+
+/// The actions of `dir/*.toml` (files in name order), each checked on its own and with its
+/// origin; ids must be unique among them.
+fn read_actions(dir: &Path, task_local: bool) -> Result<Vec<(Action, Origin)>, KnowledgeError> {
+    let mut out: Vec<(Action, Origin)> = Vec::new();
+    for path in toml_files(dir)? {
+        let text = read_text(&path)?;
+        let raw: RawActionsFile = parse_toml(&path, &text)?;
+        let lines = header_lines(&text, "[[action]]");
+        for (i, action) in raw.action.into_iter().enumerate() {
+            let origin = Origin {
+                path: path.clone(),
+                line: lines.get(i).copied(),
+                task_local,
+            };
+            validate_action(&origin, i, &action)?;
+            if let Some((_, first)) = out.iter().find(|(a, _)| a.id == action.id) {
+                return Err(origin.invalid(
+                    format!("action[{i}].id"),
+                    format!(
+                        "{:?} is already defined in {}",
+                        action.id,
+                        first.path.display()
+                    ),
+                ));
+            }
+            out.push((action, origin));
+        }
+    }
+    Ok(out)
+}
+
+/// Checks every `requires` (a known action that applies to all of the dependent's kinds and
+/// backends) and that the requirements form no cycle.
+fn check_links(actions: &[Action], origin: &[Origin]) -> Result<(), KnowledgeError> {
+    for (a, origin) in actions.iter().zip(origin) {
+        for r in &a.requires {
+            let field = format!("action {:?}.requires", a.id);
+            let Some(req) = actions.iter().find(|b| &b.id == r) else {
+                return Err(origin.invalid(field, format!("unknown action {r:?}")));
+            };
+            if let Some(kind) = a.kinds.iter().find(|k| !req.applies_to(k)) {
+                return Err(origin.invalid(
+                    field,
+                    format!("{r:?} does not apply to kind {kind:?}, so it cannot come first there"),
+                ));
+            }
+            if let Some(b) = a.backends.iter().find(|b| !req.backends.contains(b)) {
+                return Err(origin.invalid(
+                    field,
+                    format!("{r:?} does not apply to backend {b:?}, so it cannot come first there"),
+                ));
+            }
+        }
+    }
+    if let Some((id, origin)) = find_cycle(actions, origin) {
+        return Err(origin.invalid(
+            format!("action {id:?}.requires"),
+            "the requirements form a cycle",
+        ));
+    }
+    Ok(())
 }

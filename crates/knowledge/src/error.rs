@@ -23,6 +23,14 @@ pub enum KnowledgeError {
         field: String,
         message: String,
     },
+    /// As `Invalid`, where the line of the offending table is known.
+    #[error("{path}:{line}: `{field}`: {message}")]
+    InvalidAt {
+        path: PathBuf,
+        line: usize,
+        field: String,
+        message: String,
+    },
     #[error("{path}: template error: {}", describe_jinja(source))]
     Template {
         path: PathBuf,

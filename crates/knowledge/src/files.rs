@@ -33,9 +33,32 @@ pub(crate) fn read_text(path: &Path) -> Result<String, KnowledgeError> {
 }
 
 pub(crate) fn read_toml<T: DeserializeOwned>(path: &Path) -> Result<T, KnowledgeError> {
-    let text = read_text(path)?;
-    toml::from_str(&text).map_err(|source| KnowledgeError::Toml {
+    parse_toml(path, &read_text(path)?)
+}
+
+/// `text`, the contents of `path`, as TOML; the error names the file (toml's own message has
+/// the line and column).
+pub(crate) fn parse_toml<T: DeserializeOwned>(
+    path: &Path,
+    text: &str,
+) -> Result<T, KnowledgeError> {
+    toml::from_str(text).map_err(|source| KnowledgeError::Toml {
         path: path.to_path_buf(),
         source: Box::new(source),
     })
+}
+
+/// The 1-based lines on which a table header such as `[[action]]` stands, in order: the
+/// `i`-th is where the `i`-th table of that array starts.
+pub(crate) fn header_lines(text: &str, header: &str) -> Vec<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let l = l.trim_start();
+            l.strip_prefix(header).is_some_and(|rest| {
+                rest.trim_start().is_empty() || rest.trim_start().starts_with('#')
+            })
+        })
+        .map(|(n, _)| n + 1)
+        .collect()
 }

@@ -9,6 +9,7 @@
 //! - [`Packs`]: the translation layer (`knowledge/packs/`): code targets, CUDA→target concept
 //!   maps, code patterns, assertions (with adversarial acceptance workloads) and lint rules;
 //!   [`lint`] runs the static checks on candidate code.
+//! - [`scaffold`]: the files of a new task (`ksearch new-task`), embedded in the binary.
 //!
 //! Data only: this crate never talks to an LLM or runs a kernel. `docs/offline-proposer.md`
 //! describes the file formats.
@@ -20,13 +21,14 @@ mod hardware;
 pub mod lint;
 pub mod packs;
 pub mod render;
+pub mod scaffold;
 pub mod templates;
 
-pub use catalog::{Action, Catalog, Impacts};
+pub use catalog::{Action, Catalog, Impacts, Origin, TASK_ACTIONS_DIR};
 pub use error::{KnowledgeError, TemplateError};
 pub use hardware::{DeviceKind, HardwareProfile, Memory, OnChip, Parallelism};
 pub use lint::{LintFinding, LintTarget, Severity};
-pub use packs::{KnowledgeContext, Packs, Target};
+pub use packs::{KnowledgeContext, Packs, Target, TASK_PATTERNS_DIR};
 pub use templates::{format_knobs, Knob, KnobValue, Knobs, Rule, TemplateFamily};
 
 /// Is `s` a C/Python identifier (a letter or `_`, then letters, digits and `_`)?

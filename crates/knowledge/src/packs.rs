@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use ksearch_task::{CustomWorkload, Distribution, ParamValue, ResolvedWorkload, Task};
 
 use crate::error::KnowledgeError;
-use crate::files::{read_toml, toml_files};
+use crate::files::{header_lines, parse_toml, read_text, read_toml, toml_files};
 use crate::hardware::HardwareProfile;
 use crate::is_identifier;
 use crate::lint::{LintRule, LintTarget, Severity};
@@ -215,6 +215,10 @@ pub struct AcceptanceWorkloads {
     pub skipped: Vec<String>,
 }
 
+/// Where a task keeps notes of its own for prompts (code patterns), relative to its directory:
+/// merged over the packs by [`Packs::with_task`].
+pub const TASK_PATTERNS_DIR: &str = "knowledge/patterns";
+
 /// Prefix of the names of workloads that come from assertions.
 pub const ASSERTION_WORKLOAD_PREFIX: &str = "assert-";
 
@@ -392,6 +396,54 @@ impl Packs {
             rules,
             hardware,
         })
+    }
+
+    /// These packs with the patterns of the task in `task_dir` (`task_dir/knowledge/patterns/
+    /// *.toml`, the packs' format) merged in: the task's notes on writing its kernel, which
+    /// prompts at `--context full` carry. A task pattern whose id a built-in one has replaces it
+    /// (the task wins); each is checked as the shipped ones are, and errors name the file and
+    /// the line of its `[[pattern]]` table. A task without the directory changes nothing.
+    pub fn with_task(mut self, task_dir: &Path) -> Result<Packs, KnowledgeError> {
+        let mut seen = BTreeSet::new();
+        for path in toml_files(&task_dir.join(TASK_PATTERNS_DIR))? {
+            let text = read_text(&path)?;
+            let lines = header_lines(&text, "[[pattern]]");
+            let file: PatternsFile = parse_toml(&path, &text)?;
+            for (i, p) in file.pattern.into_iter().enumerate() {
+                let bad = |field: &str, message: String| match lines.get(i) {
+                    Some(&line) => KnowledgeError::InvalidAt {
+                        path: path.clone(),
+                        line,
+                        field: format!("pattern[{i}].{field}"),
+                        message,
+                    },
+                    None => {
+                        KnowledgeError::invalid(&path, format!("pattern[{i}].{field}"), message)
+                    }
+                };
+                if !seen.insert(p.id.clone()) {
+                    return Err(bad(
+                        "id",
+                        format!("{:?} is defined twice in the task", p.id),
+                    ));
+                }
+                if let Some(t) = p.targets.iter().find(|t| self.target(t).is_none()) {
+                    let known: Vec<&str> = self.targets.iter().map(|t| t.name.as_str()).collect();
+                    return Err(bad(
+                        "targets",
+                        format!("unknown target {t:?} (targets: {})", known.join(", ")),
+                    ));
+                }
+                if p.source.iter().all(|s| s.trim().is_empty()) {
+                    return Err(bad("source", "cite at least one source".into()));
+                }
+                match self.patterns.iter().position(|q| q.id == p.id) {
+                    Some(j) => self.patterns[j] = p,
+                    None => self.patterns.push(p),
+                }
+            }
+        }
+        Ok(self)
     }
 
     /// The packs shipped with ksearch (see `ksearch_assets::locate`).
@@ -698,6 +750,65 @@ mod tests {
 
     fn task(name: &str) -> Task {
         ksearch_task::load_task(&root().join("tasks").join(name)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A task directory whose `knowledge/patterns/notes.toml` holds `text`.
+    fn task_with_patterns(text: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let patterns = dir.path().join(TASK_PATTERNS_DIR);
+        std::fs::create_dir_all(&patterns).unwrap();
+        std::fs::write(patterns.join("notes.toml"), text).unwrap();
+        dir
+    }
+
+    fn pattern(id: &str, targets: &str, kinds: &str) -> String {
+        format!(
+            "\n[[pattern]]\nid = \"{id}\"\ntitle = \"t\"\ntargets = [{targets}]\n\
+             kinds = [{kinds}]\nsummary = \"s\"\ncode = \"c\"\nsource = [\"mine\"]\n"
+        )
+    }
+
+    #[test]
+    fn task_patterns_reach_the_prompt_context_and_win_on_a_shared_id() {
+        let shipped = builtin();
+        let id = shipped.patterns()[0].id.clone();
+        let text = format!(
+            "{}{}",
+            pattern("my-note", "\"cpu\"", "\"mine\""),
+            pattern(&id, "\"cpu\"", "")
+        );
+        let task = task_with_patterns(&text);
+        let p = builtin().with_task(task.path()).unwrap();
+        assert_eq!(p.patterns().len(), shipped.patterns().len() + 1);
+        let ids: Vec<&str> = p
+            .patterns_for("cpu", Some("mine"))
+            .iter()
+            .map(|q| q.id.as_str())
+            .collect();
+        assert!(ids.contains(&"my-note"), "{ids:?}");
+        let replaced = p.patterns().iter().find(|q| q.id == id).unwrap();
+        assert_eq!(replaced.source, ["mine"]);
+        // No directory: nothing changes.
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(
+            builtin().with_task(empty.path()).unwrap().patterns(),
+            shipped.patterns()
+        );
+    }
+
+    #[test]
+    fn task_pattern_errors_name_the_file_and_the_line() {
+        let text = format!(
+            "# notes\n{}{}",
+            pattern("a", "\"cpu\"", ""),
+            pattern("b", "\"tpu\"", "")
+        );
+        let task = task_with_patterns(&text);
+        let e = builtin().with_task(task.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("notes.toml:12:") && e.contains("unknown target \"tpu\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -392,3 +392,97 @@ fn new_hardware_files_are_picked_up_and_checked() {
     .path());
     assert!(e.contains("toy.toml"), "{e}");
 }
+
+/// A task directory whose `knowledge/actions/local.toml` holds `actions`.
+fn task_with_actions(actions: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let actions_dir = dir.path().join(ksearch_knowledge::TASK_ACTIONS_DIR);
+    std::fs::create_dir_all(&actions_dir).unwrap();
+    std::fs::write(actions_dir.join("local.toml"), actions).unwrap();
+    dir
+}
+
+#[test]
+fn task_actions_are_merged_over_the_pack_and_win_on_a_shared_id() {
+    let base = || Catalog::load(pack(ACTION, &[]).path()).unwrap();
+    // A new kind's actions join the pack; one may require a built-in action.
+    let local = ACTION
+        .replace("id = \"one\"", "id = \"mine\"")
+        .replace("knobs = {", "requires = [\"one\"]\nknobs = {");
+    let task = task_with_actions(&local);
+    let c = base().with_task(task.path()).unwrap();
+    assert_eq!(c.actions().len(), 2);
+    assert!(c.origin("mine").unwrap().task_local);
+    assert!(!c.origin("one").unwrap().task_local);
+    assert_eq!(c.origin("mine").unwrap().line, Some(2));
+
+    // Same id: the task's action replaces the pack's.
+    let task = task_with_actions(&ACTION.replace("expected_factor = 1.5", "expected_factor = 3.0"));
+    let c = base().with_task(task.path()).unwrap();
+    assert_eq!(c.actions().len(), 1);
+    assert_eq!(c.action("one").unwrap().expected_factor, 3.0);
+    assert!(c.origin("one").unwrap().task_local);
+
+    // A task without knowledge/actions changes nothing.
+    let empty = tempfile::tempdir().unwrap();
+    assert_eq!(
+        base().with_task(empty.path()).unwrap().actions(),
+        base().actions()
+    );
+}
+
+#[test]
+fn task_action_errors_name_the_file_and_the_line() {
+    let base = || Catalog::load(pack(ACTION, &[]).path()).unwrap();
+    let bad = format!(
+        "# two actions\n{}{}",
+        ACTION.replace("id = \"one\"", "id = \"a\""),
+        ACTION
+            .replace("id = \"one\"", "id = \"b\"")
+            .replace("difficulty = 2", "difficulty = 9")
+    );
+    let task = task_with_actions(&bad);
+    let e = base().with_task(task.path()).unwrap_err().to_string();
+    // The second [[action]] header is on line 13: a comment line, a blank line, 10 lines of
+    // the first action, then the second's blank line.
+    let file = task.path().join("knowledge/actions/local.toml");
+    assert!(
+        e.starts_with(&format!("{}:13:", file.display())) && e.contains("difficulty"),
+        "{e}"
+    );
+
+    let task = task_with_actions(&ACTION.replace("knobs = {", "requires = [\"nope\"]\nknobs = {"));
+    let e = base().with_task(task.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("local.toml:2:") && e.contains("unknown action \"nope\""),
+        "{e}"
+    );
+
+    // A TOML syntax error keeps toml's own line and column.
+    let task = task_with_actions("[[action]]\nid = \n");
+    let e = base().with_task(task.path()).unwrap_err().to_string();
+    assert!(e.contains("local.toml") && e.contains("line 2"), "{e}");
+}
+
+#[test]
+fn task_actions_are_checked_against_the_family_they_drive() {
+    let c = builtin();
+    let family = common::family("softmax");
+    let task = task_with_actions(
+        &ACTION
+            .replace("id = \"one\"", "id = \"local-simd\"")
+            .replace("simd = true", "no_such_knob = true"),
+    );
+    let c = c.with_task(task.path()).unwrap();
+    let e = c
+        .check_task_actions("softmax", "cpu", &family)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("local.toml:2:") && e.contains("no knob `no_such_knob`"),
+        "{e}"
+    );
+    // The built-in actions are not the task's to answer for.
+    let c = builtin();
+    assert!(c.check_task_actions("softmax", "cpu", &family).is_ok());
+}

@@ -45,7 +45,8 @@ pub enum SessionError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot load the knowledge pack")]
+    /// The built-in action catalog or the task's own actions could not be loaded.
+    #[error("cannot load the action catalog")]
     Catalog(#[source] KnowledgeError),
     #[error("cannot load the knowledge packs")]
     Packs(#[source] KnowledgeError),
@@ -163,6 +164,47 @@ pub fn task_ref_of_run(config: &RunConfig) -> String {
         .unwrap_or_else(|| config.task.clone())
 }
 
+/// Checks, before a run is created, what the run's proposer needs from the task: the task's
+/// own patterns load (`knowledge/patterns/`, for prompts); for the offline proposer, a template family for `backend` (the task's) and catalog actions for its
+/// kind (the built-in pack's and the task's own, `knowledge/actions/`). A task that cannot be
+/// searched this way is a set-up error whose message says what to add, and no run directory
+/// is made for it.
+pub fn check_task(task: &Task, backend: &str, opts: &RunSettings) -> Result<(), SessionError> {
+    task.backend(backend)?;
+    let packs = task_packs(task)?;
+    if opts.proposer == ProposerKind::Offline {
+        offline_proposer(task, backend, &packs, 0)?;
+    }
+    Ok(())
+}
+
+/// The built-in knowledge packs with the task's own patterns (`knowledge/patterns/`).
+fn task_packs(task: &Task) -> Result<Packs, SessionError> {
+    Packs::builtin()
+        .and_then(|p| p.with_task(task.dir()))
+        .map_err(SessionError::Packs)
+}
+
+/// The offline proposer for `task` on `backend`: the task's template family and the actions of
+/// the built-in catalog merged with the task's own.
+fn offline_proposer(
+    task: &Task,
+    backend: &str,
+    packs: &Packs,
+    seed: u64,
+) -> Result<OfflineProposer, SessionError> {
+    let catalog = Catalog::for_task(task.dir()).map_err(SessionError::Catalog)?;
+    OfflineProposer::for_task(
+        task.dir(),
+        task.kind(),
+        backend,
+        packs.target_for_backend(backend).map(|t| t.name.as_str()),
+        &catalog,
+        seed,
+    )
+    .map_err(SessionError::Offline)
+}
+
 /// Everything a run needs besides its store, built before the engine starts.
 pub struct Setup {
     proposer: Box<dyn Proposer>,
@@ -193,20 +235,9 @@ pub fn set_up(
     interrupt: Interrupt,
 ) -> Result<Setup, SessionError> {
     let spec = task.backend(backend)?;
-    let catalog = Catalog::builtin().map_err(SessionError::Catalog)?;
-    let packs = Packs::builtin().map_err(SessionError::Packs)?;
+    let packs = task_packs(task)?;
     let proposer: Box<dyn Proposer> = match opts.proposer {
-        ProposerKind::Offline => Box::new(
-            OfflineProposer::for_task(
-                task.dir(),
-                task.kind(),
-                backend,
-                packs.target_for_backend(backend).map(|t| t.name.as_str()),
-                &catalog,
-                seeds.seed,
-            )
-            .map_err(SessionError::Offline)?,
-        ),
+        ProposerKind::Offline => Box::new(offline_proposer(task, backend, &packs, seeds.seed)?),
         _ => Box::new(llm_proposer(
             store, task, backend, opts, seeds.seed, &packs,
         )?),

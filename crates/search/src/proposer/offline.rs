@@ -58,14 +58,7 @@ impl OfflineProposer {
     ) -> Result<Self, ProposerError> {
         let mut family = TemplateFamily::load_for(task_dir, backend)
             .map_err(|e| ProposerError::Setup(e.to_string()))?
-            .ok_or_else(|| {
-                ProposerError::Setup(format!(
-                    "the offline proposer needs a template family, and the task in {} has none \
-                     for backend `{backend}` (add templates-{backend}/family.toml, see \
-                     docs/offline-proposer.md)",
-                    task_dir.display()
-                ))
-            })?;
+            .ok_or_else(|| ProposerError::Setup(no_family(task_dir, kind, backend)))?;
         if let Some(t) = target.filter(|_| !family.targets().is_empty()) {
             family = family
                 .with_target(t)
@@ -77,10 +70,11 @@ impl OfflineProposer {
             .cloned()
             .collect();
         if actions.is_empty() {
-            return Err(ProposerError::Setup(format!(
-                "the action catalog has no action for task kind `{kind}` on backend `{backend}`"
-            )));
+            return Err(ProposerError::Setup(no_actions(task_dir, kind, backend)));
         }
+        catalog
+            .check_task_actions(kind, backend, &family)
+            .map_err(|e| ProposerError::Setup(e.to_string()))?;
         Ok(Self::new(family, actions, seed))
     }
 
@@ -289,6 +283,37 @@ fn path_keys(wm: &WorldModel, node: &NodeId) -> BTreeSet<String> {
         .flatten()
         .flat_map(Knobs::into_keys)
         .collect()
+}
+
+/// The two ways forward when the task has no template family for `backend`.
+fn no_family(task_dir: &std::path::Path, kind: &str, backend: &str) -> String {
+    let dir = task_dir.display();
+    format!(
+        "the offline proposer writes kernels from a template family, and the task in {dir} has \
+         none for backend `{backend}` (no {tdir}/ or templates/ that serves it). Either:\n  \
+         - add a family: {dir}/{tdir}/family.toml with its templates, and actions for kind \
+         `{kind}` in {dir}/{actions}/ (docs/offline-proposer.md#template-families; \
+         `ksearch new-task NAME --dir DIR --templates` writes a small one to start from), or\n  \
+         - let an LLM write the kernels: --proposer openai, anthropic or command \
+         (docs/cli.md#search-commands)",
+        tdir = ksearch_knowledge::templates::backend_templates_dir(backend),
+        actions = ksearch_knowledge::TASK_ACTIONS_DIR,
+    )
+}
+
+/// What to add when no action applies to the task's kind on `backend`.
+fn no_actions(task_dir: &std::path::Path, kind: &str, backend: &str) -> String {
+    let dir = task_dir.display();
+    format!(
+        "the offline proposer has no action for task kind `{kind}` on backend `{backend}`: \
+         neither the built-in catalog nor {dir}/{actions}/ lists one. Either:\n  \
+         - add actions with `kinds = [\"{kind}\"]` and `backends = [\"{backend}\"]`, whose knobs \
+         are your family's, to {dir}/{actions}/*.toml (docs/offline-proposer.md#action-catalog), \
+         or\n  \
+         - let an LLM write the kernels: --proposer openai, anthropic or command \
+         (docs/cli.md#search-commands)",
+        actions = ksearch_knowledge::TASK_ACTIONS_DIR,
+    )
 }
 
 fn knob_json(v: &ksearch_knowledge::templates::KnobValue) -> Value {
