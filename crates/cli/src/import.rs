@@ -2,9 +2,9 @@
 
 use anyhow::{Context, Result};
 use ksearch_eval::harness_env;
-use ksearch_interop::flashinfer::{self, ImportOptions};
+use ksearch_interop::flashinfer;
 use ksearch_interop::kernelbench;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
@@ -43,50 +43,27 @@ enum Format {
 }
 
 pub fn run(args: &ImportArgs) -> Result<u8> {
-    let (definition, out, workloads, dataset, seed) = match &args.format {
+    let imported = match &args.format {
         Format::Flashinfer {
             definition,
             out,
             workloads,
             dataset,
             seed,
-        } => (definition, out, workloads, dataset, seed),
-        Format::Kernelbench { problem, out } => return import_kernelbench(problem, out),
+        } => flashinfer::import_files(
+            definition,
+            workloads.as_deref(),
+            dataset.as_deref(),
+            seed.as_deref(),
+            out,
+        )?,
+        Format::Kernelbench { problem, out } => {
+            let python = harness_env::resolve_for(Some("cuda"))
+                .context("cannot set up the Python environment (try `ksearch doctor`)")?
+                .python;
+            kernelbench::import(problem, &kernelbench::introspect(&python, problem)?, out)?
+        }
     };
-    let def = flashinfer::read_definition(definition)?;
-    let given = match workloads {
-        Some(path) => Some((flashinfer::read_workloads(path, &def.name)?, path)),
-        None => None,
-    };
-    let dataset = dataset
-        .clone()
-        .or_else(|| flashinfer::dataset_root(definition));
-    let opts = ImportOptions {
-        workloads: given.as_ref().map(|(w, p)| (w.as_slice(), p.as_path())),
-        dataset: dataset.as_deref(),
-        seed: seed.as_deref(),
-    };
-    report(&flashinfer::import(&def, &opts, out)?)
-}
-
-fn import_kernelbench(problem: &Path, out: &Path) -> Result<u8> {
-    let python = harness_env::resolve_for(Some("cuda"))
-        .context("cannot set up the Python environment (try `ksearch doctor`)")?
-        .python;
-    let seen = kernelbench::introspect(&python, problem)?;
-    report(&kernelbench::import(problem, &seen, out)?)
-}
-
-fn report(imported: &flashinfer::Imported) -> Result<u8> {
-    let spec = imported.task.spec();
-    let n = spec.workloads.len();
-    println!(
-        "wrote task `{}` to {} ({n} workloads)",
-        spec.name,
-        imported.dir.display()
-    );
-    for note in &imported.notes {
-        println!("  note: {note}");
-    }
+    print!("{}", imported.summary());
     Ok(crate::exit::OK)
 }

@@ -1246,6 +1246,23 @@ pub struct Imported {
     pub notes: Vec<String>,
 }
 
+impl Imported {
+    /// What the import commands print: the task, where, how many workloads, and the notes.
+    pub fn summary(&self) -> String {
+        let spec = self.task.spec();
+        let mut s = format!(
+            "wrote task `{}` to {} ({} workloads)\n",
+            spec.name,
+            self.dir.display(),
+            spec.workloads.len()
+        );
+        for note in &self.notes {
+            s.push_str(&format!("  note: {note}\n"));
+        }
+        s
+    }
+}
+
 /// Writes the task for `def` into `out` (which must not exist or be empty) and loads it. A
 /// task that does not load is left in `out` for inspection and reported.
 pub fn import(
@@ -1254,6 +1271,30 @@ pub fn import(
     out: &Path,
 ) -> Result<Imported, ImportError> {
     write_task(render(def, opts)?, out)
+}
+
+/// Reads the definition (and the workload trace file, when given) and imports them into
+/// `out`: `dataset` defaults to the directory above the definition's `definitions/`.
+pub fn import_files(
+    definition: &Path,
+    workloads: Option<&Path>,
+    dataset: Option<&Path>,
+    seed: Option<&Path>,
+    out: &Path,
+) -> Result<Imported, ImportError> {
+    let def = read_definition(definition)?;
+    let given = workloads
+        .map(|path| read_workloads(path, &def.name).map(|w| (w, path)))
+        .transpose()?;
+    let dataset = dataset
+        .map(Path::to_path_buf)
+        .or_else(|| dataset_root(definition));
+    let opts = ImportOptions {
+        workloads: given.as_ref().map(|(w, p)| (w.as_slice(), *p)),
+        dataset: dataset.as_deref(),
+        seed,
+    };
+    import(&def, &opts, out)
 }
 
 /// Writes rendered task files into `out` (which must not exist or be empty) and loads the
