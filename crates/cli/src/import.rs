@@ -28,9 +28,10 @@ enum Format {
         /// the definition's `definitions/`].
         #[arg(long)]
         dataset: Option<PathBuf>,
-        /// A CUDA kernel to ship as the task's seed (seed/naive.cu).
-        #[arg(long)]
-        seed: Option<PathBuf>,
+        /// The task's own files to copy in: seed/naive.cu (the seed), templates-cuda/,
+        /// knowledge/actions/.
+        #[arg(long, value_name = "DIR")]
+        with: Option<PathBuf>,
     },
     /// A KernelBench problem (Python) → a task for the cuda backend (runs it once with PyTorch).
     Kernelbench {
@@ -49,12 +50,12 @@ pub fn run(args: &ImportArgs) -> Result<u8> {
             out,
             workloads,
             dataset,
-            seed,
+            with,
         } => flashinfer::import_files(
             definition,
             workloads.as_deref(),
             dataset.as_deref(),
-            seed.as_deref(),
+            with.as_deref(),
             out,
         )?,
         Format::Kernelbench { problem, out } => {

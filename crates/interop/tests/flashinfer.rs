@@ -341,7 +341,7 @@ fn safetensors_inputs_are_checked_copied_and_read_back_by_the_generator() {
     let opts = ImportOptions {
         workloads: Some((&workloads, &source)),
         dataset: Some(dataset.path()),
-        seed: None,
+        with: None,
     };
     let imported = flashinfer::import(&def, &opts, &dir).unwrap();
     assert!(dir.join("blobs/scaled_rows_0.safetensors").is_file());
@@ -395,7 +395,7 @@ fn safetensors_inputs_are_checked_copied_and_read_back_by_the_generator() {
     let opts = ImportOptions {
         workloads: Some((&workloads, &source)),
         dataset: Some(dataset.path()),
-        seed: None,
+        with: None,
     };
     let err = flashinfer::import(&def, &opts, &out.path().join("wrong"))
         .unwrap_err()
@@ -415,7 +415,7 @@ fn the_shipped_gqa_paged_decode_example_imports_with_its_blobs_and_seed() {
     .unwrap();
     let jsonl = root.join("workloads/gqa_paged/gqa_paged_decode_h32_kv4_d128_ps1.jsonl");
     let workloads = flashinfer::read_workloads(&jsonl, &def.name).unwrap();
-    let seed = root.join("seeds/gqa_paged_decode_h32_kv4_d128_ps1.cu");
+    let with = root.join("ksearch/gqa_paged_decode_h32_kv4_d128_ps1");
     let dataset = flashinfer::dataset_root(
         &root.join("definitions/gqa_paged/gqa_paged_decode_h32_kv4_d128_ps1.json"),
     )
@@ -429,7 +429,7 @@ fn the_shipped_gqa_paged_decode_example_imports_with_its_blobs_and_seed() {
     let opts = ImportOptions {
         workloads: Some((&workloads, &jsonl)),
         dataset: Some(&dataset),
-        seed: Some(&seed),
+        with: Some(&with),
     };
     let imported = flashinfer::import(&def, &opts, &dir).unwrap();
     let task = &imported.task;
@@ -450,6 +450,27 @@ fn the_shipped_gqa_paged_decode_example_imports_with_its_blobs_and_seed() {
         .notes
         .iter()
         .any(|n| n.contains("num_kv_indices == kv_indptr[-1].item()")));
+
+    // The family and actions copied in serve the offline proposer: every setting renders with
+    // the task's entry, and every task action applies to the family.
+    let family = ksearch_knowledge::TemplateFamily::load_for(&dir, "cuda")
+        .unwrap()
+        .expect("templates-cuda/ copied in");
+    let settings = family.enumerate();
+    assert_eq!(settings.len(), 240);
+    for knobs in &settings {
+        let src = family.render(knobs).unwrap();
+        assert!(src.contains(&format!("extern \"C\" int {}(", cuda.entry)));
+    }
+    let catalog = ksearch_knowledge::Catalog::for_task(&dir).unwrap();
+    let kind = &task.spec().kind;
+    assert_eq!(
+        catalog.for_kind_on(kind, "cuda").len(),
+        8,
+        "the task's own actions"
+    );
+    catalog.check_task_actions(kind, "cuda", &family).unwrap();
+    assert!(catalog.check_family(kind, "cuda", &family).is_empty());
 
     // The blobs hold valid page tables: indptr runs from 0 to num_kv_indices, each request
     // has tokens, and every index is a distinct page of the cache (numpy only).

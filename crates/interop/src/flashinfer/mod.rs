@@ -565,9 +565,14 @@ pub struct ImportOptions<'a> {
     pub workloads: Option<(&'a [Workload], &'a Path)>,
     /// The dataset's root, against which `safetensors` paths of workloads resolve.
     pub dataset: Option<&'a Path>,
-    /// A kernel to ship as the task's cuda seed (`seed/naive.cu`).
-    pub seed: Option<&'a Path>,
+    /// A directory of the task's own files to copy in: a seed (`seed/naive.cu`, which becomes
+    /// the cuda backend's seed), template families (`templates-cuda/`), knowledge
+    /// (`knowledge/actions/`, …).
+    pub with: Option<&'a Path>,
 }
+
+/// The seed an imported task takes from its `with` directory.
+pub const SEED_FILE: &str = "seed/naive.cu";
 
 /// One file of an imported task.
 #[derive(Clone, Debug)]
@@ -834,7 +839,14 @@ pub fn render(def: &Definition, opts: &ImportOptions<'_>) -> Result<Rendered, Im
     }
 
     let entry = identifier(&def.name);
-    let seed = opts.seed.map(|_| "seed/naive.cu");
+    let extra = match opts.with {
+        Some(dir) => files_under(dir)?,
+        None => Vec::new(),
+    };
+    let seed = extra
+        .iter()
+        .any(|(rel, _)| rel == SEED_FILE)
+        .then_some(SEED_FILE);
     let mut files = vec![
         (
             "task.toml".to_string(),
@@ -864,10 +876,43 @@ pub fn render(def: &Definition, opts: &ImportOptions<'_>) -> Result<Rendered, Im
     for (file, source) in blobs {
         files.push((file, Content::Copy(source)));
     }
-    if let (Some(rel), Some(path)) = (seed, opts.seed) {
-        files.push((rel.to_string(), Content::Copy(path.to_path_buf())));
+    for (rel, source) in extra {
+        if files.iter().any(|(f, _)| *f == rel) {
+            return Err(invalid(
+                &source,
+                format!("the import writes `{rel}` itself; remove it from the --with directory"),
+            ));
+        }
+        files.push((rel, Content::Copy(source)));
     }
     Ok(Rendered { files, notes })
+}
+
+/// Every file under `dir`, as (path relative to `dir` with `/` separators, path), sorted.
+fn files_under(dir: &Path) -> Result<Vec<(String, PathBuf)>, ImportError> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<(), ImportError> {
+        let entries = std::fs::read_dir(dir).map_err(|source| ImportError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out)?;
+            } else if let Ok(rel) = path.strip_prefix(root) {
+                let rel: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                out.push((rel.join("/"), path.clone()));
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out)?;
+    out.sort();
+    Ok(out)
 }
 
 fn task_toml(
@@ -1218,8 +1263,11 @@ fn readme(def: &Definition, notes: &[String]) -> String {
     s.push_str(
         "The reference is the definition's PyTorch `run`: evaluating and searching this task \
          needs PyTorch and a CUDA GPU (`ksearch eval --task DIR --backend cuda`). The kernel's \
-         entry point and arguments are in `task.toml` (`[backends.cuda]`); a seed kernel \
-         (`seed = \"seed/naive.cu\"`) gives the search a place to start.\n\n\
+         entry point and arguments are in `task.toml` (`[backends.cuda]`). A seed kernel \
+         (`seed/naive.cu`) gives the search a place to start, and a template family \
+         (`templates-cuda/`) with actions (`knowledge/actions/`) lets the offline proposer \
+         search it (docs/offline-proposer.md); `ksearch import flashinfer --with DIR` copies \
+         them in.\n\n\
          The roofline floor in `task.toml` counts only the outputs' bytes (the definition \
          gives neither traffic nor work); raise it to the op's real traffic and flops.\n\n\
          Tolerances are FlashInfer-Bench's defaults (rtol = atol = 1e-2) under its rule \
@@ -1279,7 +1327,7 @@ pub fn import_files(
     definition: &Path,
     workloads: Option<&Path>,
     dataset: Option<&Path>,
-    seed: Option<&Path>,
+    with: Option<&Path>,
     out: &Path,
 ) -> Result<Imported, ImportError> {
     let def = read_definition(definition)?;
@@ -1292,7 +1340,7 @@ pub fn import_files(
     let opts = ImportOptions {
         workloads: given.as_ref().map(|(w, p)| (w.as_slice(), *p)),
         dataset: dataset.as_deref(),
-        seed,
+        with,
     };
     import(&def, &opts, out)
 }
