@@ -3,13 +3,16 @@
 //! rendering its report are `ksearch_eval::mamba_bench`. main.rs hands `ksearch bench` over
 //! when its TASK is `mamba`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ksearch_eval::mamba_bench::{self, MambaBench, MambaOptions};
+use ksearch_search::report;
+use ksearch_store::RunStore;
 
-use crate::bench::{best_of_run, BenchArgs};
+use crate::bench::BenchArgs;
 use crate::exit;
 
 /// The TASK argument of `ksearch bench` that selects the whole-model Mamba bench.
@@ -96,10 +99,16 @@ pub fn run(args: &BenchArgs, m: &MambaArgs, quiet: bool) -> Result<u8> {
     if !args.shapes.is_empty() || args.backend.is_some() || args.hardware.is_some() {
         bail!("`ksearch bench mamba` takes neither --shapes, --backend nor --hardware (it runs the whole model on MLX)");
     }
-    let timeout = crate::bench::timeout(args)?;
+    let timeout = Duration::from_secs_f64(args.timeout);
     let kernel = match (&args.kernel, &args.run) {
         (Some(k), _) => Some(k.clone()),
-        (None, Some(run)) => Some(kernel_of_run(&args.runs_dir, run)?),
+        (None, Some(run)) => {
+            let best = report::best_kernel(
+                &RunStore::open_ref(&args.runs_dir, run).context("cannot open the run")?,
+            )?;
+            mamba_bench::check_run_kernel(run, best.task.kind(), &best.backend)?;
+            Some(best.path)
+        }
         (None, None) => None,
     };
     let options = m.options(kernel);
@@ -109,26 +118,19 @@ pub fn run(args: &BenchArgs, m: &MambaArgs, quiet: bool) -> Result<u8> {
         .python;
     let bench = MambaBench::locate(python)?;
     if !quiet {
+        let python = bench.python().display();
         eprintln!(
-            "ksearch: bench mamba ({}) with {}",
-            m.impls.join(", "),
-            bench.python().display()
+            "ksearch: bench mamba ({}) with {python}",
+            m.impls.join(", ")
         );
     }
-    let pick = if m.mlx_settings == "auto" {
-        let pick = bench.probe_mlx_settings(timeout, !quiet)?;
-        if !quiet {
-            let shown: Vec<String> = pick.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            let shown = match shown.is_empty() {
-                true => "MLX's defaults".to_string(),
-                false => shown.join(" "),
-            };
-            eprintln!("ksearch: MLX settings for the bench: {shown}");
-        }
-        Some(pick)
-    } else {
-        None
+    let pick = match m.mlx_settings.as_str() {
+        "auto" => Some(bench.probe_mlx_settings(timeout, !quiet)?),
+        _ => None,
     };
+    if let Some(pick) = pick.as_ref().filter(|_| !quiet) {
+        eprintln!("ksearch: MLX settings for the bench: {}", pick.describe());
+    }
     let run = bench.run(&options, pick.as_ref(), timeout, !quiet)?;
     if let Some(path) = &m.save {
         std::fs::write(path, &run.text)
@@ -145,18 +147,6 @@ pub fn run(args: &BenchArgs, m: &MambaArgs, quiet: bool) -> Result<u8> {
     } else {
         exit::REJECTED
     })
-}
-
-/// The best kernel of a finished selective-scan run on the mlx backend.
-fn kernel_of_run(runs_dir: &Path, run: &str) -> Result<PathBuf> {
-    let (task, path, backend) = best_of_run(runs_dir, run)?;
-    if task.kind() != "selective-scan" || backend != "mlx" {
-        bail!(
-            "run {run} searched {} on {backend}; `ksearch bench mamba` needs a selective-scan kernel for mlx",
-            task.kind()
-        );
-    }
-    Ok(path)
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use ksearch_task::{CustomWorkload, ResolvedWorkload, Task};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The harness module `ksearch bench` runs.
@@ -53,6 +53,19 @@ impl Default for BenchSettings {
 pub struct BenchRequest {
     pub eval: EvalRequest,
     pub settings: BenchSettings,
+}
+
+/// The kernel a bench measures: `kernel` when given, else the task's seed kernel for `backend`.
+pub fn kernel_or_seed(task: &Task, backend: &str, kernel: Option<&Path>) -> Result<PathBuf> {
+    match kernel {
+        Some(k) => Ok(k.to_path_buf()),
+        None => task.backend(backend)?.seed.clone().ok_or_else(|| {
+            EvalError::Bench(format!(
+                "task {} has no seed kernel for {backend}",
+                task.name()
+            ))
+        }),
+    }
 }
 
 impl BenchRequest {
@@ -350,7 +363,6 @@ impl Evaluator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
     fn attention() -> Task {
         ksearch_task::load_task(

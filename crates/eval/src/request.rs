@@ -116,6 +116,14 @@ pub fn is_gpu_backend(backend: &str) -> bool {
     GPU_BACKENDS.contains(&backend)
 }
 
+/// A command-line number of seconds that must be positive (`--timeout`).
+pub fn parse_positive_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a positive number of seconds")),
+    }
+}
+
 /// The default wall-clock limit of one evaluation on `backend`.
 pub fn default_timeout(backend: &str) -> Duration {
     if is_gpu_backend(backend) {
