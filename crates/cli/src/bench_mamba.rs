@@ -1,7 +1,5 @@
-//! `ksearch bench mamba`: mamba-370m end to end (prefill and decode tokens/s) for ksearch,
-//! stock mlx-lm and mambapy. The options are here; checking them, running gpu/mamba/bench.py and
-//! rendering its report are `ksearch_eval::mamba_bench`. main.rs hands `ksearch bench` over
-//! when its TASK is `mamba`.
+//! `ksearch bench mamba` (docs/mamba.md): the options; checking them, running
+//! gpu/mamba/bench.py and rendering its report are `ksearch_eval::mamba_bench`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,8 +21,7 @@ pub const TASK: &str = "mamba";
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Whole model (TASK = mamba)")]
 pub struct MambaArgs {
-    /// mamba: a local mamba-*-hf directory (config.json, *.safetensors); default: random
-    /// weights with Mamba's initialisation.
+    /// mamba: a local mamba-*-hf directory; default: random weights (docs/mamba.md).
     #[arg(long, value_name = "DIR")]
     pub weights: Option<PathBuf>,
 
@@ -46,8 +43,7 @@ pub struct MambaArgs {
           value_parser = ["ksearch", "mlx-lm", "mambapy"])]
     pub impls: Vec<String>,
 
-    /// mamba: a named setting of gpu/mamba/variants.toml as our scan (default: the family's
-    /// pick; --kernel or --run give a search's kernel instead).
+    /// mamba: a named setting of gpu/mamba/variants.toml as our scan (default: tuned here).
     #[arg(long, value_name = "NAME", conflicts_with_all = ["kernel", "run"])]
     pub variant: Option<String>,
 
@@ -55,13 +51,11 @@ pub struct MambaArgs {
     #[arg(long)]
     pub kernel_only: bool,
 
-    /// mamba: skip a stock mlx-lm length whose estimated time (from the previous length's
-    /// rate) exceeds this many seconds; its per-token loop runs ~150 tok/s.
+    /// mamba: skip a stock mlx-lm length whose estimated time exceeds this many seconds.
     #[arg(long, default_value_t = 120.0, value_name = "SECONDS")]
     pub stock_budget: f64,
 
-    /// mamba: how the MLX implementations' decode loops wait: pipelined (as mlx_lm.generate,
-    /// the next step queued before this token is read) or sync (each step evaluated first).
+    /// mamba: how the MLX decode loops wait: pipelined (as mlx_lm.generate) or sync.
     #[arg(long, default_value = "pipelined", value_parser = ["pipelined", "sync"])]
     pub decode_loop: String,
 
@@ -69,10 +63,8 @@ pub struct MambaArgs {
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
 
-    /// mamba: MLX's launch settings for the whole bench, so for every MLX implementation:
-    /// `defaults` (MLX's own), or `auto`: gpu/mamba/mlx_env_probe.py first measures MLX's cost
-    /// per primitive under each setting (CUDA graphs on or off, nodes per graph), each in a
-    /// fresh process, and the bench runs under the cheapest. The report prints the settings.
+    /// mamba: MLX's launch settings for the bench: MLX's `defaults`, or `auto`: the cheapest
+    /// that gpu/mamba/mlx_env_probe.py measures (docs/mamba.md).
     #[arg(long, default_value = "defaults", value_parser = ["defaults", "auto"])]
     pub mlx_settings: String,
 }

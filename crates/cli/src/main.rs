@@ -11,7 +11,6 @@ mod knowledge;
 mod logging;
 mod sandbox_arg;
 mod search;
-mod signals;
 mod tasks;
 
 use clap::{Parser, Subcommand};

@@ -13,7 +13,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use ksearch_eval::TimingPreset;
+use ksearch_eval::{interrupt, TimingPreset};
 use ksearch_search::engine::{self, EngineError, Progress, ProgressSink};
 use ksearch_search::proposer::prompts::ContextLevel;
 use ksearch_search::report::render_outcome;
@@ -24,7 +24,7 @@ use ksearch_search::settings::{
 };
 use ksearch_store::RunStore;
 
-use crate::{exit, sandbox_arg::SandboxArg, signals};
+use crate::{exit, sandbox_arg::SandboxArg};
 
 /// One of a settings choice's `names`, parsed into it (`--help` lists the names).
 fn choice<T>(names: &'static [&'static str]) -> impl TypedValueParser<Value = T>
@@ -270,7 +270,7 @@ pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
         settings: &settings,
         sandbox: args.sandbox.mode,
     };
-    let session = session::start(new, signals::interrupt_on_signals())?;
+    let session = session::start(new, interrupt::on_signals())?;
     drive(session, quiet, args.json)
 }
 
@@ -281,7 +281,7 @@ pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
         max_wall_time: args.max_wall_time,
         recheck: args.recheck,
     };
-    let interrupt = signals::interrupt_on_signals();
+    let interrupt = interrupt::on_signals();
     let session = session::resume(store, changes, args.sandbox.mode, interrupt)?;
     drive(session, quiet, args.json)
 }
