@@ -6,16 +6,14 @@
 mod common;
 use common::{Reply, ScriptedLlm};
 
-use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
 use ksearch_llm::{
-    Budget, ChatProvider, ChatRequest, ChatResponse, Client, ClientConfig, LlmError, PriceTable,
-    RetryPolicy, Usage,
+    Budget, ChatProvider, ChatRequest, Client, ClientConfig, LlmError, PriceTable, RetryPolicy,
 };
 use ksearch_search::engine::{
     CandidateEvaluator, Engine, EngineConfig, EvalFailure, Evaluation, NoProgress, Purpose,

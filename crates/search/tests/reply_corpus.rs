@@ -8,15 +8,14 @@
 mod common;
 use common::ScriptedLlm;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
 use ksearch_knowledge::Packs;
-use ksearch_llm::{ChatProvider, ChatRequest, ChatResponse, LlmError, Usage};
 use ksearch_search::engine::{
     CandidateEvaluator, Engine, EngineConfig, EvalFailure, Evaluation, NoProgress, Purpose,
 };
@@ -321,7 +320,7 @@ fn each_recorded_reply_becomes_what_it_should() {
             other => panic!("unknown role directory {other}"),
         }
         // Exactly one call per reply: nothing was asked twice behind the test's back.
-        assert_eq!(llm.seen.lock().unwrap().len(), 1, "{name}");
+        assert_eq!(llm.seen().len(), 1, "{name}");
         checked += 1;
     }
     assert_eq!(checked, expectations().len());
