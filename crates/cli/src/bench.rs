@@ -5,21 +5,24 @@
 //! `ksearch_eval::bench` and `ksearch_eval::bench_report`; the peak is the hardware profile's
 //! of ksearch-knowledge. `ksearch bench mamba` is bench_mamba.rs (main.rs hands it over).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 
+use ksearch_eval::backends::bench_backend;
+use ksearch_eval::bench::kernel_or_seed;
 use ksearch_eval::bench_report::{self, Peaks};
 use ksearch_eval::{
-    fresh_secret_seed, is_gpu_backend, BenchRequest, BenchSettings, Evaluator, EvaluatorConfig,
+    fresh_secret_seed, parse_positive_seconds, BenchRequest, BenchSettings, Evaluator,
+    EvaluatorConfig,
 };
 use ksearch_knowledge::Catalog;
-use ksearch_task::Task;
+use ksearch_search::report;
+use ksearch_store::RunStore;
 
 use crate::exit;
-use crate::search::{open_run, pick_backend, probed_backends};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -68,7 +71,7 @@ pub struct BenchArgs {
     pub hardware: Option<String>,
 
     /// Seconds the whole bench may take, nvcc included.
-    #[arg(long, value_name = "SECONDS", default_value_t = 1200.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 1200.0, value_parser = parse_positive_seconds)]
     pub timeout: f64,
 
     /// Print JSON: the derived numbers per workload plus the harness's raw result.
@@ -77,46 +80,35 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: &BenchArgs, quiet: bool) -> Result<u8> {
-    let timeout = timeout(args)?;
     let (task, kernel, run_backend) = match &args.run {
         Some(run) => {
-            let (task, path, backend) = best_of_run(&args.runs_dir, run)?;
-            (task, Some(path), Some(backend))
+            let best = report::best_kernel(
+                &RunStore::open_ref(&args.runs_dir, run).context("cannot open the run")?,
+            )?;
+            (best.task, Some(best.path), Some(best.backend))
         }
-        None => (
-            ksearch_task::resolve(&args.task).context("cannot load the task")?,
-            args.kernel.clone(),
-            None,
-        ),
-    };
-    let backend = match (&args.backend, run_backend) {
-        (Some(b), Some(r)) if *b != r => {
-            bail!("the run's kernel is for the {r} backend, not {b}")
+        None => {
+            let task = ksearch_task::resolve(&args.task).context("cannot load the task")?;
+            (task, args.kernel.clone(), None)
         }
-        (Some(b), _) => b.clone(),
-        (None, Some(r)) => r,
-        (None, None) => default_gpu_backend(&task)?,
     };
-    let kernel =
-        match kernel {
-            Some(k) => k,
-            None => task.backend(&backend)?.seed.clone().with_context(|| {
-                format!("task {} has no seed kernel for {backend}", task.name())
-            })?,
-        };
+    let backend = bench_backend(&task, args.backend.as_deref(), run_backend.as_deref())?;
+    let kernel = kernel_or_seed(&task, &backend, kernel.as_deref())?;
     let settings = BenchSettings {
         warmup: args.warmup,
         reps: args.reps,
         compare: args.compare.clone(),
         ..BenchSettings::default()
     };
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let seed = fresh_secret_seed()?;
     let req = BenchRequest::for_task(
         &task,
         &backend,
         &kernel,
         &args.shapes,
         settings,
-        fresh_secret_seed()?,
+        seed,
         timeout,
     )?;
     let evaluator = Evaluator::new(EvaluatorConfig {
@@ -147,59 +139,14 @@ pub fn run(args: &BenchArgs, quiet: bool) -> Result<u8> {
         let doc = bench_report::report_json(task.name(), &backend, &label, &result, &peaks);
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        let text = bench_report::render(task.name(), &backend, &label, &result, &peaks);
-        print!("{text}");
+        print!(
+            "{}",
+            bench_report::render(task.name(), &backend, &label, &result, &peaks)
+        );
     }
     Ok(if !result.passed() || result.kernel_failed() {
         exit::REJECTED
     } else {
         exit::OK
     })
-}
-
-/// `--timeout` as a duration; it must be a positive number of seconds.
-pub fn timeout(args: &BenchArgs) -> Result<Duration> {
-    if !(args.timeout.is_finite() && args.timeout > 0.0) {
-        bail!("--timeout must be a positive number of seconds");
-    }
-    Ok(Duration::from_secs_f64(args.timeout))
-}
-
-/// A GPU backend of the task that this machine can run.
-fn default_gpu_backend(task: &Task) -> Result<String> {
-    let names = task.backend_names();
-    if !names.iter().any(|b| is_gpu_backend(b)) {
-        bail!(
-            "task {} has no GPU backend; `ksearch bench` compares GPU kernels",
-            task.name()
-        );
-    }
-    let available = probed_backends();
-    pick_backend(&names, &available, &["cuda", "mlx"])
-        .context("the task has no GPU backend this machine can run")
-}
-
-/// The task, the best kernel's stored source file and the backend of a finished run.
-pub(crate) fn best_of_run(runs_dir: &Path, run: &str) -> Result<(Task, PathBuf, String)> {
-    let store = open_run(runs_dir, run)?;
-    let summary = store
-        .finish_summary()?
-        .context("the run has not finished; `ksearch resume` it first (or see `ksearch show`)")?;
-    let id = summary
-        .get("best")
-        .filter(|b| !b.is_null())
-        .and_then(|b| b["candidate_id"].as_i64())
-        .context("the run has no accepted kernel (no candidate passed the final re-check)")?;
-    let cand = store
-        .candidate(id)?
-        .with_context(|| format!("candidate {id} is missing from the store"))?;
-    let path = store.source_path(&cand.source_id)?;
-    let config = store.config().clone();
-    let task_ref = config.extra["task_dir"]
-        .as_str()
-        .filter(|d| Path::new(d).join("task.toml").is_file())
-        .map(str::to_string)
-        .unwrap_or_else(|| config.task.clone());
-    let task = ksearch_task::resolve(&task_ref).context("cannot load the run's task")?;
-    Ok((task, path, config.backend))
 }

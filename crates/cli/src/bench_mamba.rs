@@ -1,15 +1,16 @@
-//! `ksearch bench mamba`: mamba-370m end to end (prefill and decode tokens/s) for ksearch,
-//! stock mlx-lm and mambapy. The options are here; checking them, running gpu/mamba/bench.py and
-//! rendering its report are `ksearch_eval::mamba_bench`. main.rs hands `ksearch bench` over
-//! when its TASK is `mamba`.
+//! `ksearch bench mamba` (docs/mamba.md): the options; checking them, running
+//! gpu/mamba/bench.py and rendering its report are `ksearch_eval::mamba_bench`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ksearch_eval::mamba_bench::{self, MambaBench, MambaOptions};
+use ksearch_search::report;
+use ksearch_store::RunStore;
 
-use crate::bench::{best_of_run, BenchArgs};
+use crate::bench::BenchArgs;
 use crate::exit;
 
 /// The TASK argument of `ksearch bench` that selects the whole-model Mamba bench.
@@ -20,8 +21,7 @@ pub const TASK: &str = "mamba";
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Whole model (TASK = mamba)")]
 pub struct MambaArgs {
-    /// mamba: a local mamba-*-hf directory (config.json, *.safetensors); default: random
-    /// weights with Mamba's initialisation.
+    /// mamba: a local mamba-*-hf directory; default: random weights (docs/mamba.md).
     #[arg(long, value_name = "DIR")]
     pub weights: Option<PathBuf>,
 
@@ -43,8 +43,7 @@ pub struct MambaArgs {
           value_parser = ["ksearch", "mlx-lm", "mambapy"])]
     pub impls: Vec<String>,
 
-    /// mamba: a named setting of gpu/mamba/variants.toml as our scan (default: the family's
-    /// pick; --kernel or --run give a search's kernel instead).
+    /// mamba: a named setting of gpu/mamba/variants.toml as our scan (default: tuned here).
     #[arg(long, value_name = "NAME", conflicts_with_all = ["kernel", "run"])]
     pub variant: Option<String>,
 
@@ -52,13 +51,11 @@ pub struct MambaArgs {
     #[arg(long)]
     pub kernel_only: bool,
 
-    /// mamba: skip a stock mlx-lm length whose estimated time (from the previous length's
-    /// rate) exceeds this many seconds; its per-token loop runs ~150 tok/s.
+    /// mamba: skip a stock mlx-lm length whose estimated time exceeds this many seconds.
     #[arg(long, default_value_t = 120.0, value_name = "SECONDS")]
     pub stock_budget: f64,
 
-    /// mamba: how the MLX implementations' decode loops wait: pipelined (as mlx_lm.generate,
-    /// the next step queued before this token is read) or sync (each step evaluated first).
+    /// mamba: how the MLX decode loops wait: pipelined (as mlx_lm.generate) or sync.
     #[arg(long, default_value = "pipelined", value_parser = ["pipelined", "sync"])]
     pub decode_loop: String,
 
@@ -66,10 +63,8 @@ pub struct MambaArgs {
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
 
-    /// mamba: MLX's launch settings for the whole bench, so for every MLX implementation:
-    /// `defaults` (MLX's own), or `auto`: gpu/mamba/mlx_env_probe.py first measures MLX's cost
-    /// per primitive under each setting (CUDA graphs on or off, nodes per graph), each in a
-    /// fresh process, and the bench runs under the cheapest. The report prints the settings.
+    /// mamba: MLX's launch settings for the bench: MLX's `defaults`, or `auto`: the cheapest
+    /// that gpu/mamba/mlx_env_probe.py measures (docs/mamba.md).
     #[arg(long, default_value = "defaults", value_parser = ["defaults", "auto"])]
     pub mlx_settings: String,
 }
@@ -96,10 +91,16 @@ pub fn run(args: &BenchArgs, m: &MambaArgs, quiet: bool) -> Result<u8> {
     if !args.shapes.is_empty() || args.backend.is_some() || args.hardware.is_some() {
         bail!("`ksearch bench mamba` takes neither --shapes, --backend nor --hardware (it runs the whole model on MLX)");
     }
-    let timeout = crate::bench::timeout(args)?;
+    let timeout = Duration::from_secs_f64(args.timeout);
     let kernel = match (&args.kernel, &args.run) {
         (Some(k), _) => Some(k.clone()),
-        (None, Some(run)) => Some(kernel_of_run(&args.runs_dir, run)?),
+        (None, Some(run)) => {
+            let best = report::best_kernel(
+                &RunStore::open_ref(&args.runs_dir, run).context("cannot open the run")?,
+            )?;
+            mamba_bench::check_run_kernel(run, best.task.kind(), &best.backend)?;
+            Some(best.path)
+        }
         (None, None) => None,
     };
     let options = m.options(kernel);
@@ -109,26 +110,19 @@ pub fn run(args: &BenchArgs, m: &MambaArgs, quiet: bool) -> Result<u8> {
         .python;
     let bench = MambaBench::locate(python)?;
     if !quiet {
+        let python = bench.python().display();
         eprintln!(
-            "ksearch: bench mamba ({}) with {}",
-            m.impls.join(", "),
-            bench.python().display()
+            "ksearch: bench mamba ({}) with {python}",
+            m.impls.join(", ")
         );
     }
-    let pick = if m.mlx_settings == "auto" {
-        let pick = bench.probe_mlx_settings(timeout, !quiet)?;
-        if !quiet {
-            let shown: Vec<String> = pick.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            let shown = match shown.is_empty() {
-                true => "MLX's defaults".to_string(),
-                false => shown.join(" "),
-            };
-            eprintln!("ksearch: MLX settings for the bench: {shown}");
-        }
-        Some(pick)
-    } else {
-        None
+    let pick = match m.mlx_settings.as_str() {
+        "auto" => Some(bench.probe_mlx_settings(timeout, !quiet)?),
+        _ => None,
     };
+    if let Some(pick) = pick.as_ref().filter(|_| !quiet) {
+        eprintln!("ksearch: MLX settings for the bench: {}", pick.describe());
+    }
     let run = bench.run(&options, pick.as_ref(), timeout, !quiet)?;
     if let Some(path) = &m.save {
         std::fs::write(path, &run.text)
@@ -145,18 +139,6 @@ pub fn run(args: &BenchArgs, m: &MambaArgs, quiet: bool) -> Result<u8> {
     } else {
         exit::REJECTED
     })
-}
-
-/// The best kernel of a finished selective-scan run on the mlx backend.
-fn kernel_of_run(runs_dir: &Path, run: &str) -> Result<PathBuf> {
-    let (task, path, backend) = best_of_run(runs_dir, run)?;
-    if task.kind() != "selective-scan" || backend != "mlx" {
-        bail!(
-            "run {run} searched {} on {backend}; `ksearch bench mamba` needs a selective-scan kernel for mlx",
-            task.kind()
-        );
-    }
-    Ok(path)
 }
 
 #[cfg(test)]

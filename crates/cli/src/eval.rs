@@ -5,11 +5,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ksearch_eval::report::{render_result, render_summary};
 use ksearch_eval::{
-    fresh_secret_seed, EvalRequest, EvalResult, Evaluator, EvaluatorConfig, TimingPreset,
-    WorkloadSet, Yardstick,
+    fresh_secret_seed, parse_positive_seconds, EvalError, EvalRequest, EvalResult, Evaluator,
+    EvaluatorConfig, TimingPreset, WorkloadSet, Yardstick,
 };
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Debug, Args)]
@@ -31,7 +31,7 @@ pub struct EvalArgs {
     seed: Option<u64>,
 
     /// Wall-clock limit per candidate in seconds, build included.
-    #[arg(long, value_name = "SECONDS", default_value_t = 120.0, value_parser = positive_seconds)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0, value_parser = parse_positive_seconds)]
     timeout: f64,
 
     /// Timing effort: quick, standard or thorough.
@@ -56,13 +56,6 @@ pub struct EvalArgs {
     files: Vec<PathBuf>,
 }
 
-fn positive_seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a positive number of seconds")),
-    }
-}
-
 pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
     let task = ksearch_task::resolve(&args.task).context("cannot load the task")?;
     task.backend(&args.backend)?;
@@ -77,51 +70,44 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
         ..EvaluatorConfig::default()
     })
     .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
-    let secret_seed = match args.seed {
+    let seed = match args.seed {
         Some(s) => s,
         None => fresh_secret_seed()?,
     };
-    let set = if args.held_out {
-        WorkloadSet::Acceptance
-    } else {
-        WorkloadSet::Search
+    let set = match args.held_out {
+        true => WorkloadSet::Acceptance,
+        false => WorkloadSet::Search,
     };
 
-    let mut yardstick = if args.no_yardstick {
-        None
-    } else {
-        Some(measure_yardstick(
-            args,
-            &task,
+    let request = |file: &Path| {
+        let mut req = EvalRequest::from_task(&task, &args.backend, file, set, seed, args.timing)?;
+        req.timeout = Duration::from_secs_f64(args.timeout);
+        Ok::<_, EvalError>(req)
+    };
+    let mut yardstick = match args.no_yardstick {
+        true => None,
+        false => Some(measure_yardstick(
             &evaluator,
-            set,
-            secret_seed,
+            &request(&args.files[0])?,
             quiet,
-        )?)
+        )?),
     };
-
     let mut results: Vec<(String, EvalResult)> = Vec::new();
     let mut json_items = Vec::new();
     let mut setup_failed = false;
     for file in &args.files {
         let label = file.display().to_string();
-        let outcome =
-            EvalRequest::from_task(&task, &args.backend, file, set, secret_seed, args.timing)
-                .and_then(|mut req| {
-                    req.timeout = Duration::from_secs_f64(args.timeout);
-                    if !quiet {
-                        eprintln!(
-                            "ksearch: evaluating {label} on {}/{} ({} workloads)",
-                            task.name(),
-                            args.backend,
-                            req.workloads.len()
-                        );
-                    }
-                    match yardstick.as_mut() {
-                        Some(y) => evaluator.evaluate_steady(&mut req, y),
-                        None => evaluator.evaluate(&req),
-                    }
-                });
+        let outcome = request(file).and_then(|mut req| {
+            if !quiet {
+                let n = req.workloads.len();
+                let (t, b) = (task.name(), &args.backend);
+                eprintln!("ksearch: evaluating {label} on {t}/{b} ({n} workloads)");
+            }
+            match yardstick.as_mut() {
+                Some(y) => evaluator.evaluate_steady(&mut req, y),
+                None => evaluator.evaluate(&req),
+            }
+        });
         match outcome {
             Ok(result) => {
                 if !args.json {
@@ -159,37 +145,23 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
     })
 }
 
-/// Times the baseline and reference once, for every file to be scored against.
-fn measure_yardstick(
-    args: &EvalArgs,
-    task: &ksearch_task::Task,
-    evaluator: &Evaluator,
-    set: WorkloadSet,
-    secret_seed: u64,
-    quiet: bool,
-) -> Result<Yardstick> {
-    let mut req = EvalRequest::from_task(
-        task,
-        &args.backend,
-        &args.files[0],
-        set,
-        secret_seed,
-        args.timing,
-    )?;
-    req.timeout = Duration::from_secs_f64(args.timeout);
+/// Times the baseline and reference once (`req`: the first file's request), for every file to
+/// be scored against.
+fn measure_yardstick(evaluator: &Evaluator, req: &EvalRequest, quiet: bool) -> Result<Yardstick> {
     if !quiet {
+        let baseline = req
+            .task
+            .baseline
+            .as_ref()
+            .map(|b| format!("baseline {}", b.name));
         eprintln!(
             "ksearch: timing the yardstick ({} and the reference) on {} workloads",
-            req.task
-                .baseline
-                .as_ref()
-                .map(|b| format!("baseline {}", b.name))
-                .unwrap_or_else(|| "no baseline".into()),
+            baseline.as_deref().unwrap_or("no baseline"),
             req.workloads.len()
         );
     }
     let y = evaluator
-        .yardstick(&req)
+        .yardstick(req)
         .context("cannot time the yardstick (--no-yardstick times the baseline per file)")?;
     if !quiet {
         eprintln!(

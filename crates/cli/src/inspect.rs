@@ -7,9 +7,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use ksearch_search::report;
+use ksearch_store::RunStore;
 
 use crate::exit;
-use crate::search::open_run;
 
 #[derive(Debug, Args)]
 pub struct ShowArgs {
@@ -38,14 +38,14 @@ pub struct ExportArgs {
 }
 
 pub fn show(args: &ShowArgs) -> Result<u8> {
-    let store = open_run(&args.runs_dir, &args.run)?;
+    let store = RunStore::open_ref(&args.runs_dir, &args.run).context("cannot open the run")?;
     print!("{}", report::render_show(&store, args.all)?);
     Ok(exit::OK)
 }
 
 /// Writes the best kernel and its README into `--out` and prints the kernel's path.
 pub fn export(args: &ExportArgs) -> Result<u8> {
-    let store = open_run(&args.runs_dir, &args.run)?;
+    let store = RunStore::open_ref(&args.runs_dir, &args.run).context("cannot open the run")?;
     let exported = report::export(&store)?;
     let out = args
         .out

@@ -87,28 +87,18 @@ pub fn run(args: &KnowledgeArgs) -> Result<u8> {
 }
 
 fn show(packs: &Packs, a: &ShowArgs) -> Result<u8> {
-    let task = a
-        .task
-        .as_deref()
-        .map(ksearch_task::resolve)
-        .transpose()
-        .context("cannot load the task")?;
+    let task = a.task.as_deref().map(ksearch_task::resolve).transpose();
+    let task = task.context("cannot load the task")?;
     let target = match (&a.target, &task) {
         (Some(t), _) => t.clone(),
         (None, Some(task)) => {
             task.backend(&a.backend)?;
-            packs
-                .target_for_backend(&a.backend)
-                .map(|t| t.name.clone())
-                .with_context(|| format!("no knowledge-pack target serves backend {}", a.backend))?
+            packs.target_name_for_backend(&a.backend)?
         }
         (None, None) => bail!("give --target NAME (or --task to take it from a task's backend)"),
     };
-    let kind = a
-        .kind
-        .clone()
-        .or_else(|| task.as_ref().map(|t| t.kind().to_string()));
-    let ctx = packs.context(&target, kind.as_deref(), a.hardware.as_deref())?;
+    let kind = a.kind.as_deref().or(task.as_ref().map(|t| t.kind()));
+    let ctx = packs.context(&target, kind, a.hardware.as_deref())?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&ctx)?);
         return Ok(exit::OK);
@@ -119,18 +109,7 @@ fn show(packs: &Packs, a: &ShowArgs) -> Result<u8> {
 }
 
 fn lint_files(packs: &Packs, a: &LintArgs) -> Result<u8> {
-    let target = packs.lint_target(&a.target).with_context(|| {
-        format!(
-            "no target `{}` (targets: {})",
-            a.target,
-            packs
-                .targets()
-                .iter()
-                .map(|t| t.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
+    let target = packs.lint_target_named(&a.target)?;
     let mut rejected = false;
     let mut report = Vec::new();
     for f in &a.files {
@@ -156,40 +135,9 @@ fn lint_files(packs: &Packs, a: &LintArgs) -> Result<u8> {
 
 fn list(packs: &Packs, a: &ListArgs) -> Result<u8> {
     if a.json {
-        let v = json!({
-            "targets": packs.targets(),
-            "hardware": packs.hardware().iter().map(|h| json!({
-                "name": h.name, "title": h.title, "bandwidth_gbs": h.memory.bandwidth_gbs,
-                "peak_tflops": h.peak_tflops,
-            })).collect::<Vec<_>>(),
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(exit::OK);
-    }
-    println!("targets:");
-    for t in packs.targets() {
-        let backends = if t.backends.is_empty() {
-            "-".to_string()
-        } else {
-            t.backends.join(", ")
-        };
-        println!(
-            "  {:<10} {} (backends: {backends}; default device {})",
-            t.name, t.title, t.hardware
-        );
-    }
-    println!("hardware profiles:");
-    for h in packs.hardware() {
-        println!(
-            "  {:<16} {} — {} GB/s, f32 {} TFLOP/s",
-            h.name,
-            h.title,
-            h.memory.bandwidth_gbs,
-            h.peak_tflops
-                .get("f32")
-                .map(|v| v.to_string())
-                .unwrap_or_else(|| "-".into())
-        );
+        println!("{}", serde_json::to_string_pretty(&packs.listing())?);
+    } else {
+        print!("{}", packs.render_list());
     }
     Ok(exit::OK)
 }

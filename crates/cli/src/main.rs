@@ -5,6 +5,7 @@ mod bench;
 mod bench_mamba;
 mod doctor;
 mod eval;
+mod exit;
 mod import;
 mod inspect;
 mod knowledge;
@@ -12,7 +13,6 @@ mod logging;
 mod new_task;
 mod sandbox_arg;
 mod search;
-mod signals;
 mod tasks;
 
 use clap::{Parser, Subcommand};
@@ -69,21 +69,6 @@ struct BenchCommand {
     bench: bench::BenchArgs,
     #[command(flatten)]
     mamba: bench_mamba::MambaArgs,
-}
-
-/// Exit codes shared by all commands.
-pub(crate) mod exit {
-    /// Everything passed.
-    pub const OK: u8 = 0;
-    /// At least one candidate was rejected (or, for `doctor`, something required is missing).
-    pub const REJECTED: u8 = 1;
-    /// Usage or set-up error: nothing (more) could be evaluated.
-    pub const SETUP: u8 = 2;
-    /// A run stopped because its proposer's calls kept failing; it is saved and resumable.
-    pub const GAVE_UP: u8 = 3;
-    /// A run stopped by Ctrl-C or SIGTERM (128 + SIGINT, as shells report it); it is saved
-    /// and resumable.
-    pub const INTERRUPTED: u8 = 130;
 }
 
 fn main() -> ExitCode {

@@ -7,8 +7,8 @@ use crate::exit;
 use anyhow::{Context, Result};
 use clap::Args;
 use ksearch_eval::report::{Align, Table};
-use serde::Serialize;
-use std::collections::BTreeMap;
+use ksearch_task::check::check_tasks;
+use ksearch_task::TaskSummary;
 
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("per_backend").args(["workloads", "render"])))]
@@ -52,25 +52,6 @@ pub struct TasksArgs {
     batch: bool,
 }
 
-#[derive(Debug, Serialize)]
-struct TaskRow {
-    name: String,
-    kind: String,
-    dir: String,
-    description: String,
-    backends: Vec<String>,
-    workloads: usize,
-    held_out: usize,
-    /// Workloads can be limited to some backends, so each backend has its own counts.
-    per_backend: BTreeMap<String, Counts>,
-}
-
-#[derive(Debug, Serialize)]
-struct Counts {
-    workloads: usize,
-    held_out: usize,
-}
-
 pub fn run(args: &TasksArgs) -> Result<u8> {
     if let Some(target) = &args.check {
         return check(target.as_deref(), args.json);
@@ -90,31 +71,10 @@ pub fn run(args: &TasksArgs) -> Result<u8> {
         return Ok(exit::OK);
     }
     let tasks = ksearch_task::builtin::list().context("cannot load the built-in tasks")?;
-    let mut rows = Vec::new();
-    for t in &tasks {
-        let spec = t.spec();
-        let mut per_backend = BTreeMap::new();
-        for b in t.backend_names() {
-            let workloads = t.workloads(b)?;
-            per_backend.insert(
-                b.to_string(),
-                Counts {
-                    workloads: workloads.len(),
-                    held_out: workloads.iter().filter(|w| w.held_out).count(),
-                },
-            );
-        }
-        rows.push(TaskRow {
-            name: t.name().to_string(),
-            kind: t.kind().to_string(),
-            dir: t.dir().display().to_string(),
-            description: spec.description.trim().to_string(),
-            backends: t.backend_names().iter().map(|s| s.to_string()).collect(),
-            workloads: spec.workloads.len(),
-            held_out: spec.workloads.iter().filter(|w| w.held_out).count(),
-            per_backend,
-        });
-    }
+    let rows = tasks
+        .iter()
+        .map(TaskSummary::of)
+        .collect::<Result<Vec<_>, _>>()?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(exit::OK);
@@ -126,114 +86,33 @@ pub fn run(args: &TasksArgs) -> Result<u8> {
         ("description", Align::Left),
     ]);
     for r in &rows {
-        let summary = r.description.lines().next().unwrap_or("").to_string();
-        table.row(vec![
-            r.name.clone(),
-            r.kind.clone(),
-            r.per_backend
-                .iter()
-                .map(|(b, c)| format!("{b} {} ({})", c.workloads, c.held_out))
-                .collect::<Vec<_>>()
-                .join(", "),
-            summary,
-        ]);
+        let cells = [&r.name, &r.kind, &r.workloads_per_backend(), r.headline()];
+        table.row(cells.iter().map(|c| c.to_string()).collect());
     }
     print!("{}", table.render());
     Ok(exit::OK)
 }
 
-#[derive(Debug, Serialize)]
-struct CheckedTask {
-    task: String,
-    dir: String,
-    ok: bool,
-    problems: Vec<Problem>,
-}
-
-#[derive(Debug, Serialize)]
-struct Problem {
-    file: String,
-    line: Option<usize>,
-    field: String,
-    message: String,
-}
-
-/// `ksearch tasks --check [NAME|DIR]`. A task that does not load is a failed check (its load
-/// error is the problem); a name that matches nothing is a usage error.
+/// `ksearch tasks --check [NAME|DIR]` (`ksearch_task::check::check_tasks`).
 fn check(target: Option<&str>, json: bool) -> Result<u8> {
-    let tasks = match target {
-        Some(t) => match ksearch_task::resolve(t) {
-            Ok(task) => vec![(t.to_string(), Ok(task))],
-            Err(ksearch_task::TaskError::Invalid(e)) => vec![(t.to_string(), Err(*e))],
-            Err(e) => return Err(e).context(format!("cannot load task `{t}`")),
-        },
-        None => {
-            let dir = ksearch_task::builtin::dir().context("cannot find the built-in tasks")?;
-            let mut dirs: Vec<_> = std::fs::read_dir(&dir)
-                .with_context(|| format!("cannot read {}", dir.display()))?
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.join("task.toml").is_file())
-                .collect();
-            dirs.sort();
-            let mut out = Vec::new();
-            for d in dirs {
-                let label = d
-                    .file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                match ksearch_task::load_task(&d) {
-                    Ok(task) => out.push((label, Ok(task))),
-                    Err(ksearch_task::TaskError::Invalid(e)) => out.push((label, Err(*e))),
-                    Err(e) => return Err(e).context(format!("cannot load {}", d.display())),
-                }
-            }
-            out
-        }
-    };
-    let mut report = Vec::new();
-    for (label, loaded) in tasks {
-        let (name, dir, problems) = match loaded {
-            Ok(task) => (
-                task.name().to_string(),
-                task.dir().display().to_string(),
-                ksearch_task::check::check(&task),
-            ),
-            Err(e) => (label, String::new(), vec![e]),
-        };
-        report.push((name, dir, problems));
-    }
-    let failed = report.iter().any(|(_, _, p)| !p.is_empty());
+    let checked = check_tasks(target).context("cannot load the task")?;
     if json {
-        let items: Vec<CheckedTask> = report
-            .into_iter()
-            .map(|(task, dir, problems)| CheckedTask {
-                task,
-                dir,
-                ok: problems.is_empty(),
-                problems: problems
-                    .into_iter()
-                    .map(|e| Problem {
-                        file: e.file.display().to_string(),
-                        line: e.line,
-                        field: e.field,
-                        message: e.message,
-                    })
-                    .collect(),
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&items)?);
+        println!("{}", serde_json::to_string_pretty(&checked)?);
     } else {
-        for (name, _, problems) in &report {
-            if problems.is_empty() {
-                println!("{name}: ok");
+        for c in &checked {
+            if c.ok {
+                println!("{}: ok", c.task);
                 continue;
             }
-            println!("{name}: {} problem(s)", problems.len());
-            for p in problems {
+            println!("{}: {} problem(s)", c.task, c.problems.len());
+            for p in &c.problems {
                 println!("{p}");
             }
         }
     }
-    Ok(if failed { exit::REJECTED } else { exit::OK })
+    Ok(if checked.iter().all(|c| c.ok) {
+        exit::OK
+    } else {
+        exit::REJECTED
+    })
 }

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use ksearch_task::Task;
 
-use crate::{Evaluator, EvaluatorConfig};
+use crate::{is_gpu_backend, EvalError, Evaluator, EvaluatorConfig};
 
 /// The order backends are preferred in: a GPU backend first, else the CPU.
 pub const PREFERENCE: [&str; 3] = ["cuda", "mlx", "cpu"];
@@ -15,6 +15,34 @@ pub const PREFERENCE: [&str; 3] = ["cuda", "mlx", "cpu"];
 /// GPU): a GPU backend first, else the CPU. `None` when the task declares no backend.
 pub fn default_backend(task: &Task) -> Option<String> {
     pick_backend(&task.backend_names(), &probed_backends(), &PREFERENCE)
+}
+
+/// The backend `ksearch bench` measures: the one asked for (`asked`), which must be that of the
+/// run whose kernel is benched (`of_run`), else the run's, else a GPU backend of the task that
+/// this machine can run (cuda first).
+pub fn bench_backend(
+    task: &Task,
+    asked: Option<&str>,
+    of_run: Option<&str>,
+) -> Result<String, EvalError> {
+    match (asked, of_run) {
+        (Some(b), Some(r)) if b != r => Err(EvalError::Bench(format!(
+            "the run's kernel is for the {r} backend, not {b}"
+        ))),
+        (Some(b), _) | (None, Some(b)) => Ok(b.to_string()),
+        (None, None) => {
+            let names = task.backend_names();
+            if !names.iter().any(|b| is_gpu_backend(b)) {
+                return Err(EvalError::Bench(format!(
+                    "task {} has no GPU backend; `ksearch bench` compares GPU kernels",
+                    task.name()
+                )));
+            }
+            pick_backend(&names, &probed_backends(), &["cuda", "mlx"]).ok_or_else(|| {
+                EvalError::Bench("the task has no GPU backend this machine can run".into())
+            })
+        }
+    }
 }
 
 /// The backends the harness says this machine can run; just `cpu` when the probe fails (the
@@ -73,6 +101,25 @@ pub fn pick_backend(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_bench_backend_is_the_asked_one_or_the_runs() {
+        let attention = ksearch_task::resolve("attention").unwrap();
+        let err = bench_backend(&attention, Some("mlx"), Some("cuda")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the run's kernel is for the cuda backend, not mlx"
+        );
+        assert_eq!(bench_backend(&attention, None, Some("mlx")).unwrap(), "mlx");
+        assert_eq!(
+            bench_backend(&attention, Some("cuda"), None).unwrap(),
+            "cuda"
+        );
+        // A task without a GPU backend is refused before any probe.
+        let softmax = ksearch_task::resolve("softmax").unwrap();
+        let err = bench_backend(&softmax, None, None).unwrap_err();
+        assert!(err.to_string().contains("has no GPU backend"), "{err}");
+    }
 
     #[test]
     fn the_default_backend_is_the_first_gpu_backend_the_probe_lists() {

@@ -13,7 +13,7 @@ use ksearch_task::{CustomWorkload, ResolvedWorkload, Task};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The harness module `ksearch bench` runs.
@@ -53,6 +53,19 @@ impl Default for BenchSettings {
 pub struct BenchRequest {
     pub eval: EvalRequest,
     pub settings: BenchSettings,
+}
+
+/// The kernel a bench measures: `kernel` when given, else the task's seed kernel for `backend`.
+pub fn kernel_or_seed(task: &Task, backend: &str, kernel: Option<&Path>) -> Result<PathBuf> {
+    match kernel {
+        Some(k) => Ok(k.to_path_buf()),
+        None => task.backend(backend)?.seed.clone().ok_or_else(|| {
+            EvalError::Bench(format!(
+                "task {} has no seed kernel for {backend}",
+                task.name()
+            ))
+        }),
+    }
 }
 
 impl BenchRequest {
@@ -122,11 +135,7 @@ impl BenchRequest {
                 }
                 chosen.push(w);
             }
-            eval.workloads = chosen
-                .iter()
-                .map(serde_json::to_value)
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| EvalError::Bench(format!("cannot encode a workload: {e}")))?;
+            eval.workloads = chosen;
         }
         Ok(BenchRequest { eval, settings })
     }
@@ -350,7 +359,6 @@ impl Evaluator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
     fn attention() -> Task {
         ksearch_task::load_task(
@@ -386,7 +394,7 @@ mod tests {
             req.eval.workloads.len(),
             task.workloads("cuda").unwrap().len()
         );
-        assert!(req.eval.workloads.iter().any(|w| w["held_out"] == true));
+        assert!(req.eval.workloads.iter().any(|w| w.held_out));
         assert_eq!(req.eval.timeout, Duration::from_secs(900));
         assert_eq!(
             req.eval.device.as_deref().map(|d| d.starts_with("gpu:")),
@@ -414,16 +422,12 @@ mod tests {
     #[test]
     fn shapes_select_workloads_or_make_new_ones() {
         let req = request("cuda", &["b1h32l4096d128-bf16; b3h4l100d64-f16"]).unwrap();
-        let names: Vec<&str> = req
-            .eval
-            .workloads
-            .iter()
-            .map(|w| w["name"].as_str().unwrap())
-            .collect();
+        let names: Vec<&str> = req.eval.workloads.iter().map(|w| w.name.as_str()).collect();
         assert_eq!(names, ["b1h32l4096d128-bf16", "b3h4l100d64-f16"]);
 
         let req = request("cuda", &["B=2, H=4, L=100, D=64, causal=1, dtype=bf16"]).unwrap();
-        let w = &req.eval.workloads[0];
+        // As the harness receives it.
+        let w = &serde_json::to_value(&req.eval.workloads[0]).unwrap();
         assert_eq!(w["name"], "B=2,H=4,L=100,D=64,causal=1,dtype=bf16");
         assert_eq!(
             w["params"],
@@ -444,7 +448,7 @@ mod tests {
             .find(|w| w.name == "b3h4l100d64-f16")
             .unwrap();
         let req = request("cuda", &["B=3,H=4,L=100,D=64,causal=0,dtype=f16"]).unwrap();
-        let made: ResolvedWorkload = serde_json::from_value(req.eval.workloads[0].clone()).unwrap();
+        let made = req.eval.workloads[0].clone();
         assert_eq!(
             (
                 made.inputs,

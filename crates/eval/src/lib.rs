@@ -30,7 +30,7 @@ pub use evaluator::{Evaluator, EvaluatorConfig, SandboxMode};
 pub use interrupt::Interrupt;
 pub use protocol::{EvalResult, Status, Violation, ViolationClass, WorkloadResult};
 pub use request::{
-    default_timeout, device_for, fresh_secret_seed, is_gpu_backend, EvalRequest, TimingPreset,
-    WorkloadSet, DEFAULT_TIMEOUT, DEFAULT_TRIALS, GPU_DEFAULT_TIMEOUT,
+    default_timeout, device_for, fresh_secret_seed, is_gpu_backend, parse_positive_seconds,
+    EvalRequest, TimingPreset, WorkloadSet, DEFAULT_TIMEOUT, DEFAULT_TRIALS, GPU_DEFAULT_TIMEOUT,
 };
 pub use yardstick::Yardstick;

@@ -209,6 +209,26 @@ impl ProbePick {
         }
         Ok(ProbePick { controls, env })
     }
+
+    /// The pick as the bench announces it: `NAME=VALUE ...`, or "MLX's defaults".
+    pub fn describe(&self) -> String {
+        if self.env.is_empty() {
+            return "MLX's defaults".into();
+        }
+        let shown: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        shown.join(" ")
+    }
+}
+
+/// Whether a search's best kernel can be our scan: it must be a selective-scan kernel for mlx
+/// (`run` names the run in the message).
+pub fn check_run_kernel(run: &str, kind: &str, backend: &str) -> Result<()> {
+    if kind != "selective-scan" || backend != "mlx" {
+        return Err(MambaBenchError::Options(format!(
+            "run {run} searched {kind} on {backend}; `ksearch bench mamba` needs a selective-scan kernel for mlx"
+        )));
+    }
+    Ok(())
 }
 
 /// The bench's scripts and the interpreter that runs them.
@@ -829,8 +849,10 @@ mod tests {
             vec![("MLX_MAX_OPS_PER_BUFFER".to_string(), "5".to_string())]
         );
         assert_eq!(pick.controls.len(), 2);
+        assert_eq!(pick.describe(), "MLX_MAX_OPS_PER_BUFFER=5");
         let defaults = ProbePick::parse(&report(r#""defaults""#, "{}")).unwrap();
         assert!(defaults.env.is_empty());
+        assert_eq!(defaults.describe(), "MLX's defaults");
         for bad in [
             report("null", "{}"),
             report(r#""graph-9""#, "{}"),
@@ -843,6 +865,17 @@ mod tests {
         ] {
             assert!(ProbePick::parse(&bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn only_a_selective_scan_kernel_for_mlx_is_benched() {
+        assert!(check_run_kernel("r1", "selective-scan", "mlx").is_ok());
+        let err = check_run_kernel("r1", "attention", "cuda").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "run r1 searched attention on cuda; `ksearch bench mamba` needs a selective-scan kernel for mlx"
+        );
+        assert!(check_run_kernel("r1", "selective-scan", "cuda").is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::protocol::{
     TimingConfig, ToleranceSpec, PROTOCOL_VERSION,
 };
 use crate::yardstick::Yardstick;
-use ksearch_task::Task;
+use ksearch_task::{ResolvedWorkload, Task};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -116,6 +116,14 @@ pub fn is_gpu_backend(backend: &str) -> bool {
     GPU_BACKENDS.contains(&backend)
 }
 
+/// A command-line number of seconds that must be positive (`--timeout`).
+pub fn parse_positive_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a positive number of seconds")),
+    }
+}
+
 /// The default wall-clock limit of one evaluation on `backend`.
 pub fn default_timeout(backend: &str) -> Duration {
     if is_gpu_backend(backend) {
@@ -153,8 +161,9 @@ pub struct EvalRequest {
     pub device: Option<String>,
     pub candidate: CandidateSection,
     pub workload_set: WorkloadSet,
-    /// Protocol `workloads` items, already filtered by `workload_set`.
-    pub workloads: Vec<Value>,
+    /// The workloads, resolved, already filtered by `workload_set`; each serialises as a
+    /// protocol `workloads` item.
+    pub workloads: Vec<ResolvedWorkload>,
     /// Tolerance per dtype name (`"f32"`, …).
     pub tolerance: BTreeMap<String, ToleranceSpec>,
     pub correctness: CorrectnessConfig,
@@ -184,14 +193,8 @@ impl EvalRequest {
                 path: candidate.to_path_buf(),
                 source,
             })?;
-        let mut workloads = Vec::new();
-        for w in task.workloads(backend)? {
-            if workload_set.includes(w.held_out) {
-                let item = serde_json::to_value(&w)
-                    .map_err(|e| EvalError::Request(format!("workload {}: {e}", w.name)))?;
-                workloads.push(item);
-            }
-        }
+        let mut workloads = task.workloads(backend)?;
+        workloads.retain(|w| workload_set.includes(w.held_out));
         if workloads.is_empty() {
             return Err(EvalError::Request(format!(
                 "task {} has no {} workloads for backend {backend}",
@@ -362,7 +365,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(req.workloads.len(), all.len() - held_out);
-        assert!(req.workloads.iter().all(|w| w["held_out"] == false));
+        assert!(req.workloads.iter().all(|w| !w.held_out));
         let wire = req.to_wire("evaluate", "n0", Path::new("/tmp/b"));
         assert_eq!(wire["protocol"], 1);
         assert_eq!(wire["op"], "evaluate");
@@ -437,7 +440,10 @@ mod tests {
         assert!(req.timeout > DEFAULT_TIMEOUT);
         assert!(req.device.as_deref().unwrap().starts_with("gpu:"));
         assert_eq!(req.device_key(), req.device.clone().unwrap());
-        assert_eq!(req.workloads[0]["params"]["dtype"], "f16");
+        assert_eq!(
+            serde_json::to_value(&req.workloads[0]).unwrap()["params"]["dtype"],
+            "f16"
+        );
         assert_eq!(
             req.to_wire("build", "n", Path::new("/b"))["timeout_s"],
             600.0

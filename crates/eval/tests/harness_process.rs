@@ -9,7 +9,7 @@ use ksearch_eval::{
     EvalError, EvalRequest, Evaluator, EvaluatorConfig, Interrupt, Status, TimingPreset,
     ViolationClass, WorkloadSet,
 };
-use serde_json::json;
+use ksearch_task::{ParamValue, ResolvedWorkload};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -87,7 +87,15 @@ impl Fixture {
                 language: "c".into(),
             },
             workload_set: WorkloadSet::Search,
-            workloads: vec![json!({"name": "w1", "held_out": false, "params": {"n": 4}})],
+            workloads: vec![ResolvedWorkload {
+                name: "w1".into(),
+                held_out: false,
+                params: [("n".to_string(), ParamValue::Int(4))].into(),
+                inputs: vec![],
+                outputs: vec![],
+                flops: 0.0,
+                bytes: 0.0,
+            }],
             tolerance: [(
                 "f32".to_string(),
                 ToleranceSpec::scaled(1e-5, 1e-6),

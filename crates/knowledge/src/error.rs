@@ -41,6 +41,11 @@ pub enum KnowledgeError {
     /// A hardware profile asked for by name that `knowledge/hardware` does not have.
     #[error("no hardware profile `{0}` in knowledge/hardware")]
     UnknownHardware(String),
+    /// A code target asked for by name that the packs do not have; `known` lists theirs.
+    #[error("no target `{name}` (targets: {known})")]
+    UnknownTarget { name: String, known: String },
+    #[error("no knowledge-pack target serves backend {0}")]
+    NoTargetForBackend(String),
 }
 
 impl KnowledgeError {

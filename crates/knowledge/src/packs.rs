@@ -47,6 +47,22 @@ pub struct Target {
     pub code_format: String,
 }
 
+/// What `ksearch knowledge list --json` prints: the targets and the hardware profiles in brief.
+#[derive(Debug, Serialize)]
+pub struct Listing<'a> {
+    pub targets: &'a [Target],
+    pub hardware: Vec<HardwareBrief<'a>>,
+}
+
+/// A hardware profile's name, title, memory bandwidth and peaks.
+#[derive(Debug, Serialize)]
+pub struct HardwareBrief<'a> {
+    pub name: &'a str,
+    pub title: &'a str,
+    pub bandwidth_gbs: f64,
+    pub peak_tflops: &'a BTreeMap<String, f64>,
+}
+
 /// One CUDA construct and its equivalent on the target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -604,6 +620,72 @@ impl Packs {
         })
     }
 
+    /// The name of the target that writes code for `backend` ([`Packs::target_for_backend`]).
+    pub fn target_name_for_backend(&self, backend: &str) -> Result<String, KnowledgeError> {
+        self.target_for_backend(backend)
+            .map(|t| t.name.clone())
+            .ok_or_else(|| KnowledgeError::NoTargetForBackend(backend.to_string()))
+    }
+
+    /// [`Packs::lint_target`] of a target the user named: an unknown name is an error that
+    /// lists the targets.
+    pub fn lint_target_named(&self, target: &str) -> Result<LintTarget, KnowledgeError> {
+        self.lint_target(target)
+            .ok_or_else(|| KnowledgeError::UnknownTarget {
+                name: target.to_string(),
+                known: self
+                    .targets
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    /// The targets and hardware profiles, as `ksearch knowledge list` prints them.
+    pub fn render_list(&self) -> String {
+        let mut out = String::from("targets:\n");
+        for t in &self.targets {
+            let backends = match t.backends.is_empty() {
+                true => "-".to_string(),
+                false => t.backends.join(", "),
+            };
+            out.push_str(&format!(
+                "  {:<10} {} (backends: {backends}; default device {})\n",
+                t.name, t.title, t.hardware
+            ));
+        }
+        out.push_str("hardware profiles:\n");
+        for h in &self.hardware {
+            let f32_peak = h.peak_tflops.get("f32").map(|v| v.to_string());
+            out.push_str(&format!(
+                "  {:<16} {} — {} GB/s, f32 {} TFLOP/s\n",
+                h.name,
+                h.title,
+                h.memory.bandwidth_gbs,
+                f32_peak.as_deref().unwrap_or("-")
+            ));
+        }
+        out
+    }
+
+    /// The targets and, in brief, the hardware profiles (`ksearch knowledge list --json`).
+    pub fn listing(&self) -> Listing<'_> {
+        Listing {
+            targets: &self.targets,
+            hardware: self
+                .hardware
+                .iter()
+                .map(|h| HardwareBrief {
+                    name: &h.name,
+                    title: &h.title,
+                    bandwidth_gbs: h.memory.bandwidth_gbs,
+                    peak_tflops: &h.peak_tflops,
+                })
+                .collect(),
+        }
+    }
+
     /// The lint rules of `target`, with the forbidden identifiers of its concept maps resolved.
     pub fn lint_target(&self, target: &str) -> Option<LintTarget> {
         let t = self.target(target)?;
@@ -809,6 +891,37 @@ mod tests {
             e.contains("notes.toml:12:") && e.contains("unknown target \"tpu\""),
             "{e}"
         );
+    }
+
+    #[test]
+    fn targets_named_by_the_user_and_the_list() {
+        let p = builtin();
+        assert_eq!(p.target_name_for_backend("cpu").unwrap(), "cpu");
+        let err = p.target_name_for_backend("tpu").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no knowledge-pack target serves backend tpu"
+        );
+        assert!(p.lint_target_named("cuda").is_ok());
+        let err = p.lint_target_named("fortran").unwrap_err().to_string();
+        assert!(
+            err.starts_with("no target `fortran` (targets: cpu, "),
+            "{err}"
+        );
+        let text = p.render_list();
+        assert!(text.starts_with("targets:\n  cpu "), "{text}");
+        assert!(text.contains("\nhardware profiles:\n  "), "{text}");
+        let h200 = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("h200 "))
+            .unwrap();
+        assert!(
+            h200.contains(" GB/s, f32 ") && h200.ends_with(" TFLOP/s"),
+            "{h200}"
+        );
+        let listing = p.listing();
+        assert_eq!(listing.targets.len(), p.targets().len());
+        assert_eq!(listing.hardware.len(), p.hardware().len());
     }
 
     #[test]

@@ -13,14 +13,16 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use ksearch_eval::{EvalError, Evaluator, EvaluatorConfig, Interrupt, SandboxMode};
+use ksearch_eval::{
+    fresh_secret_seed, EvalError, Evaluator, EvaluatorConfig, Interrupt, SandboxMode,
+};
 use ksearch_knowledge::lint::{self as knowledge_lint, LintTarget};
 use ksearch_knowledge::{Catalog, KnowledgeError, Packs};
 use ksearch_llm::{
     AnthropicConfig, Budget, ChatProvider, Client, ClientConfig, CommandConfig, LlmError,
     OpenAiConfig, PriceTable, ProviderConfig, Recorder, ReplayConfig, ReplayMode, RetryPolicy,
 };
-use ksearch_store::{RunConfig, RunStore, StoreError};
+use ksearch_store::{RunConfig, RunLock, RunStore, StoreError};
 use ksearch_task::{Task, TaskError};
 
 use crate::engine::evaluation::HarnessEvaluator;
@@ -30,7 +32,9 @@ use crate::proposer::offline::OfflineProposer;
 use crate::proposer::prompts::{PromptError, PromptInputs, PromptSet};
 use crate::proposer::{Proposer, ProposerError, ProposerUsage, TaskBrief};
 use crate::selection::{CalibratedPolicy, KSearchPolicy, SelectionPolicy};
-use crate::settings::{ProposerKind, ReplayMatch, RunSettings, SelectionKind};
+use crate::settings::{
+    ProposerKind, ReplayMatch, ResumeChanges, RunSettings, SelectionKind, SettingsError,
+};
 
 /// Why a run could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +93,26 @@ pub enum SessionError {
     Transcript(#[source] LlmError),
     #[error("cannot load the prompt templates")]
     Prompts(#[source] PromptError),
+    #[error("cannot load the task")]
+    LoadTask(#[source] TaskError),
+    #[error("cannot load the run's task")]
+    RunTask(#[source] TaskError),
+    #[error("task {0} has no backend")]
+    NoBackend(String),
+    #[error(transparent)]
+    Seed(EvalError),
+    #[error("cannot create {}", path.display())]
+    RunsDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot create the run")]
+    Create(#[source] StoreError),
+    #[error(transparent)]
+    Store(StoreError),
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
     #[error("cannot prepare the prompts")]
     PromptInputs(#[source] PromptError),
 }
@@ -323,6 +347,147 @@ impl Setup {
         let outcome = engine.run(seed_source);
         (outcome, engine.into_store())
     }
+}
+
+/// A new run as `ksearch run` asks for it: the task as the user named it, the backend (default:
+/// the best one this machine offers for the task) and the proposer's seed (default: fresh).
+pub struct NewRun<'a> {
+    pub task: &'a str,
+    pub backend: Option<&'a str>,
+    pub seed: Option<u64>,
+    pub runs_dir: &'a Path,
+    pub settings: &'a RunSettings,
+    pub sandbox: SandboxMode,
+}
+
+/// A run ready to go: its store, the lock that keeps other writers out until it is dropped,
+/// its set-up, the rounds it runs to and its seed kernel's source.
+pub struct Session {
+    pub store: RunStore,
+    pub writer: RunLock,
+    pub setup: Setup,
+    pub rounds: u32,
+    pub seed_source: Option<String>,
+    /// The line announcing the run (what `ksearch run` and `resume` print first).
+    pub announce: String,
+}
+
+/// Creates a new run under `new.runs_dir` and sets it up. When the set-up fails, nothing was
+/// evaluated or spent and the run is removed again, so no half-made run is left for `show` to
+/// list as resumable and for `resume` to fail on.
+pub fn start(new: NewRun<'_>, interrupt: Interrupt) -> Result<Session, SessionError> {
+    let settings = new.settings;
+    let task = ksearch_task::resolve(new.task).map_err(SessionError::LoadTask)?;
+    let backend = match new.backend {
+        Some(b) => b.to_string(),
+        None => ksearch_eval::backends::default_backend(&task)
+            .ok_or_else(|| SessionError::NoBackend(task.name().to_string()))?,
+    };
+    let (seed_path, seed_source) = seed_kernel(&task, &backend)?;
+    // Before the run exists: a task the proposer cannot search leaves no run behind.
+    check_task(&task, &backend, settings)?;
+    let seeds = Seeds {
+        seed: match new.seed {
+            Some(s) => s,
+            None => fresh_secret_seed().map_err(SessionError::Seed)?,
+        },
+        secret_seed: fresh_secret_seed().map_err(SessionError::Seed)?,
+    };
+    std::fs::create_dir_all(new.runs_dir).map_err(|source| SessionError::RunsDir {
+        path: new.runs_dir.to_path_buf(),
+        source,
+    })?;
+    let config = run_config(new.task, &task, &backend, settings, seeds, &seed_path);
+    let store = RunStore::create(new.runs_dir, &config).map_err(SessionError::Create)?;
+    let writer = store.lock_writer().map_err(SessionError::Store)?;
+    let setup = match set_up(
+        &store,
+        &task,
+        &backend,
+        settings,
+        new.sandbox,
+        seeds,
+        interrupt,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            let dir = store.dir().to_path_buf();
+            if let Err(d) = store.discard(Some(writer)) {
+                tracing::warn!("cannot remove the unused run {}: {d}", dir.display());
+            }
+            return Err(e);
+        }
+    };
+    let model = settings
+        .model
+        .as_deref()
+        .map(|m| format!(" ({m}, context {})", settings.context))
+        .unwrap_or_default();
+    let announce = format!(
+        "ksearch: run {} — task {}, backend {backend}, {} rounds, proposer {}{model}, seed {}",
+        store.id(),
+        task.name(),
+        settings.rounds,
+        settings.proposer,
+        seeds.seed
+    );
+    Ok(Session {
+        store,
+        writer,
+        setup,
+        rounds: settings.rounds,
+        seed_source: Some(seed_source),
+        announce,
+    })
+}
+
+/// Sets up a stored run again to continue it (`ksearch resume`), with its settings and
+/// seeds as stored and `changes` applied. A second writer of the run is refused at once.
+pub fn resume(
+    store: RunStore,
+    changes: ResumeChanges,
+    sandbox: SandboxMode,
+    interrupt: Interrupt,
+) -> Result<Session, SessionError> {
+    let writer = store.lock_writer().map_err(SessionError::Store)?;
+    let config = store.config().clone();
+    let settings = RunSettings::from_value(&config.flags)?.resumed(changes);
+    let task = ksearch_task::resolve(&task_ref_of_run(&config)).map_err(SessionError::RunTask)?;
+    let seed_source = task
+        .backend(&config.backend)?
+        .seed
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok());
+    let seeds = Seeds {
+        seed: config.seed,
+        secret_seed: config.secret_seed,
+    };
+    let setup = set_up(
+        &store,
+        &task,
+        &config.backend,
+        &settings,
+        sandbox,
+        seeds,
+        interrupt,
+    )?;
+    let wall = settings
+        .max_wall_time
+        .map(|w| format!(", {w} s of search"))
+        .unwrap_or_default();
+    let announce = format!(
+        "ksearch: resuming run {} ({} rounds{wall})",
+        store.id(),
+        settings.rounds
+    );
+    Ok(Session {
+        store,
+        writer,
+        setup,
+        rounds: settings.rounds,
+        seed_source,
+        announce,
+    })
 }
 
 /// Splits `--command` into argv: whitespace separates, single and double quotes group, a

@@ -44,18 +44,6 @@ pub enum ProposerKind {
     Replay,
 }
 
-impl ProposerKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProposerKind::Offline => "offline",
-            ProposerKind::Openai => "openai",
-            ProposerKind::Anthropic => "anthropic",
-            ProposerKind::Command => "command",
-            ProposerKind::Replay => "replay",
-        }
-    }
-}
-
 /// How the next action is chosen from the world model's frontier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -76,6 +64,73 @@ pub enum ReplayMatch {
     Lenient,
     /// Records in file order, each prompt hashing exactly as recorded.
     Strict,
+}
+
+/// The names of a settings choice, as stored and as the command line spells them: `NAMES`,
+/// `as_str`, `Display` and `FromStr` (whose error lists the names).
+macro_rules! named_choice {
+    ($ty:ident, $what:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// Every name, in the order of the variants.
+            pub const NAMES: &'static [&'static str] = &[$($name),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = String;
+
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($name => Ok($ty::$variant),)+
+                    _ => Err(format!("unknown {} `{s}` (one of: {})", $what, Self::NAMES.join(", "))),
+                }
+            }
+        }
+    };
+}
+
+named_choice!(Strategy, "strategy", { WorldModel => "world-model" });
+named_choice!(ProposerKind, "proposer", {
+    Offline => "offline",
+    Openai => "openai",
+    Anthropic => "anthropic",
+    Command => "command",
+    Replay => "replay",
+});
+named_choice!(SelectionKind, "selection", { Calibrated => "calibrated", Ksearch => "ksearch" });
+named_choice!(ReplayMatch, "replay mode", { Lenient => "lenient", Strict => "strict" });
+
+/// Seconds one LLM call may take, unless the run says otherwise.
+pub const DEFAULT_LLM_TIMEOUT: f64 = 600.0;
+/// LLM calls in flight at most, unless the run says otherwise.
+pub const DEFAULT_LLM_CONCURRENCY: u32 = 4;
+
+/// `--replay-delay`: seconds from 0 to 3600.
+pub fn parse_replay_delay(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds from 0 to 3600")),
+    }
+}
+
+/// What `ksearch resume` may change of a stored run's settings: a larger round or wall-time
+/// budget, and the re-check of the winner turned back on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResumeChanges {
+    pub rounds: Option<u32>,
+    pub max_wall_time: Option<u64>,
+    pub recheck: bool,
 }
 
 /// A run's settings (see the module documentation for the format's rules).
@@ -150,11 +205,11 @@ fn default_max_proposer_failures() -> u32 {
 }
 
 fn default_llm_timeout() -> f64 {
-    600.0
+    DEFAULT_LLM_TIMEOUT
 }
 
 fn default_llm_concurrency() -> u32 {
-    4
+    DEFAULT_LLM_CONCURRENCY
 }
 
 /// Settings that cannot be read: stored by a newer ksearch, or damaged.
@@ -184,6 +239,20 @@ impl RunSettings {
             });
         }
         Ok(settings)
+    }
+
+    /// These settings with a resume's `changes` applied.
+    pub fn resumed(mut self, changes: ResumeChanges) -> Self {
+        if let Some(r) = changes.rounds {
+            self.rounds = r;
+        }
+        if let Some(w) = changes.max_wall_time {
+            self.max_wall_time = Some(w);
+        }
+        if changes.recheck {
+            self.no_recheck = false;
+        }
+        self
     }
 
     /// The engine's limits and switches these settings ask for.
@@ -229,6 +298,49 @@ mod tests {
                 ..again
             },
             s
+        );
+    }
+
+    #[test]
+    fn choices_parse_as_they_are_stored() {
+        for name in ProposerKind::NAMES {
+            let kind: ProposerKind = name.parse().unwrap();
+            assert_eq!(serde_json::to_value(kind).unwrap(), *name);
+            assert_eq!(kind.to_string(), *name);
+        }
+        assert_eq!("ksearch".parse(), Ok(SelectionKind::Ksearch));
+        assert_eq!("strict".parse(), Ok(ReplayMatch::Strict));
+        assert_eq!("world-model".parse(), Ok(Strategy::WorldModel));
+        let err = "gpt".parse::<ProposerKind>().unwrap_err();
+        assert_eq!(
+            err,
+            "unknown proposer `gpt` (one of: offline, openai, anthropic, command, replay)"
+        );
+    }
+
+    #[test]
+    fn replay_delays_are_bounded() {
+        assert_eq!(parse_replay_delay("0.5"), Ok(0.5));
+        for bad in ["-1", "3601", "NaN", "inf", "x"] {
+            assert!(parse_replay_delay(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_resume_only_raises_budgets_and_turns_the_recheck_on() {
+        let stored: serde_json::Value = serde_json::from_str(STORED_0_1_0).unwrap();
+        let mut s = RunSettings::from_value(&stored).unwrap();
+        s.no_recheck = true;
+        let same = s.clone().resumed(ResumeChanges::default());
+        assert_eq!(same, s);
+        let changed = s.clone().resumed(ResumeChanges {
+            rounds: Some(9),
+            max_wall_time: Some(60),
+            recheck: true,
+        });
+        assert_eq!(
+            (changed.rounds, changed.max_wall_time, changed.no_recheck),
+            (9, Some(60), false)
         );
     }
 

@@ -781,3 +781,29 @@ fn the_confirmation_re_ranks_the_winner_against_the_runner_ups() {
     assert_eq!(c.seed().unwrap().score, Some(1.0));
     assert_eq!(events(&store, "confirmation").len(), 1);
 }
+
+#[test]
+fn progress_reads_as_one_line() {
+    let p = ksearch_search::engine::Progress {
+        round: 3,
+        rounds: 20,
+        cycle: 2,
+        node: "n4".into(),
+        best_score: Some(1.234),
+        passed: 5,
+        failed: 1,
+        input_tokens: 900,
+        output_tokens: 100,
+        cost_usd: 0.5,
+        message: "evaluating".into(),
+    };
+    assert_eq!(
+        p.summary(),
+        "best 1.23x | passed 5 failed 1 | tokens 1000 | $0.50 | cycle 2 on n4: evaluating"
+    );
+    let none = ksearch_search::engine::Progress {
+        best_score: None,
+        ..p
+    };
+    assert!(none.summary().starts_with("best - | "));
+}

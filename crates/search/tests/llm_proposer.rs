@@ -4,17 +4,16 @@
 //! cleanly, and the lint hook rejects proposals before evaluation.
 
 mod common;
+use common::{Reply, ScriptedLlm};
 
-use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
 use ksearch_llm::{
-    Budget, ChatProvider, ChatRequest, ChatResponse, Client, ClientConfig, LlmError, PriceTable,
-    RetryPolicy, Usage,
+    Budget, ChatProvider, ChatRequest, Client, ClientConfig, LlmError, PriceTable, RetryPolicy,
 };
 use ksearch_search::engine::{
     CandidateEvaluator, Engine, EngineConfig, EvalFailure, Evaluation, NoProgress, Purpose,
@@ -57,30 +56,9 @@ impl CandidateEvaluator for FakeEvaluator {
     }
 }
 
-type Reply = Result<String, LlmError>;
-
-/// Answers by role tag from per-role queues (then a default per role); records every request.
-struct ScriptedLlm {
-    queues: Mutex<Vec<(String, VecDeque<Reply>)>>,
-    seen: Mutex<Vec<ChatRequest>>,
-}
-
-impl ScriptedLlm {
-    fn new(script: Vec<(&str, Vec<Reply>)>) -> Self {
-        Self {
-            queues: Mutex::new(
-                script
-                    .into_iter()
-                    .map(|(r, q)| (r.to_string(), q.into()))
-                    .collect(),
-            ),
-            seen: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn seen(&self) -> Vec<ChatRequest> {
-        self.seen.lock().unwrap().clone()
-    }
+/// A [`ScriptedLlm`] that falls back on [`default_reply`].
+fn scripted(script: Vec<(&str, Vec<Reply>)>) -> ScriptedLlm {
+    ScriptedLlm::new(script).with_fallback(default_reply)
 }
 
 fn default_reply(role: &str) -> String {
@@ -108,39 +86,6 @@ fn init_reply() -> String {
         ]
     });
     format!("Here is my plan.\n```json\n{v:#}\n```\nGood luck.")
-}
-
-impl ChatProvider for ScriptedLlm {
-    fn name(&self) -> &str {
-        "scripted"
-    }
-    fn model(&self) -> &str {
-        "test-model"
-    }
-    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
-        self.seen.lock().unwrap().push(req.clone());
-        let next = {
-            let mut q = self.queues.lock().unwrap();
-            q.iter_mut()
-                .find(|(r, _)| *r == req.role_tag)
-                .and_then(|(_, q)| q.pop_front())
-        };
-        let text = next.unwrap_or_else(|| Ok(default_reply(&req.role_tag)))?;
-        Ok(ChatResponse {
-            text,
-            model: "test-model".into(),
-            usage: Usage {
-                input_tokens: 100,
-                output_tokens: 20,
-                estimated: false,
-            },
-            cost_usd: 0.0,
-            latency_ms: 1,
-            cached: false,
-            attempts: 1,
-            stop_reason: Some("stop".into()),
-        })
-    }
 }
 
 fn inputs() -> PromptInputs {
@@ -188,7 +133,7 @@ fn user_prompt(req: &ChatRequest) -> &str {
 #[test]
 fn unusable_replies_are_failed_attempts_and_every_call_is_stored() {
     let tmp = tempfile::tempdir().unwrap();
-    let llm = Arc::new(ScriptedLlm::new(vec![
+    let llm = Arc::new(scripted(vec![
         ("wm-init", vec![Ok("I would start with a plan.".into())]),
         (
             CODE_ROLE_TAG,
@@ -340,7 +285,7 @@ fn unusable_replies_are_failed_attempts_and_every_call_is_stored() {
 
 #[test]
 fn an_unusable_first_plan_falls_back_to_one_action() {
-    let llm = Arc::new(ScriptedLlm::new(vec![(
+    let llm = Arc::new(scripted(vec![(
         "wm-init",
         vec![
             Ok("".into()),
@@ -378,7 +323,7 @@ fn an_unusable_first_plan_falls_back_to_one_action() {
 #[test]
 fn a_spent_budget_stops_the_run_cleanly() {
     let tmp = tempfile::tempdir().unwrap();
-    let llm: Arc<dyn ChatProvider> = Arc::new(ScriptedLlm::new(vec![]));
+    let llm: Arc<dyn ChatProvider> = Arc::new(scripted(vec![]));
     let client = Arc::new(
         Client::new(
             llm,
@@ -436,7 +381,7 @@ fn a_spent_budget_stops_the_run_cleanly() {
 #[test]
 fn the_lint_hook_rejects_before_evaluation_and_tells_the_next_prompt() {
     let tmp = tempfile::tempdir().unwrap();
-    let llm = Arc::new(ScriptedLlm::new(vec![(
+    let llm = Arc::new(scripted(vec![(
         CODE_ROLE_TAG,
         vec![
             code("score=3;kern(); __syncthreads();"),

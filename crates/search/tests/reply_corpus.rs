@@ -6,16 +6,16 @@
 //! with a fake evaluator (one cycle and its refine step, asserting what the next prompts say).
 
 mod common;
+use common::ScriptedLlm;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
 use ksearch_knowledge::Packs;
-use ksearch_llm::{ChatProvider, ChatRequest, ChatResponse, LlmError, Usage};
 use ksearch_search::engine::{
     CandidateEvaluator, Engine, EngineConfig, EvalFailure, Evaluation, NoProgress, Purpose,
 };
@@ -67,70 +67,6 @@ fn brief() -> TaskBrief {
         backend: "cpu".into(),
         signature: "void softmax_f32(const float* x, float* y, int64_t rows, int64_t cols)".into(),
         language: "c".into(),
-    }
-}
-
-/// Answers each role tag from its queue (then `{"ops": []}`), recording every request.
-struct ScriptedLlm {
-    queues: Mutex<BTreeMap<String, VecDeque<String>>>,
-    seen: Mutex<Vec<ChatRequest>>,
-}
-
-impl ScriptedLlm {
-    fn new(script: &[(&str, Vec<String>)]) -> Self {
-        Self {
-            queues: Mutex::new(
-                script
-                    .iter()
-                    .map(|(r, q)| (r.to_string(), q.iter().cloned().collect()))
-                    .collect(),
-            ),
-            seen: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// User prompts of the calls with `tag`, in order.
-    fn prompts(&self, tag: &str) -> Vec<String> {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| r.role_tag == tag)
-            .map(|r| r.messages[0].content.clone())
-            .collect()
-    }
-}
-
-impl ChatProvider for ScriptedLlm {
-    fn name(&self) -> &str {
-        "scripted"
-    }
-    fn model(&self) -> &str {
-        "corpus"
-    }
-    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
-        self.seen.lock().unwrap().push(req.clone());
-        let text = self
-            .queues
-            .lock()
-            .unwrap()
-            .get_mut(&req.role_tag)
-            .and_then(VecDeque::pop_front)
-            .unwrap_or_else(|| "{\"ops\": []}".into());
-        Ok(ChatResponse {
-            text,
-            model: "corpus".into(),
-            usage: Usage {
-                input_tokens: 10,
-                output_tokens: 10,
-                estimated: false,
-            },
-            cost_usd: 0.0,
-            latency_ms: 1,
-            cached: false,
-            attempts: 1,
-            stop_reason: Some("stop".into()),
-        })
     }
 }
 
@@ -281,7 +217,7 @@ fn each_recorded_reply_becomes_what_it_should() {
             "refine" => "wm-refine",
             _ => "wm-too-hard",
         };
-        let llm = Arc::new(ScriptedLlm::new(&[(tag, vec![text.clone()])]));
+        let llm = Arc::new(ScriptedLlm::new(vec![(tag, vec![Ok(text.clone())])]));
         let p = proposer(&llm, 1);
         match role {
             "code" => {
@@ -384,7 +320,7 @@ fn each_recorded_reply_becomes_what_it_should() {
             other => panic!("unknown role directory {other}"),
         }
         // Exactly one call per reply: nothing was asked twice behind the test's back.
-        assert_eq!(llm.seen.lock().unwrap().len(), 1, "{name}");
+        assert_eq!(llm.seen().len(), 1, "{name}");
         checked += 1;
     }
     assert_eq!(checked, expectations().len());
@@ -496,10 +432,10 @@ fn the_corpus_replayed_through_the_engine() {
         "refine/system_field.txt",
         "refine/good_refine.txt",
     ];
-    let llm = Arc::new(ScriptedLlm::new(&[
-        ("wm-init", vec![reply("init/good_plan.txt")]),
-        (CODE_ROLE_TAG, codes.iter().map(|c| reply(c)).collect()),
-        ("wm-refine", refines.iter().map(|c| reply(c)).collect()),
+    let llm = Arc::new(ScriptedLlm::new(vec![
+        ("wm-init", vec![Ok(reply("init/good_plan.txt"))]),
+        (CODE_ROLE_TAG, codes.iter().map(|c| Ok(reply(c))).collect()),
+        ("wm-refine", refines.iter().map(|c| Ok(reply(c))).collect()),
     ]));
     let p = proposer(&llm, 3);
     let eval = CorpusEvaluator::new();

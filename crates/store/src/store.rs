@@ -187,6 +187,16 @@ impl RunStore {
         Err(StoreError::RunNotFound(p.to_path_buf()))
     }
 
+    /// Opens a run as the commands name it: a run directory (or its `ksearch.db`), else an id
+    /// or unique id prefix under `runs_dir` ([`RunStore::open_in`]).
+    pub fn open_ref(runs_dir: &Path, run: &str) -> Result<RunStore, StoreError> {
+        if Path::new(run).is_dir() {
+            Self::open(Path::new(run))
+        } else {
+            Self::open_in(runs_dir, run)
+        }
+    }
+
     /// Opens `runs_dir/<id>`, or the single run whose id starts with `id` (so `show 20261130-09`
     /// works); an existing directory path is opened as is.
     pub fn open_in(runs_dir: &Path, id: &str) -> Result<RunStore, StoreError> {

@@ -170,6 +170,17 @@ fn open_accepts_dir_db_file_and_id_prefix() {
             .id(),
         "20260101-000000-aabb"
     );
+    // open_ref: a run directory (wherever it is), else an id prefix under runs_dir.
+    assert_eq!(
+        RunStore::open_ref(Path::new("elsewhere"), dir.to_str().unwrap())
+            .unwrap()
+            .id(),
+        "20260101-000000-aabb"
+    );
+    assert_eq!(
+        RunStore::open_ref(&runs, "20260202").unwrap().id(),
+        "20260202-000000-cccc"
+    );
 }
 
 #[test]

@@ -17,12 +17,84 @@
 //! Each problem is a [`SpecError`] pointing at the field (axis, input, `workloads`) to change.
 //! `docs/task-format.md` documents the declarations.
 
-use crate::error::SpecError;
+use crate::error::{SpecError, TaskError};
 use crate::load::Ctx;
 use crate::source_map::{FieldPath, SourceMap};
 use crate::spec::{Distribution, ParamValue, Reach, ResolvedWorkload, NORMAL_REACH_STD};
 use crate::Task;
+use serde::{Serialize, Serializer};
 use std::collections::BTreeSet;
+use std::path::Path;
+
+/// One task's check, as `ksearch tasks --check` reports it: the task's name (or the name or
+/// directory it was asked by, when it does not load), its directory, and its problems (a task
+/// that does not load has its load error as its one problem).
+#[derive(Debug, Serialize)]
+pub struct CheckedTask {
+    pub task: String,
+    pub dir: String,
+    pub ok: bool,
+    #[serde(serialize_with = "problems_json")]
+    pub problems: Vec<SpecError>,
+}
+
+/// A problem in JSON: `file`, `line`, `field`, `message`.
+fn problems_json<S: Serializer>(problems: &[SpecError], s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Problem<'a> {
+        file: String,
+        line: Option<usize>,
+        field: &'a str,
+        message: &'a str,
+    }
+    s.collect_seq(problems.iter().map(|e| Problem {
+        file: e.file.display().to_string(),
+        line: e.line,
+        field: &e.field,
+        message: &e.message,
+    }))
+}
+
+/// Checks the task `target` names (a built-in name or a task directory), or every built-in
+/// task. A task that does not load is a failed check; a name that matches nothing, or a
+/// directory that cannot be read, is an error.
+pub fn check_tasks(target: Option<&str>) -> Result<Vec<CheckedTask>, TaskError> {
+    let loaded = match target {
+        Some(t) => vec![(t.to_string(), crate::resolve(t))],
+        None => crate::builtin::task_dirs()?
+            .iter()
+            .map(|d| (file_name(d), crate::load_task(d)))
+            .collect(),
+    };
+    let mut out = Vec::new();
+    for (label, task) in loaded {
+        out.push(match task {
+            Ok(task) => {
+                let problems = check(&task);
+                CheckedTask {
+                    task: task.name().to_string(),
+                    dir: task.dir().display().to_string(),
+                    ok: problems.is_empty(),
+                    problems,
+                }
+            }
+            Err(TaskError::Invalid(e)) => CheckedTask {
+                task: label,
+                dir: String::new(),
+                ok: false,
+                problems: vec![*e],
+            },
+            Err(e) => return Err(e),
+        });
+    }
+    Ok(out)
+}
+
+fn file_name(dir: &Path) -> String {
+    dir.file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
 
 /// Every problem of `task` (empty: the task passes).
 pub fn check(task: &Task) -> Vec<SpecError> {

@@ -10,6 +10,7 @@ mod load;
 mod raw;
 mod source_map;
 mod spec;
+pub mod summary;
 mod workload;
 
 pub use error::{SpecError, TaskError, WorkloadError};
@@ -20,6 +21,7 @@ pub use spec::{
     ToleranceRule,
     WorkloadSpec, FORMAT_VERSION, NORMAL_REACH_STD,
 };
+pub use summary::TaskSummary;
 pub use workload::CustomWorkload;
 
 use load::ResolvedEntry;
@@ -253,7 +255,8 @@ pub mod builtin {
         Ok(locate(Tree::Tasks)?)
     }
 
-    fn task_dirs() -> Result<Vec<PathBuf>, TaskError> {
+    /// The built-in task directories (those with a `task.toml`), sorted.
+    pub(crate) fn task_dirs() -> Result<Vec<PathBuf>, TaskError> {
         let root = dir()?;
         let entries = std::fs::read_dir(&root).map_err(|source| TaskError::Io {
             path: root.clone(),

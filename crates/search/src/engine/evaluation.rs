@@ -162,10 +162,7 @@ impl CandidateEvaluator for HarnessEvaluator {
                     for why in &extra.skipped {
                         tracing::warn!("assertion workload left out: {why}");
                     }
-                    for w in &extra.workloads {
-                        let v = serde_json::to_value(w).map_err(|e| EvalFailure(e.to_string()))?;
-                        req.workloads.push(v);
-                    }
+                    req.workloads.extend(extra.workloads);
                 }
                 Err(e) => tracing::warn!("no assertion workloads (knowledge packs: {e})"),
             }

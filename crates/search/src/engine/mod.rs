@@ -143,6 +143,27 @@ pub struct Progress {
     pub message: String,
 }
 
+impl Progress {
+    /// The progress as one line: best score, passed and failed, tokens, cost and what the
+    /// cycle is doing (the progress display's message).
+    pub fn summary(&self) -> String {
+        let best = self
+            .best_score
+            .map(|s| format!("{s:.2}x"))
+            .unwrap_or_else(|| "-".into());
+        format!(
+            "best {best} | passed {} failed {} | tokens {} | ${:.2} | cycle {} on {}: {}",
+            self.passed,
+            self.failed,
+            self.input_tokens + self.output_tokens,
+            self.cost_usd,
+            self.cycle,
+            self.node,
+            self.message
+        )
+    }
+}
+
 pub trait ProgressSink: Sync {
     fn update(&self, p: &Progress);
 }

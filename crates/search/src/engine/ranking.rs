@@ -13,7 +13,7 @@
 //! Results without an interval (a fake evaluator, an old harness) are ranked by score alone.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{BestRef, Engine, EngineError, Purpose};
 
@@ -289,11 +289,6 @@ fn confirmed_winner(confirmed: &[Confirmed], winner: &BestRef) -> i64 {
     };
     pick.map(|(c, _)| c.candidate_id)
         .unwrap_or(winner.candidate_id)
-}
-
-/// A stored value's confirmation, if the run made one.
-pub fn confirmation_of(summary: &Value) -> Option<Confirmation> {
-    serde_json::from_value(summary.get("confirmation")?.clone()).ok()
 }
 
 #[cfg(test)]

@@ -42,6 +42,8 @@ pub enum ReportError {
     NoBest,
     #[error("candidate {0} is missing from the store")]
     MissingCandidate(i64),
+    #[error("cannot load the run's task")]
+    Task(#[source] ksearch_task::TaskError),
     #[error(transparent)]
     Format(#[from] std::fmt::Error),
 }
@@ -54,6 +56,35 @@ pub fn finished(store: &RunStore) -> Result<Option<RunOutcome>, ReportError> {
         .finish_summary()?
         .map(|v| serde_json::from_value(v).map_err(ReportError::Summary))
         .transpose()
+}
+
+/// The best kernel of a finished run: the run's task (loaded again), the kernel's stored
+/// source file and the backend it is for (what `ksearch bench --run` measures).
+pub struct BestKernel {
+    pub task: ksearch_task::Task,
+    pub path: std::path::PathBuf,
+    pub backend: String,
+}
+
+/// The best kernel of the finished run in `store`.
+pub fn best_kernel(store: &RunStore) -> Result<BestKernel, ReportError> {
+    let outcome = finished(store)?.ok_or(ReportError::NotFinished)?;
+    let id = outcome
+        .best
+        .as_ref()
+        .ok_or(ReportError::NoBest)?
+        .candidate_id;
+    let cand = store
+        .candidate(id)?
+        .ok_or(ReportError::MissingCandidate(id))?;
+    let config = store.config();
+    let task = ksearch_task::resolve(&crate::session::task_ref_of_run(config))
+        .map_err(ReportError::Task)?;
+    Ok(BestKernel {
+        task,
+        path: store.source_path(&cand.source_id)?,
+        backend: config.backend.clone(),
+    })
 }
 
 /// The parts of [`RunOutcome::recheck`] that reports use: how the winner's re-check ended and

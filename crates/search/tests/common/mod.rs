@@ -3,7 +3,12 @@
 // Each test file uses its own part of this module.
 #![allow(dead_code)]
 
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+
 use serde_json::json;
+
+use ksearch_llm::{ChatProvider, ChatRequest, ChatResponse, Usage};
 
 use ksearch_search::proposer::prompts::{ContextLevel, PromptInputs, PromptSet, TaskView};
 use ksearch_store::{RunConfig, RunStore};
@@ -58,4 +63,82 @@ pub fn fake_prompt_inputs(level: ContextLevel) -> PromptInputs {
 pub fn prompt_set() -> PromptSet {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     PromptSet::load(&root.join("knowledge/prompts")).unwrap()
+}
+
+/// A reply of [`ScriptedLlm`]: text, or the error the call fails with.
+pub type Reply = Result<String, ksearch_llm::LlmError>;
+
+/// A chat provider that answers each role tag from its queue of replies, then with
+/// `fallback(role)` (`{"ops": []}` unless set), and records every request. Each answer is
+/// billed 100 input and 20 output tokens.
+pub struct ScriptedLlm {
+    queues: Mutex<BTreeMap<String, VecDeque<Reply>>>,
+    seen: Mutex<Vec<ChatRequest>>,
+    fallback: fn(&str) -> String,
+}
+
+impl ScriptedLlm {
+    pub fn new(script: Vec<(&str, Vec<Reply>)>) -> Self {
+        let mut queues: BTreeMap<String, VecDeque<Reply>> = BTreeMap::new();
+        for (role, replies) in script {
+            queues.entry(role.to_string()).or_default().extend(replies);
+        }
+        Self {
+            queues: Mutex::new(queues),
+            seen: Mutex::new(Vec::new()),
+            fallback: |_| "{\"ops\": []}".into(),
+        }
+    }
+
+    /// The same, answering `fallback(role)` once a role's queue is empty.
+    pub fn with_fallback(self, fallback: fn(&str) -> String) -> Self {
+        Self { fallback, ..self }
+    }
+
+    /// Every request so far, in order.
+    pub fn seen(&self) -> Vec<ChatRequest> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// User prompts of the calls with `tag`, in order.
+    pub fn prompts(&self, tag: &str) -> Vec<String> {
+        self.seen()
+            .iter()
+            .filter(|r| r.role_tag == tag)
+            .map(|r| r.messages[0].content.clone())
+            .collect()
+    }
+}
+
+impl ChatProvider for ScriptedLlm {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    fn model(&self) -> &str {
+        "test-model"
+    }
+    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, ksearch_llm::LlmError> {
+        self.seen.lock().unwrap().push(req.clone());
+        let next = self
+            .queues
+            .lock()
+            .unwrap()
+            .get_mut(&req.role_tag)
+            .and_then(VecDeque::pop_front);
+        let text = next.unwrap_or_else(|| Ok((self.fallback)(&req.role_tag)))?;
+        Ok(ChatResponse {
+            text,
+            model: "test-model".into(),
+            usage: Usage {
+                input_tokens: 100,
+                output_tokens: 20,
+                estimated: false,
+            },
+            cost_usd: 0.0,
+            latency_ms: 1,
+            cached: false,
+            attempts: 1,
+            stop_reason: Some("stop".into()),
+        })
+    }
 }
