@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
+use ksearch_interop::flashinfer;
 use ksearch_search::report;
 use ksearch_store::RunStore;
 
@@ -35,6 +36,10 @@ pub struct ExportArgs {
     /// Directory to write the kernel and its README into; default: `<run dir>/export`.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+
+    /// `flashinfer`: a FlashInfer-Bench Solution and Trace lines (tasks imported from it).
+    #[arg(long, default_value = "ksearch", value_parser = ["ksearch", "flashinfer"])]
+    pub format: String,
 }
 
 pub fn show(args: &ShowArgs) -> Result<u8> {
@@ -43,21 +48,34 @@ pub fn show(args: &ShowArgs) -> Result<u8> {
     Ok(exit::OK)
 }
 
-/// Writes the best kernel and its README into `--out` and prints the kernel's path.
+/// Writes the best kernel and its README (or, `--format flashinfer`, its Solution and Traces)
+/// into `--out` and prints the paths written.
 pub fn export(args: &ExportArgs) -> Result<u8> {
     let store = RunStore::open_ref(&args.runs_dir, &args.run).context("cannot open the run")?;
-    let exported = report::export(&store)?;
+    let files = if args.format == "flashinfer" {
+        let best = report::best_evaluation(&store)?;
+        let when = flashinfer::Provenance {
+            run_id: store.id(),
+            timestamp: &best.evaluated_at,
+        };
+        let x = flashinfer::export(best.kernel.task.dir(), &best.source, &best.eval, &when)?;
+        vec![
+            (format!("{}.json", x.name), x.solution),
+            ("traces.jsonl".into(), x.traces),
+        ]
+    } else {
+        let x = report::export(&store)?;
+        vec![(x.file, x.source), ("README.md".into(), x.readme)]
+    };
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| store.dir().join("export"));
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    let kernel = out.join(&exported.file);
-    std::fs::write(&kernel, &exported.source)
-        .with_context(|| format!("cannot write {}", kernel.display()))?;
-    let readme = out.join("README.md");
-    std::fs::write(&readme, &exported.readme)
-        .with_context(|| format!("cannot write {}", readme.display()))?;
-    println!("{}", kernel.display());
+    for (name, text) in files {
+        let path = out.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("{}", path.display());
+    }
     Ok(exit::OK)
 }

@@ -5,6 +5,7 @@
 //! environment created once under `target/`).
 
 mod common;
+use predicates::prelude::*;
 use common::{configure, ksearch};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -222,6 +223,15 @@ fn run_then_show_and_export_the_best_kernel() {
     );
     let kernel = std::fs::read_to_string(export_dir.join("softmax_cpu.c")).unwrap();
     assert!(kernel.contains("softmax_f32"));
+    // A FlashInfer-Bench Solution needs a task imported from a definition.
+    ksearch()
+        .args(["export", &id, "--format", "flashinfer", "--runs-dir"])
+        .arg(runs.path())
+        .arg("--out")
+        .arg(runs.path().join("fib"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("not a task imported from FlashInfer-Bench"));
     let readme = std::fs::read_to_string(export_dir.join("README.md")).unwrap();
     assert!(
         readme.contains("ksearch eval --task softmax --backend cpu --held-out"),

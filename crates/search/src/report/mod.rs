@@ -44,6 +44,14 @@ pub enum ReportError {
     MissingCandidate(i64),
     #[error("cannot load the run's task")]
     Task(#[source] ksearch_task::TaskError),
+    #[error("the stored evaluation of the best kernel is unreadable")]
+    Evaluation(#[source] serde_json::Error),
+    #[error("cannot read the best kernel's source {path}")]
+    Source {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Format(#[from] std::fmt::Error),
 }
@@ -84,6 +92,42 @@ pub fn best_kernel(store: &RunStore) -> Result<BestKernel, ReportError> {
         task,
         path: store.source_path(&cand.source_id)?,
         backend: config.backend.clone(),
+    })
+}
+
+/// The best kernel of a finished run with the evaluation that speaks for it: the winner's
+/// re-check (a fresh process and seed, every workload) when the run made one, else the
+/// evaluation the search ranked it by.
+pub struct BestEvaluation {
+    pub kernel: BestKernel,
+    pub source: String,
+    pub eval: ksearch_eval::EvalResult,
+    /// When that evaluation was stored.
+    pub evaluated_at: String,
+}
+
+/// See [`BestEvaluation`].
+pub fn best_evaluation(store: &RunStore) -> Result<BestEvaluation, ReportError> {
+    let kernel = best_kernel(store)?;
+    let outcome = finished(store)?.ok_or(ReportError::NotFinished)?;
+    let best = outcome.best.as_ref().ok_or(ReportError::NoBest)?.candidate_id;
+    let recheck = recheck_of(&outcome).and_then(|r| r.recheck_candidate);
+    let row = match recheck.map(|id| store.evaluation_for(id)).transpose()?.flatten() {
+        Some(row) => row,
+        None => store
+            .evaluation_for(best)?
+            .ok_or(ReportError::MissingCandidate(best))?,
+    };
+    let eval = serde_json::from_value(row.result).map_err(ReportError::Evaluation)?;
+    let source = std::fs::read_to_string(&kernel.path).map_err(|source| ReportError::Source {
+        path: kernel.path.clone(),
+        source,
+    })?;
+    Ok(BestEvaluation {
+        kernel,
+        source,
+        eval,
+        evaluated_at: row.created_at,
     })
 }
 
