@@ -3,7 +3,7 @@
 use crate::exit;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ksearch_eval::report::{render_result, render_summary};
+use ksearch_eval::report::{self, render_result, render_summary};
 use ksearch_eval::{
     fresh_secret_seed, parse_positive_seconds, EvalError, EvalRequest, EvalResult, Evaluator,
     EvaluatorConfig, TimingPreset, WorkloadSet, Yardstick,
@@ -70,10 +70,7 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
         ..EvaluatorConfig::default()
     })
     .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
-    let seed = match args.seed {
-        Some(s) => s,
-        None => fresh_secret_seed()?,
-    };
+    let seed = args.seed.map_or_else(fresh_secret_seed, Ok)?;
     let set = match args.held_out {
         true => WorkloadSet::Acceptance,
         false => WorkloadSet::Search,
@@ -149,28 +146,13 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
 /// be scored against.
 fn measure_yardstick(evaluator: &Evaluator, req: &EvalRequest, quiet: bool) -> Result<Yardstick> {
     if !quiet {
-        let baseline = req
-            .task
-            .baseline
-            .as_ref()
-            .map(|b| format!("baseline {}", b.name));
-        eprintln!(
-            "ksearch: timing the yardstick ({} and the reference) on {} workloads",
-            baseline.as_deref().unwrap_or("no baseline"),
-            req.workloads.len()
-        );
+        eprintln!("{}", report::yardstick_intro(req));
     }
     let y = evaluator
         .yardstick(req)
         .context("cannot time the yardstick (--no-yardstick times the baseline per file)")?;
     if !quiet {
-        eprintln!(
-            "ksearch: yardstick measured in {:.1} s; between its blocks the reference moved \
-             ±{:.1}% and the baseline/reference ratio ±{:.1}%",
-            y.seconds,
-            y.spread() * 100.0,
-            y.ratio_spread() * 100.0
-        );
+        eprintln!("{}", report::yardstick_measured(&y));
     }
     Ok(y)
 }

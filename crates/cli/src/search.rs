@@ -290,20 +290,14 @@ pub fn resume(args: &ResumeArgs, quiet: bool) -> Result<u8> {
 /// interruption or a proposer that gave up leaves a resumable run (and says so). The run's
 /// writer lock is held until it ends.
 fn drive(session: Session, quiet: bool, json_out: bool) -> Result<u8> {
-    let Session {
-        store,
-        writer: _writer,
-        setup,
-        rounds,
-        seed_source,
-        announce,
-    } = session;
     if !quiet {
-        eprintln!("{announce}");
+        eprintln!("{}", session.announce);
     }
-    let progress = ProgressDisplay::new(rounds, quiet);
-    let run_id = store.id().to_string();
-    let (outcome, store) = setup.run(store, seed_source.as_deref(), &progress);
+    let progress = ProgressDisplay::new(session.rounds, quiet);
+    let run_id = session.store.id().to_string();
+    let _writer = session.writer;
+    let seed = session.seed_source.as_deref();
+    let (outcome, store) = session.setup.run(session.store, seed, &progress);
     progress.finish();
     let outcome = match outcome {
         Ok(o) => o,
@@ -343,32 +337,19 @@ struct ProgressDisplay {
 
 impl ProgressDisplay {
     fn new(rounds: u32, quiet: bool) -> Self {
-        if quiet {
-            return Self {
-                bar: None,
-                lines: false,
-            };
-        }
-        if std::io::stderr().is_terminal() {
+        let terminal = !quiet && std::io::stderr().is_terminal();
+        let bar = terminal.then(|| {
+            let style = ProgressStyle::with_template(
+                "{spinner} round {pos}/{len} [{bar:24}] {elapsed_precise} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
             let bar = ProgressBar::new(u64::from(rounds));
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "{spinner} round {pos}/{len} [{bar:24}] {elapsed_precise} {msg}",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-            );
+            bar.set_style(style.progress_chars("=> "));
             bar.enable_steady_tick(Duration::from_millis(200));
-            Self {
-                bar: Some(bar),
-                lines: false,
-            }
-        } else {
-            Self {
-                bar: None,
-                lines: true,
-            }
-        }
+            bar
+        });
+        let lines = !quiet && !terminal;
+        Self { bar, lines }
     }
 
     fn finish(&self) {

@@ -5,8 +5,8 @@
 //! environment created once under `target/`).
 
 mod common;
-use predicates::prelude::*;
 use common::{configure, ksearch};
+use predicates::prelude::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -231,7 +231,9 @@ fn run_then_show_and_export_the_best_kernel() {
         .arg(runs.path().join("fib"))
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("not a task imported from FlashInfer-Bench"));
+        .stderr(predicate::str::contains(
+            "not a task imported from FlashInfer-Bench",
+        ));
     let readme = std::fs::read_to_string(export_dir.join("README.md")).unwrap();
     assert!(
         readme.contains("ksearch eval --task softmax --backend cpu --held-out"),

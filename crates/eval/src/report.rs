@@ -309,6 +309,31 @@ pub fn render_summary(results: &[(String, &EvalResult)]) -> String {
     table.render()
 }
 
+/// What `ksearch eval` says before it times the yardstick for `req`'s files.
+pub fn yardstick_intro(req: &crate::EvalRequest) -> String {
+    let baseline = req
+        .task
+        .baseline
+        .as_ref()
+        .map(|b| format!("baseline {}", b.name));
+    format!(
+        "ksearch: timing the yardstick ({} and the reference) on {} workloads",
+        baseline.as_deref().unwrap_or("no baseline"),
+        req.workloads.len()
+    )
+}
+
+/// What `ksearch eval` says once the yardstick is measured: its time and how steady it was.
+pub fn yardstick_measured(y: &crate::Yardstick) -> String {
+    format!(
+        "ksearch: yardstick measured in {:.1} s; between its blocks the reference moved \
+         ±{:.1}% and the baseline/reference ratio ±{:.1}%",
+        y.seconds,
+        y.spread() * 100.0,
+        y.ratio_spread() * 100.0
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

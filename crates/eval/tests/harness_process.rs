@@ -96,11 +96,7 @@ impl Fixture {
                 flops: 0.0,
                 bytes: 0.0,
             }],
-            tolerance: [(
-                "f32".to_string(),
-                ToleranceSpec::scaled(1e-5, 1e-6),
-            )]
-            .into(),
+            tolerance: [("f32".to_string(), ToleranceSpec::scaled(1e-5, 1e-6))].into(),
             correctness: CorrectnessConfig { trials: 2 },
             timing: TimingPreset::Quick.config(),
             secret_seed: 4242,
