@@ -11,6 +11,7 @@ mod raw;
 mod source_map;
 mod spec;
 pub mod summary;
+mod text;
 mod workload;
 
 pub use error::{SpecError, TaskError, WorkloadError};
@@ -18,8 +19,7 @@ pub use expr::{Expr, ExprError, Num};
 pub use spec::{
     Assumption, Axis, AxisType, BackendSpec, DType, DTypeSpec, Distribution, ParamValue, Reach,
     ReferenceSpec, ResolvedTensor, ResolvedWorkload, Roofline, TaskSpec, TensorSpec, Tolerance,
-    ToleranceRule,
-    WorkloadSpec, FORMAT_VERSION, NORMAL_REACH_STD,
+    ToleranceRule, WorkloadSpec, FORMAT_VERSION, NORMAL_REACH_STD,
 };
 pub use summary::TaskSummary;
 pub use workload::CustomWorkload;

@@ -6,13 +6,11 @@ use crate::expr::{Expr, FUNCTIONS};
 use crate::raw::{RawAssume, RawBackend, RawDist, RawTask, RawTolerance};
 use crate::source_map::{FieldPath, SourceMap};
 use crate::spec::{fill_placeholders, placeholders, *};
+use crate::text::{dtype_hint, dtype_list, is_ident, python_defines, ELEM_BYTES};
 use crate::workload::{self, dist_problem, dist_suits_dtype, reach_problem, Issue};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-
-/// The identifier `bytes` may use for the byte size of the workload's `dtype`.
-pub(crate) const ELEM_BYTES: &str = "elem_bytes";
 
 /// Backends the evaluator knows; a typo in `[backends.<name>]` must not load silently.
 pub(crate) const KNOWN_BACKENDS: &[&str] = &["cpu", "cuda", "mlx"];
@@ -132,12 +130,6 @@ impl Ctx<'_> {
     }
 }
 
-pub(crate) fn is_ident(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
-        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
-}
-
 fn is_name(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphanumeric())
@@ -164,33 +156,6 @@ fn mentions_ident(text: &str, ident: &str) -> bool {
         let after = text[i + ident.len()..].chars().next();
         !before.is_some_and(is_word) && !after.is_some_and(is_word)
     })
-}
-
-/// Does the Python source define a top-level function `name`? A text check: the Rust side
-/// never runs Python, but a misspelt function name should fail at load, not mid-search.
-pub(crate) fn python_defines(source: &str, name: &str) -> bool {
-    source.lines().any(|line| {
-        line.strip_prefix("def ")
-            .map(str::trim_start)
-            .and_then(|rest| rest.strip_prefix(name))
-            .is_some_and(|rest| rest.trim_start().starts_with('('))
-    })
-}
-
-pub(crate) fn dtype_hint(s: &str) -> &'static str {
-    match s.to_ascii_lowercase().as_str() {
-        "float16" | "half" | "fp16" => " (did you mean \"f16\"?)",
-        "bfloat16" | "bf" => " (did you mean \"bf16\"?)",
-        "float32" | "float" | "fp32" => " (did you mean \"f32\"?)",
-        "float64" | "double" | "fp64" => " (did you mean \"f64\"?)",
-        "int32" | "int" => " (did you mean \"i32\"?)",
-        "int64" | "long" => " (did you mean \"i64\"?)",
-        _ => "",
-    }
-}
-
-pub(crate) fn dtype_list() -> String {
-    DType::ALL.map(|d| d.as_str()).join(", ")
 }
 
 struct Checker<'a, 'c> {
@@ -1260,16 +1225,6 @@ fn resolve_all(ctx: &Ctx<'_>, spec: &TaskSpec) -> Result<Vec<ResolvedEntry>, Tas
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn python_defines_finds_top_level_functions_only() {
-        let src = "import numpy as np\n\ndef reference(inputs, params):\n    def inner(x):\n        pass\n\ndef  baseline_numpy (a, b):\n    pass\n";
-        assert!(python_defines(src, "reference"));
-        assert!(python_defines(src, "baseline_numpy"));
-        assert!(!python_defines(src, "inner"));
-        assert!(!python_defines(src, "ref"));
-        assert!(!python_defines(src, "numpy"));
-    }
 
     #[test]
     fn mentions_whole_identifiers_only() {

@@ -86,14 +86,18 @@ impl fmt::Display for DType {
 pub struct Tolerance {
     pub rtol: f64,
     pub atol: f64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "ToleranceRule::is_default")]
     pub rule: ToleranceRule,
-    #[serde(default = "one")]
+    #[serde(default = "one", skip_serializing_if = "is_one")]
     pub matched_ratio: f64,
 }
 
 fn one() -> f64 {
     1.0
+}
+
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
 }
 
 impl Tolerance {
@@ -122,6 +126,10 @@ pub enum ToleranceRule {
 }
 
 impl ToleranceRule {
+    fn is_default(&self) -> bool {
+        *self == ToleranceRule::Scaled
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ToleranceRule::Scaled => "scaled",

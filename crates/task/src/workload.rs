@@ -8,12 +8,12 @@
 //! formulas finite and `>= 0`.
 
 use crate::expr::{Expr, ExprError, Num};
-use crate::load::{dtype_hint, dtype_list, is_ident, python_defines, ELEM_BYTES};
 use crate::source_map::FieldPath;
 use crate::spec::{
     Axis, AxisType, DType, DTypeSpec, Distribution, ParamValue, Reach, ResolvedTensor,
     ResolvedWorkload, TaskSpec, TensorSpec, WorkloadSpec,
 };
+use crate::text::{dtype_hint, dtype_list, is_ident, python_defines, ELEM_BYTES};
 use std::collections::BTreeMap;
 
 /// A workload given from outside `task.toml` (a `ksearch bench` shape, a knowledge-pack

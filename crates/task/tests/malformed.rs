@@ -195,14 +195,23 @@ fn the_valid_fixture_loads_with_defaults_filled_in() {
     assert_eq!(task.tolerance(DType::F32).rtol, 2e-5);
     assert_eq!(task.tolerance(DType::BF16).atol, 1e-2);
     assert_eq!(task.tolerance_table().len(), 6);
-    assert_eq!(task.tolerance(DType::F32).rule, ksearch_task::ToleranceRule::Scaled);
+    assert_eq!(
+        task.tolerance(DType::F32).rule,
+        ksearch_task::ToleranceRule::Scaled
+    );
     assert_eq!(task.tolerance(DType::F32).matched_ratio, 1.0);
     let either = fixture()
-        .replace("[roofline]", "[tolerance.f32]\nrule = \"either\"\nmatched_ratio = 0.95\n\n[roofline]")
+        .replace(
+            "[roofline]",
+            "[tolerance.f32]\nrule = \"either\"\nmatched_ratio = 0.95\n\n[roofline]",
+        )
         .load()
         .unwrap();
     let t = either.tolerance(DType::F32);
-    assert_eq!((t.rule, t.matched_ratio, t.rtol), (ksearch_task::ToleranceRule::Either, 0.95, 2e-5));
+    assert_eq!(
+        (t.rule, t.matched_ratio, t.rtol),
+        (ksearch_task::ToleranceRule::Either, 0.95, 2e-5)
+    );
     let w = task.workloads("cpu").unwrap();
     assert_eq!(w.len(), 2);
     assert_eq!((w[0].flops, w[0].bytes), (160.0, 256.0));
