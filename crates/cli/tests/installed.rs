@@ -10,7 +10,7 @@
 mod common;
 
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -219,4 +219,41 @@ fn an_installed_binary_needs_no_checkout() {
             "the failure is not about MLX: {stderr}"
         );
     }
+}
+
+#[test]
+fn an_installed_binary_scaffolds_and_imports_tasks() {
+    let ks = Installed::new();
+    let out = ks.output(
+        &["new-task", "rowscale", "--dir", "rowscale", "--templates"],
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let task = ks.cwd.path().join("rowscale");
+    for file in [
+        "task.toml",
+        "reference.py",
+        "seed/naive.c",
+        "templates-cpu/family.toml",
+    ] {
+        assert!(task.join(file).is_file(), "{file} missing");
+    }
+    let out = ks.output(&["tasks", "--check", "./rowscale"], Duration::from_secs(60));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/flashinfer-bench");
+    let definition = examples.join("definitions/rmsnorm/rmsnorm_h4096.json");
+    let out = ks.output(
+        &[
+            "import",
+            "flashinfer",
+            definition.to_str().unwrap(),
+            "--out",
+            "rms",
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("wrote task `rmsnorm_h4096`"));
+    assert!(ks.cwd.path().join("rms/task.toml").is_file());
 }

@@ -615,10 +615,8 @@ fn identifier(name: &str) -> String {
     out
 }
 
-/// The task for `def`: from `workloads` when given (`source` names their file in messages),
-/// else from workloads chosen from its axes.
+/// The task for `def`: from the given workloads, else from workloads chosen from its axes.
 pub fn render(def: &Definition, opts: &ImportOptions<'_>) -> Result<Rendered, ImportError> {
-    let def_path = PathBuf::from(format!("definition {}", def.name));
     let constraints = parse_constraints(def);
     let mut notes = Vec::new();
     let unchecked: Vec<&str> = constraints
@@ -634,180 +632,279 @@ pub fn render(def: &Definition, opts: &ImportOptions<'_>) -> Result<Rendered, Im
             unchecked.join("; ")
         ));
     }
-    let axis_order: Vec<&str> = def.axes.iter().map(|(n, _)| n.as_str()).collect();
-    let ordered = |values: &BTreeMap<String, i64>| -> Vec<(String, i64)> {
-        axis_order
-            .iter()
-            .map(|n| (n.to_string(), values[*n]))
-            .collect()
-    };
-    let mut task_workloads = Vec::new();
-    let mut blobs: Vec<(String, PathBuf)> = Vec::new();
-    match opts.workloads {
+    let mut blobs = Blobs::default();
+    let workloads = match opts.workloads {
         Some((given, source)) => {
             let count = given.len();
-            for (i, w) in given.iter().enumerate() {
-                let at = |m: String| invalid(source, format!("workload {}: {m}", w.uuid));
-                let mut values = BTreeMap::new();
-                for (name, axis) in &def.axes {
-                    let v = match (axis, w.axes.get(name)) {
-                        (AxisDef::Const { value, .. }, None) => *value,
-                        (AxisDef::Const { value, .. }, Some(v)) if v == value => *v,
-                        (AxisDef::Const { value, .. }, Some(v)) => {
-                            return Err(at(format!("const axis `{name}` is {value}, not {v}")))
-                        }
-                        (AxisDef::Var { .. }, Some(v)) if *v >= 1 => *v,
-                        (AxisDef::Var { .. }, Some(v)) => {
-                            return Err(at(format!("axis `{name}` = {v} gives empty tensors")))
-                        }
-                        (AxisDef::Var { .. }, None) => {
-                            return Err(at(format!("var axis `{name}` has no value")))
-                        }
-                    };
-                    values.insert(name.clone(), v);
-                }
-                if let Some(extra) = w.axes.keys().find(|k| !values.contains_key(*k)) {
-                    return Err(at(format!("axis `{extra}` is not in the definition")));
-                }
-                check_constraints(&constraints, &values).map_err(at)?;
-                let mut fixed = BTreeMap::new();
-                for t in &def.inputs {
-                    match w.inputs.get(&t.name) {
-                        None | Some(WorkloadInput::Random) => {}
-                        Some(WorkloadInput::Scalar(x)) if t.shape.is_none() => {
-                            fixed.insert(t.name.clone(), Fixed::Scalar(*x));
-                        }
-                        Some(WorkloadInput::Scalar(_)) => {
-                            return Err(at(format!(
-                                "input `{}` is a tensor but the workload gives a scalar",
-                                t.name
-                            )))
-                        }
-                        Some(WorkloadInput::Safetensors { path, tensor_key }) => {
-                            let root = opts.dataset.ok_or_else(|| {
-                                at(format!(
-                                    "input `{}` comes from a safetensors file, whose path is \
-                                     relative to the dataset's root: name it (--dataset DIR)",
-                                    t.name
-                                ))
-                            })?;
-                            let shape = t.shape.as_deref().unwrap_or_default();
-                            let want: Vec<i64> = shape.iter().map(|a| values[a]).collect();
-                            let source = root.join(path);
-                            safetensors::check(&source, tensor_key, &t.dtype, &want)
-                                .map_err(|m| at(format!("input `{}`: {m}", t.name)))?;
-                            let file = match blobs.iter().find(|(_, p)| *p == source) {
-                                Some((f, _)) => f.clone(),
-                                None => {
-                                    let base = source
-                                        .file_name()
-                                        .map(|n| n.to_string_lossy().into_owned())
-                                        .unwrap_or_else(|| "blob.safetensors".into());
-                                    let taken = blobs.iter().any(|(f, _)| f.ends_with(&base));
-                                    let f = if taken {
-                                        format!("blobs/{}-{base}", blobs.len())
-                                    } else {
-                                        format!("blobs/{base}")
-                                    };
-                                    blobs.push((f.clone(), source.clone()));
-                                    f
-                                }
-                            };
-                            fixed.insert(
-                                t.name.clone(),
-                                Fixed::Blob {
-                                    file,
-                                    key: tensor_key.clone(),
-                                },
-                            );
-                        }
-                    }
-                }
-                if let Some(extra) = w
-                    .inputs
-                    .keys()
-                    .find(|k| !def.inputs.iter().any(|t| &&t.name == k))
-                {
-                    return Err(at(format!("input `{extra}` is not in the definition")));
-                }
-                let short: String = w
-                    .uuid
-                    .chars()
-                    .filter(|c| c.is_ascii_alphanumeric())
-                    .take(8)
-                    .collect();
-                task_workloads.push(TaskWorkload {
-                    name: format!("w{i}-{short}"),
-                    params: ordered(&values),
-                    held_out: count >= 4 && i % 4 == 3,
-                    fixed,
-                });
-            }
-            if count >= 4 {
-                notes.push(format!(
-                    "{} of the {count} workloads are held out (every fourth): checked for correctness, not timed",
+            notes.push(if count >= 4 {
+                format!(
+                    "{} of the {count} workloads are held out (every fourth): checked for \
+                     correctness, not timed",
                     count / 4
-                ));
+                )
             } else {
-                notes.push(format!(
-                    "no workload is held out (only {count} given): `ksearch tasks --check` will say so"
-                ));
-            }
+                format!(
+                    "no workload is held out (only {count} given): `ksearch tasks --check` \
+                     will say so"
+                )
+            });
+            let dataset = opts.dataset;
+            given
+                .iter()
+                .enumerate()
+                .map(|(i, w)| {
+                    given_workload(
+                        def,
+                        &constraints,
+                        (i, count),
+                        w,
+                        source,
+                        dataset,
+                        &mut blobs,
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?
         }
         None => {
-            for (free, held_out) in [(1, false), (16, false), (128, false), (7, true)] {
-                let values = choose_axes(def, &constraints, free).map_err(|m| {
-                    invalid(
-                        &def_path,
-                        format!("{m}; pass workloads (--workloads FILE.jsonl)"),
-                    )
-                })?;
-                check_constraints(&constraints, &values).map_err(|m| {
-                    invalid(
-                        &def_path,
-                        format!("with every free var axis at {free}, {m}; pass workloads (--workloads FILE.jsonl)"),
-                    )
-                })?;
-                let name: Vec<String> = def
-                    .axes
-                    .iter()
-                    .filter(|(_, a)| matches!(a, AxisDef::Var { .. }))
-                    .map(|(n, _)| format!("{n}{}", values[n]))
-                    .collect();
-                let name = if name.is_empty() {
-                    "const".to_string()
-                } else {
-                    name.join("_")
-                };
-                if task_workloads.iter().any(|w: &TaskWorkload| w.name == name) {
-                    continue;
-                }
-                task_workloads.push(TaskWorkload {
-                    name,
-                    params: ordered(&values),
-                    held_out,
-                    fixed: BTreeMap::new(),
-                });
-            }
             notes.push(
-                "no workloads given: chosen from the axes (free var axes at 1, 16 and 128, and 7 held out); \
-                 real shapes come from the definition's workload traces (--workloads)"
+                "no workloads given: chosen from the axes (free var axes at 1, 16 and 128, and 7 \
+                 held out); real shapes come from the definition's workload traces (--workloads)"
                     .to_string(),
             );
+            chosen_workloads(def, &constraints)?
+        }
+    };
+    let tables = fixed_tables(def, &workloads)?;
+    if !blobs.0.is_empty() {
+        notes.push(format!(
+            "{} safetensors file(s) copied to blobs/; the inputs they hold are the same in \
+             every trial",
+            blobs.0.len()
+        ));
+    }
+
+    let extra = match opts.with {
+        Some(dir) => files_under(dir)?,
+        None => Vec::new(),
+    };
+    let seed = extra
+        .iter()
+        .any(|(rel, _)| rel == SEED_FILE)
+        .then_some(SEED_FILE);
+    let entry = identifier(&def.name);
+    let text = |name: &str, text: String| (name.to_string(), Content::Text(text));
+    let mut files = vec![
+        text(
+            "task.toml",
+            task_toml(def, &entry, &workloads, &tables, seed)?,
+        ),
+        text("reference.py", reference_py(def, &tables)),
+        text("definition_reference.py", definition_reference_py(def)),
+        text("README.md", readme(def, &notes)),
+        text(DEFINITION_FILE, def.json.clone()),
+    ];
+    if let Some((given, _)) = opts.workloads {
+        let lines: Vec<String> = given
+            .iter()
+            .map(|w| serde_json::json!({"definition": def.name, "workload": w.json}).to_string())
+            .collect();
+        files.push(text(WORKLOADS_FILE, lines.join("\n") + "\n"));
+    }
+    for (file, source) in blobs.0 {
+        files.push((file, Content::Copy(source)));
+    }
+    for (rel, source) in extra {
+        if files.iter().any(|(f, _)| *f == rel) {
+            return Err(invalid(
+                &source,
+                format!("the import writes `{rel}` itself; remove it from the --with directory"),
+            ));
+        }
+        files.push((rel, Content::Copy(source)));
+    }
+    Ok(Rendered { files, notes })
+}
+
+/// The safetensors files the workloads read, as (path in the task, source), each once.
+#[derive(Default)]
+struct Blobs(Vec<(String, PathBuf)>);
+
+impl Blobs {
+    /// The task's path for `source`, added if new (`blobs/<name>`, numbered on a clash).
+    fn add(&mut self, source: &Path) -> String {
+        if let Some((f, _)) = self.0.iter().find(|(_, p)| p == source) {
+            return f.clone();
+        }
+        let base = source
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "blob.safetensors".into());
+        let file = if self.0.iter().any(|(f, _)| f.ends_with(&base)) {
+            format!("blobs/{}-{base}", self.0.len())
+        } else {
+            format!("blobs/{base}")
+        };
+        self.0.push((file.clone(), source.to_path_buf()));
+        file
+    }
+}
+
+/// Workload `index` of `count` from a trace file (`source` in messages): its axes checked
+/// against the definition and its constraints, its scalar values and safetensors inputs
+/// (checked, and added to `blobs`) fixed.
+fn given_workload(
+    def: &Definition,
+    constraints: &[Constraint],
+    (index, count): (usize, usize),
+    w: &Workload,
+    source: &Path,
+    dataset: Option<&Path>,
+    blobs: &mut Blobs,
+) -> Result<TaskWorkload, ImportError> {
+    let at = |m: String| invalid(source, format!("workload {}: {m}", w.uuid));
+    let mut values = BTreeMap::new();
+    for (name, axis) in &def.axes {
+        let v = match (axis, w.axes.get(name)) {
+            (AxisDef::Const { value, .. }, None) => *value,
+            (AxisDef::Const { value, .. }, Some(v)) if v == value => *v,
+            (AxisDef::Const { value, .. }, Some(v)) => {
+                return Err(at(format!("const axis `{name}` is {value}, not {v}")))
+            }
+            (AxisDef::Var { .. }, Some(v)) if *v >= 1 => *v,
+            (AxisDef::Var { .. }, Some(v)) => {
+                return Err(at(format!("axis `{name}` = {v} gives empty tensors")))
+            }
+            (AxisDef::Var { .. }, None) => {
+                return Err(at(format!("var axis `{name}` has no value")))
+            }
+        };
+        values.insert(name.clone(), v);
+    }
+    if let Some(extra) = w.axes.keys().find(|k| !values.contains_key(*k)) {
+        return Err(at(format!("axis `{extra}` is not in the definition")));
+    }
+    check_constraints(constraints, &values).map_err(at)?;
+    if let Some(extra) = w
+        .inputs
+        .keys()
+        .find(|k| !def.inputs.iter().any(|t| &&t.name == k))
+    {
+        return Err(at(format!("input `{extra}` is not in the definition")));
+    }
+    let mut fixed = BTreeMap::new();
+    for t in &def.inputs {
+        match w.inputs.get(&t.name) {
+            None | Some(WorkloadInput::Random) => {}
+            Some(WorkloadInput::Scalar(x)) if t.shape.is_none() => {
+                fixed.insert(t.name.clone(), Fixed::Scalar(*x));
+            }
+            Some(WorkloadInput::Scalar(_)) => {
+                return Err(at(format!(
+                    "input `{}` is a tensor but the workload gives a scalar",
+                    t.name
+                )))
+            }
+            Some(WorkloadInput::Safetensors { path, tensor_key }) => {
+                let root = dataset.ok_or_else(|| {
+                    at(format!(
+                        "input `{}` comes from a safetensors file, whose path is relative to the \
+                         dataset's root: name it (--dataset DIR)",
+                        t.name
+                    ))
+                })?;
+                let want: Vec<i64> = t.shape.iter().flatten().map(|a| values[a]).collect();
+                let file = root.join(path);
+                safetensors::check(&file, tensor_key, &t.dtype, &want)
+                    .map_err(|m| at(format!("input `{}`: {m}", t.name)))?;
+                let key = tensor_key.clone();
+                fixed.insert(
+                    t.name.clone(),
+                    Fixed::Blob {
+                        file: blobs.add(&file),
+                        key,
+                    },
+                );
+            }
         }
     }
-    // An input that workloads fix gets one value per workload from a generator; a scalar that
-    // no workload sets is drawn like a random one.
-    let mut tables: FixedTables = BTreeMap::new();
+    let short: String = w
+        .uuid
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(8)
+        .collect();
+    Ok(TaskWorkload {
+        name: format!("w{index}-{short}"),
+        params: ordered(def, &values),
+        held_out: count >= 4 && index % 4 == 3,
+        fixed,
+    })
+}
+
+/// The axes' values in the definition's order.
+fn ordered(def: &Definition, values: &BTreeMap<String, i64>) -> Vec<(String, i64)> {
+    def.axes
+        .iter()
+        .map(|(n, _)| (n.clone(), values[n]))
+        .collect()
+}
+
+/// Workloads chosen from the axes: free var axes at 1, 16 and 128 (shown) and 7 (held out),
+/// the axes an equality constraint fixes computed from them.
+fn chosen_workloads(
+    def: &Definition,
+    constraints: &[Constraint],
+) -> Result<Vec<TaskWorkload>, ImportError> {
+    let def_path = PathBuf::from(format!("definition {}", def.name));
+    let mut out: Vec<TaskWorkload> = Vec::new();
+    for (free, held_out) in [(1, false), (16, false), (128, false), (7, true)] {
+        let fail = |m: String| {
+            invalid(
+                &def_path,
+                format!("{m}; pass workloads (--workloads FILE.jsonl)"),
+            )
+        };
+        let values = choose_axes(def, constraints, free).map_err(fail)?;
+        check_constraints(constraints, &values)
+            .map_err(|m| fail(format!("with every free var axis at {free}, {m}")))?;
+        let name: Vec<String> = def
+            .axes
+            .iter()
+            .filter(|(_, a)| matches!(a, AxisDef::Var { .. }))
+            .map(|(n, _)| format!("{n}{}", values[n]))
+            .collect();
+        let name = if name.is_empty() {
+            "const".to_string()
+        } else {
+            name.join("_")
+        };
+        if !out.iter().any(|w| w.name == name) {
+            out.push(TaskWorkload {
+                name,
+                params: ordered(def, &values),
+                held_out,
+                fixed: BTreeMap::new(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Per input that workloads fix, its value in each workload: all workloads fix it or none
+/// does (a scalar that none sets is drawn like a random input), and workloads of the same
+/// axes agree (the generator looks values up by axes).
+fn fixed_tables(def: &Definition, workloads: &[TaskWorkload]) -> Result<FixedTables, ImportError> {
+    let def_path = PathBuf::from(format!("definition {}", def.name));
+    let mut tables = FixedTables::new();
     for t in &def.inputs {
-        let given: Vec<_> = task_workloads
+        let given: Vec<_> = workloads
             .iter()
             .filter_map(|w| w.fixed.get(&t.name).map(|x| (w.params.clone(), x.clone())))
             .collect();
         if given.is_empty() {
             continue;
         }
-        if given.len() != task_workloads.len() {
+        if given.len() != workloads.len() {
             return Err(invalid(
                 &def_path,
                 format!(
@@ -821,8 +918,8 @@ pub fn render(def: &Definition, opts: &ImportOptions<'_>) -> Result<Rendered, Im
                 return Err(invalid(
                     &def_path,
                     format!(
-                        "input `{}` takes two values in workloads of the same axes; \
-                         the import needs the axes to tell them apart",
+                        "input `{}` takes two values in workloads of the same axes; the import \
+                         needs the axes to tell them apart",
                         t.name
                     ),
                 ));
@@ -830,62 +927,7 @@ pub fn render(def: &Definition, opts: &ImportOptions<'_>) -> Result<Rendered, Im
         }
         tables.insert(t.name.clone(), given);
     }
-    if !blobs.is_empty() {
-        notes.push(format!(
-            "{} safetensors file(s) copied to blobs/; the inputs they hold are the same in \
-             every trial",
-            blobs.len()
-        ));
-    }
-
-    let entry = identifier(&def.name);
-    let extra = match opts.with {
-        Some(dir) => files_under(dir)?,
-        None => Vec::new(),
-    };
-    let seed = extra
-        .iter()
-        .any(|(rel, _)| rel == SEED_FILE)
-        .then_some(SEED_FILE);
-    let mut files = vec![
-        (
-            "task.toml".to_string(),
-            Content::Text(task_toml(def, &entry, &task_workloads, &tables, seed)?),
-        ),
-        (
-            "reference.py".to_string(),
-            Content::Text(reference_py(def, &tables)),
-        ),
-        (
-            "definition_reference.py".to_string(),
-            Content::Text(definition_reference_py(def)),
-        ),
-        ("README.md".to_string(), Content::Text(readme(def, &notes))),
-        (DEFINITION_FILE.to_string(), Content::Text(def.json.clone())),
-    ];
-    if let Some((given, _)) = opts.workloads {
-        let lines: Vec<String> = given
-            .iter()
-            .map(|w| serde_json::json!({"definition": def.name, "workload": w.json}).to_string())
-            .collect();
-        files.push((
-            WORKLOADS_FILE.to_string(),
-            Content::Text(lines.join("\n") + "\n"),
-        ));
-    }
-    for (file, source) in blobs {
-        files.push((file, Content::Copy(source)));
-    }
-    for (rel, source) in extra {
-        if files.iter().any(|(f, _)| *f == rel) {
-            return Err(invalid(
-                &source,
-                format!("the import writes `{rel}` itself; remove it from the --with directory"),
-            ));
-        }
-        files.push((rel, Content::Copy(source)));
-    }
-    Ok(Rendered { files, notes })
+    Ok(tables)
 }
 
 /// Every file under `dir`, as (path relative to `dir` with `/` separators, path), sorted.

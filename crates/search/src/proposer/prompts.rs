@@ -552,12 +552,7 @@ pub fn task_spec_text(task: &Task, backend: &str) -> String {
         .tolerance_table()
         .into_iter()
         .filter(|(d, _)| used.contains(d))
-        .map(|(d, t)| {
-            (
-                d.as_str().to_string(),
-                describe_tolerance(&t),
-            )
-        })
+        .map(|(d, t)| (d.as_str().to_string(), describe_tolerance(&t)))
         .collect();
     if !tol.is_empty() {
         s.push_str("\nTolerance: ");
@@ -809,7 +804,10 @@ fn describe_tolerance(t: &ksearch_task::Tolerance) -> String {
         ),
     };
     if t.matched_ratio < 1.0 {
-        format!("{rule}; at least {}% of elements must pass", t.matched_ratio * 100.0)
+        format!(
+            "{rule}; at least {}% of elements must pass",
+            t.matched_ratio * 100.0
+        )
     } else {
         rule
     }
@@ -822,7 +820,10 @@ mod tests {
     #[test]
     fn tolerances_read_as_their_rule_says() {
         let scaled = ksearch_task::Tolerance::scaled(2e-5, 1e-5);
-        assert_eq!(describe_tolerance(&scaled), "rtol 2e-5, atol 1e-5 x max|reference|");
+        assert_eq!(
+            describe_tolerance(&scaled),
+            "rtol 2e-5, atol 1e-5 x max|reference|"
+        );
         let either = ksearch_task::Tolerance {
             rule: ksearch_task::ToleranceRule::Either,
             matched_ratio: 0.95,
@@ -830,7 +831,10 @@ mod tests {
         };
         let text = describe_tolerance(&either);
         assert!(text.starts_with("an element fails only if its absolute error exceeds 1e-2"));
-        assert!(text.ends_with("at least 95% of elements must pass"), "{text}");
+        assert!(
+            text.ends_with("at least 95% of elements must pass"),
+            "{text}"
+        );
     }
 
     #[test]

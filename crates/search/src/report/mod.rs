@@ -110,9 +110,17 @@ pub struct BestEvaluation {
 pub fn best_evaluation(store: &RunStore) -> Result<BestEvaluation, ReportError> {
     let kernel = best_kernel(store)?;
     let outcome = finished(store)?.ok_or(ReportError::NotFinished)?;
-    let best = outcome.best.as_ref().ok_or(ReportError::NoBest)?.candidate_id;
+    let best = outcome
+        .best
+        .as_ref()
+        .ok_or(ReportError::NoBest)?
+        .candidate_id;
     let recheck = recheck_of(&outcome).and_then(|r| r.recheck_candidate);
-    let row = match recheck.map(|id| store.evaluation_for(id)).transpose()?.flatten() {
+    let row = match recheck
+        .map(|id| store.evaluation_for(id))
+        .transpose()?
+        .flatten()
+    {
         Some(row) => row,
         None => store
             .evaluation_for(best)?
