@@ -421,3 +421,65 @@ fn show_prints_status_best_tree_and_candidates() {
     let text = String::from_utf8(out.stdout).unwrap();
     insta::assert_snapshot!(text);
 }
+
+#[test]
+fn a_best_of_n_run_draws_independent_samples_and_resumes_as_one() {
+    let runs = tempfile::tempdir().unwrap();
+    let v = succeed_with_json(
+        ksearch()
+            .args([
+                "run",
+                "--task",
+                "softmax",
+                "--strategy",
+                "best-of-n",
+                "--rounds",
+                "2",
+                "--timing",
+                "quick",
+                "--no-recheck",
+                "--confirm-rounds",
+                "0",
+                "--seed",
+                "3",
+                "--json",
+            ])
+            .arg("--runs-dir")
+            .arg(runs.path()),
+    );
+    assert_eq!(v["outcome"]["rounds_used"], 2);
+    let dir = PathBuf::from(v["dir"].as_str().unwrap());
+    let store = RunStore::open(&dir).unwrap();
+    assert_eq!(store.config().strategy, "best-of-n");
+    let notes: Vec<String> = store
+        .candidates()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.kind == CandidateKind::Attempt)
+        .map(|c| c.proposer_note)
+        .collect();
+    assert_eq!(notes.len(), 2);
+    assert!(
+        notes.iter().all(|n| n.starts_with("independent sample: ")),
+        "{notes:?}"
+    );
+    // The stored settings bring the strategy back: one more round is one more sample.
+    let id = v["run"].as_str().unwrap().to_string();
+    let again = succeed_with_json(
+        ksearch()
+            .args(["resume", &id, "--rounds", "3", "--json", "--runs-dir"])
+            .arg(runs.path()),
+    );
+    assert_eq!(again["outcome"]["rounds_used"], 3);
+    let store = RunStore::open(&dir).unwrap();
+    let attempts = store
+        .candidates()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.kind == CandidateKind::Attempt)
+        .collect::<Vec<_>>();
+    assert_eq!(attempts.len(), 3);
+    assert!(attempts
+        .iter()
+        .all(|c| c.proposer_note.starts_with("independent sample: ")));
+}

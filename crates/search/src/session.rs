@@ -164,7 +164,7 @@ pub fn run_config(
     RunConfig {
         task: task_ref.to_string(),
         backend: backend.to_string(),
-        strategy: "world-model".into(),
+        strategy: settings.strategy.as_str().into(),
         proposer: settings.proposer.as_str().into(),
         selection: format!("{:?}", settings.selection).to_lowercase(),
         seed: seeds.seed,

@@ -18,13 +18,16 @@ use crate::proposer::prompts::ContextLevel;
 /// The version [`RunSettings`] are written with.
 pub const RUN_SETTINGS_VERSION: u32 = 1;
 
-/// How the search is organised (one strategy so far).
+/// How the search is organised.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Strategy {
     /// K-Search: a world model of rated optimisation ideas steers each cycle.
     #[default]
     WorldModel,
+    /// Independent candidates from the task's specification alone, the best kept: the
+    /// ablation without search (no world model, no earlier attempts in any request).
+    BestOfN,
 }
 
 /// Who proposes ideas and writes kernels.
@@ -100,7 +103,7 @@ macro_rules! named_choice {
     };
 }
 
-named_choice!(Strategy, "strategy", { WorldModel => "world-model" });
+named_choice!(Strategy, "strategy", { WorldModel => "world-model", BestOfN => "best-of-n" });
 named_choice!(ProposerKind, "proposer", {
     Offline => "offline",
     Openai => "openai",
@@ -268,6 +271,7 @@ impl RunSettings {
             recheck: !self.no_recheck,
             confirm_rounds: self.confirm_rounds,
             max_proposer_failures: self.max_proposer_failures,
+            strategy: self.strategy,
         }
     }
 }
@@ -311,6 +315,8 @@ mod tests {
         assert_eq!("ksearch".parse(), Ok(SelectionKind::Ksearch));
         assert_eq!("strict".parse(), Ok(ReplayMatch::Strict));
         assert_eq!("world-model".parse(), Ok(Strategy::WorldModel));
+        assert_eq!("best-of-n".parse(), Ok(Strategy::BestOfN));
+        assert_eq!(Strategy::BestOfN.as_str(), "best-of-n");
         let err = "gpt".parse::<ProposerKind>().unwrap_err();
         assert_eq!(
             err,

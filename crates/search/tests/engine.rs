@@ -807,3 +807,98 @@ fn progress_reads_as_one_line() {
     };
     assert!(none.summary().starts_with("best - | "));
 }
+
+/// Records what each request carried, for the best-of-n test.
+struct SamplingProposer {
+    seen: Mutex<Vec<(u32, String, bool, usize)>>,
+    calls_to_plan: AtomicUsize,
+}
+
+impl Proposer for SamplingProposer {
+    fn name(&self) -> &str {
+        "sampling"
+    }
+    fn init_world_model(&self, t: &TaskBrief) -> Result<WorldModel, ProposerError> {
+        ScriptedProposer::new(|_, _, _| Ok(String::new())).init_world_model(t)
+    }
+    fn propose(&self, _: &WorldModel, _: u32, _: &[String]) -> Result<Option<Edit>, ProposerError> {
+        self.calls_to_plan.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+    fn write_code(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
+        self.seen.lock().unwrap().push((
+            req.round,
+            req.action.title.clone(),
+            req.base.is_none() && req.last.is_none() && req.cycle_best.is_none(),
+            req.history.len(),
+        ));
+        // Round 3 is the best sample; round 4 fails.
+        let source = match req.round {
+            3 => "score=5.0".to_string(),
+            4 => "fail".to_string(),
+            r => format!("score={}", 1.0 + f64::from(r) / 10.0),
+        };
+        Ok(Proposal {
+            source: format!("{source};r{}", req.round),
+            knobs: None,
+            note: String::new(),
+        })
+    }
+    fn refine(&self, _: &WorldModel, _: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
+        self.calls_to_plan.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+    fn too_hard(&self, _: &WorldModel, _: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
+        self.calls_to_plan.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+}
+
+#[test]
+fn best_of_n_spends_every_round_on_an_independent_sample_and_keeps_the_best() {
+    let dir = tempfile::tempdir().unwrap();
+    let proposer = SamplingProposer {
+        seen: Mutex::new(Vec::new()),
+        calls_to_plan: AtomicUsize::new(0),
+    };
+    let eval = FakeEvaluator::new(None);
+    let config = EngineConfig {
+        strategy: ksearch_search::settings::Strategy::BestOfN,
+        ..cfg(6, 4)
+    };
+    static POLICY: std::sync::LazyLock<KSearchPolicy> =
+        std::sync::LazyLock::new(KSearchPolicy::default);
+    let engine = Engine::new(
+        config,
+        store(dir.path()),
+        &proposer,
+        &eval,
+        &*POLICY,
+        brief(),
+        &NoProgress,
+    );
+    let out = engine.run(Some("score=1.0;seed")).unwrap();
+    assert_eq!(out.rounds_used, 6);
+    assert_eq!(out.best.as_ref().map(|b| b.score), Some(5.0));
+    assert_eq!(out.best.as_ref().map(|b| b.round), Some(3));
+    assert_eq!(
+        (out.passed, out.failed),
+        (6, 1),
+        "the seed and five samples pass, one fails"
+    );
+    // Six requests, one per round, each from the specification alone: no base, no earlier
+    // attempt, no history; nothing planned or refined.
+    let seen = proposer.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 6);
+    for (i, (round, title, alone, history)) in seen.iter().enumerate() {
+        assert_eq!(*round, i as u32 + 1);
+        assert_eq!(title, "Write a fast, correct kernel for the task");
+        assert!(*alone && *history == 0, "round {round} saw earlier work");
+    }
+    assert_eq!(proposer.calls_to_plan.load(Ordering::SeqCst), 0);
+    // The world model is the root alone: every sample is recorded against it.
+    let store = engine.into_store();
+    let wm = final_wm(&store);
+    let root = wm.node(wm.root_id()).unwrap();
+    assert_eq!((root.attempts, root.failures), (6, 1));
+}

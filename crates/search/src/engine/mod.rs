@@ -39,8 +39,9 @@ use crate::proposer::{
     ProposerError, Step, TaskBrief,
 };
 use crate::selection::SelectionPolicy;
+use crate::settings::Strategy;
 use crate::world_model::{
-    ActionPatch, Edit, NodeId, NodePatch, SolutionRef, Trace, WorldModel, WorldModelError,
+    Action, ActionPatch, Edit, NodeId, NodePatch, SolutionRef, Trace, WorldModel, WorldModelError,
 };
 
 /// Limits and switches of one run.
@@ -72,6 +73,9 @@ pub struct EngineConfig {
     /// resumable; 0 never stops. A reply, usable or not, resets the count.
     #[serde(default = "default_max_proposer_failures")]
     pub max_proposer_failures: u32,
+    /// How rounds are spent: cycles on the world model's actions, or independent samples.
+    #[serde(default)]
+    pub strategy: Strategy,
 }
 
 fn default_confirm_rounds() -> u32 {
@@ -101,6 +105,7 @@ impl Default for EngineConfig {
             recheck: true,
             confirm_rounds: DEFAULT_CONFIRM_ROUNDS,
             max_proposer_failures: DEFAULT_MAX_PROPOSER_FAILURES,
+            strategy: Strategy::WorldModel,
         }
     }
 }
@@ -392,12 +397,17 @@ impl<'a> Engine<'a> {
                 return Err(EngineError::Interrupted);
             }
             if let Some(reason) = self.budget_reached(&state) {
-                if state.cycle.is_some() && reason.starts_with("rounds") {
+                if state.cycle.is_some() && reason.starts_with("rounds") && !self.independent() {
                     // The round budget cut a cycle short: close it so its best is attached.
                     self.end_cycle(&mut state)?;
                     self.checkpoint(&state)?;
                 }
                 break reason;
+            }
+            if state.cycle.is_none() && self.independent() {
+                self.begin_sampling(&mut state)?;
+                self.checkpoint(&state)?;
+                continue;
             }
             if state.cycle.is_none() {
                 if !self.begin_cycle(&mut state)? {
@@ -411,10 +421,11 @@ impl<'a> Engine<'a> {
                 Err(RoundStop::Budget(reason)) => break reason,
                 Err(RoundStop::Error(e)) => return Err(e),
             }
-            let cycle_done = state
-                .cycle
-                .as_ref()
-                .is_some_and(|c| self.cycle_should_end(c));
+            let cycle_done = !self.independent()
+                && state
+                    .cycle
+                    .as_ref()
+                    .is_some_and(|c| self.cycle_should_end(c));
             if cycle_done {
                 self.end_cycle(&mut state)?;
             }
@@ -656,6 +667,34 @@ impl<'a> Engine<'a> {
         Ok(true)
     }
 
+    /// Whether rounds are independent samples (`Strategy::BestOfN`) rather than cycles.
+    fn independent(&self) -> bool {
+        self.cfg.strategy == Strategy::BestOfN
+    }
+
+    /// Best-of-n: one open-ended "cycle" on the root that every round samples into; nothing is
+    /// proposed, refined or chosen from the world model.
+    fn begin_sampling(&self, state: &mut EngineState) -> Result<(), EngineError> {
+        let root = state.wm.root_id().clone();
+        state.cycles += 1;
+        self.event(
+            "cycle_start",
+            json!({"cycle": state.cycles, "node": root.as_str(), "policy": "best-of-n"}),
+        )?;
+        state.cycle = Some(CycleState {
+            node: root,
+            index: state.cycles,
+            consumed: 0,
+            no_improve: 0,
+            no_improve_over_base: 0,
+            base: None,
+            best: None,
+            last: None,
+            history: Vec::new(),
+        });
+        Ok(())
+    }
+
     /// The original skips proposing while ≥ 3 actions are executable and the best solved node
     /// already has an open child.
     fn should_propose(&self, wm: &WorldModel) -> bool {
@@ -770,17 +809,29 @@ impl<'a> Engine<'a> {
         let node = state.wm.node(&cycle.node).cloned().ok_or_else(|| {
             RoundStop::Error(WorldModelError::UnknownNode(cycle.node.clone()).into())
         })?;
-        let action = node.action.clone().unwrap_or_default();
+        let independent = self.independent();
+        let action = if independent {
+            independent_sample()
+        } else {
+            node.action.clone().unwrap_or_default()
+        };
+        // An independent sample sees the specification only: no base, no earlier attempt.
         let view = |id: Option<i64>| -> Result<Option<AttemptView>, EngineError> {
-            id.map(|i| self.attempt_view(i))
+            id.filter(|_| !independent)
+                .map(|i| self.attempt_view(i))
                 .transpose()
                 .map(Option::flatten)
         };
         let base = view(cycle.base)?;
         let last = view(cycle.last)?;
         let cycle_best = view(cycle.best.map(|b| b.0))?;
-        let history = self.cycle_history(&cycle)?;
-        let step = if attempt == 1 {
+        let history = match independent {
+            true => Vec::new(),
+            false => self.cycle_history(&cycle)?,
+        };
+        let step = if independent {
+            Step::SpecAction
+        } else if attempt == 1 {
             if base.is_some() {
                 Step::BaseAction
             } else {
@@ -824,7 +875,7 @@ impl<'a> Engine<'a> {
                     };
                     let existing = existing.iter().find(|c| c.sample == sample).cloned();
                     let cycle = &cycle;
-                    s.spawn(move || self.run_sample(&req, existing, cycle))
+                    s.spawn(move || self.run_sample(&req, existing, cycle, independent))
                 })
                 .collect();
             handles
@@ -975,6 +1026,7 @@ impl<'a> Engine<'a> {
         req: &CodeRequest<'_>,
         existing: Option<CandidateRow>,
         cycle: &CycleState,
+        independent: bool,
     ) -> Result<SampleResult, RoundStop> {
         let (id, source) = match existing {
             Some(row) => {
@@ -995,7 +1047,10 @@ impl<'a> Engine<'a> {
                 (row.id, src)
             }
             None => {
-                let written = self.proposer.write_code(req);
+                let written = match independent {
+                    true => self.proposer.sample(req),
+                    false => self.proposer.write_code(req),
+                };
                 self.count_call_failure(&written)?;
                 let proposal = match written {
                     Ok(p) => p,
@@ -1542,6 +1597,17 @@ impl Engine<'_> {
             None => self.evaluate_candidate(rid, &view.source, Purpose::Acceptance)?,
         };
         Ok((rid, summary))
+    }
+}
+
+/// The action of every best-of-n request: the task, from its specification alone.
+fn independent_sample() -> Action {
+    Action {
+        title: "Write a fast, correct kernel for the task".into(),
+        description: "An independent sample: write the fastest correct kernel you can from the \
+                      task's specification alone."
+            .into(),
+        ..Action::default()
     }
 }
 

@@ -192,6 +192,13 @@ pub trait Proposer: Send + Sync {
 
     fn write_code(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError>;
 
+    /// One independent candidate for the best-of-n strategy: `req` is a spec-action request on
+    /// the root with no base, history or earlier attempt. A writer of code answers it as any
+    /// request; the offline proposer draws a setting of its family at random instead.
+    fn sample(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
+        self.write_code(req)
+    }
+
     /// After a cycle that attached a solution to `report.node_id`.
     fn refine(
         &self,

@@ -495,6 +495,25 @@ impl Proposer for OfflineProposer {
         })
     }
 
+    /// A setting of the family drawn uniformly among those not evaluated yet (seeded by the
+    /// run's seed and the round), rendered.
+    fn sample(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
+        let mut rng = self.rng(req.round, u64::MAX);
+        let knobs = self
+            .fresh_anywhere(&Knobs::new(), req.known_sources, &mut rng)
+            .into_iter()
+            .nth(req.sample as usize)
+            .ok_or_else(|| {
+                ProposerError::Unusable("every setting of the family was evaluated".into())
+            })?;
+        let source = self.render(&knobs)?;
+        Ok(Proposal {
+            note: format!("independent sample: {}", format_knobs(&knobs)),
+            knobs: Some(knobs_to_value(&knobs)),
+            source,
+        })
+    }
+
     fn refine(
         &self,
         wm: &WorldModel,
@@ -693,5 +712,61 @@ mod tests {
         let mma_keys = path_keys(&wm, &mma);
         assert!(!p.undoes_the_path(&p.path_knobs(&wm, &mma), narrow, &mma_keys));
         assert!(p.undoes_the_path(&knobs, narrow, &path_keys(&wm, &wgmma)));
+    }
+
+    #[test]
+    fn independent_samples_are_seeded_distinct_and_new() {
+        let c = catalog();
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tasks/softmax");
+        let p = OfflineProposer::for_task(&dir, "softmax", "cpu", Some("cpu"), &c, 7).unwrap();
+        let again = OfflineProposer::for_task(&dir, "softmax", "cpu", Some("cpu"), &c, 7).unwrap();
+        let wm = WorldModel::new_root("softmax", vec![]);
+        let node = wm.node(wm.root_id()).unwrap().clone();
+        let action = crate::world_model::Action::default();
+        let mut known = BTreeSet::new();
+        let request = |round, sample, known: &BTreeSet<String>| -> Proposal {
+            let req = CodeRequest {
+                step: Step::SpecAction,
+                round,
+                attempt: 1,
+                sample,
+                node: &node,
+                action: &action,
+                base: None,
+                last: None,
+                cycle_best: None,
+                history: &[],
+                wm: &wm,
+                known_sources: known,
+            };
+            p.sample(&req).unwrap()
+        };
+        let first = request(1, 0, &known);
+        let second = request(1, 1, &known);
+        assert_ne!(first.source, second.source, "two samples of a round differ");
+        assert!(first.note.starts_with("independent sample: "));
+        // The same seed draws the same setting.
+        let req_again = CodeRequest {
+            step: Step::SpecAction,
+            round: 1,
+            attempt: 1,
+            sample: 0,
+            node: &node,
+            action: &action,
+            base: None,
+            last: None,
+            cycle_best: None,
+            history: &[],
+            wm: &wm,
+            known_sources: &known,
+        };
+        assert_eq!(again.sample(&req_again).unwrap().source, first.source);
+        // A setting already evaluated is not drawn again.
+        known.insert(
+            ksearch_store::SourceId::of(&first.source)
+                .as_str()
+                .to_string(),
+        );
+        assert_ne!(request(1, 0, &known).source, first.source);
     }
 }
