@@ -117,11 +117,9 @@ pub fn run(args: &BenchArgs, quiet: bool) -> Result<u8> {
     })
     .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
     if !quiet {
+        let (k, t, n) = (kernel.display(), task.name(), req.eval.workloads.len());
         eprintln!(
-            "ksearch: bench {} on {}/{backend}: {} workloads, {} timed calls each",
-            kernel.display(),
-            task.name(),
-            req.eval.workloads.len(),
+            "ksearch: bench {k} on {t}/{backend}: {n} workloads, {} timed calls each",
             args.reps
         );
     }
@@ -144,9 +142,6 @@ pub fn run(args: &BenchArgs, quiet: bool) -> Result<u8> {
             bench_report::render(task.name(), &backend, &label, &result, &peaks)
         );
     }
-    Ok(if !result.passed() || result.kernel_failed() {
-        exit::REJECTED
-    } else {
-        exit::OK
-    })
+    let ok = result.passed() && !result.kernel_failed();
+    Ok(if ok { exit::OK } else { exit::REJECTED })
 }

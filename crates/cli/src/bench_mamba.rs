@@ -110,11 +110,8 @@ pub fn run(args: &BenchArgs, m: &MambaArgs, quiet: bool) -> Result<u8> {
         .python;
     let bench = MambaBench::locate(python)?;
     if !quiet {
-        let python = bench.python().display();
-        eprintln!(
-            "ksearch: bench mamba ({}) with {python}",
-            m.impls.join(", ")
-        );
+        let (impls, python) = (m.impls.join(", "), bench.python().display());
+        eprintln!("ksearch: bench mamba ({impls}) with {python}");
     }
     let pick = match m.mlx_settings.as_str() {
         "auto" => Some(bench.probe_mlx_settings(timeout, !quiet)?),
@@ -134,11 +131,8 @@ pub fn run(args: &BenchArgs, m: &MambaArgs, quiet: bool) -> Result<u8> {
     } else {
         print!("{}", mamba_bench::render(&run.report));
     }
-    Ok(if run.passed()? {
-        exit::OK
-    } else {
-        exit::REJECTED
-    })
+    let passed = run.passed()?;
+    Ok(if passed { exit::OK } else { exit::REJECTED })
 }
 
 #[cfg(test)]

@@ -33,12 +33,7 @@ pub fn run(args: &DoctorArgs) -> Result<u8> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&diagnosis.to_json())?);
     } else {
-        print!("{}", diagnosis.render());
-        if healthy {
-            println!("\nThe cpu backend is ready.");
-        } else {
-            println!("\nSomething the cpu backend needs is missing (see `how to fix`).");
-        }
+        print!("{}\n{}\n", diagnosis.render(), diagnosis.verdict());
     }
     Ok(if healthy { exit::OK } else { exit::REJECTED })
 }

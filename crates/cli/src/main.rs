@@ -57,6 +57,8 @@ enum Command {
     Knowledge(knowledge::KnowledgeArgs),
     /// Time a GPU kernel against PyTorch SDPA and MLX native on the task's workloads.
     Bench(Box<BenchCommand>),
+    /// Run search strategies on one task with equal budgets and compare their runs.
+    Compare(Box<search::CompareArgs>),
     /// Turn another benchmark's problem into a ksearch task (FlashInfer-Bench definitions).
     Import(import::ImportArgs),
 }
@@ -95,6 +97,7 @@ fn main() -> ExitCode {
         }
         Command::Bench(args) => bench::run(&args.bench, cli.quiet),
         Command::Import(args) => import::run(&args),
+        Command::Compare(args) => search::compare(&args, cli.quiet),
     };
     match result {
         Ok(code) => ExitCode::from(code),

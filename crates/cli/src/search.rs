@@ -14,6 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use ksearch_eval::{interrupt, TimingPreset};
+use ksearch_search::compare::{self, CompareSpec};
 use ksearch_search::engine::{self, EngineError, Progress, ProgressSink};
 use ksearch_search::proposer::prompts::ContextLevel;
 use ksearch_search::report::render_outcome;
@@ -50,8 +51,8 @@ pub struct SearchOptions {
     #[arg(long, default_value_t = SelectionKind::Calibrated, value_parser = choice::<SelectionKind>(SelectionKind::NAMES))]
     pub selection: SelectionKind,
 
-    /// Code-generation rounds (each evaluates --samples candidates).
-    #[arg(long, default_value_t = 20)]
+    /// Code-generation rounds (each evaluates --samples candidates); `compare`'s budget.
+    #[arg(long, alias = "budget", default_value_t = 20)]
     pub rounds: u32,
 
     /// Candidates per attempt, written and evaluated concurrently.
@@ -164,43 +165,20 @@ pub struct SearchOptions {
 }
 
 impl SearchOptions {
-    /// The run's settings these options ask for.
+    /// The run's settings these options ask for: every option is the setting of its name (a
+    /// setting the list below misses does not compile).
     pub fn settings(&self) -> RunSettings {
-        let o = self.clone();
-        RunSettings {
-            version: RUN_SETTINGS_VERSION,
-            strategy: o.strategy,
-            proposer: o.proposer,
-            selection: o.selection,
-            rounds: o.rounds,
-            samples: o.samples,
-            stagnation_window: o.stagnation_window,
-            cycle_cap: o.cycle_cap,
-            max_difficulty: o.max_difficulty,
-            max_wall_time: o.max_wall_time,
-            max_tokens: o.max_tokens,
-            max_cost: o.max_cost,
-            timing: o.timing,
-            no_recheck: o.no_recheck,
-            confirm_rounds: o.confirm_rounds,
-            max_proposer_failures: o.max_proposer_failures,
-            model: o.model,
-            base_url: o.base_url,
-            api_key_env: o.api_key_env,
-            command: o.command,
-            transcript: o.transcript,
-            replay_mode: o.replay_mode,
-            replay_delay: o.replay_delay,
-            context: o.context,
-            hardware: o.hardware,
-            price_table: o.price_table,
-            llm_timeout: o.llm_timeout,
-            llm_concurrency: o.llm_concurrency,
-            max_output_tokens: o.max_output_tokens,
-            temperature: o.temperature,
-            no_llm_cache: o.no_llm_cache,
-            no_lint: o.no_lint,
+        macro_rules! same_names {
+            ($o:ident: $($field:ident),* $(,)?) => {
+                RunSettings { version: RUN_SETTINGS_VERSION, $($field: $o.$field,)* }
+            };
         }
+        let o = self.clone();
+        same_names!(o: strategy, proposer, selection, rounds, samples, stagnation_window,
+            cycle_cap, max_difficulty, max_wall_time, max_tokens, max_cost, timing, no_recheck,
+            confirm_rounds, max_proposer_failures, model, base_url, api_key_env, command,
+            transcript, replay_mode, replay_delay, context, hardware, price_table, llm_timeout,
+            llm_concurrency, max_output_tokens, temperature, no_llm_cache, no_lint)
     }
 }
 
@@ -258,6 +236,45 @@ pub struct ResumeArgs {
 
     #[arg(long)]
     pub json: bool,
+}
+
+/// `ksearch compare`: the options of a run, for every run of the comparison.
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+
+    /// Strategies to compare, comma-separated (each run's --strategy).
+    #[arg(long, value_delimiter = ',', default_value = "world-model,best-of-n", value_parser = choice::<Strategy>(Strategy::NAMES))]
+    pub strategies: Vec<Strategy>,
+
+    /// Runs per strategy, with proposer seeds --seed (default 1) onwards.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seeds: u64,
+}
+
+pub fn compare(args: &CompareArgs, quiet: bool) -> Result<u8> {
+    let first = args.run.seed.unwrap_or(1);
+    let seeds: Vec<u64> = (first..first.saturating_add(args.seeds)).collect();
+    let spec = CompareSpec {
+        task: &args.run.task,
+        backend: args.run.backend.as_deref(),
+        strategies: &args.strategies,
+        seeds: &seeds,
+        settings: &args.run.search.settings(),
+        runs_dir: &args.run.runs_dir,
+        sandbox: args.run.sandbox.mode,
+    };
+    let say = |line: &str| (!quiet).then(|| eprintln!("{line}")).unwrap_or_default();
+    let records = compare::run(&spec, &interrupt::on_signals(), &say)?;
+    let rows = compare::summarize(&records, &args.strategies);
+    if args.run.json {
+        let doc = json!({"runs": records, "strategies": rows});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", compare::render(&rows, &records));
+    }
+    Ok(exit::OK)
 }
 
 pub fn run(args: &RunArgs, quiet: bool) -> Result<u8> {
@@ -322,11 +339,8 @@ fn drive(session: Session, quiet: bool, json_out: bool) -> Result<u8> {
     } else {
         print!("{}", render_outcome(&run_id, &outcome));
     }
-    Ok(if outcome.best.is_some() {
-        exit::OK
-    } else {
-        exit::REJECTED
-    })
+    let found = outcome.best.is_some();
+    Ok(if found { exit::OK } else { exit::REJECTED })
 }
 
 /// A progress bar on a terminal; one line per round otherwise (logs, CI).

@@ -483,3 +483,59 @@ fn a_best_of_n_run_draws_independent_samples_and_resumes_as_one() {
         .iter()
         .all(|c| c.proposer_note.starts_with("independent sample: ")));
 }
+
+#[test]
+fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
+    let runs = tempfile::tempdir().unwrap();
+    let v = succeed_with_json(
+        ksearch()
+            .args([
+                "compare",
+                "--task",
+                "softmax",
+                "--strategies",
+                "best-of-n,world-model",
+                "--budget",
+                "1",
+                "--seeds",
+                "1",
+                "--seed",
+                "4",
+                "--timing",
+                "quick",
+                "--no-recheck",
+                "--confirm-rounds",
+                "0",
+                "--json",
+            ])
+            .arg("--runs-dir")
+            .arg(runs.path()),
+    );
+    let runs_done = v["runs"].as_array().unwrap();
+    assert_eq!(runs_done.len(), 2);
+    let strategies: Vec<&str> = runs_done
+        .iter()
+        .map(|r| r["strategy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        strategies,
+        ["best-of-n", "world-model"],
+        "seed 4 first takes the given order"
+    );
+    for r in runs_done {
+        assert_eq!(r["seed"], 4);
+        assert_eq!(
+            r["curve"].as_array().unwrap().len(),
+            1,
+            "one round, one evaluation: {r}"
+        );
+        let store = RunStore::open(&runs.path().join(r["run"].as_str().unwrap())).unwrap();
+        assert_eq!(store.config().strategy, r["strategy"].as_str().unwrap());
+        assert_eq!(store.config().seed, 4);
+    }
+    let rows = v["strategies"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(rows
+        .iter()
+        .all(|r| r["runs"] == 1 && r["to_mark"].as_array().unwrap().len() == 3));
+}

@@ -150,6 +150,14 @@ impl Diagnosis {
             "probe": self.probe,
         })
     }
+    /// The closing line of `ksearch doctor`: whether the cpu backend has what it needs.
+    pub fn verdict(&self) -> &'static str {
+        if self.healthy() {
+            "The cpu backend is ready."
+        } else {
+            "Something the cpu backend needs is missing (see `how to fix`)."
+        }
+    }
 
     /// The checks as a table, then how to fix what is missing.
     pub fn render(&self) -> String {

@@ -17,6 +17,7 @@
 //! [`engine::CandidateEvaluator`].
 
 pub mod accounting;
+pub mod compare;
 pub mod engine;
 pub mod proposer;
 pub mod report;
