@@ -18,17 +18,8 @@ use crate::proposer::prompts::ContextLevel;
 /// The version [`RunSettings`] are written with.
 pub const RUN_SETTINGS_VERSION: u32 = 1;
 
-/// How the search is organised.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Strategy {
-    /// K-Search: a world model of rated optimisation ideas steers each cycle.
-    #[default]
-    WorldModel,
-    /// Independent candidates from the task's specification alone, the best kept: the
-    /// ablation without search (no world model, no earlier attempts in any request).
-    BestOfN,
-}
+/// How the search is organised (defined with the engine, which acts on it).
+pub use crate::engine::Strategy;
 
 /// Who proposes ideas and writes kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -39,10 +39,21 @@ use crate::proposer::{
     ProposerError, Step, TaskBrief,
 };
 use crate::selection::SelectionPolicy;
-use crate::settings::Strategy;
 use crate::world_model::{
     Action, ActionPatch, Edit, NodeId, NodePatch, SolutionRef, Trace, WorldModel, WorldModelError,
 };
+
+/// How the search is organised.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// K-Search: a world model of rated optimisation ideas steers each cycle.
+    #[default]
+    WorldModel,
+    /// Independent candidates from the task's specification alone, the best kept: the
+    /// ablation without search (no world model, no earlier attempts in any request).
+    BestOfN,
+}
 
 /// Limits and switches of one run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
