@@ -661,9 +661,15 @@ pub fn cut_marked(s: &str, max: usize) -> String {
 /// Longest failure reason on one line of a cycle's attempt list.
 const HISTORY_REASON_CHARS: usize = 240;
 
+/// Most attempts a prompt lists of one cycle (a cycle without a cap, `--cycle-cap 0`, can run
+/// long): the first, the cycle's best and the latest are kept, one line says how many were
+/// left out between them.
+pub const HISTORY_MAX: usize = 12;
+
 /// The attempts of a cycle as prompts list them, one entry each (continuation lines indented):
 /// status, score and time, the note, then the per-workload times or the failure reason. An
-/// attempt that repeated an earlier source is named as that attempt's duplicate.
+/// attempt that repeated an earlier source is named as that attempt's duplicate. Past
+/// [`HISTORY_MAX`] attempts, the first, the best and the latest stay.
 pub fn history_lines(history: &[CycleAttempt]) -> Vec<String> {
     let samples = history.iter().any(|h| h.sample > 0);
     let name = |attempt: u32, sample: u32| {
@@ -679,57 +685,90 @@ pub fn history_lines(history: &[CycleAttempt]) -> Vec<String> {
         .filter_map(|h| h.outcome.score.map(|s| (h.attempt, h.sample, s)))
         .max_by(|a, b| a.2.total_cmp(&b.2))
         .map(|(a, s, _)| (a, s));
-    history
-        .iter()
-        .map(|h| {
-            let o = &h.outcome;
-            let me = name(h.attempt, h.sample);
-            if let Some((a, s)) = h.duplicate_of {
-                return format!(
-                    "{me} was identical to {}; it was not re-evaluated.",
-                    name(a, s)
-                );
-            }
-            let mut line = me;
-            if h.candidate_id.is_none() {
-                line.push_str(": no code came out of the reply");
+    let keep = |i: usize, h: &CycleAttempt| {
+        history.len() <= HISTORY_MAX
+            || i == 0
+            || i + (HISTORY_MAX - 2) >= history.len()
+            || best == Some((h.attempt, h.sample))
+    };
+    let mut lines = Vec::new();
+    let mut left_out = 0;
+    for (i, h) in history.iter().enumerate() {
+        if !keep(i, h) {
+            left_out += 1;
+            continue;
+        }
+        if left_out > 0 {
+            lines.push(format!("… {left_out} more attempts, left out here"));
+            left_out = 0;
+        }
+        lines.push(history_line(h, &name, best));
+    }
+    lines
+}
+
+/// One attempt of [`history_lines`].
+fn history_line(
+    h: &CycleAttempt,
+    name: &dyn Fn(u32, u32) -> String,
+    best: Option<(u32, u32)>,
+) -> String {
+    let o = &h.outcome;
+    let me = name(h.attempt, h.sample);
+    if let Some((a, s)) = h.duplicate_of {
+        return format!(
+            "{me} was identical to {}; it was not re-evaluated.",
+            name(a, s)
+        );
+    }
+    let mut line = me;
+    if h.candidate_id.is_none() {
+        line.push_str(": no code came out of the reply");
+    } else {
+        line.push_str(&format!(
+            ": {}",
+            if o.status.is_empty() {
+                "not evaluated"
             } else {
-                line.push_str(&format!(": {}", if o.status.is_empty() { "not evaluated" } else { &o.status }));
+                &o.status
             }
-            if let Some(sc) = o.score.filter(|_| o.passed) {
-                line.push_str(&format!(", score {sc:.3}"));
-            }
-            if let Some(l) = o.latency_ms.filter(|_| o.passed) {
-                line.push_str(&format!(", {l:.4} ms"));
-            }
-            if best == Some((h.attempt, h.sample)) {
-                line.push_str(" (the cycle's best)");
-            }
-            let note = h.note.trim();
-            if !note.is_empty() {
-                line.push_str(&format!(" — {note}"));
-            }
-            if let Some(c) = h.reused_from {
-                line.push_str(&format!(
-                    "\n  identical to candidate {c} of an earlier cycle: its result was reused, not measured again"
-                ));
-            }
-            if o.passed {
-                if !o.workloads.is_empty() {
-                    line.push_str(&format!("\n  {}", o.workloads.join("; ")));
-                }
-            } else {
-                let reason = o
-                    .message
-                    .lines()
-                    .map(str::trim)
-                    .find(|l| !l.is_empty())
-                    .unwrap_or("(no reason recorded)");
-                line.push_str(&format!("\n  why: {}", cut_marked(reason, HISTORY_REASON_CHARS)));
-            }
-            line
-        })
-        .collect()
+        ));
+    }
+    if let Some(sc) = o.score.filter(|_| o.passed) {
+        line.push_str(&format!(", score {sc:.3}"));
+    }
+    if let Some(l) = o.latency_ms.filter(|_| o.passed) {
+        line.push_str(&format!(", {l:.4} ms"));
+    }
+    if best == Some((h.attempt, h.sample)) {
+        line.push_str(" (the cycle's best)");
+    }
+    let note = h.note.trim();
+    if !note.is_empty() {
+        line.push_str(&format!(" — {note}"));
+    }
+    if let Some(c) = h.reused_from {
+        line.push_str(&format!(
+            "\n  identical to candidate {c} of an earlier cycle: its result was reused, not measured again"
+        ));
+    }
+    if o.passed {
+        if !o.workloads.is_empty() {
+            line.push_str(&format!("\n  {}", o.workloads.join("; ")));
+        }
+    } else {
+        let reason = o
+            .message
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .unwrap_or("(no reason recorded)");
+        line.push_str(&format!(
+            "\n  why: {}",
+            cut_marked(reason, HISTORY_REASON_CHARS)
+        ));
+    }
+    line
 }
 
 pub(crate) fn cut_middle(s: &str, max: usize) -> String {
@@ -816,6 +855,48 @@ fn describe_tolerance(t: &ksearch_task::Tolerance) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_cycle_lists_its_first_best_and_latest_attempts() {
+        let attempt = |n: u32, score: f64| CycleAttempt {
+            attempt: n,
+            sample: 0,
+            candidate_id: Some(i64::from(n)),
+            note: format!("try {n}"),
+            outcome: OutcomeSummary {
+                status: "passed".into(),
+                passed: true,
+                score: Some(score),
+                ..OutcomeSummary::default()
+            },
+            duplicate_of: None,
+            reused_from: None,
+        };
+        let short: Vec<CycleAttempt> = (1..=HISTORY_MAX as u32).map(|n| attempt(n, 1.0)).collect();
+        assert_eq!(
+            history_lines(&short).len(),
+            HISTORY_MAX,
+            "a short cycle is listed whole"
+        );
+        // 30 attempts, the best the fifth: the first, the fifth and the last ten stay.
+        let long: Vec<CycleAttempt> = (1..=30)
+            .map(|n| attempt(n, if n == 5 { 9.0 } else { 1.0 }))
+            .collect();
+        let lines = history_lines(&long);
+        let listed: Vec<&str> = lines
+            .iter()
+            .map(|l| l.split(':').next().unwrap_or(""))
+            .collect();
+        let mut want = vec![
+            "attempt 1".to_string(),
+            "… 3 more attempts, left out here".into(),
+            "attempt 5".into(),
+            "… 15 more attempts, left out here".into(),
+        ];
+        want.extend((21..=30).map(|n| format!("attempt {n}")));
+        assert_eq!(listed, want);
+        assert!(lines[2].contains("(the cycle's best)"));
+    }
 
     #[test]
     fn tolerances_read_as_their_rule_says() {
