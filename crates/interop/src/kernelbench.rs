@@ -367,11 +367,7 @@ fn task_toml(task: &str, stem: &str, inputs: &[TaskTensor], outputs: &[TaskTenso
     let bytes: i64 = outputs
         .iter()
         .map(|t| {
-            let size = match t.dtype {
-                "f16" | "bf16" => 2,
-                "f64" | "i64" => 8,
-                _ => 4,
-            };
+            let size = ksearch_task::DType::parse(t.dtype).map_or(4, |d| d.size_bytes() as i64);
             size * t.shape.iter().product::<i64>()
         })
         .sum();

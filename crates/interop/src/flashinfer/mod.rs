@@ -1068,11 +1068,10 @@ fn task_toml(
         .outputs
         .iter()
         .map(|t| {
-            let size = match t.dtype.as_str() {
-                "float16" | "bfloat16" => 2,
-                "int64" => 8,
-                _ => 4,
-            };
+            let size = dtype(&path, &t.name, &t.dtype)
+                .ok()
+                .and_then(ksearch_task::DType::parse)
+                .map_or(4, ksearch_task::DType::size_bytes);
             std::iter::once(size.to_string())
                 .chain(t.shape.iter().flatten().cloned())
                 .collect::<Vec<_>>()

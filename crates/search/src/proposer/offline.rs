@@ -724,7 +724,7 @@ mod tests {
         let node = wm.node(wm.root_id()).unwrap().clone();
         let action = crate::world_model::Action::default();
         let mut known = BTreeSet::new();
-        let request = |round, sample, known: &BTreeSet<String>| -> Proposal {
+        let request = |p: &OfflineProposer, round, sample, known: &BTreeSet<String>| -> Proposal {
             let req = CodeRequest {
                 step: Step::SpecAction,
                 round,
@@ -741,32 +741,18 @@ mod tests {
             };
             p.sample(&req).unwrap()
         };
-        let first = request(1, 0, &known);
-        let second = request(1, 1, &known);
+        let first = request(&p, 1, 0, &known);
+        let second = request(&p, 1, 1, &known);
         assert_ne!(first.source, second.source, "two samples of a round differ");
         assert!(first.note.starts_with("independent sample: "));
         // The same seed draws the same setting.
-        let req_again = CodeRequest {
-            step: Step::SpecAction,
-            round: 1,
-            attempt: 1,
-            sample: 0,
-            node: &node,
-            action: &action,
-            base: None,
-            last: None,
-            cycle_best: None,
-            history: &[],
-            wm: &wm,
-            known_sources: &known,
-        };
-        assert_eq!(again.sample(&req_again).unwrap().source, first.source);
+        assert_eq!(request(&again, 1, 0, &known).source, first.source);
         // A setting already evaluated is not drawn again.
         known.insert(
             ksearch_store::SourceId::of(&first.source)
                 .as_str()
                 .to_string(),
         );
-        assert_ne!(request(1, 0, &known).source, first.source);
+        assert_ne!(request(&p, 1, 0, &known).source, first.source);
     }
 }
