@@ -66,7 +66,7 @@ pub enum CompareError {
         strategy: &'static str,
         seed: u64,
         #[source]
-        source: SessionError,
+        source: Box<SessionError>,
     },
     #[error("strategy {strategy}, seed {seed} (run {run}): {message}")]
     Run {
@@ -105,7 +105,7 @@ pub fn run(
                 session::start(new, interrupt.clone()).map_err(|source| CompareError::Session {
                     strategy: strategy.as_str(),
                     seed,
-                    source,
+                    source: Box::new(source),
                 })?;
             announce(&session.announce);
             let _writer = session.writer;
