@@ -310,11 +310,12 @@ def _prepare_device(backend: str, audit: bool = True) -> None:
     import numpy  # noqa: F401 - every backend's buffers are numpy views of the arena
 
 
-def serve(sock: socket.socket, backend: str, audit: bool = True) -> int:
+def serve(sock: socket.socket, backend: str, audit: bool = True, lockdown_on: bool = True) -> int:
     accused = Accused(backend)
     try:
         _prepare_device(backend, audit)
-        lockdown = sandbox.lock_down().to_json()
+        lockdown = (sandbox.lock_down() if lockdown_on else
+                    sandbox.Layer("lockdown", False, "turned off (--no-lockdown)")).to_json()
     except Exception as e:  # noqa: BLE001 - reported to the judge, which decides
         channel.send(sock, {"seq": 0, "ok": False, "error": "task",
                             "message": f"the accused could not start: {type(e).__name__}: {e}"})
@@ -352,12 +353,15 @@ def main(argv: list[str] | None = None) -> int:
     # Diagnostics only (tests/call_cost.py): what the kernel audit's profiler costs a call.
     # The judge never passes it; the result's kernel_audit then says the audit is off.
     parser.add_argument("--no-kernel-audit", action="store_true")
+    # Diagnostics only, likewise: what the stage-2 seccomp filter costs a call.
+    parser.add_argument("--no-lockdown", action="store_true")
     args = parser.parse_args(argv)
     die_with_parent()
     steady_heap()  # as the judge: timed calls see a heap in its steady state
     faulthandler.enable(file=sys.stderr)
     sock = socket.socket(fileno=args.channel_fd)
-    code = serve(sock, args.backend, audit=not args.no_kernel_audit)
+    code = serve(sock, args.backend, audit=not args.no_kernel_audit,
+                 lockdown_on=not args.no_lockdown)
     sys.stdout.flush()
     sys.stderr.flush()
     # No interpreter shutdown: threads a candidate left behind cannot hold the process up.

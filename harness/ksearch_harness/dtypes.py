@@ -4,6 +4,7 @@ for comparisons, and the poison bit patterns written into outputs before a candi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -72,11 +73,18 @@ _BF16_PARALLEL = 1 << 20
 BF16_NAN = 0x7FC0
 
 
+def contiguous(a: Any, dtype: Any = None) -> np.ndarray:
+    """`a` as a C-contiguous array of its own shape. np.ascontiguousarray alone turns a 0-d
+    array (a scalar input) into shape (1,), which a device tensor of shape () refuses."""
+    arr = np.asarray(a, dtype=dtype)
+    return np.ascontiguousarray(arr).reshape(arr.shape)
+
+
 def _f32_to_bf16_bits(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """float32 values (anything convertible) to bf16 bit patterns, rounding to nearest even;
     every NaN becomes the quiet NaN 0x7FC0. Computed in uint32 pieces, into `out` when given
     (a uint16 array of x's shape)."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = contiguous(x, np.float32)
     if out is None:
         out = np.empty(x.shape, dtype=np.uint16)
     src, dst = x.reshape(-1), out.reshape(-1)
@@ -108,7 +116,7 @@ def bf16_round_into(src: np.ndarray, dst: np.ndarray) -> None:
 
 
 def _bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
-    b = np.ascontiguousarray(b, dtype=np.uint16)
+    b = contiguous(b, np.uint16)
     out = np.empty(b.shape, dtype=np.uint32)
     src, dst = b.reshape(-1), out.reshape(-1)
 

@@ -136,7 +136,7 @@ class TaskCode:
             values = np.asarray(values)
             if values.dtype.kind == "f":
                 values = np.rint(values)
-        return np.ascontiguousarray(dt.encode(values))
+        return dtypes.contiguous(dt.encode(values))
 
     def perturb(self, inputs: Inputs, wl: Workload, seed: int, workload_index: int
                 ) -> Inputs | None:

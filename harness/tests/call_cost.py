@@ -6,8 +6,10 @@ places, interleaved call by call:
   between commands);
 - `no-audit`: an accused process without the kernel audit (its profiler sessions);
 - `unsandboxed`: the same accused program launched as a plain child process (stopped between
-  commands, no sandbox layers, kernel audit on), which tells the sandbox's share from the
-  stop/continue's;
+  commands, none of the launcher's sandbox layers, kernel audit on; the accused still installs
+  its own stage-2 seccomp filter);
+- `bare`: as `unsandboxed`, without the stage-2 filter and the kernel audit: what is left is
+  the stop/continue and the channel;
 - `in-process`: the backend adapter in this process, no channel, no stops.
 
     PYTHONPATH=harness python3 harness/tests/call_cost.py [--backend cuda|cpu] [--mib 16]
@@ -153,6 +155,8 @@ def main() -> None:
                   "no-audit": Remote(AccusedProcess, req, info.artifact, root,
                                      ("--no-kernel-audit",)),
                   "unsandboxed": Remote(Unsandboxed, req, info.artifact, root),
+                  "bare": Remote(Unsandboxed, req, info.artifact, root,
+                                 ("--no-kernel-audit", "--no-lockdown")),
                   "in-process": Local(req, info.artifact)}
         samples: dict[str, list[tuple[int, dict[str, int]]]] = {k: [] for k in places}
         for _ in range(a.calls):

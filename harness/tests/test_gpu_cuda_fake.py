@@ -163,10 +163,12 @@ def _workload(name: str, dtype: str, n: int, held_out: bool = False) -> dict:
             "flops": float(n), "bytes": 4.0 * n}
 
 
-def _evaluate(tmp_path: Path, source: str) -> dict:
+def _evaluate(tmp_path: Path, source: str, scalar: bool = False) -> dict:
+    """`scalar`: the workloads get a 0-d input `alpha` (an entry argument after `x`) that the
+    reference multiplies in, as imported FlashInfer-Bench definitions' scalars are."""
     task = tmp_path / "task"
     task.mkdir(exist_ok=True)
-    (task / "reference.py").write_text(REFERENCE)
+    (task / "reference.py").write_text(SCALAR_REFERENCE if scalar else REFERENCE)
     cand = tmp_path / "candidate.cu"
     cand.write_text(textwrap.dedent(source))
     raw = {
@@ -186,11 +188,17 @@ def _evaluate(tmp_path: Path, source: str) -> dict:
                    "flush_bytes": 1 << 16},
         "timeout_s": 120,
     }
+    args: tuple[str, ...] = ("x", "y", "n")
+    if scalar:
+        args = ("x", "alpha", "y", "n")
+        for wl in raw["workloads"]:
+            wl["inputs"].append({"name": "alpha", "dtype": wl["params"]["dtype"], "shape": [],
+                                 "dist": {"kind": "uniform", "low": 1.0, "high": 2.0}})
     req = parse_request(raw, "evaluate")
     # protocol.py still insists on a plain identifier; the adapters resolve `{dtype}` per
     # workload (docs/backends.md lists the protocol change this needs).
     req = dataclasses.replace(req, task=dataclasses.replace(
-        req.task, entry=Entry("scale_{dtype}", ("x", "y", "n"))))
+        req.task, entry=Entry("scale_{dtype}", args)))
     return worker.execute(req, roofline_override=(1e15, 1e18))
 
 
@@ -213,6 +221,53 @@ def test_honest_candidate_passes_with_dtype_resolved_per_workload(tmp_path, torc
     # Every untimed call in the accused was followed by a device-wide synchronize (the stream
     # check).
     assert accused_syncs(capfd) > 2 * 2 * 3
+
+
+SCALAR_REFERENCE = '''
+import numpy as np
+
+
+def reference(inputs, params):
+    assert np.shape(inputs["alpha"]) == (), np.shape(inputs["alpha"])
+    return {"y": np.asarray(inputs["x"], dtype=np.float64) * np.float64(inputs["alpha"])}
+
+
+def reference_torch(inputs, params):
+    from ksearch_harness.adapters import device
+    if not device.timed():
+        return reference(inputs, params)
+    t = device.torch_inputs(inputs, params)
+    return {"y": device.host(t["x"].float() * t["alpha"].float())}
+
+
+def baseline_torch(inputs, params):
+    from ksearch_harness.adapters import device
+    t = device.torch_inputs(inputs, params)
+    return {"y": device.host(t["x"] * t["alpha"])}
+'''
+
+SCALED = HEAD + """
+extern "C" int scale_f16(const void* x, const void* a, void* y, int64_t n, void* stream) {
+  float alpha = __half2float(*(const __half*)a);
+  for (int64_t i = 0; i < n; ++i)
+    ((__half*)y)[i] = __float2half(alpha * __half2float(((const __half*)x)[i]));
+  return 0;
+}
+extern "C" int scale_f32(const void* x, const void* a, void* y, int64_t n, void* stream) {
+  for (int64_t i = 0; i < n; ++i) ((float*)y)[i] = *(const float*)a * ((const float*)x)[i];
+  return 0;
+}
+"""
+
+
+def test_a_scalar_input_keeps_its_shape_on_the_device(tmp_path, torch):
+    """A 0-d input travels as a 0-d device tensor, in correctness and in the timed reference
+    and baseline calls (np.ascontiguousarray alone made it shape (1,), which torch's copy_
+    into a 0-d tensor refuses)."""
+    r = _evaluate(tmp_path, SCALED, scalar=True)
+    assert r["status"] == "passed", (r["status"], r["message"])
+    timed = [w for w in r["workloads"] if not w.get("held_out")]
+    assert timed and all(w["baseline_ns"] and w["reference_ns"] for w in timed)
 
 
 def test_error_codes_are_runtime_errors(tmp_path, torch):

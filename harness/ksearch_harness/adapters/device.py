@@ -160,7 +160,7 @@ def _dtype_name(x: np.ndarray, params: dict[str, Any]) -> str:
 
 
 def _encode(x: np.ndarray, params: dict[str, Any]) -> np.ndarray:
-    return np.ascontiguousarray(dtypes.get(_dtype_name(x, params)).encode(x))
+    return dtypes.contiguous(dtypes.get(_dtype_name(x, params)).encode(x))
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ def torch_upload(t, stored: np.ndarray) -> None:
     is complete for the host when this returns, so `stored` may be reused."""
     import torch
     width = stored.dtype.itemsize
-    src = torch.from_numpy(np.ascontiguousarray(stored).view(_BITS[width]))
+    src = torch.from_numpy(dtypes.contiguous(stored).view(_BITS[width]))
     t.view(torch_bits_dtype(width)).copy_(src)
 
 
@@ -365,7 +365,7 @@ class DeviceAdapter(Adapter):
                 out[name] = up.device
                 self._pending.append((name, x, up))
             else:
-                out[name] = self._fresh(np.ascontiguousarray(dtypes.get(spec.dtype).encode(x)),
+                out[name] = self._fresh(dtypes.contiguous(dtypes.get(spec.dtype).encode(x)),
                                         spec)
         return out
 

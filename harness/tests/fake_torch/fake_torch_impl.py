@@ -43,7 +43,12 @@ class FakeTorch(types.ModuleType):
                 return Tensor(self.a.view(dtype.np), dtype)
 
             def copy_(self, src):
-                np.copyto(self.a, src.a.reshape(self.a.shape))
+                # As torch: `src` broadcasts to this tensor's shape, never the other way.
+                shape = np.broadcast_shapes(self.a.shape, src.a.shape)
+                if shape != self.a.shape:
+                    raise RuntimeError(f"output with shape {list(self.a.shape)} doesn't match "
+                                       f"the broadcast shape {list(shape)}")
+                np.copyto(self.a, np.broadcast_to(src.a, self.a.shape))
                 return self
 
             def data_ptr(self):
@@ -77,7 +82,9 @@ class FakeTorch(types.ModuleType):
                 return Tensor(np.asarray(values, dtype=np.float32), torch.float32)
 
             def __mul__(self, k):
-                return Tensor(self.a * np.float32(k), self.dtype)
+                # As torch: a product with a tensor broadcasts (a 0-d one is a scalar).
+                other = k.a if isinstance(k, Tensor) else np.float32(k)
+                return Tensor((self.a * other).astype(self.a.dtype), self.dtype)
 
         Tensor.__module__ = "torch"
         self.Tensor = Tensor
