@@ -32,6 +32,7 @@ from .arena import Layout
 from .protocol import (BuildError, Incorrect, Measured, Request, ResultBuilder,
                        StaticCheckFailed, TaskError, Tolerance, Violation, Workload)
 from .dtypes import same_bytes
+from .yardstick import anchor as anchor_of
 from .task_code import (AUDIT, ORDER, PRIME, PROBE, TIMING, TRIAL, WARMUP, Inputs, TaskCode,
                         derive_seed)
 
@@ -1097,8 +1098,13 @@ class Evaluation:
             order_rng = np.random.default_rng(order_seed)
             seeds_used: list[int] = []
             self.seeds["timing_seeds"][wl.name] = seeds_used
-            contenders = ["candidate", "reference"]
-            if task.baseline_fn is not None and self._yardstick_for(wl) is None:
+            # The candidate is timed paired with its anchor (yardstick.anchor); the reference
+            # is timed too where the baseline is not the anchor and no yardstick converts it.
+            # A reference that is not timed still runs in every repetition, for the outputs
+            # the timed call is checked against.
+            contenders = ["candidate", self.anchor]
+            if (task.baseline_fn is not None and self.anchor == "reference"
+                    and self._yardstick_for(wl) is None):
                 contenders.append("baseline")
             samples: dict[str, list[int]] = {c: [] for c in contenders}
             primes: dict[str, list[int]] = {c: [] for c in contenders}
@@ -1175,6 +1181,8 @@ class Evaluation:
                         self._flush()
                         with self.phase("timed_calls"):
                             times[c], _ = a.time_call(lambda: task.call_baseline(base_in, wl))
+                if "reference" not in contenders:
+                    truth = self._untimed_reference(inputs, wl)
                 label = f"timed call {'warm-up ' if warming else ''}{index} of `{wl.name}`"
                 self._recheck(bench, inputs, snap, truth, prev_truth, label, busy)
                 prev_truth = truth
@@ -1196,6 +1204,23 @@ class Evaluation:
             self._audit_after_timing(wl, wi, bench)
             self._log_slow("timing", wl, since)
         return total_all
+
+    @property
+    def anchor(self) -> str:
+        """What the candidate's timed calls are paired with (yardstick.anchor)."""
+        return anchor_of(self.task, self.adapter)
+
+    def _untimed_reference(self, inputs: Inputs, wl: Workload) -> dict[str, np.ndarray]:
+        """The reference's outputs for `inputs`, computed the way its timed calls compute them
+        (on the device, from the judge's device copies) but not timed."""
+        a, task = self.adapter, self.task
+        assert a is not None
+        with self.phase("reference"):
+            args = inputs.for_reference()
+            a.expect_reference_inputs(args, wl.params)
+            raw = a.timed_region(lambda: task.call_reference(args, wl))
+            a.verify_reference_inputs()
+            return task.check_outputs(raw, wl, "reference")
 
     @staticmethod
     def _precise(samples: dict[str, list[int]], precision: float) -> bool:
@@ -1272,42 +1297,58 @@ class Evaluation:
         r = self.results[wl.name]
         if any(primes.values()):
             r["prime_ns"] = {c: v for c, v in primes.items() if v}
-        cand, ref = stats(samples["candidate"]), stats(samples["reference"])
+        anchor = self.anchor
+        ref_samples = samples.get("reference", [])
+        cand, ref = stats(samples["candidate"]), stats(ref_samples)
         base = stats(samples.get("baseline", []))
         floor_ns, ideal_ns = roofline(wl, self.bandwidth, self.peak)
         median = cand["median"]
         cand_iv = intervals.median_interval(samples["candidate"])
         # Speedups are medians of paired ratios: each repetition times the contenders back to
         # back, so what slows the machine for a moment slows both and cancels.
-        vs_ref = intervals.paired_ratios(samples["reference"], samples["candidate"])
+        paired = intervals.paired_ratios(samples[anchor], samples["candidate"])
         r.update({
-            "candidate_ns": samples["candidate"], "reference_ns": samples["reference"],
+            "anchor": anchor,
+            "candidate_ns": samples["candidate"], "reference_ns": ref_samples,
             "baseline_ns": samples.get("baseline", []),
             "candidate_median_ns": median, "candidate_p10_ns": cand["p10"],
             "candidate_p90_ns": cand["p90"],
             "candidate_interval_ns": list(cand_iv) if cand_iv else None,
             "reference_median_ns": ref["median"],
             "baseline_median_ns": base["median"],
-            "speedup_vs_reference": intervals.median(vs_ref),
+            "speedup_vs_reference": intervals.median(paired) if anchor == "reference" else None,
             "floor_ns": floor_ns if floor_ns > 0 else None,
             "roofline_fraction": _ratio(ideal_ns, median) if ideal_ns > 0 else None,
         })
-        interval = intervals.median_interval(vs_ref)
+        interval = intervals.median_interval(paired)
         # How far the ratio moved between consecutive thirds of this evaluation: load that
         # comes and goes hits the candidate's process and the judge unevenly, which the
         # order statistics of one run cannot see.
-        drift_here = intervals.block_spread(intervals.block_medians(vs_ref, EVAL_BLOCKS))
+        drift_here = intervals.block_spread(intervals.block_medians(paired, EVAL_BLOCKS))
         r["ratio_spread"] = drift_here
-        r["ratio_spread_p"] = intervals.drift_p(vs_ref, EVAL_BLOCKS)
+        r["ratio_spread_p"] = intervals.drift_p(paired, EVAL_BLOCKS)
         if interval is not None:
             interval = intervals.product_interval(interval, (1.0, 1.0), drift_here)
+        ys = self._yardstick_for(wl)
+        if anchor == "baseline":
+            # Paired with the baseline itself: the yardstick only says how far the machine
+            # moved (the drift) and converts to the reference, which was not timed here.
+            q = intervals.median(paired)
+            r["speedup_vs_baseline"] = q
+            if ys is not None:
+                r["drift"] = _ratio(base["median"], ys["baseline"].median)
+                r["reference_median_ns"] = ys["reference"].median
+                r["reference_source"] = "yardstick"
+                transfer = ys["baseline_over_reference"].median
+                if q is not None and transfer:
+                    r["speedup_vs_reference"] = q / transfer
+            r["speedup_interval"] = list(interval) if interval else None
+            return
         if self.task.baseline_fn is None:
             r["speedup_interval"] = list(interval) if interval else None
-            ys = self._yardstick_for(wl)
             if ys is not None:
                 r["drift"] = _ratio(ref["median"], ys["reference"].median)
             return
-        ys = self._yardstick_for(wl)
         if ys is None:
             vs_base = intervals.paired_ratios(samples["baseline"], samples["candidate"])
             r["speedup_vs_baseline"] = intervals.median(vs_base)
@@ -1466,7 +1507,7 @@ class Evaluation:
         return list(iv) if iv else None
 
     def drift(self) -> float | None:
-        """Geometric mean over the timed workloads of the reference's median here divided by
+        """Geometric mean over the timed workloads of the anchor's median here divided by
         the yardstick's: how much slower (> 1) or faster the machine ran the same code than
         when the yardstick was measured. `None` without a yardstick."""
         values = [self.results[wl.name].get("drift") for wl in self.req.workloads

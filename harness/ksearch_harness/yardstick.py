@@ -16,11 +16,12 @@ the same flush and clock warm-up as a timed candidate call, until the median's i
 and, for tasks with a baseline, `baseline_over_reference`: the median of the ratio of the two
 timed back to back in each repetition (`median`, `lo`, `hi`, `spread`).
 
-Evaluations given the yardstick (`yardstick` in an evaluate request) time the candidate and the
-reference but not the baseline; their speedup over the baseline is the yardstick's
-baseline/reference ratio times their own paired reference/candidate ratio, so a machine that
-runs slower during the evaluation slows the reference and the candidate alike and the score
-stays put. The reference's median over the yardstick's is reported as the `drift`
+Evaluations given the yardstick (`yardstick` in an evaluate request) time the candidate paired
+with one contender, the `anchor` (function `anchor`): on the cpu the reference, not the
+baseline, and their speedup over the baseline is the yardstick's baseline/reference ratio times
+their own paired reference/candidate ratio, so a machine that runs slower during the evaluation
+slows the reference and the candidate alike and the score stays put; on the GPUs the baseline
+itself, paired directly. The anchor's median over the yardstick's is reported as the `drift`
 (core.Evaluation._record_timing). No candidate
 code runs in this op, and it runs in the judge, so nothing a candidate leaves behind can reach
 the baseline's time.
@@ -54,6 +55,13 @@ POOL = 3
 YARDSTICK_SEEDS = 64
 
 
+def anchor(task: TaskCode, adapter: Any) -> str:
+    """What an evaluation pairs the candidate's timed calls with: `baseline` where the task has
+    one and the backend pairs with it (Adapter.pairs_with_baseline), else `reference`."""
+    return ("baseline" if task.baseline_fn is not None
+            and getattr(adapter, "pairs_with_baseline", False) else "reference")
+
+
 def measure(req: Request, out: ResultBuilder, adapter: Any = None) -> None:
     if req.task is None:
         raise TaskError("yardstick: the request has no task")
@@ -77,6 +85,7 @@ def measure(req: Request, out: ResultBuilder, adapter: Any = None) -> None:
         "version": 1,
         "backend": req.backend,
         "baseline": task.baseline_fn is not None,
+        "anchor": anchor(task, a),
         "secret_seed": req.secret_seed,
         "workloads": workloads,
         "seconds": round(time.monotonic() - started, 3),

@@ -267,7 +267,21 @@ def test_a_scalar_input_keeps_its_shape_on_the_device(tmp_path, torch):
     r = _evaluate(tmp_path, SCALED, scalar=True)
     assert r["status"] == "passed", (r["status"], r["message"])
     timed = [w for w in r["workloads"] if not w.get("held_out")]
-    assert timed and all(w["baseline_ns"] and w["reference_ns"] for w in timed)
+    assert timed and all(w["baseline_ns"] for w in timed)
+
+
+def test_timed_calls_pair_the_candidate_with_the_baseline(tmp_path, torch):
+    """On a GPU backend the candidate's timed calls are paired with the baseline's (the
+    anchor); the reference runs in every repetition for the outputs the timed call is
+    checked against, untimed, and the speedup is the median of the paired ratios."""
+    from ksearch_harness import intervals
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", (r["status"], r["message"])
+    for w in (w for w in r["workloads"] if not w.get("held_out")):
+        assert w["anchor"] == "baseline"
+        assert w["reference_ns"] == [] and len(w["baseline_ns"]) == len(w["candidate_ns"]) >= 3
+        paired = intervals.paired_ratios(w["baseline_ns"], w["candidate_ns"])
+        assert w["speedup_vs_baseline"] == intervals.median(paired)
 
 
 def test_error_codes_are_runtime_errors(tmp_path, torch):

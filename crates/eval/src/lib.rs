@@ -33,4 +33,4 @@ pub use request::{
     default_timeout, device_for, fresh_secret_seed, is_gpu_backend, parse_positive_seconds,
     EvalRequest, TimingPreset, WorkloadSet, DEFAULT_TIMEOUT, DEFAULT_TRIALS, GPU_DEFAULT_TIMEOUT,
 };
-pub use yardstick::Yardstick;
+pub use yardstick::{Anchor, Yardstick};

@@ -118,6 +118,18 @@ pub struct Ratio {
     pub samples: Vec<f64>,
 }
 
+/// What an evaluation pairs a candidate's timed calls with (the harness's `yardstick.anchor`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Anchor {
+    /// The task's reference; the yardstick's baseline/reference ratio converts the paired
+    /// ratio into a score (the cpu backend, and tasks without a baseline).
+    #[default]
+    Reference,
+    /// The baseline itself, paired directly (the GPU backends, for tasks with a baseline).
+    Baseline,
+}
+
 /// The yardstick of one workload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkloadYardstick {
@@ -138,6 +150,10 @@ pub struct Yardstick {
     pub backend: String,
     /// Whether the task has a baseline (else scores divide the reference's time).
     pub baseline: bool,
+    /// What evaluations pair candidates with (absent from yardsticks of older harnesses,
+    /// which paired with the reference).
+    #[serde(default)]
+    pub anchor: Anchor,
     pub workloads: BTreeMap<String, WorkloadYardstick>,
     /// Seconds the op spent timing.
     #[serde(default)]
@@ -176,30 +192,42 @@ impl Yardstick {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
 
-    /// The largest spread between blocks of the baseline/reference ratios: how much the
-    /// conversion every score uses moved while it was measured.
+    /// (spread, spread_p) per workload of what scores rest on: the baseline/reference ratio
+    /// where evaluations pair with the reference (it converts every score), the baseline's
+    /// own times where they pair with the baseline (it is what every evaluation's drift is
+    /// measured against).
+    fn score_basis(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
+        self.workloads.values().filter_map(move |w| match self.anchor {
+            Anchor::Reference => w
+                .baseline_over_reference
+                .as_ref()
+                .map(|r| (r.spread, r.spread_p)),
+            Anchor::Baseline => w.baseline.as_ref().map(|b| (b.spread, b.spread_p)),
+        })
+    }
+
+    /// The largest spread between blocks of what scores rest on ([`Self::score_basis`]): how
+    /// much it moved while it was measured.
     pub fn ratio_spread(&self) -> f64 {
-        self.workloads
-            .values()
-            .filter_map(|w| w.baseline_over_reference.as_ref())
-            .map(|r| r.spread)
-            .fold(0.0, f64::max)
+        self.score_basis().map(|(s, _)| s).fold(0.0, f64::max)
     }
 
-    /// Whether the baseline/reference ratio of some workload drifted while it was measured:
-    /// its blocks spread beyond [`MAX_RATIO_SPREAD`] by more than noise explains.
+    /// Whether what scores rest on drifted for some workload while it was measured: its
+    /// blocks spread beyond [`MAX_RATIO_SPREAD`] by more than noise explains.
     pub fn ratio_drifted(&self) -> bool {
-        self.workloads
-            .values()
-            .filter_map(|w| w.baseline_over_reference.as_ref())
-            .any(|r| r.spread > MAX_RATIO_SPREAD && r.spread_p < DRIFT_P)
+        self.score_basis()
+            .any(|(spread, p)| spread > MAX_RATIO_SPREAD && p < DRIFT_P)
     }
 
-    /// The largest spread between blocks of the reference's times.
+    /// The largest spread between blocks of the anchor's times (the reference's, or the
+    /// baseline's where evaluations pair with it).
     pub fn spread(&self) -> f64 {
         self.workloads
             .values()
-            .map(|w| w.reference.spread)
+            .map(|w| match (self.anchor, &w.baseline) {
+                (Anchor::Baseline, Some(b)) => b.spread,
+                _ => w.reference.spread,
+            })
             .fold(0.0, f64::max)
     }
 
@@ -227,7 +255,7 @@ impl Yardstick {
         result.passed() && (drifted || (wide && moved))
     }
 
-    /// Whether `drift` (an evaluation's reference median over the yardstick's) is beyond
+    /// Whether `drift` (an evaluation's anchor median over the yardstick's) is beyond
     /// [`drift_limit`](Self::drift_limit) either way.
     pub fn drifted(&self, drift: f64) -> bool {
         drift.is_finite() && drift > 0.0 && drift.ln().abs() > (1.0 + self.drift_limit()).ln()
@@ -277,6 +305,33 @@ mod tests {
         assert!((noisy.drift_limit() - MAX_DRIFT_LIMIT).abs() < 1e-12);
         assert!(noisy.drifted(1.3));
         assert_eq!(Yardstick::from_value(y.to_value()).unwrap(), y);
+    }
+
+    #[test]
+    fn a_baseline_anchor_rests_on_the_baselines_own_times() {
+        let mut v = sample().to_value();
+        v["anchor"] = json!("baseline");
+        let mut y = Yardstick::from_value(v).unwrap();
+        assert_eq!(y.anchor, Anchor::Baseline);
+        // The baseline's spreads (0.01, 0.0), not the reference's or the ratio's.
+        assert!((y.spread() - 0.01).abs() < 1e-12);
+        assert!((y.ratio_spread() - 0.01).abs() < 1e-12);
+        assert!((y.drift_limit() - MIN_DRIFT_LIMIT).abs() < 1e-12);
+        // A drifting ratio does not matter to scores paired with the baseline ...
+        let w = y.workloads.get_mut("a").unwrap();
+        let r = w.baseline_over_reference.as_mut().unwrap();
+        r.spread = 0.3;
+        r.spread_p = 0.0;
+        assert!(!y.ratio_drifted());
+        // ... a drifting baseline does.
+        let b = y.workloads.get_mut("a").unwrap().baseline.as_mut().unwrap();
+        b.spread = 0.3;
+        b.spread_p = 0.0;
+        assert!(y.ratio_drifted());
+        // Older yardsticks, without the field, paired with the reference.
+        let mut old = sample().to_value();
+        old.as_object_mut().unwrap().remove("anchor");
+        assert_eq!(Yardstick::from_value(old).unwrap().anchor, Anchor::Reference);
     }
 
     #[test]

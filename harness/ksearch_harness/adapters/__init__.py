@@ -107,6 +107,13 @@ class Adapter(abc.ABC):
 
     # Whether the core calls `prime` before every timed call (see there).
     primes_before_timing = False
+    # What a candidate's timed calls are paired with, for tasks with a baseline: the baseline
+    # itself (True: the GPU backends, whose reference is a naive computation many times slower
+    # and noisier than the candidate, while the baseline is the native operation, of the
+    # candidate's magnitude and reached the same way, so a paired ratio cancels what timing
+    # both shares), or the reference, whose time the yardstick's baseline/reference ratio
+    # converts (False: the cpu backend, where reference and baseline are numpy alike).
+    pairs_with_baseline = False
     # Whether timed reference and baseline calls read device copies of the inputs that the
     # judge uploads with every input set (GPU backends; see adapters/device.py).
     stages_reference_inputs = False
@@ -123,6 +130,11 @@ class Adapter(abc.ABC):
         (adapters/mlx.py). Returns the call's duration in ns."""
         ns, _ = self.time_call(fn)
         return ns
+
+    def timed_region(self, fn: Callable[[], Any]) -> Any:
+        """Runs `fn` as the inside of a timed call (device backends let task code take its
+        timed path there: adapters/device.py)."""
+        return fn()
 
     def now_ns(self) -> int:
         return time.perf_counter_ns()

@@ -295,6 +295,7 @@ class DeviceAdapter(Adapter):
     baseline calls read the harness's device copies, and the hooks for it."""
 
     stages_reference_inputs = True
+    pairs_with_baseline = True
 
     def __init__(self, request: Request):
         super().__init__(request)
