@@ -14,12 +14,14 @@ Timing: `warmup` untimed rounds, then `reps` timed rounds; a round makes one cal
 contender, each after a cache flush, in an order that rotates from round to round (so clock and
 per-call drift lands on all of them alike). Per contender the samples, their median and
 10th/90th percentiles are reported (ns).
-- kernel: the adapter's `time_call` (cuda: CUDA events on the harness stream around the call;
-  mlx: wall clock around the call, `mx.eval` and `mx.synchronize()`);
+- kernel: the adapter's `time_call` (cuda: the longer of the device's time, CUDA events on the
+  harness stream behind a stream hold, and the host time of the call itself; mlx: wall clock
+  around the call, `mx.eval` and `mx.synchronize()`);
 - a native of the request's backend (sdpa on cuda, mlx on mlx): the same adapter's
-  `time_call` after its flush, as an evaluation times the task's baseline (on cuda behind a
-  stream hold, so the events see the device's time and not PyTorch's dispatch, which bare
-  events would add: docs/results/scores/README.md, run 9);
+  `time_call` after its flush, as an evaluation times the task's baseline (on cuda the same
+  rule as the kernel's: the hold keeps PyTorch's dispatch out of the events, which bare events
+  would add, docs/results/scores/README.md, run 9, and the dispatch counts only where it
+  outlasts the device's work);
 - a native of another backend: sdpa: CUDA events on the current stream; the flush writes
   max(2 x L2, flush_bytes); mlx: wall clock around the call, `mx.eval` and `mx.synchronize()`;
   the flush is an MLX add over flush_bytes.
@@ -268,8 +270,8 @@ class Bench:
             raise BuildError(e.message) from None
         out.data["environment"].setdefault("gpu", _gpu_name())
         out.data["settings"]["kernel_timing"] = (
-            "CUDA events on the harness stream behind a stream hold (device time), L2 flush "
-            "before each call"
+            "the longer of the device time (CUDA events on the harness stream behind a stream "
+            "hold) and the call's own host time, L2 flush before each call"
             if req.backend == "cuda" else
             "wall clock around the call, mx.eval and mx.synchronize, cache flush before each call")
         natives = self._natives()

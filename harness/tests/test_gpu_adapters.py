@@ -383,37 +383,49 @@ class _DeviceClock:
 
 def test_timed_cuda_calls_hold_the_stream_while_the_host_enqueues(monkeypatch):
     """The start event waits behind a busy kernel long enough for the enqueue, so the host's
-    launch overhead stays out of the device time; a candidate's call still counts at least its
-    enqueue time (host work hidden behind the hold), the task's own calls their device time."""
+    launch overhead stays out of the device time; every contender's call counts the longer of
+    its device time and its own host time (host work hidden behind the hold), the harness's
+    own work in the timed region (the hold's launch, input lookups) not included."""
     clock = _DeviceClock(monkeypatch)
     a = cuda.CudaAdapter(_request("cuda"))
     monkeypatch.setattr(a, "_torch_mod", lambda: clock)
     monkeypatch.setattr(a, "_device_sync", lambda when: None)
     monkeypatch.setattr(a, "verify_reference_inputs", lambda: None)
+    monkeypatch.setattr(a, "_check_escape", lambda *args: None)
     a._stream = object()
     a._events = (clock.cuda.Event(), clock.cuda.Event())
     a._hold_ns = cuda.HOLD_MARGIN_NS
     a._cycles_per_ns = 1.0
     # The first call's enqueue (300 us) outlasts the initial hold: the device idled after the
-    # start event and the host's time leaked in. The hold grows from what it saw.
+    # start event. The hold grows from what it saw.
     first, _ = a.time_call(clock.launch(host_ns=300_000, device_ns=100_000))
-    assert first > 100_000
+    assert first >= 300_000
     assert a._hold_ns == int(cuda.HOLD_FACTOR * 300_000) + cuda.HOLD_MARGIN_NS
+    assert clock.sleeps[-1] < a._hold_ns
+    # Behind the grown hold, a call queued in 50 us counts its 100 us on the device ...
     for _ in range(3):
-        ns, _ = a.time_call(clock.launch(host_ns=300_000, device_ns=100_000))
-        assert ns == 100_000  # the device's time only
+        ns, _ = a.time_call(clock.launch(host_ns=50_000, device_ns=100_000))
+        assert ns == 100_000
     assert clock.sleeps[-1] == a._hold_ns
-    # A candidate whose call does 2 ms of host work and queues 10 us counts the 2 ms.
-    cheat = clock.launch(host_ns=2_000_000, device_ns=10_000)
-    cheat.ksearch_candidate = True
-    monkeypatch.setattr(a, "_check_escape", lambda *args: None)
-    ns, _ = a.time_call(cheat)
-    assert ns >= 2_000_000
-    # The same call as the task's own code counts its device time.
-    plain = clock.launch(host_ns=2_000_000, device_ns=10_000)
-    a._hold_ns = cuda.HOLD_MAX_NS
-    ns, _ = a.time_call(plain)
-    assert ns == 10_000
+    # ... and one whose enqueue outlasts its device work counts the enqueue, whoever makes it:
+    # a candidate doing 2 ms of host work to queue 10 us, or the task's baseline.
+    for candidate in (True, False):
+        slow = clock.launch(host_ns=2_000_000, device_ns=10_000)
+        if candidate:
+            slow.ksearch_candidate = True
+        a._hold_ns = cuda.HOLD_MAX_NS
+        ns, _ = a.time_call(slow)
+        assert ns == 2_000_000
+    # The harness's input lookups inside the task's call are not the task's: 200 us of lookup
+    # and 10 us of dispatch before 100 us on the device count 100 us.
+    dispatch = clock.launch(host_ns=10_000, device_ns=100_000)
+
+    def baseline():
+        clock.host += 200_000
+        a.helper_ns += 200_000
+        dispatch()
+    ns, _ = a.time_call(baseline)
+    assert ns == 100_000
     # The harness's own launches are not the candidate's: with a hold launch that takes
     # 150 us of host time (a profiler attached), a 100 us kernel queued in 10 us counts 100 us.
     clock.sleep_launch_ns = 150_000
