@@ -147,8 +147,18 @@ class TimedCall:
     reported_ns: int  # what the accused said
     window_ns: int  # the judge's clock around the round trip
     # What the accused says its figure was made of (cuda: `device_ns`, the events' time, and
-    # `host_ns`, the call's own host time; the figure is the longer). Diagnostics only.
+    # `host_ns`, the call's own host time; the figure is the longer); the judge charges the
+    # candidate from them (adapters.cuda.charged_ns).
     parts: dict[str, int] | None = None
+    # The judge's window bound (the window less a recent round trip): no less is charged.
+    floor_ns: int = 0
+
+    def charged(self, allowance_ns: int | None) -> int:
+        """What counts, given the anchor's host time in the same repetition
+        (adapters.charged_ns); `counted_ns` where the parts or the allowance are missing."""
+        from .adapters import charged_ns
+        ns = charged_ns(self.parts, allowance_ns, self.floor_ns)
+        return self.counted_ns if ns is None else min(ns, max(self.window_ns, 1))
 
 
 def lingered_enough(lingering: int, watched: int) -> bool:
@@ -412,19 +422,20 @@ class AccusedProcess:
             self.kill()
             raise Violation("result_channel", "the candidate's process answered a timed call "
                             "without a duration")
-        counted = reported
+        counted, floor = reported, 0
         if op != "noop" and self.handshake.samples_ns:
             # The accused's figure cannot be shorter than what the judge saw minus what a
             # round trip costs, nor longer than the window itself.
             recent = self.handshake.recent()
-            counted = max(reported, window - int(recent.p95) - TIMER_SLACK_NS)
+            floor = min(max(window - int(recent.p95) - TIMER_SLACK_NS, 0), window)
+            counted = max(reported, floor)
         counted = min(counted, window)
         parts = reply.get("parts")
         if not (isinstance(parts, dict) and len(parts) <= 4
                 and all(isinstance(k, str) and type(v) is int for k, v in parts.items())):
             parts = None
         return TimedCall(counted_ns=max(counted, 1), reported_ns=reported, window_ns=window,
-                         parts=parts)
+                         parts=parts, floor_ns=floor)
 
     def call(self, slot: int, heap_byte: int, audit: bool = False) -> dict[str, Any]:
         """One untimed call; the accused keeps running afterwards (settle() stops it). With

@@ -323,14 +323,26 @@ pub fn yardstick_intro(req: &crate::EvalRequest) -> String {
     )
 }
 
-/// What `ksearch eval` says once the yardstick is measured: its time and how steady it was.
+/// What `ksearch eval` says once the yardstick is measured: its time and how steady it was
+/// (the anchor's times, and where scores are converted through it, the baseline/reference
+/// ratio).
 pub fn yardstick_measured(y: &crate::Yardstick) -> String {
+    let anchor = match y.anchor {
+        crate::Anchor::Reference => "reference",
+        crate::Anchor::Baseline => "baseline",
+    };
+    let ratio = match y.anchor {
+        crate::Anchor::Reference if y.baseline => format!(
+            " and the baseline/reference ratio ±{:.1}%",
+            y.ratio_spread() * 100.0
+        ),
+        _ => String::new(),
+    };
     format!(
-        "ksearch: yardstick measured in {:.1} s; between its blocks the reference moved \
-         ±{:.1}% and the baseline/reference ratio ±{:.1}%",
+        "ksearch: yardstick measured in {:.1} s; between its blocks the {anchor} (what \
+         evaluations pair candidates with) moved ±{:.1}%{ratio}",
         y.seconds,
         y.spread() * 100.0,
-        y.ratio_spread() * 100.0
     )
 }
 

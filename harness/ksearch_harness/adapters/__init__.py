@@ -46,6 +46,18 @@ class BuildFailed(Exception):
         self.info = info
 
 
+def charged_ns(parts: dict[str, int] | None, allowance_ns: int | None, floor_ns: int = 0
+               ) -> int | None:
+    """What a candidate's timed call is charged, from its `parts` (device_ns, host_ns): its
+    device time, or its host time beyond `allowance_ns` (its anchor's host time in the same
+    repetition) where that is longer, and never less than `floor_ns` (the judge's window
+    bound). None without both parts or an allowance: the reported figure stands."""
+    if not parts or allowance_ns is None or "device_ns" not in parts or "host_ns" not in parts:
+        return None
+    return max(int(parts["device_ns"]), int(parts["host_ns"]) - int(allowance_ns),
+               int(floor_ns), 1)
+
+
 class Adapter(abc.ABC):
     """One backend. The core calls, in order: build, load, then alloc/upload/bind/time_call/
     to_host as often as it likes."""
@@ -105,6 +117,9 @@ class Adapter(abc.ABC):
         lets the backend find their device copies then without work inside the timed region.
         No-op except on the GPU backends (DeviceAdapter)."""
 
+    # What the last time_call was made of, where the backend knows (cuda: `device_ns` and
+    # `host_ns`; see charged_ns); None elsewhere.
+    last_parts: dict[str, int] | None = None
     # Whether the core calls `prime` before every timed call (see there).
     primes_before_timing = False
     # What a candidate's timed calls are paired with, for tasks with a baseline: the baseline
