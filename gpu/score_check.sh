@@ -18,7 +18,7 @@
 # "eval bench copy"): a call that cannot fit all three in its 600 s runs them in two calls
 # (STEPS="eval", then STEPS="bench copy" with EVAL_JSON pointing at the first call's eval.json,
 # carried back as an untracked file, so the summary has both). Results in $OUT: eval.json,
-# bench.json, copy.json, summary.txt, log.txt.
+# bench.json, copy.json (eval.json and copy.json as JSON lines), summary.txt, log.txt.
 set -uo pipefail
 
 BACKEND=${BACKEND:?set BACKEND=cuda or BACKEND=mlx}
@@ -39,7 +39,7 @@ if step eval; then
     started=$SECONDS
     copies=()
     for _ in $(seq "${EVALS:-5}"); do copies+=("$F"); done
-    "$KS" eval --task attention --backend "$BACKEND" --json "${copies[@]}" > "$OUT/eval.json"
+    "$KS" eval --task attention --backend "$BACKEND" --json-lines "${copies[@]}" > "$OUT/eval.json"
     echo "${EVALS:-5} evaluations took $((SECONDS - started)) s"
 elif [ -n "${EVAL_JSON:-}" ]; then
     cp "$EVAL_JSON" "$OUT/eval.json"
@@ -51,7 +51,7 @@ if step bench; then
 fi
 if step copy; then
     started=$SECONDS
-    "$KS" eval --task copy --backend "$BACKEND" --json "$COPY" "$COPY" "$COPY" > "$OUT/copy.json"
+    "$KS" eval --task copy --backend "$BACKEND" --json-lines "$COPY" "$COPY" "$COPY" > "$OUT/copy.json"
     echo "copy calibration took $((SECONDS - started)) s"
 fi
 
@@ -61,8 +61,14 @@ out, backend = sys.argv[1], sys.argv[2]
 native = {"cuda": "sdpa", "mlx": "mlx"}[backend]
 
 def evals(name):
+    """A JSON document, or JSON lines (`ksearch eval --json-lines`: what finished before a
+    call ran out of time)."""
     try:
-        return json.load(open(f"{out}/{name}"))
+        text = open(f"{out}/{name}").read()
+        try:
+            return json.loads(text)
+        except ValueError:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
     except (OSError, ValueError) as e:
         print(f"{name}: unreadable ({e})")
         return []

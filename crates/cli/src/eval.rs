@@ -9,6 +9,7 @@ use ksearch_eval::{
     EvaluatorConfig, TimingPreset, WorkloadSet, Yardstick,
 };
 use serde_json::json;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -39,8 +40,13 @@ pub struct EvalArgs {
     timing: TimingPreset,
 
     /// Print the full results as JSON (raw samples, seeds, environment) instead of tables.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "json_lines")]
     json: bool,
+
+    /// As --json, but one line per file, each printed as soon as its evaluation ends: a run
+    /// that is stopped keeps what it finished.
+    #[arg(long)]
+    json_lines: bool,
 
     /// Time the baseline inside each evaluation instead of scoring every file against one
     /// yardstick measured first (docs/search.md, "Scores").
@@ -105,30 +111,38 @@ pub fn run(args: &EvalArgs, quiet: bool) -> Result<u8> {
                 None => evaluator.evaluate(&req),
             }
         });
-        match outcome {
+        let item = match outcome {
             Ok(result) => {
-                if !args.json {
+                if !(args.json || args.json_lines) {
                     println!("{}", render_result(&label, &result));
                 }
-                json_items.push(json!({
+                let item = json!({
                     "file": label, "task": task.name(), "backend": args.backend,
                     "held_out": args.held_out, "result": result, "yardstick": yardstick,
-                }));
+                });
                 results.push((label, result));
+                item
             }
             Err(e) => {
                 setup_failed = true;
                 eprintln!("error: {label}: {e}");
-                json_items.push(json!({
+                json!({
                     "file": label, "task": task.name(), "backend": args.backend,
                     "error": e.to_string(),
-                }));
+                })
             }
+        };
+        if args.json_lines {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{}", serde_json::to_string(&item)?)?;
+            out.flush()?;
+        } else {
+            json_items.push(item);
         }
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&json_items)?);
-    } else if args.files.len() > 1 {
+    } else if !args.json_lines && args.files.len() > 1 {
         let rows: Vec<(String, &EvalResult)> =
             results.iter().map(|(l, r)| (l.clone(), r)).collect();
         print!("{}", render_summary(&rows));

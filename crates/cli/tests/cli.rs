@@ -237,6 +237,38 @@ fn a_failing_candidate_does_not_stop_the_others_and_json_has_everything() {
     assert!(seed["wall_seconds"].as_f64().unwrap() > 0.0);
 }
 
+/// `--json-lines` prints each file's result as soon as its evaluation ends: the first line is
+/// there while the second file is still being evaluated, and a stopped eval keeps it.
+#[test]
+fn json_lines_keep_what_a_stopped_eval_finished() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let broken = candidate(
+        dir.path(),
+        "broken.c",
+        "#include <stdint.h>\nvoid softmax_f32(const float* x, float* y, int64_t rows, int64_t cols) {\n    this is not C;\n}\n",
+    );
+    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("ksearch"));
+    common::configure(&mut cmd);
+    let mut child = cmd
+        .args(["eval", "--task", "softmax", "--timing", "quick", "--json-lines"])
+        .arg(&broken)
+        .args([SOFTMAX_SEED; 3])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    // Stopped with three evaluations to go: the finished one is already out.
+    let still_running = child.try_wait().unwrap().is_none();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(still_running);
+    assert_eq!(first["result"]["status"], "build_error", "{first:#}");
+    assert!(first["file"].as_str().unwrap().ends_with("broken.c"));
+}
+
 /// One kernel evaluated five times in one `ksearch eval`: all five are scored against the same
 /// yardstick, and every score lies inside every other's reported interval.
 #[test]
