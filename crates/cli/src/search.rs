@@ -265,7 +265,11 @@ pub fn compare(args: &CompareArgs, quiet: bool) -> Result<u8> {
         runs_dir: &args.run.runs_dir,
         sandbox: args.run.sandbox.mode,
     };
-    let say = |line: &str| (!quiet).then(|| eprintln!("{line}")).unwrap_or_default();
+    let say = |line: &str| {
+        if !quiet {
+            eprintln!("{line}");
+        }
+    };
     let records = compare::run(&spec, &interrupt::on_signals(), &say)?;
     let rows = compare::summarize(&records, &args.strategies);
     if args.run.json {
