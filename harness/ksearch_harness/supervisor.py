@@ -83,6 +83,220 @@ def serve(op: str, result_fd: int) -> int:
     return 0
 
 
+# Ops a persistent judge serves (`serve_loop`): those that time on the device, whose judge
+# gains from keeping its imports, device context and caches between requests.
+SERVED_OPS = ("evaluate", "yardstick")
+
+
+def serve_loop(result_fd: int) -> int:
+    """The persistent judge (`python -m ksearch_harness serve`): one request per line on stdin,
+    one result line per request on the result fd, in order. Each request runs in a long-lived
+    worker, forked at the first request, which keeps its imports (numpy, torch, mlx), its
+    device context and its caches from one request to the next; the candidates still run in
+    an accused process of their own per evaluation. A worker that outlives a request's
+    `timeout_s` is killed with its descendants (a `timeout` result), one that dies gives a
+    `runtime_error`; either way the next request gets a fresh worker. The loop ends when stdin
+    closes."""
+    try:
+        channel = ResultChannel.claim(result_fd)
+    except OSError as e:
+        print(f"ksearch_harness: --result-fd {result_fd} is not open: {e}", file=sys.stderr)
+        return 2
+    stdin = os.fdopen(os.dup(0), "rb")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # the worker inherits /dev/null, never the request stream
+    os.close(null)
+    worker: _Worker | None = None
+    while True:
+        line = stdin.readline()
+        if not line:
+            break
+        if not line.strip():
+            continue
+        nonce, op, log_path, temp_log = None, "evaluate", None, False
+        try:
+            obj = protocol.decode_request(line)
+            nonce = protocol.request_nonce(obj)
+            op = str(obj.get("op"))
+            if op not in SERVED_OPS:
+                raise TaskError(f"op `{op}` is not served by a persistent judge "
+                                f"(only {', '.join(SERVED_OPS)})")
+            req = protocol.parse_request(obj, op)
+            log_path, temp_log = _log_path(req)
+            protocol.redirect_output(log_path)
+            if worker is None or not worker.alive():
+                worker = _Worker.fork()
+            result = worker.run(req, obj, log_path)
+            if not worker.alive():
+                worker = None
+        except HarnessError as e:
+            if log_path is None:
+                log_path, temp_log = _temp_log(), True
+                protocol.redirect_output(log_path)
+            result = protocol.error_result(op, nonce, e)
+        except Exception as e:  # noqa: BLE001 - a result must always be sent
+            result = protocol.error_result(op, nonce, CandidateRuntimeError(
+                f"harness failure: {type(e).__name__}: {e}"))
+        result["log_tail"] = protocol.log_tail(log_path)
+        if worker is not None:
+            result.setdefault("environment", {})["judge"] = worker.describe()
+        if temp_log and log_path:
+            try:
+                os.unlink(log_path)
+            except OSError:
+                pass
+        try:
+            channel.send(protocol.encode_result(result))
+        except OSError as e:
+            print(f"ksearch_harness: cannot write the result: {e}", file=sys.stderr)
+            return 2
+    if worker is not None:
+        worker.stop()
+    channel.close()
+    return 0
+
+
+class _Worker:
+    """The persistent judge's long-lived worker: requests in through one pipe (one JSON line
+    each), results out through another (one line each)."""
+
+    def __init__(self, pid: int, to_worker: int, from_worker: int):
+        self.pid, self.to_worker, self.from_worker = pid, to_worker, from_worker
+        self.served = 0
+        self.dead = False
+        self._buf = bytearray()
+
+    @classmethod
+    def fork(cls) -> "_Worker":
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # worker
+            try:
+                os.close(req_w)
+                os.close(res_r)
+                rfd, wfd = protocol.move_fd_high(req_r), protocol.move_fd_high(res_w)
+                lo, hi = min(rfd, wfd), max(rfd, wfd)
+                os.closerange(3, lo)
+                os.closerange(lo + 1, hi)
+                os.closerange(hi + 1, _fd_limit())
+                from .worker import child_loop
+                child_loop(rfd, wfd)
+            finally:
+                os._exit(70)
+        os.close(req_r)
+        os.close(res_w)
+        return cls(pid, req_w, res_r)
+
+    def alive(self) -> bool:
+        if self.dead:
+            return False
+        try:
+            done, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            done = self.pid
+        if done:
+            self._close()
+        return not self.dead
+
+    def describe(self) -> dict:
+        return {"pid": self.pid, "served": self.served, "persistent": True}
+
+    def run(self, req: Request, obj: dict, log_path: str) -> dict:
+        deadline = time.monotonic() + req.timeout_s
+        message = protocol.encode_result({"request": obj, "log": log_path})
+        try:
+            view = memoryview(message)
+            while view:
+                view = view[os.write(self.to_worker, view):]
+        except OSError:
+            self.kill()
+            return protocol.error_result(req.op, req.nonce, CandidateRuntimeError(
+                "the judge's worker was gone before the request reached it"))
+        line, status, timed_out = self._read_line(deadline)
+        self.served += 1
+        if timed_out:
+            self.kill()
+            return protocol.error_result(req.op, req.nonce, _Timeout(
+                f"evaluation exceeded timeout_s={req.timeout_s:g}; the worker was killed"))
+        if line is None:
+            self.dead = True
+            self._close()
+            return _judge(req, b"", status)
+        if self._buf:
+            # More than one line for one request: something other than the harness wrote.
+            self.kill()
+            return _judge(req, line + bytes(self._buf), None)
+        return _judge(req, line, None)
+
+    def _read_line(self, deadline: float) -> tuple[bytes | None, int | None, bool]:
+        """The worker's next result line; (None, exit status, False) when it exited first."""
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self._buf[:nl + 1])
+                del self._buf[:nl + 1]
+                return line, None, False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None, None, True
+            ready, _, _ = select.select([self.from_worker], [], [], min(remaining, POLL_S))
+            if ready:
+                chunk = os.read(self.from_worker, 1 << 16)
+                if chunk:
+                    if len(self._buf) < MAX_RESULT_BYTES:
+                        self._buf += chunk
+                    continue
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self._buf += _drain(self.from_worker)
+                nl = self._buf.find(b"\n")
+                if nl >= 0:
+                    continue
+                _kill_group_leftovers()
+                return None, status, False
+
+    def kill(self) -> None:
+        if not self.dead:
+            _kill_tree(self.pid)
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            _kill_group_leftovers()
+        self.dead = True
+        self._close()
+
+    def stop(self) -> None:
+        """Ends the worker: its request pipe closes, and it exits."""
+        if not self.dead:
+            try:
+                os.close(self.to_worker)
+            except OSError:
+                pass
+            self.to_worker = -1
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                done, _ = os.waitpid(self.pid, os.WNOHANG)
+                if done:
+                    break
+                time.sleep(POLL_S)
+            else:
+                _kill_tree(self.pid)
+        self.dead = True
+        self._close()
+
+    def _close(self) -> None:
+        self.dead = True
+        for fd in (self.to_worker, self.from_worker):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.to_worker = self.from_worker = -1
+
+
 def _temp_log() -> str:
     fd, path = tempfile.mkstemp(prefix="ksearch-harness-", suffix=".log")
     os.close(fd)

@@ -70,3 +70,64 @@ def child_main(req: Request, fd: int) -> None:
         # process up or run atexit handlers.
         os._exit(code)
 
+
+
+def child_loop(req_fd: int, res_fd: int) -> None:
+    """Entry point of a persistent judge's worker (supervisor.serve_loop); never returns. Reads
+    one request line at a time ({"request": ..., "log": path}), points fd 1 and 2 at that
+    request's log, runs it and writes its result line; exits when the request pipe closes.
+    What the process imported, its device context and the adapters' caches stay for the next
+    request."""
+    code = 0
+    try:
+        import faulthandler
+        import json
+        from .machine import die_with_parent, flush_c_stdio
+        from .protocol import parse_request, redirect_output
+        die_with_parent()
+        reader = os.fdopen(req_fd, "rb")
+        while True:
+            line = reader.readline()
+            if not line:
+                break
+            msg = json.loads(line)
+            redirect_output(msg["log"])
+            faulthandler.enable(file=sys.stderr)
+            obj = msg["request"]
+            try:
+                req = parse_request(obj, obj["op"])
+                result = execute(req)
+            finally:
+                lost = _forget_device()
+            flush_c_stdio()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            view = memoryview(encode_result(result))
+            try:
+                while view:
+                    view = view[os.write(res_fd, view):]
+            except OSError:
+                code = EXIT_CHANNEL_FAILED
+                break
+            if lost:
+                # This process's own device context is unusable: the next request gets a
+                # fresh worker (the supervisor forks one when this one has exited).
+                break
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        code = 70
+    finally:
+        os._exit(code)
+
+
+def _forget_device() -> bool:
+    """The next request creates its own adapter; the process keeps the device context. Returns
+    whether that context was lost (a CUDA error in the judge's own work is sticky)."""
+    try:
+        from .adapters import device
+        active = device._ACTIVE
+        lost = active is not None and getattr(active, "_dead", None) is not None
+        device.deactivate()
+        return bool(lost)
+    except Exception:  # noqa: BLE001 - no device module state to forget
+        return False

@@ -43,6 +43,10 @@ pub struct EvaluatorConfig {
     /// Stops the harness in flight (its process group killed) when requested; every call
     /// then fails with [`EvalError::Interrupted`].
     pub interrupt: Option<Interrupt>,
+    /// Whether `evaluate` and `yardstick` go to a persistent judge per device (crate::judge)
+    /// instead of a fresh harness process each; default: on unless
+    /// `KSEARCH_PERSISTENT_JUDGE=0`.
+    pub persistent_judge: bool,
 }
 
 /// How strictly the harness confines the process that runs candidate code.
@@ -140,6 +144,7 @@ impl Default for EvaluatorConfig {
             verify_harness: true,
             sandbox: SandboxMode::default(),
             interrupt: None,
+            persistent_judge: crate::judge::enabled(),
         }
     }
 }
@@ -151,11 +156,17 @@ pub struct Evaluator {
     harness_dir: PathBuf,
     work_dir: PathBuf,
     config: EvaluatorConfig,
+    /// The persistent judges, one per device (dropped before the scratch directory).
+    judges: crate::judge::Judges,
     // Held only so the directory lives as long as the evaluator.
     _scratch: Option<tempfile::TempDir>,
     /// Whether repeating unsteady evaluations has paid so far (evaluate_steady).
     repeats: Mutex<RepeatYield>,
 }
+
+/// The ops a persistent judge serves (harness `supervisor.SERVED_OPS`): those that time on the
+/// device, whose judge gains from keeping its imports, device context and caches.
+const SERVED_OPS: [&str; 2] = ["evaluate", "yardstick"];
 
 /// Timing locks, one per device, shared by every evaluator in the process. Two timed runs on
 /// one device compete for its caches, memory bandwidth and clocks, so each would measure the
@@ -220,6 +231,7 @@ impl Evaluator {
             harness_dir,
             work_dir,
             config,
+            judges: crate::judge::Judges::default(),
             _scratch: scratch,
             repeats: Mutex::new(RepeatYield::default()),
         };
@@ -442,13 +454,30 @@ impl Evaluator {
             .map_err(|e| EvalError::Request(format!("cannot encode the request: {e}")))?;
         let span = tracing::info_span!("harness", op, candidate = %req.candidate.path.display());
         let _enter = span.enter();
-        let outcome = self.run_module(
-            harness::HARNESS_MODULE,
-            op,
-            &request,
-            &build_dir,
-            req.timeout,
-        )?;
+        let outcome = if self.config.persistent_judge && SERVED_OPS.contains(&op) {
+            let timeout = req.timeout + self.config.kill_grace;
+            let inv = Invocation {
+                python: &self.python,
+                harness_dir: &self.harness_dir,
+                module: harness::HARNESS_MODULE,
+                op,
+                request: &request,
+                cwd: &self.work_dir,
+                timeout,
+                knobs: &self.config.knobs,
+                tail_bytes: self.config.tail_bytes,
+                interrupt: self.config.interrupt.as_ref(),
+            };
+            self.judges.serve(&req.device_key(), &inv, timeout)?
+        } else {
+            self.run_module(
+                harness::HARNESS_MODULE,
+                op,
+                &request,
+                &build_dir,
+                req.timeout,
+            )?
+        };
         let result = interpret(outcome, &nonce, req.timeout)?;
         tracing::info!(status = %result.status, wall_s = result.wall_seconds, "harness done");
         Ok(result)

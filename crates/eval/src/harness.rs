@@ -48,7 +48,7 @@ pub const KNOB_PREFIX: &str = "KSEARCH_HARNESS_";
 
 /// Upper bound on the result line; a result is a few hundred kilobytes at most, so more means
 /// something other than the harness is writing to the channel.
-const MAX_RESULT_BYTES: usize = 64 << 20;
+pub(crate) const MAX_RESULT_BYTES: usize = 64 << 20;
 
 /// How long to wait for output pipes to drain after the process group is gone. A process that
 /// left the group (`setsid`) could hold them open for ever; we do not wait for it.
@@ -167,39 +167,7 @@ pub fn run(inv: &Invocation<'_>) -> Result<Outcome> {
         return Err(EvalError::Interrupted);
     }
     let (result_read, result_write) = result_pipe()?;
-    let write_raw = result_write.as_raw_fd();
-
-    let mut cmd = Command::new(inv.python);
-    cmd.args(["-m", inv.module, inv.op, "--result-fd"])
-        .arg(RESULT_FD.to_string())
-        .env_clear()
-        .envs(child_env(inv.harness_dir, inv.knobs, std::env::vars_os()))
-        .current_dir(inv.cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls
-    // (dup2, fcntl, prctl) on a descriptor number captured by value.
-    unsafe {
-        cmd.pre_exec(move || {
-            if write_raw == RESULT_FD {
-                // dup2 onto itself would keep close-on-exec set.
-                if libc::fcntl(RESULT_FD, libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(write_raw, RESULT_FD) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // A harness outliving a killed ksearch would go on building and timing beside the
-            // next session; it dies with the thread that started it (which waits for it).
-            #[cfg(any(target_os = "linux", target_os = "android"))]
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    let mut cmd = harness_command(inv, result_write.as_raw_fd());
 
     let started = Instant::now();
     let mut child = cmd.spawn().map_err(|source| EvalError::Spawn {
@@ -311,18 +279,56 @@ pub fn run(inv: &Invocation<'_>) -> Result<Outcome> {
     })
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// The command that starts a harness process for `inv`: `python -m <module> <op> --result-fd 3`
+/// with a scrubbed environment, its own process group, piped stdio, `write_raw` (the result
+/// pipe's write end) on fd 3, and death with the thread that started it.
+pub(crate) fn harness_command(inv: &Invocation<'_>, write_raw: i32) -> Command {
+    let mut cmd = Command::new(inv.python);
+    cmd.args(["-m", inv.module, inv.op, "--result-fd"])
+        .arg(RESULT_FD.to_string())
+        .env_clear()
+        .envs(child_env(inv.harness_dir, inv.knobs, std::env::vars_os()))
+        .current_dir(inv.cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls
+    // (dup2, fcntl, prctl) on a descriptor number captured by value.
+    unsafe {
+        cmd.pre_exec(move || {
+            if write_raw == RESULT_FD {
+                // dup2 onto itself would keep close-on-exec set.
+                if libc::fcntl(RESULT_FD, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(write_raw, RESULT_FD) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // A harness outliving a killed ksearch would go on building and timing beside the
+            // next session; it dies with the thread that started it (which waits for it).
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A reader thread that panicked leaves consistent bytes behind; use them.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
-fn result_pipe() -> Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn result_pipe() -> Result<(OwnedFd, OwnedFd)> {
     Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
-fn result_pipe() -> Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn result_pipe() -> Result<(OwnedFd, OwnedFd)> {
     use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     let (r, w) = nix::unistd::pipe()?;
     fcntl(&r, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
@@ -331,7 +337,7 @@ fn result_pipe() -> Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Blocks until `pid` has exited, leaving it unreaped (`WNOWAIT`).
-fn wait_exited_no_reap(pid: i32) {
+pub(crate) fn wait_exited_no_reap(pid: i32) {
     loop {
         // SAFETY: siginfo_t is plain data; waitid only writes into it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -352,7 +358,7 @@ fn wait_exited_no_reap(pid: i32) {
     }
 }
 
-fn kill_group(pgid: i32) {
+pub(crate) fn kill_group(pgid: i32) {
     match killpg(Pid::from_raw(pgid), Signal::SIGKILL) {
         Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
         // EPERM: a member changed credentials; nothing more we can do from here.
@@ -360,7 +366,7 @@ fn kill_group(pgid: i32) {
     }
 }
 
-fn spawn_tail_reader(
+pub(crate) fn spawn_tail_reader(
     mut src: impl Read + Send + 'static,
     tail: Arc<Mutex<TailBuffer>>,
     done: mpsc::Sender<()>,
@@ -412,6 +418,12 @@ impl TailBuffer {
             data: std::collections::VecDeque::new(),
             dropped: 0,
         }
+    }
+
+    /// Forgets what it holds (a persistent judge's tail starts afresh with each request).
+    pub(crate) fn clear(&mut self) {
+        self.data.clear();
+        self.dropped = 0;
     }
 
     pub(crate) fn push(&mut self, bytes: &[u8]) {

@@ -18,6 +18,7 @@ pub mod evaluator;
 pub mod harness;
 pub mod harness_env;
 pub mod interrupt;
+pub mod judge;
 pub mod mamba_bench;
 pub mod protocol;
 pub mod report;

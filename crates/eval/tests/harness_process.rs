@@ -52,6 +52,9 @@ fn fixture_with(knobs: Vec<(String, String)>, interrupt: Option<Interrupt>) -> F
         verify_harness: true,
         sandbox: Default::default(),
         interrupt,
+        // The fake harness answers one request per process (the one-shot mechanics tested
+        // here); the persistent judge has tests of its own (persistent_judge.rs).
+        persistent_judge: false,
     })
     .unwrap();
     Fixture { evaluator, dir }

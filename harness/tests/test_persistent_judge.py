@@ -1,0 +1,103 @@
+"""The persistent judge (`python -m ksearch_harness serve`): requests one per line on stdin,
+results one per line on the result fd, served by one long-lived worker until a request times
+out or the worker dies, after which the next request gets a fresh one."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+
+import driver
+
+
+class Judge:
+    def __init__(self):
+        self.r, w = os.pipe()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(driver.HARNESS_DIR)] + [p for p in [env.get("PYTHONPATH")] if p])
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ksearch_harness", "serve", "--result-fd", str(w)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(w,), env=env, start_new_session=True, cwd="/")
+        os.close(w)
+        self.buf = bytearray()
+
+    def ask(self, request: dict, timeout: float = 120.0) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            assert left > 0, "no result in time"
+            ready, _, _ = select.select([self.r], [], [], left)
+            if ready:
+                chunk = os.read(self.r, 1 << 16)
+                assert chunk, "the judge closed its result channel"
+                self.buf += chunk
+        nl = self.buf.index(b"\n")
+        line = bytes(self.buf[:nl])
+        del self.buf[:nl + 1]
+        return json.loads(line)
+
+    def close(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        code = self.proc.wait(timeout=30)
+        os.close(self.r)
+        return code
+
+
+def test_one_worker_serves_requests_until_one_times_out():
+    judge = Judge()
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            naive = driver.HONEST / "naive.c"
+            first = judge.ask(driver.softmax_request(naive, d, nonce="a" * 16))
+            assert first["status"] == "passed", first["message"]
+            assert first["nonce"] == "a" * 16
+            j1 = first["environment"]["judge"]
+            assert j1["persistent"] and j1["served"] == 1
+            second = judge.ask(driver.softmax_request(naive, d, op="yardstick", nonce="b" * 16))
+            assert second["status"] == "passed", second["message"]
+            assert second["nonce"] == "b" * 16 and second["yardstick"]["workloads"]
+            assert second["environment"]["judge"] == {**j1, "served": 2}
+            # A request that outlives its limit: the worker is killed, the result says so.
+            late = judge.ask(driver.softmax_request(naive, d, nonce="c" * 16, timeout_s=0.05))
+            assert late["status"] == "timeout", late
+            assert late["nonce"] == "c" * 16
+            # The next request gets a fresh worker.
+            again = judge.ask(driver.softmax_request(naive, d, nonce="d" * 16))
+            assert again["status"] == "passed", again["message"]
+            assert again["environment"]["judge"]["served"] == 1
+            assert again["environment"]["judge"]["pid"] != j1["pid"]
+            # Ops that do not time on a device are not served here.
+            built = judge.ask(driver.softmax_request(naive, d, op="build", nonce="e" * 16))
+            assert built["status"] == "task_error" and "not served" in built["message"]
+            # A malformed line costs its request, not the judge.
+            assert judge.ask({"op": "evaluate"})["status"] == "task_error"
+            last = judge.ask(driver.softmax_request(naive, d, nonce="f" * 16))
+            assert last["status"] == "passed", last["message"]
+    finally:
+        assert judge.close() == 0
+
+
+def test_a_worker_whose_device_context_is_lost_ends_after_its_answer():
+    """worker._forget_device says whether the judge's own device context died (a sticky CUDA
+    error marks the adapter dead), so child_loop ends and the next request gets a new worker."""
+    import types
+
+    from ksearch_harness import worker
+    from ksearch_harness.adapters import device
+    device._ACTIVE = types.SimpleNamespace(_dead="CUDA error: an illegal memory access")
+    assert worker._forget_device() is True and device._ACTIVE is None
+    device._ACTIVE = types.SimpleNamespace(_dead=None)
+    assert worker._forget_device() is False and device._ACTIVE is None
+    assert worker._forget_device() is False
