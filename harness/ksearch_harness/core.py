@@ -24,7 +24,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import adapters, dtypes, intervals, machine, parallel, sanity_cache, static_checks
+from . import (adapters, draw_cache, dtypes, intervals, machine, parallel, sanity_cache,
+               static_checks)
 from .accused_client import (TAMPER_MIN_CALLS, TAMPER_ROUND_TRIP_QUANTILE, AccusedAdapter,
                              AccusedProcess, RemoteCall, Shortfall, report_shortfall)
 from .adapters import Adapter, BuildFailed, BuildInfo
@@ -556,6 +557,7 @@ class Evaluation:
         self.soft_deadline = self.started + SOFT_DEADLINE_FRACTION * req.timeout_s
         self.calls = 0
         self.sanity_cached = False
+        self._task_key: str | None = None
         self.threads_before: set[int] = set()
         self.threads_max = 0
         self.busy_after_return = 0
@@ -682,6 +684,7 @@ class Evaluation:
                 "candidate_calls": self.calls,
                 "lingering_calls": proc.linger_calls if proc else 0,
                 "task_sanity_cached": self.sanity_cached,
+                "draw_cache": draw_cache.stats(),
                 "phase_seconds": self.phase.snapshot()}
 
     def _start_accused(self) -> None:
@@ -750,12 +753,37 @@ class Evaluation:
             return have[-1]
 
     def _make_inputs(self, wl: Workload, seed: int, wi: int) -> Inputs:
+        """The input set of `seed`, drawn here or kept from an earlier evaluation of this
+        process (draw_cache): the same bytes either way."""
         with self.phase("inputs"):
-            return self.task.make_inputs(wl, seed, wi)
+            if self._task_key is None:
+                self._task_key = draw_cache.task_fingerprint(self.req.task)
+            key = (self._task_key, repr(wl), seed, wi)
+            kept = draw_cache.get(("inputs",) + key)
+            if kept is not None:
+                return kept
+            inputs = self.task.make_inputs(wl, seed, wi)
+            inputs.cache_key = key
+            draw_cache.put(("inputs",) + key, inputs, list(inputs.stored.values()))
+            return inputs
 
     def _reference(self, inputs: Inputs, wl: Workload) -> dict[str, np.ndarray]:
+        """The reference's outputs for `inputs` (the host reference), kept with the input set
+        when it came from `_make_inputs`."""
         with self.phase("reference"):
-            return self.task.reference(inputs, wl)
+            return self._kept_truth("truth", inputs, lambda: self.task.reference(inputs, wl))
+
+    @staticmethod
+    def _kept_truth(kind: str, inputs: Inputs, compute: Any) -> dict[str, np.ndarray]:
+        key = getattr(inputs, "cache_key", None)
+        if key is None:
+            return compute()
+        kept = draw_cache.get((kind,) + key)
+        if kept is not None:
+            return kept
+        truth = compute()
+        draw_cache.put((kind,) + key, truth, [np.asarray(v) for v in truth.values()])
+        return truth
 
     def _upload_inputs(self, bench: Bench, inputs: Inputs) -> None:
         with self.phase("upload"):
@@ -1226,12 +1254,15 @@ class Evaluation:
         (on the device, from the judge's device copies) but not timed."""
         a, task = self.adapter, self.task
         assert a is not None
-        with self.phase("reference"):
+        def compute() -> dict[str, np.ndarray]:
             args = inputs.for_reference()
             a.expect_reference_inputs(args, wl.params)
             raw = a.timed_region(lambda: task.call_reference(args, wl))
             a.verify_reference_inputs()
             return task.check_outputs(raw, wl, "reference")
+        with self.phase("reference"):
+            # The device path's truth differs from the host reference's: kept apart.
+            return self._kept_truth("device_truth", inputs, compute)
 
     @staticmethod
     def _precise(samples: dict[str, list[int]], precision: float) -> bool:

@@ -78,6 +78,14 @@ def test_one_worker_serves_requests_until_one_times_out():
             assert again["status"] == "passed", again["message"]
             assert again["environment"]["judge"]["served"] == 1
             assert again["environment"]["judge"]["pid"] != j1["pid"]
+            assert again["diagnostics"]["draw_cache"]["hits"] == 0
+            # The next evaluation in that worker finds its input sets and reference outputs
+            # kept (draw_cache): the same inputs, so the same errors, without drawing them.
+            kept = judge.ask(driver.softmax_request(naive, d, nonce="g" * 16))
+            assert kept["status"] == "passed", kept["message"]
+            assert kept["diagnostics"]["draw_cache"]["hits"] > 0
+            errors = [(w["name"], w["max_abs_err"]) for w in again["workloads"]]
+            assert [(w["name"], w["max_abs_err"]) for w in kept["workloads"]] == errors
             # Ops that do not time on a device are not served here.
             built = judge.ask(driver.softmax_request(naive, d, op="build", nonce="e" * 16))
             assert built["status"] == "task_error" and "not served" in built["message"]
@@ -101,3 +109,26 @@ def test_a_worker_whose_device_context_is_lost_ends_after_its_answer():
     device._ACTIVE = types.SimpleNamespace(_dead=None)
     assert worker._forget_device() is False and device._ACTIVE is None
     assert worker._forget_device() is False
+
+
+def test_the_draw_cache_admits_until_its_budget_is_spent(monkeypatch):
+    import numpy as np
+
+    from ksearch_harness import draw_cache
+    draw_cache.clear()
+    monkeypatch.setenv(draw_cache.ENV, "1")  # 1 MiB
+    a = np.zeros(100_000, dtype=np.float32)  # 400 KB
+    draw_cache.put(("x", 1), {"a": a}, [a])
+    assert draw_cache.get(("x", 1))["a"] is a and not a.flags.writeable
+    b = np.zeros(100_000, dtype=np.float32)
+    draw_cache.put(("x", 2), {"b": b}, [b])
+    c = np.zeros(100_000, dtype=np.float32)
+    draw_cache.put(("x", 3), {"c": c}, [c])  # 1.2 MB: over the budget, not admitted
+    assert draw_cache.get(("x", 2)) is not None and draw_cache.get(("x", 3)) is None
+    assert c.flags.writeable
+    assert draw_cache.stats()["refused"] == 1
+    monkeypatch.setenv(draw_cache.ENV, "0")  # off
+    draw_cache.clear()
+    draw_cache.put(("x", 1), {"a": c}, [c])
+    assert draw_cache.get(("x", 1)) is None
+    draw_cache.clear()

@@ -1,0 +1,101 @@
+"""Input sets and reference outputs kept in the judge from one evaluation to the next.
+
+Every evaluation of a run draws its inputs from the same seeds (derived from the run's secret
+seed and the workload), so the candidates of a run see the same input sets, and the reference's
+outputs for them are the same too. A one-shot harness drew and computed them again for every
+candidate; the persistent judge (supervisor.serve_loop) keeps them in this process, so the
+second and later evaluations of a session skip both. Nothing here is visible to a candidate:
+the accused receives the same bytes either way, and each repetition still gets an input set of
+its own.
+
+Keys: a fingerprint of the task (its request description and the size and modification time of
+every file of its directory), the workload's full description, the seed and the workload's
+index; what kind of value (`inputs`, `truth`). A task edited between two requests gets new keys.
+
+Admission: entries are kept until the budget is spent, then no more are admitted (an LRU
+policy would evict every set before its reuse, since an evaluation walks its sets in the same
+order each time). The budget: `KSEARCH_HARNESS_DRAW_CACHE_MB` (0 turns the cache off), by
+default an eighth of the machine's memory, at most 8 GiB. Kept arrays are made read-only, so
+code that would alter a kept set fails loudly instead of corrupting the next evaluation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+
+ENV = "KSEARCH_HARNESS_DRAW_CACHE_MB"
+DEFAULT_SHARE = 8
+DEFAULT_MAX_BYTES = 8 << 30
+
+_entries: dict[tuple, Any] = {}
+_bytes = 0
+_stats = {"hits": 0, "misses": 0, "refused": 0}
+
+
+def budget_bytes() -> int:
+    raw = os.environ.get(ENV, "").strip()
+    if raw:
+        try:
+            return max(0, int(float(raw) * (1 << 20)))
+        except ValueError:
+            pass
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        ram = 16 << 30
+    return min(DEFAULT_MAX_BYTES, ram // DEFAULT_SHARE)
+
+
+def task_fingerprint(task: Any) -> str:
+    """The task's request description and the size and modification time of each of its
+    files: a task edited between two requests gets new keys."""
+    h = hashlib.sha256(repr(task).encode())
+    root = getattr(task, "dir", None)
+    if root and os.path.isdir(root):
+        for base, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                path = os.path.join(base, name)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                h.update(f"{os.path.relpath(path, root)}\0{st.st_size}\0{st.st_mtime_ns}\0"
+                         .encode())
+    return h.hexdigest()
+
+
+def get(key: tuple) -> Any:
+    value = _entries.get(key)
+    _stats["hits" if value is not None else "misses"] += 1
+    return value
+
+
+def put(key: tuple, value: Any, arrays: list[np.ndarray]) -> None:
+    """Keeps `value` (whose data are `arrays`, made read-only here) while the budget lasts."""
+    global _bytes
+    size = sum(int(a.nbytes) for a in arrays)
+    if key in _entries or _bytes + size > budget_bytes():
+        _stats["refused"] += key not in _entries
+        return
+    for a in arrays:
+        a.flags.writeable = False
+    _entries[key] = value
+    _bytes += size
+
+
+def stats() -> dict[str, int]:
+    """What the cache did in this process so far (for the result's diagnostics)."""
+    return {**_stats, "entries": len(_entries), "bytes": _bytes}
+
+
+def clear() -> None:
+    global _bytes
+    _entries.clear()
+    _bytes = 0
+    for k in _stats:
+        _stats[k] = 0
