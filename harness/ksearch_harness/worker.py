@@ -128,6 +128,29 @@ def _forget_device() -> bool:
         active = device._ACTIVE
         lost = active is not None and getattr(active, "_dead", None) is not None
         device.deactivate()
+        if not lost:
+            _release_device_memory()
         return bool(lost)
     except Exception:  # noqa: BLE001 - no device module state to forget
         return False
+
+
+def _release_device_memory() -> None:
+    """Hands the device memory this judge cached for the finished request back (PyTorch's and
+    MLX's allocators keep freed blocks): the next candidate's process gets the device as a
+    fresh judge would leave it."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - a courtesy, not a check
+            pass
+    mx = sys.modules.get("mlx.core")
+    if mx is not None:
+        clear = getattr(mx, "clear_cache", None)
+        try:
+            if callable(clear):
+                clear()
+        except Exception:  # noqa: BLE001
+            pass
