@@ -763,9 +763,12 @@ class Evaluation:
             if kept is not None:
                 return kept
             inputs = self.task.make_inputs(wl, seed, wi)
-            inputs.cache_key = key
-            draw_cache.put(("inputs",) + key, inputs, list(inputs.stored.values()))
-            return inputs
+            kept = draw_cache.put(("inputs",) + key, inputs.stored,
+                                  lambda copies: Inputs(copies, inputs.specs))
+            if kept is None:
+                return inputs
+            kept.cache_key = key
+            return kept
 
     def _reference(self, inputs: Inputs, wl: Workload) -> dict[str, np.ndarray]:
         """The reference's outputs for `inputs` (the host reference), kept with the input set
@@ -782,8 +785,8 @@ class Evaluation:
         if kept is not None:
             return kept
         truth = compute()
-        draw_cache.put((kind,) + key, truth, [np.asarray(v) for v in truth.values()])
-        return truth
+        kept = draw_cache.put((kind,) + key, truth, lambda copies: copies)
+        return truth if kept is None else kept
 
     def _upload_inputs(self, bench: Bench, inputs: Inputs) -> None:
         with self.phase("upload"):

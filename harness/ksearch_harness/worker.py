@@ -82,9 +82,11 @@ def child_loop(req_fd: int, res_fd: int) -> None:
     try:
         import faulthandler
         import json
+        from . import draw_cache
         from .machine import die_with_parent, flush_c_stdio
         from .protocol import parse_request, redirect_output
         die_with_parent()
+        draw_cache.enable()
         reader = os.fdopen(req_fd, "rb")
         while True:
             line = reader.readline()

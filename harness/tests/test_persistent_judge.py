@@ -112,23 +112,32 @@ def test_a_worker_whose_device_context_is_lost_ends_after_its_answer():
 
 
 def test_the_draw_cache_admits_until_its_budget_is_spent(monkeypatch):
+    """Kept arrays are read-only copies outside the heap; admission stops at the budget; a
+    budget of 0 keeps nothing."""
     import numpy as np
 
     from ksearch_harness import draw_cache
     draw_cache.clear()
     monkeypatch.setenv(draw_cache.ENV, "1")  # 1 MiB
-    a = np.zeros(100_000, dtype=np.float32)  # 400 KB
-    draw_cache.put(("x", 1), {"a": a}, [a])
-    assert draw_cache.get(("x", 1))["a"] is a and not a.flags.writeable
-    b = np.zeros(100_000, dtype=np.float32)
-    draw_cache.put(("x", 2), {"b": b}, [b])
+    # Off outside a persistent judge's worker.
+    assert draw_cache.put(("x", 0), {"a": np.zeros(4)}, lambda c: c) is None
+    draw_cache.clear()
+    draw_cache.enable()
+    a = np.arange(100_000, dtype=np.float32)  # 400 KB
+    kept = draw_cache.put(("x", 1), {"a": a}, lambda copies: copies)
+    assert draw_cache.get(("x", 1)) is kept
+    assert kept["a"] is not a and np.array_equal(kept["a"], a)
+    assert not kept["a"].flags.writeable and not kept["a"].flags.owndata
+    assert a.flags.writeable  # the caller's array is left alone
+    b = np.zeros((250, 400), dtype=np.float32)
+    assert draw_cache.put(("x", 2), {"b": b}, lambda c: c)["b"].shape == (250, 400)
     c = np.zeros(100_000, dtype=np.float32)
-    draw_cache.put(("x", 3), {"c": c}, [c])  # 1.2 MB: over the budget, not admitted
-    assert draw_cache.get(("x", 2)) is not None and draw_cache.get(("x", 3)) is None
-    assert c.flags.writeable
-    assert draw_cache.stats()["refused"] == 1
+    assert draw_cache.put(("x", 3), {"c": c}, lambda c: c) is None  # over the budget
+    assert draw_cache.get(("x", 3)) is None and draw_cache.stats()["refused"] == 1
+    scalar = draw_cache.off_heap(np.float32(2.5))
+    assert scalar.shape == () and float(scalar) == 2.5
     monkeypatch.setenv(draw_cache.ENV, "0")  # off
     draw_cache.clear()
-    draw_cache.put(("x", 1), {"a": c}, [c])
-    assert draw_cache.get(("x", 1)) is None
+    assert draw_cache.put(("x", 1), {"a": a}, lambda c: c) is None
     draw_cache.clear()
+    draw_cache.enable(False)
