@@ -200,14 +200,13 @@ fn the_seed_kernel_passes_held_out_workloads_included() {
     }
 }
 
+/// A softmax candidate that does not compile.
+const BROKEN_SOFTMAX: &str = "#include <stdint.h>\nvoid softmax_f32(const float* x, float* y, int64_t rows, int64_t cols) {\n    this is not C;\n}\n";
+
 #[test]
 fn a_failing_candidate_does_not_stop_the_others_and_json_has_everything() {
     let dir = tempfile::tempdir().unwrap();
-    let broken = candidate(
-        dir.path(),
-        "broken.c",
-        "#include <stdint.h>\nvoid softmax_f32(const float* x, float* y, int64_t rows, int64_t cols) {\n    this is not C;\n}\n",
-    );
+    let broken = candidate(dir.path(), "broken.c", BROKEN_SOFTMAX);
     let out = ksearch()
         .args([
             "eval", "--task", "softmax", "--timing", "quick", "--seed", "1234", "--json",
@@ -243,15 +242,18 @@ fn a_failing_candidate_does_not_stop_the_others_and_json_has_everything() {
 fn json_lines_keep_what_a_stopped_eval_finished() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
-    let broken = candidate(
-        dir.path(),
-        "broken.c",
-        "#include <stdint.h>\nvoid softmax_f32(const float* x, float* y, int64_t rows, int64_t cols) {\n    this is not C;\n}\n",
-    );
+    let broken = candidate(dir.path(), "broken.c", BROKEN_SOFTMAX);
     let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("ksearch"));
     common::configure(&mut cmd);
     let mut child = cmd
-        .args(["eval", "--task", "softmax", "--timing", "quick", "--json-lines"])
+        .args([
+            "eval",
+            "--task",
+            "softmax",
+            "--timing",
+            "quick",
+            "--json-lines",
+        ])
         .arg(&broken)
         .args([SOFTMAX_SEED; 3])
         .stdout(std::process::Stdio::piped())

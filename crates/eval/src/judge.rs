@@ -58,7 +58,10 @@ impl Judge {
     /// come and go.
     pub(crate) fn spawn(inv: &Invocation<'_>) -> Result<Self> {
         let (result_read, result_write) = result_pipe()?;
-        let serve = Invocation { op: "serve", ..inv.clone() };
+        let serve = Invocation {
+            op: "serve",
+            ..inv.clone()
+        };
         let mut cmd = harness_command(&serve, result_write.as_raw_fd());
         let program = inv.python.display().to_string();
         let (spawned_tx, spawned_rx) = mpsc::channel();
@@ -94,7 +97,12 @@ impl Judge {
         drop(result_write);
         let (pid, stdin, stdout, stderr) = {
             let mut c = lock(&child);
-            (c.id() as i32, c.stdin.take(), c.stdout.take(), c.stderr.take())
+            (
+                c.id() as i32,
+                c.stdin.take(),
+                c.stdout.take(),
+                c.stderr.take(),
+            )
         };
         let tail = Arc::new(Mutex::new(TailBuffer::new(inv.tail_bytes)));
         let (drained_tx, _drained_rx) = mpsc::channel::<()>();

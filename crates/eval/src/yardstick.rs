@@ -197,13 +197,15 @@ impl Yardstick {
     /// own times where they pair with the baseline (it is what every evaluation's drift is
     /// measured against).
     fn score_basis(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
-        self.workloads.values().filter_map(move |w| match self.anchor {
-            Anchor::Reference => w
-                .baseline_over_reference
-                .as_ref()
-                .map(|r| (r.spread, r.spread_p)),
-            Anchor::Baseline => w.baseline.as_ref().map(|b| (b.spread, b.spread_p)),
-        })
+        self.workloads
+            .values()
+            .filter_map(move |w| match self.anchor {
+                Anchor::Reference => w
+                    .baseline_over_reference
+                    .as_ref()
+                    .map(|r| (r.spread, r.spread_p)),
+                Anchor::Baseline => w.baseline.as_ref().map(|b| (b.spread, b.spread_p)),
+            })
     }
 
     /// The largest spread between blocks of what scores rest on ([`Self::score_basis`]): how
@@ -331,7 +333,10 @@ mod tests {
         // Older yardsticks, without the field, paired with the reference.
         let mut old = sample().to_value();
         old.as_object_mut().unwrap().remove("anchor");
-        assert_eq!(Yardstick::from_value(old).unwrap().anchor, Anchor::Reference);
+        assert_eq!(
+            Yardstick::from_value(old).unwrap().anchor,
+            Anchor::Reference
+        );
     }
 
     #[test]

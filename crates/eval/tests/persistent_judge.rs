@@ -81,7 +81,12 @@ fn evaluations_share_one_judge_until_one_times_out() {
     let mut late = s.request();
     late.timeout = Duration::from_millis(50);
     let timed_out = s.evaluator.evaluate(&late).unwrap();
-    assert_eq!(timed_out.status.as_str(), "timeout", "{}", timed_out.message);
+    assert_eq!(
+        timed_out.status.as_str(),
+        "timeout",
+        "{}",
+        timed_out.message
+    );
     let third = s.evaluator.evaluate(&s.request()).unwrap();
     assert!(third.passed(), "{}", third.message);
     assert_eq!(judge(&third).1, 1);
@@ -112,7 +117,10 @@ fn an_interrupt_kills_the_judge_and_the_next_evaluation_starts_another() {
     };
     let stopped = s.evaluator.evaluate(&s.request());
     stopper.join().unwrap();
-    assert!(matches!(stopped, Err(EvalError::Interrupted)), "{stopped:?}");
+    assert!(
+        matches!(stopped, Err(EvalError::Interrupted)),
+        "{stopped:?}"
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while alive(pid) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
