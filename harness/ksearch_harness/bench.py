@@ -359,7 +359,7 @@ class Bench:
                     results[name] = made
                 elif r >= warmup:
                     timings[name].samples.append(made["ns"])
-                    parts = getattr(a, "last_parts", None) or {}
+                    parts = a.last_parts or {}
                     if name == "kernel":
                         kernel_parts = parts
                     elif timings[name].native:

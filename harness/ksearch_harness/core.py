@@ -1203,11 +1203,8 @@ class Evaluation:
                             ref_in = inputs.for_reference()
                             a.expect_reference_inputs(ref_in, wl.params)
                         self._flush()
-                        a.last_parts = None
-                        with self.phase("timed_calls"):
-                            times[c], raw = a.time_call(
-                                lambda: task.call_reference(ref_in, wl))
-                        host_ns[c] = (getattr(a, "last_parts", None) or {}).get("host_ns")
+                        times[c], raw, host_ns[c] = self._time_task_call(
+                            lambda: task.call_reference(ref_in, wl))
                         with self.phase("reference"):
                             truth = task.check_outputs(raw, wl, "reference")
                     else:
@@ -1215,10 +1212,8 @@ class Evaluation:
                             base_in = inputs.for_reference()
                             a.expect_reference_inputs(base_in, wl.params)
                         self._flush()
-                        a.last_parts = None
-                        with self.phase("timed_calls"):
-                            times[c], _ = a.time_call(lambda: task.call_baseline(base_in, wl))
-                        host_ns[c] = (getattr(a, "last_parts", None) or {}).get("host_ns")
+                        times[c], _, host_ns[c] = self._time_task_call(
+                            lambda: task.call_baseline(base_in, wl))
                 if cand_timed is not None:
                     # The candidate is charged its host time only beyond its anchor's in this
                     # repetition (adapters.charged_ns).
@@ -1246,6 +1241,16 @@ class Evaluation:
             self._audit_after_timing(wl, wi, bench)
             self._log_slow("timing", wl, since)
         return total_all
+
+    def _time_task_call(self, fn: Any) -> tuple[int, Any, int | None]:
+        """A timed call of task code in the judge: its time, what it returned, and its own host
+        time where the backend reports one (the candidate's allowance: adapters.charged_ns)."""
+        a = self.adapter
+        assert a is not None
+        a.last_parts = None
+        with self.phase("timed_calls"):
+            ns, value = a.time_call(fn)
+        return ns, value, (a.last_parts or {}).get("host_ns")
 
     @property
     def anchor(self) -> str:

@@ -618,6 +618,13 @@ def move_fd_high(fd: int) -> int:
     return new
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Writes all of `data` to `fd` (a pipe takes it in pieces); raises OSError."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class ResultChannel:
     """The one place a result line is written to."""
 
@@ -630,10 +637,7 @@ class ResultChannel:
         return cls(move_fd_high(fd))
 
     def send(self, line: bytes) -> None:
-        view = memoryview(line)
-        while view:
-            n = os.write(self.fd, view)
-            view = view[n:]
+        write_all(self.fd, line)
 
     def close(self) -> None:
         try:

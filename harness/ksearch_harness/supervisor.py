@@ -21,6 +21,7 @@ import signal
 import sys
 import tempfile
 import time
+from typing import Any
 
 from . import protocol
 from .protocol import (CandidateRuntimeError, HarnessError, Request, ResultChannel, TaskError,
@@ -37,50 +38,72 @@ def serve(op: str, result_fd: int) -> int:
         print(f"ksearch_harness: --result-fd {result_fd} is not open: {e}", file=sys.stderr)
         return 2
     raw = protocol.read_stdin_and_close()
-    nonce = None
-    log_path = None
-    temp_log = False
-    try:
+
+    def handle(answer: _Answer) -> dict:
         if op == "probe":
             # probe never fails: a missing or unreadable request only costs the nonce.
             try:
                 obj = protocol.decode_request(raw)
-                nonce = protocol.request_nonce(obj)
+                answer.nonce = protocol.request_nonce(obj)
                 with_sandbox = obj.get("sandbox_probe") is True
             except HarnessError:
-                nonce, with_sandbox = None, False
-            log_path, temp_log = _temp_log(), True
-            protocol.redirect_output(log_path)
+                answer.nonce, with_sandbox = None, False
+            answer.log_to(_temp_log(), True)
             from . import probe
-            result = probe.run(nonce, with_sandbox)
-        else:
-            obj = protocol.decode_request(raw)
-            nonce = protocol.request_nonce(obj)
-            req = protocol.parse_request(obj, op)
-            log_path, temp_log = _log_path(req)
-            protocol.redirect_output(log_path)
-            result = run_worker(req)
-    except HarnessError as e:
-        if log_path is None:
-            log_path, temp_log = _temp_log(), True
-            protocol.redirect_output(log_path)
-        result = protocol.error_result(op, nonce, e)
-    except Exception as e:  # noqa: BLE001 - a result must always be sent
-        result = protocol.error_result(op, nonce, CandidateRuntimeError(
-            f"harness failure: {type(e).__name__}: {e}"))
-    result["log_tail"] = protocol.log_tail(log_path)
-    if temp_log and log_path:
-        try:
-            os.unlink(log_path)
-        except OSError:
-            pass
-    try:
-        channel.send(protocol.encode_result(result))
-    except OSError as e:
-        print(f"ksearch_harness: cannot write the result: {e}", file=sys.stderr)
+            return probe.run(answer.nonce, with_sandbox)
+        obj = protocol.decode_request(raw)
+        answer.nonce = protocol.request_nonce(obj)
+        req = protocol.parse_request(obj, op)
+        answer.log_to(*_log_path(req))
+        return run_worker(req)
+
+    if not _Answer(op).send(channel, handle):
         return 2
     channel.close()
     return 0
+
+
+class _Answer:
+    """One request's way to its result line: what is known of the request so far (op, nonce),
+    where fd 1 and 2 go (its log), and the catch-all that turns any failure into a result."""
+
+    def __init__(self, op: str):
+        self.op, self.nonce = op, None
+        self.log_path: str | None = None
+        self.temp_log = False
+
+    def log_to(self, path: str, temp: bool) -> None:
+        self.log_path, self.temp_log = path, temp
+        protocol.redirect_output(path)
+
+    def send(self, channel: ResultChannel, handle: Any, extra: Any = None) -> bool:
+        """Runs `handle(self)` for the result (an error result if it raises), adds the log's
+        tail and what `extra()` gives to the result's environment, and writes it to
+        `channel`. False when the channel cannot be written."""
+        try:
+            result = handle(self)
+        except HarnessError as e:
+            if self.log_path is None:
+                self.log_to(_temp_log(), True)
+            result = protocol.error_result(self.op, self.nonce, e)
+        except Exception as e:  # noqa: BLE001 - a result must always be sent
+            result = protocol.error_result(self.op, self.nonce, CandidateRuntimeError(
+                f"harness failure: {type(e).__name__}: {e}"))
+        result["log_tail"] = protocol.log_tail(self.log_path)
+        more = extra() if extra is not None else None
+        if more:
+            result.setdefault("environment", {}).update(more)
+        if self.temp_log and self.log_path:
+            try:
+                os.unlink(self.log_path)
+            except OSError:
+                pass
+        try:
+            channel.send(protocol.encode_result(result))
+        except OSError as e:
+            print(f"ksearch_harness: cannot write the result: {e}", file=sys.stderr)
+            return False
+        return True
 
 
 # Ops a persistent judge serves (`serve_loop`): those that time on the device, whose judge
@@ -113,42 +136,28 @@ def serve_loop(result_fd: int) -> int:
             break
         if not line.strip():
             continue
-        nonce, op, log_path, temp_log = None, "evaluate", None, False
-        try:
+
+        def handle(answer: _Answer) -> dict:
+            nonlocal worker
             obj = protocol.decode_request(line)
-            nonce = protocol.request_nonce(obj)
-            op = str(obj.get("op"))
+            answer.nonce = protocol.request_nonce(obj)
+            answer.op = op = str(obj.get("op"))
             if op not in SERVED_OPS:
                 raise TaskError(f"op `{op}` is not served by a persistent judge "
                                 f"(only {', '.join(SERVED_OPS)})")
             req = protocol.parse_request(obj, op)
-            log_path, temp_log = _log_path(req)
-            protocol.redirect_output(log_path)
+            answer.log_to(*_log_path(req))
             if worker is None or not worker.alive():
                 worker = _Worker.fork()
-            result = worker.run(req, obj, log_path)
+            result = worker.run(req, obj, answer.log_path)
             if not worker.alive():
                 worker = None
-        except HarnessError as e:
-            if log_path is None:
-                log_path, temp_log = _temp_log(), True
-                protocol.redirect_output(log_path)
-            result = protocol.error_result(op, nonce, e)
-        except Exception as e:  # noqa: BLE001 - a result must always be sent
-            result = protocol.error_result(op, nonce, CandidateRuntimeError(
-                f"harness failure: {type(e).__name__}: {e}"))
-        result["log_tail"] = protocol.log_tail(log_path)
-        if worker is not None:
-            result.setdefault("environment", {})["judge"] = worker.describe()
-        if temp_log and log_path:
-            try:
-                os.unlink(log_path)
-            except OSError:
-                pass
-        try:
-            channel.send(protocol.encode_result(result))
-        except OSError as e:
-            print(f"ksearch_harness: cannot write the result: {e}", file=sys.stderr)
+            return result
+
+        def judge() -> dict | None:
+            return {"judge": worker.describe()} if worker is not None else None
+
+        if not _Answer("evaluate").send(channel, handle, judge):
             return 2
     if worker is not None:
         worker.stop()
@@ -206,9 +215,7 @@ class _Worker:
         deadline = time.monotonic() + req.timeout_s
         message = protocol.encode_result({"request": obj, "log": log_path})
         try:
-            view = memoryview(message)
-            while view:
-                view = view[os.write(self.to_worker, view):]
+            protocol.write_all(self.to_worker, message)
         except OSError:
             self.kill()
             return protocol.error_result(req.op, req.nonce, CandidateRuntimeError(

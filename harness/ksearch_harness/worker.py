@@ -50,17 +50,7 @@ def child_main(req: Request, fd: int) -> None:
         faulthandler.enable(file=sys.stderr)  # a crash in candidate code leaves a trace in the log
         from .machine import die_with_parent
         die_with_parent()
-        result = execute(req)
-        from .machine import flush_c_stdio
-        flush_c_stdio()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        line = encode_result(result)
-        try:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view):]
-        except OSError:
+        if not _send_result(fd, execute(req)):
             code = EXIT_CHANNEL_FAILED
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
@@ -70,6 +60,20 @@ def child_main(req: Request, fd: int) -> None:
         # process up or run atexit handlers.
         os._exit(code)
 
+
+def _send_result(fd: int, result: dict) -> bool:
+    """Flushes what the run printed, then writes the result line to `fd`; False when the
+    pipe is gone."""
+    from .machine import flush_c_stdio
+    from .protocol import write_all
+    flush_c_stdio()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        write_all(fd, encode_result(result))
+    except OSError:
+        return False
+    return True
 
 
 def child_loop(req_fd: int, res_fd: int) -> None:
@@ -83,7 +87,7 @@ def child_loop(req_fd: int, res_fd: int) -> None:
         import faulthandler
         import json
         from . import draw_cache
-        from .machine import die_with_parent, flush_c_stdio
+        from .machine import die_with_parent
         from .protocol import parse_request, redirect_output
         die_with_parent()
         draw_cache.enable()
@@ -101,14 +105,7 @@ def child_loop(req_fd: int, res_fd: int) -> None:
                 result = execute(req)
             finally:
                 lost = _forget_device()
-            flush_c_stdio()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            view = memoryview(encode_result(result))
-            try:
-                while view:
-                    view = view[os.write(res_fd, view):]
-            except OSError:
+            if not _send_result(res_fd, result):
                 code = EXIT_CHANNEL_FAILED
                 break
             if lost:
