@@ -13,10 +13,29 @@ from .protocol import (CandidateRuntimeError, HarnessError, Request, ResultBuild
 # Stages whose unexpected exceptions are the task's fault rather than the candidate's.
 TASK_STAGES = ("request", "task")
 EXIT_CHANNEL_FAILED = 3
+# A directory: each op of this judge is profiled (cProfile, the calling thread) into
+# <dir>/<op>-<nonce>.prof. A diagnostic for where an evaluation's host time goes.
+PROFILE_ENV = "KSEARCH_HARNESS_PROFILE"
 
 
 def execute(req: Request, adapter=None, roofline_override=None) -> dict:
     """Runs `req` in this process and returns the result object (never raises)."""
+    where = os.environ.get(PROFILE_ENV, "").strip()
+    if not where:
+        return _execute(req, adapter, roofline_override)
+    import cProfile
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(_execute, req, adapter, roofline_override)
+    finally:
+        try:
+            os.makedirs(where, exist_ok=True)
+            profile.dump_stats(os.path.join(where, f"{req.op}-{req.nonce}.prof"))
+        except OSError as e:
+            print(f"harness: cannot write the profile to {where}: {e}", file=sys.stderr)
+
+
+def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
     out = ResultBuilder(req.op, req.nonce)
     try:
         from . import core

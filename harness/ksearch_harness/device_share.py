@@ -1,0 +1,243 @@
+"""Device memory the judge shares with one accused process (cuda backend).
+
+The judge allocates a buffer with the CUDA driver's virtual memory API (cuMemCreate, exportable
+as a POSIX file descriptor), maps it in its own context and sends the descriptor over the
+accused's channel (SCM_RIGHTS, like the host arena); the accused imports and maps the same
+physical memory in its context. Both then see one buffer: the judge writes inputs and poison
+and reads outputs on the device, without the host round trips of the arena (arena.py).
+
+Only what the judge exports is shared: its own allocations (reference outputs, pristine copies
+of the inputs, the truth) are ordinary allocations of its context, which the accused cannot
+name. What the accused may do to a shared buffer (write an input, keep writing an output after
+its call returned) is what the judge's checks already look for.
+
+The driver is reached through ctypes (libcuda.so.1), so nothing beyond the driver and the
+image's PyTorch is needed; `available()` says whether this device can export such memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Any
+
+CU_MEM_ALLOCATION_TYPE_PINNED = 1
+CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
+CU_MEM_LOCATION_TYPE_DEVICE = 1
+CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
+CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
+CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103
+
+
+class ShareError(RuntimeError):
+    """A driver call of the sharing failed (its name and the driver's message)."""
+
+
+class _Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _AllocFlags(ctypes.Structure):
+    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class _AllocationProp(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int),
+                ("location", _Location), ("win32HandleMetaData", ctypes.c_void_p),
+                ("allocFlags", _AllocFlags)]
+
+
+class _AccessDesc(ctypes.Structure):
+    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
+
+
+_driver: Any = None
+
+
+def _cuda() -> Any:
+    global _driver
+    if _driver is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        u64, size_t = ctypes.c_uint64, ctypes.c_size_t
+        sigs = {
+            "cuInit": [ctypes.c_uint],
+            "cuDeviceGet": [ctypes.POINTER(ctypes.c_int), ctypes.c_int],
+            "cuDeviceGetAttribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
+            "cuDevicePrimaryCtxRetain": [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int],
+            "cuCtxSetCurrent": [ctypes.c_void_p],
+            "cuMemGetAllocationGranularity": [ctypes.POINTER(size_t),
+                                              ctypes.POINTER(_AllocationProp), ctypes.c_int],
+            "cuMemCreate": [ctypes.POINTER(u64), size_t, ctypes.POINTER(_AllocationProp), u64],
+            "cuMemAddressReserve": [ctypes.POINTER(u64), size_t, size_t, u64, u64],
+            "cuMemMap": [u64, size_t, size_t, u64, u64],
+            "cuMemSetAccess": [u64, size_t, ctypes.POINTER(_AccessDesc), size_t],
+            "cuMemExportToShareableHandle": [ctypes.c_void_p, u64, ctypes.c_int, u64],
+            "cuMemImportFromShareableHandle": [ctypes.POINTER(u64), ctypes.c_void_p,
+                                               ctypes.c_int],
+            "cuMemUnmap": [u64, size_t],
+            "cuMemRelease": [u64],
+            "cuMemAddressFree": [u64, size_t],
+            "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
+        }
+        for name, args in sigs.items():
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = ctypes.c_int
+        _driver = lib
+    return _driver
+
+
+def _check(name: str, rc: int) -> None:
+    if rc != 0:
+        msg = ctypes.c_char_p()
+        _cuda().cuGetErrorString(rc, ctypes.byref(msg))
+        text = msg.value.decode(errors="replace") if msg.value else "unknown error"
+        raise ShareError(f"{name} failed: {text} (CUresult {rc})")
+
+
+def _context(device: int) -> None:
+    """Makes the device's primary context (the one PyTorch uses) current on this thread."""
+    cu = _cuda()
+    _check("cuInit", cu.cuInit(0))
+    ctx = ctypes.c_void_p()
+    _check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device))
+    _check("cuCtxSetCurrent", cu.cuCtxSetCurrent(ctx))
+
+
+def _prop(device: int) -> _AllocationProp:
+    p = _AllocationProp()
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED
+    p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    p.location = _Location(CU_MEM_LOCATION_TYPE_DEVICE, device)
+    return p
+
+
+def available(device: int = 0) -> tuple[bool, str]:
+    """(whether this device can share memory by file descriptor, why not)."""
+    try:
+        _context(device)
+        cu = _cuda()
+        for attr, what in ((CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                            "virtual memory management"),
+                           (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                            "export to a file descriptor")):
+            v = ctypes.c_int()
+            _check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(ctypes.byref(v), attr,
+                                                                    device))
+            if not v.value:
+                return False, f"the device does not support {what}"
+    except (OSError, ShareError) as e:
+        return False, str(e)
+    return True, ""
+
+
+def granularity(device: int = 0) -> int:
+    _context(device)
+    g = ctypes.c_size_t()
+    p = _prop(device)
+    _check("cuMemGetAllocationGranularity", _cuda().cuMemGetAllocationGranularity(
+        ctypes.byref(g), ctypes.byref(p), CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    return int(g.value)
+
+
+@dataclass
+class Mapping:
+    """One shared allocation mapped in this process: device address `ptr`, `size` bytes."""
+    ptr: int
+    size: int
+    handle: int
+    device: int
+    closed: bool = False
+
+    def close(self) -> None:
+        """Unmaps and releases this process's hold on the memory (the other side keeps its
+        own until it closes too)."""
+        if self.closed:
+            return
+        self.closed = True
+        cu = _cuda()
+        cu.cuMemUnmap(self.ptr, self.size)
+        cu.cuMemAddressFree(self.ptr, self.size)
+        cu.cuMemRelease(self.handle)
+
+    def tensor(self, offset: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+        """A PyTorch tensor over [offset, offset + nbytes) of the mapping, no copy."""
+        import torch
+        if offset < 0 or offset + nbytes > self.size:
+            raise ShareError(f"a view of {nbytes} bytes at {offset} exceeds the mapping "
+                             f"({self.size} bytes)")
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
+        raw = torch.as_tensor(_ArrayInterface(self.ptr + offset, nbytes),
+                              device=f"cuda:{self.device}")
+        return raw.view(dtype).view(shape)
+
+
+class _ArrayInterface:
+    """A bare device byte range for torch.as_tensor (__cuda_array_interface__, version 3)."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (ptr, False), "version": 3, "strides": None}
+
+
+def _map(handle: int, size: int, device: int) -> Mapping:
+    cu = _cuda()
+    ptr = ctypes.c_uint64()
+    _check("cuMemAddressReserve", cu.cuMemAddressReserve(ctypes.byref(ptr), size, 0, 0, 0))
+    try:
+        _check("cuMemMap", cu.cuMemMap(ptr.value, size, 0, handle, 0))
+        access = _AccessDesc(_Location(CU_MEM_LOCATION_TYPE_DEVICE, device),
+                             CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        _check("cuMemSetAccess", cu.cuMemSetAccess(ptr.value, size, ctypes.byref(access), 1))
+    except ShareError:
+        cu.cuMemUnmap(ptr.value, size)
+        cu.cuMemAddressFree(ptr.value, size)
+        raise
+    return Mapping(int(ptr.value), size, handle, device)
+
+
+def create(nbytes: int, device: int = 0) -> tuple[Mapping, int]:
+    """A new shareable allocation of at least `nbytes`, mapped here, and a file descriptor
+    that exports it (the caller sends it and closes it)."""
+    _context(device)
+    cu = _cuda()
+    g = granularity(device)
+    size = max(g, (nbytes + g - 1) // g * g)
+    handle = ctypes.c_uint64()
+    p = _prop(device)
+    _check("cuMemCreate", cu.cuMemCreate(ctypes.byref(handle), size, ctypes.byref(p), 0))
+    try:
+        mapping = _map(int(handle.value), size, device)
+    except ShareError:
+        cu.cuMemRelease(handle.value)
+        raise
+    fd = ctypes.c_int(-1)
+    try:
+        _check("cuMemExportToShareableHandle", cu.cuMemExportToShareableHandle(
+            ctypes.byref(fd), handle.value, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0))
+    except ShareError:
+        mapping.close()
+        raise
+    return mapping, int(fd.value)
+
+
+def open_shared(fd: int, size: int, device: int = 0) -> Mapping:
+    """Maps memory another process exported as `fd` (`size` bytes, as it said); the
+    descriptor is closed here once imported."""
+    _context(device)
+    cu = _cuda()
+    handle = ctypes.c_uint64()
+    try:
+        _check("cuMemImportFromShareableHandle", cu.cuMemImportFromShareableHandle(
+            ctypes.byref(handle), ctypes.c_void_p(fd), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    finally:
+        os.close(fd)
+    try:
+        return _map(int(handle.value), size, device)
+    except ShareError:
+        cu.cuMemRelease(handle.value)
+        raise
