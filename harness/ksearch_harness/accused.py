@@ -64,7 +64,7 @@ class Accused:
         if op == "load":
             return self.load(msg)
         if op == "alloc":
-            return self.alloc(msg)
+            return self.alloc(msg, fds)
         if op in ("h2d", "d2h"):
             return self.copy(op, self.slot(msg), msg.get("names") or [])
         if op == "call":
@@ -106,21 +106,33 @@ class Accused:
             raise _failure(e) from None
         return {"pid": os.getpid()}
 
-    def alloc(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def alloc(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         from .protocol import TensorSpec
         from . import dtypes
         import numpy as np
         if self.adapter is None:
+            for fd in fds:
+                os.close(fd)
             raise CommandFailed("task", "alloc before load")
         arena = self.arenas[int(msg.get("arena", 0))]
         slot = Slot(params=dict(msg["params"]))
+        shared = self._shared_memory(msg, fds)
+        slot.shared = shared
         for t in msg["tensors"]:
             spec = TensorSpec(str(t["name"]), str(t["dtype"]), tuple(int(d) for d in t["shape"]))
             storage = dtypes.get(spec.dtype).storage
             count = int(np.prod(spec.shape, dtype=np.int64))
             view = np.frombuffer(arena, dtype=storage, count=count,
                                  offset=int(t["offset"])).reshape(spec.shape)
-            buf = view if self.backend == "cpu" else self.adapter.alloc(spec)
+            if self.backend == "cpu":
+                buf = view
+            elif shared is not None:
+                from .adapters.device import torch_dtype
+                buf = self.adapter.adopt(spec, shared.tensor(
+                    int(t["device_offset"]), int(t["nbytes"]), torch_dtype(spec.dtype),
+                    spec.shape))
+            else:
+                buf = self.adapter.alloc(spec)
             (slot.inputs if t["role"] == "input" else slot.outputs)[spec.name] = buf
             slot.views[spec.name] = view
         try:
@@ -129,6 +141,26 @@ class Accused:
             raise _failure(e) from None
         self.slots[int(msg["slot"])] = slot
         return {}
+
+    def _shared_memory(self, msg: dict[str, Any], fds: list[int]) -> Any:
+        """The slot's device memory the judge shares (device_share), when it sent one: the
+        slot's device tensors are then views of it, which the judge writes and reads itself."""
+        share = msg.get("device_share")
+        if not share:
+            for fd in fds:
+                os.close(fd)
+            return None
+        if len(fds) != 1 or self.backend != "cuda":
+            for fd in fds:
+                os.close(fd)
+            raise CommandFailed("task", "shared device memory needs the cuda backend and one "
+                                "descriptor")
+        from . import device_share
+        try:
+            return device_share.open_shared(fds[0], int(share["size"]),
+                                            emulated=bool(share.get("emulated")))
+        except device_share.ShareError as e:
+            raise CommandFailed("task", f"cannot map the judge's device memory: {e}") from None
 
     def slot(self, msg: dict[str, Any]) -> "Slot":
         s = self.slots.get(int(msg.get("slot", -1)))
@@ -196,6 +228,7 @@ class Slot:
         self.outputs: dict[str, Any] = {}
         self.views: dict[str, Any] = {}
         self.fn: Callable[[], None] | None = None
+        self.shared: Any = None  # device_share.Mapping the judge shares, if any
 
 
 def _failure(e: BaseException) -> CommandFailed:

@@ -481,11 +481,13 @@ class AccusedProcess:
 
 
 class RemoteBuffer:
-    """A tensor of the accused: its arena view (what the judge reads and writes) and where it
-    lives in the accused."""
+    """A tensor of the accused: its arena view and where it lives in the accused. With shared
+    device memory (device_share) also `dev`, the judge's own view of the accused's device
+    tensor (its storage bits), which the judge writes and reads without the arena."""
 
-    def __init__(self, spec: TensorSpec, view: Any, slot: int, role: str):
+    def __init__(self, spec: TensorSpec, view: Any, slot: int, role: str, dev: Any = None):
         self.spec, self.view, self.slot, self.role = spec, view, slot, role
+        self.dev = dev
 
 
 class RemoteCall:
@@ -504,15 +506,21 @@ class AccusedAdapter:
 
     Buffers live in one shared arena per workload slot; on the cpu backend the candidate works
     on them directly, so uploads and reads are the judge's own memory accesses. On GPU backends
-    an upload is also a copy to the device (`h2d`) and a read first a copy back (`d2h`)."""
+    an upload is also a copy to the device (`h2d`) and a read first a copy back (`d2h`), unless
+    the judge shares the slot's device memory with the accused (`share_device`, cuda): then
+    the judge copies between its host arrays and the shared device tensors itself, and can
+    check them on the device (`device_view`)."""
 
-    def __init__(self, process: AccusedProcess, backend: str, arena_bytes: int):
+    def __init__(self, process: AccusedProcess, backend: str, arena_bytes: int,
+                 share_device: bool = False):
         self.process = process
         self.backend = backend
         self.on_device = backend != "cpu"
+        self.share_device = share_device and backend == "cuda"
         self.arena = Arena(arena_bytes)
         self.layout = Layout()
         self.slots = 0
+        self.shared: list[Any] = []  # device_share.Mapping per slot, kept while slots live
         process.rpc("arena", fds=(self.arena.fd,), size=self.arena.size)
 
     def load(self, artifact: str, entry: Any, request: Any) -> None:
@@ -533,6 +541,7 @@ class AccusedAdapter:
         self.slots += 1
         tensors = []
         made: dict[str, RemoteBuffer] = {}
+        device = Layout() if self.share_device else None
         for role, specs in (("input", inputs), ("output", outputs)):
             for s in specs:
                 storage = dtypes.get(s.dtype).storage
@@ -541,13 +550,45 @@ class AccusedAdapter:
                 view = np.frombuffer(self.arena.map, dtype=storage, count=count,
                                      offset=place.offset).reshape(s.shape)
                 made[s.name] = RemoteBuffer(s, view, slot, role)
-                tensors.append({"name": s.name, "role": role, "dtype": s.dtype,
-                                "shape": list(s.shape), "offset": place.offset,
-                                "nbytes": place.nbytes})
-        self.process.rpc("alloc", slot=slot, params=params, tensors=tensors)
+                t = {"name": s.name, "role": role, "dtype": s.dtype, "shape": list(s.shape),
+                     "offset": place.offset, "nbytes": place.nbytes}
+                if device is not None:
+                    t["device_offset"] = device.place(place.nbytes).offset
+                tensors.append(t)
+        if device is None:
+            self.process.rpc("alloc", slot=slot, params=params, tensors=tensors)
+        else:
+            self._alloc_shared(slot, params, tensors, made, max(device.size, 1))
         ins = {s.name: made[s.name] for s in inputs}
         outs = {s.name: made[s.name] for s in outputs}
         return ins, outs, RemoteCall(self, slot)
+
+    def _alloc_shared(self, slot: int, params: dict[str, Any], tensors: list[dict[str, Any]],
+                      made: dict[str, RemoteBuffer], nbytes: int) -> None:
+        """Allocates the slot's device memory here, maps it in the accused and gives each
+        buffer the judge's view of it (its storage bits)."""
+        from . import device_share, dtypes
+        from .adapters.device import torch_bits_dtype
+        try:
+            mapping, fd = device_share.create(nbytes)
+        except device_share.ShareError as e:
+            raise TaskError(f"harness error: cannot allocate shared device memory: {e}") from None
+        self.shared.append(mapping)
+        try:
+            self.process.rpc("alloc", fds=(fd,), slot=slot, params=params, tensors=tensors,
+                             device_share={"size": mapping.size,
+                                           "emulated": mapping.emulated})
+        finally:
+            os.close(fd)
+        for t in tensors:
+            b = made[t["name"]]
+            storage = dtypes.get(b.spec.dtype).storage
+            b.dev = mapping.tensor(int(t["device_offset"]), int(t["nbytes"]),
+                                   torch_bits_dtype(np.dtype(storage).itemsize), b.spec.shape)
+
+    def device_view(self, buf: RemoteBuffer) -> Any:
+        """The judge's device view of `buf` (storage bits), or None without shared memory."""
+        return buf.dev
 
     def _place(self, nbytes: int) -> Placement:
         place = self.layout.place(nbytes)
@@ -558,12 +599,18 @@ class AccusedAdapter:
 
     def upload(self, buf: RemoteBuffer, host: Any) -> None:
         import numpy as np
+        if buf.dev is not None:
+            from .adapters.device import torch_upload
+            torch_upload(buf.dev, host)  # complete when it returns, before any later command
+            return
         np.copyto(buf.view, host, casting="no")
         if self.on_device:
             self.process.rpc("h2d", slot=buf.slot, names=[buf.spec.name])
 
     def to_host(self, buf: RemoteBuffer) -> Any:
         from . import parallel
+        if buf.dev is not None:
+            return device_to_host(buf.dev, buf.spec)
         if self.on_device:
             self.process.rpc("d2h", slot=buf.slot, names=[buf.spec.name])
         return parallel.copy(buf.view)
@@ -577,6 +624,17 @@ class AccusedAdapter:
     def close(self) -> None:
         self.process.close()
         self.arena.close()
+        for m in self.shared:
+            m.close()
+        self.shared = []
+
+
+def device_to_host(bits: Any, spec: TensorSpec) -> Any:
+    """A host copy of a device tensor of `spec`'s storage bits (a shared buffer or the judge's
+    snapshot of one)."""
+    from . import dtypes
+    from .adapters.device import torch_to_host
+    return torch_to_host(bits, dtypes.get(spec.dtype).storage)
 
 
 # -- environment -------------------------------------------------------------------------------

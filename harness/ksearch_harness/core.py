@@ -24,10 +24,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import (adapters, draw_cache, dtypes, intervals, machine, parallel, sanity_cache,
-               static_checks)
+from . import (adapters, device_checks, draw_cache, dtypes, intervals, machine, parallel,
+               sanity_cache, static_checks)
 from .accused_client import (TAMPER_MIN_CALLS, TAMPER_ROUND_TRIP_QUANTILE, AccusedAdapter,
-                             AccusedProcess, RemoteCall, Shortfall, report_shortfall)
+                             AccusedProcess, RemoteCall, Shortfall, device_to_host,
+                             report_shortfall)
 from .adapters import Adapter, BuildFailed, BuildInfo
 from .arena import Layout
 from .protocol import (BuildError, Incorrect, Measured, Request, ResultBuilder,
@@ -46,6 +47,9 @@ MAX_SOURCE_BYTES = 1 << 20
 SETTLE_SHORT_S = 0.005
 SETTLE_TIMED_S = 0.002
 SETTLE_LONG_S = 0.1
+# Truths kept on the device for checks of device snapshots (Evaluation._device_truth): a
+# trial compares one truth with two calls, a timed repetition with one.
+DEVICE_TRUTHS_KEPT = 2
 # A failed held-out workload within this multiple of the tolerance is a precision verdict, not
 # shape specialisation.
 NEAR_MISS = 10.0
@@ -523,14 +527,26 @@ class PhaseClock:
         return out
 
 
-@dataclass
 class Call:
-    """One correctness call's outputs: as stored, as exact values, and compared with the
-    truth."""
+    """One correctness call's outputs and their comparison with the truth. `stored` (the
+    storage arrays) and `decoded` (exact float values) are host arrays, made on first use: with
+    shared device memory the checks that pass need neither."""
 
-    stored: dict[str, np.ndarray]
-    decoded: dict[str, np.ndarray]
-    cmp: Comparison
+    def __init__(self, snap: "Snapshot", cmp: Comparison,
+                 decode: "Any"):
+        self.snap, self.cmp = snap, cmp
+        self._decode = decode
+        self._decoded: dict[str, np.ndarray] | None = None
+
+    @property
+    def stored(self) -> dict[str, np.ndarray]:
+        return self.snap.host()
+
+    @property
+    def decoded(self) -> dict[str, np.ndarray]:
+        if self._decoded is None:
+            self._decoded = self._decode(self.stored)
+        return self._decoded
 
 
 @dataclass
@@ -544,6 +560,37 @@ class Bench:
     fn: RemoteCall
     poison: dict[str, dict[str, np.ndarray]]
     judge_inputs: dict[str, Any]
+    # With shared device memory: the judge's own device copies of the inputs as last
+    # uploaded, which the accused's buffers must still equal after every call.
+    pristine: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Snapshot:
+    """A workload's outputs at one moment: host arrays, or, where the judge shares the
+    accused's device memory, the judge's own device copies (storage bits), copied to the host
+    once and only when asked (`host`). Either way the candidate cannot change it after it was
+    taken."""
+
+    def __init__(self, host: dict[str, np.ndarray] | None, device: dict[str, Any] | None,
+                 specs: dict[str, Any], on_copy: Any = None):
+        self._host, self.device, self.specs = host, device, specs
+        self._on_copy = on_copy
+
+    def host(self) -> dict[str, np.ndarray]:
+        if self._host is None:
+            assert self.device is not None
+            self._host = {n: device_to_host(t, self.specs[n]) for n, t in self.device.items()}
+            if self._on_copy is not None:
+                self._on_copy()
+        return self._host
+
+    def differs(self, other: "Snapshot") -> bool:
+        """Whether any output's bytes differ between the two moments."""
+        if self.device is not None and other.device is not None:
+            import torch
+            return any(not torch.equal(self.device[n], other.device[n]) for n in self.device)
+        a, b = self.host(), other.host()
+        return any(not same_bytes(a[n], b[n]) for n in a)
 
 
 class Evaluation:
@@ -571,6 +618,12 @@ class Evaluation:
         self.own_kernels: set[str] = set()
         self.kernels_seen: list[str] = []
         self.benches: dict[str, list[Bench]] = {}
+        # Whether the judge shares device memory with the accused (cuda: device_share).
+        self.device_share: dict[str, Any] | None = None
+        self._truths: list[tuple[dict[str, np.ndarray], dict[str, Any]]] = []
+        # Output snapshots copied to the host (every one without shared device memory; with
+        # it, only those a failing or host-only check needed).
+        self.host_reads = 0
         # Per workload: (reported, window, round trip just before) of every timed candidate
         # call, for the timer check.
         self.windows: dict[str, list[tuple[int, int, int]]] = {}
@@ -684,6 +737,8 @@ class Evaluation:
                 "candidate_calls": self.calls,
                 "lingering_calls": proc.linger_calls if proc else 0,
                 "task_sanity_cached": self.sanity_cached,
+                "device_share": self.device_share,
+                "outputs_read_to_host": self.host_reads,
                 "draw_cache": draw_cache.stats(),
                 "phase_seconds": self.phase.snapshot()}
 
@@ -718,7 +773,13 @@ class Evaluation:
         shutil.copyfile(info.artifact, artifact)
         os.chmod(artifact, 0o444)
         self.process.wait_ready()
-        return AccusedAdapter(self.process, self.req.backend, self.arena_bytes), artifact
+        share = False
+        if self.req.backend == "cuda":
+            from . import device_share
+            share, why = device_share.available()
+            self.device_share = {"active": share, "detail": why[:300]}
+        return AccusedAdapter(self.process, self.req.backend, self.arena_bytes,
+                              share_device=share), artifact
 
     def _log_slow(self, stage: str, wl: Workload, since: dict[str, float]) -> None:
         """A line in the log (whose tail a timeout result carries) for a workload whose stage
@@ -789,9 +850,14 @@ class Evaluation:
         return truth if kept is None else kept
 
     def _upload_inputs(self, bench: Bench, inputs: Inputs) -> None:
+        acc = self.accused
+        assert acc is not None
         with self.phase("upload"):
             for name, buf in bench.inputs.items():
-                self.accused.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
+                acc.upload(buf, inputs.stored[name])
+                dev = acc.device_view(buf)
+                if dev is not None:
+                    bench.pristine[name] = dev.clone()
             for name, buf in bench.judge_inputs.items():
                 self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
 
@@ -800,8 +866,21 @@ class Evaluation:
             for name, buf in bench.outputs.items():
                 self.accused.upload(buf, bench.poison[which][name])  # type: ignore[union-attr]
 
-    def _snapshot(self, bench: Bench) -> dict[str, np.ndarray]:
-        return {n: self.accused.to_host(b) for n, b in bench.outputs.items()}  # type: ignore
+    def _snapshot(self, bench: Bench) -> Snapshot:
+        """The outputs now (a device copy where the memory is shared: Snapshot)."""
+        acc = self.accused
+        assert acc is not None
+        specs = {n: b.spec for n, b in bench.outputs.items()}
+        views = {n: acc.device_view(b) for n, b in bench.outputs.items()}
+        if all(v is not None for v in views.values()):
+            with self.phase("checks"):
+                return Snapshot(None, {n: v.clone() for n, v in views.items()}, specs,
+                                self._count_host_read)
+        self._count_host_read()
+        return Snapshot({n: acc.to_host(b) for n, b in bench.outputs.items()}, None, specs)
+
+    def _count_host_read(self) -> None:
+        self.host_reads += 1
 
     def _settle(self, seconds: float) -> None:
         with self.phase("settle"):
@@ -820,6 +899,52 @@ class Evaluation:
             result = result.merge(compare(outs[s.name], truth[s.name],
                                           tolerance_for(self.req, s.dtype)))
         return result
+
+    def _compare_snapshot(self, wl: Workload, snap: Snapshot,
+                          truth: dict[str, np.ndarray]) -> Comparison:
+        """_compare of a snapshot's outputs: on the device where the snapshot is there and the
+        checks allow it (device_checks), on the host otherwise."""
+        dev = self._device_truth(wl, snap, truth)
+        if dev is None:
+            return self._compare(wl, self._decode_snapshot(wl, snap), truth)
+        import torch
+        result = Comparison(True, 0.0, 0.0)
+        with self.phase("checks"):
+            for s in wl.outputs:
+                tol = tolerance_for(self.req, s.dtype)
+                x = device_checks.decode(snap.device[s.name], s.dtype)  # type: ignore[index]
+                ok, max_abs, max_rel = device_checks.compare(torch, x, dev[s.name], tol.atol,
+                                                             tol.rtol)
+                result = result.merge(Comparison(ok, max_abs, max_rel))
+        return result
+
+    def _decode_snapshot(self, wl: Workload, snap: Snapshot) -> dict[str, np.ndarray]:
+        stored = snap.host()
+        return {s.name: dtypes.get(s.dtype).decode_exact(stored[s.name]) for s in wl.outputs}
+
+    def _device_truth(self, wl: Workload, snap: Snapshot, truth: dict[str, np.ndarray]
+                      ) -> dict[str, Any] | None:
+        """The truth as device tensors, for checks of a device snapshot; None where the checks
+        stay on the host (a host snapshot, a rule or type device_checks leaves to the host, a
+        truth whose shape is not the output's). The last few are kept: a truth is compared
+        with two calls in a trial."""
+        if snap.device is None:
+            return None
+        for s in wl.outputs:
+            tol = tolerance_for(self.req, s.dtype)
+            t = truth.get(s.name)
+            if (t is None or not device_checks.supported(s.dtype, tol.rule, tol.matched_ratio)
+                    or tuple(np.shape(t)) != tuple(s.shape)):
+                return None
+        for kept, dev in self._truths:
+            if kept is truth:
+                return dev
+        import torch
+        with self.phase("upload"):
+            dev = {s.name: torch.from_numpy(dtypes.contiguous(truth[s.name])).to("cuda")
+                   for s in wl.outputs}
+        self._truths = [(truth, dev)] + self._truths[:DEVICE_TRUTHS_KEPT - 1]
+        return dev
 
     def _matches(self, wl: Workload, outs: dict[str, np.ndarray],
                  truth: dict[str, np.ndarray]) -> bool:
@@ -841,8 +966,16 @@ class Evaluation:
                          f"{evidence}: the work must be finished when the entry point returns")
 
     def _check_inputs(self, bench: Bench, inputs: Inputs, where: str) -> None:
+        acc = self.accused
+        assert acc is not None
         for name, buf in bench.inputs.items():
-            now = self.accused.to_host(buf)  # type: ignore[union-attr]
+            dev, kept = acc.device_view(buf), bench.pristine.get(name)
+            if dev is not None and kept is not None:
+                import torch
+                with self.phase("checks"):
+                    if torch.equal(dev, kept):
+                        continue
+            now = acc.to_host(buf)
             before = inputs.stored[name]
             if not same_bytes(now, before):
                 changed = int(np.count_nonzero(now.reshape(-1).view(np.uint8)
@@ -851,8 +984,8 @@ class Evaluation:
                                 f"({where}; {changed} byte(s) differ): inputs are read-only")
 
     @staticmethod
-    def _changed(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-        return any(not same_bytes(a[n], b[n]) for n in a)
+    def _changed(a: Snapshot, b: Snapshot) -> bool:
+        return a.differs(b)
 
     def _audits(self, wl: Workload, wi: int) -> set[int]:
         """Which correctness calls of a workload (counted from 0) the kernel audit watches:
@@ -897,13 +1030,12 @@ class Evaluation:
         if self._changed(first, settled):
             raise self._deferred(where, busy)
         self._check_inputs(bench, inputs, where)
-        decoded = self._decode(bench, settled)
-        cmp = self._compare(bench.wl, decoded, truth)
+        cmp = self._compare_snapshot(bench.wl, settled, truth)
         if not cmp.ok and acc.on_device:
             self._settle(SETTLE_LONG_S)
             if self._changed(settled, self._snapshot(bench)):
                 raise self._deferred(where, self._watch_threads())
-        return Call(settled, decoded, cmp)
+        return Call(settled, cmp, lambda stored: self._decode(bench, stored))
 
     def _after_call(self, where: str, seconds: float) -> list[int]:
         """The settle window after a candidate call: the accused keeps running for `seconds`
@@ -938,6 +1070,29 @@ class Evaluation:
                             f"that are neither the candidate's own nor allowed library kernels "
                             f"({shown}): a native implementation reached at run time")
 
+    def _check_written_calls(self, wl: Workload, call_a: Call, call_b: Call | None,
+                             truth: dict[str, np.ndarray], where: str) -> None:
+        """_check_written of two calls (or one): on the device when both snapshots are there
+        and no poison pattern survived; the host finds and reports what did."""
+        snaps = [c.snap for c in (call_a, call_b) if c is not None]
+        dev = self._device_truth(wl, call_a.snap, truth)
+        if dev is not None and all(sn.device is not None for sn in snaps):
+            import torch
+            with self.phase("checks"):
+                left = False
+                for s in wl.outputs:
+                    dt = dtypes.get(s.dtype)
+                    width = dt.bits.itemsize
+                    mask = snaps[0].device[s.name] == device_checks.signed(dt.poison_a, width)
+                    if len(snaps) > 1:
+                        mask = torch.logical_or(mask, snaps[1].device[s.name]
+                                                == device_checks.signed(dt.poison_b, width))
+                    mask = torch.logical_and(mask, torch.isfinite(dev[s.name]))
+                    left = left or bool(mask.any())
+            if not left:
+                return
+        self._check_written(wl, call_a.stored, call_b.stored if call_b else None, truth, where)
+
     def _check_written(self, wl: Workload, outs_a: dict[str, np.ndarray],
                        outs_b: dict[str, np.ndarray] | None, truth: dict[str, np.ndarray],
                        where: str) -> None:
@@ -960,6 +1115,12 @@ class Evaluation:
 
     def _check_deterministic(self, wl: Workload, call_a: Call, call_b: Call,
                              truth: dict[str, np.ndarray], where: str) -> None:
+        a, b = call_a.snap.device, call_b.snap.device
+        if a is not None and b is not None:
+            import torch
+            with self.phase("checks"):
+                if all(torch.equal(a[s.name], b[s.name]) for s in wl.outputs):
+                    return
         for s in wl.outputs:
             if same_bytes(call_a.stored[s.name], call_b.stored[s.name]):
                 continue  # identical values are close under any tolerance, NaN and inf included
@@ -1010,7 +1171,7 @@ class Evaluation:
                                             audit=2 * t in audits)
                 call_b = self._checked_call(bench, inputs, truth, "b", HEAP_BYTE_B, where,
                                             audit=2 * t + 1 in audits)
-                self._check_written(wl, call_a.stored, call_b.stored, truth, where)
+                self._check_written_calls(wl, call_a, call_b, truth, where)
                 # An earlier answer explains a disagreement between the two calls more
                 # precisely than nondeterminism does, so it is looked for first.
                 for call in (call_a, call_b):
@@ -1038,7 +1199,7 @@ class Evaluation:
                 truth = self._reference(probe, wl)
                 self._upload_inputs(bench, probe)
                 call = self._checked_call(bench, probe, truth, "a", HEAP_BYTE_A, where)
-                self._check_written(wl, call.stored, None, truth, where)
+                self._check_written_calls(wl, call, None, truth, where)
                 cmp = call.cmp
                 worst = worst.merge(cmp)
                 if not cmp.ok:
@@ -1167,7 +1328,7 @@ class Evaluation:
                 order = list(contenders)
                 order_rng.shuffle(order)
                 times: dict[str, int] = {}
-                snap: dict[str, np.ndarray] = {}
+                snap = Snapshot({}, None, {})
                 truth: dict[str, np.ndarray] = {}
                 busy: list[int] = []
                 prime_ns: dict[str, int] = {}
@@ -1317,7 +1478,7 @@ class Evaluation:
             # running would share the GPU with the candidate's call and stretch it.
             a.synchronize()
 
-    def _recheck(self, bench: Bench, inputs: Inputs, snap: dict[str, np.ndarray],
+    def _recheck(self, bench: Bench, inputs: Inputs, snap: Snapshot,
                  truth: dict[str, np.ndarray], prev_truth: dict[str, np.ndarray] | None,
                  where: str, busy: list[int]) -> None:
         """The outputs of a timed call must be those of its own input set: the same checks as
@@ -1326,9 +1487,9 @@ class Evaluation:
             raise self._deferred(where, busy)
         self._check_inputs(bench, inputs, where)
         wl = bench.wl
-        outs = self._decode(bench, snap)
-        if self._compare(wl, outs, truth).ok:
+        if self._compare_snapshot(wl, snap, truth).ok:
             return
+        outs = self._decode(bench, snap.host())
         if self.accused is not None and self.accused.on_device:
             self._settle(SETTLE_LONG_S)
             if self._changed(snap, self._snapshot(bench)):
@@ -1336,7 +1497,7 @@ class Evaluation:
         if prev_truth is not None and self._matches(wl, outs, prev_truth):
             raise Violation("stale_output", f"{where}: the outputs are the answer to the "
                             f"previous input set (result reuse or caching)")
-        unwritten = any(dtypes.get(s.dtype).poison_mask(snap[s.name], "a").any()
+        unwritten = any(dtypes.get(s.dtype).poison_mask(snap.host()[s.name], "a").any()
                         for s in wl.outputs if dtypes.get(s.dtype).is_float)
         detail = "left outputs unwritten" if unwritten else "returned wrong outputs"
         raise Violation("phase_dependent", f"{where}: the candidate {detail} although every "

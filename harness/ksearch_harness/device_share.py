@@ -13,6 +13,11 @@ its call returned) is what the judge's checks already look for.
 
 The driver is reached through ctypes (libcuda.so.1), so nothing beyond the driver and the
 image's PyTorch is needed; `available()` says whether this device can export such memory.
+
+`KSEARCH_HARNESS_DEVICE_SHARE` picks the mode: `auto` (default: share where the driver can),
+`off` (the judge reaches the accused's buffers through the host arena only), or `emulate`
+(tests without a GPU: a memfd stands in for device memory and tensors are host tensors over
+it, so the judge/accused protocol and the checks run as on a GPU).
 """
 
 from __future__ import annotations
@@ -29,6 +34,16 @@ CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
 CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
 CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
 CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103
+
+
+MODE_ENV = "KSEARCH_HARNESS_DEVICE_SHARE"
+MODES = ("auto", "off", "emulate")
+
+
+def mode() -> str:
+    """The sharing mode from $KSEARCH_HARNESS_DEVICE_SHARE (unknown values: `auto`)."""
+    m = os.environ.get(MODE_ENV, "").strip().lower()
+    return m if m in MODES else "auto"
 
 
 class ShareError(RuntimeError):
@@ -116,7 +131,12 @@ def _prop(device: int) -> _AllocationProp:
 
 
 def available(device: int = 0) -> tuple[bool, str]:
-    """(whether this device can share memory by file descriptor, why not)."""
+    """(whether this device can share memory by file descriptor, why not), in this mode."""
+    m = mode()
+    if m == "off":
+        return False, f"turned off ({MODE_ENV}=off)"
+    if m == "emulate":
+        return True, ""
     try:
         _context(device)
         cu = _cuda()
@@ -135,6 +155,8 @@ def available(device: int = 0) -> tuple[bool, str]:
 
 
 def granularity(device: int = 0) -> int:
+    if mode() == "emulate":
+        return 1 << 16
     _context(device)
     g = ctypes.c_size_t()
     p = _prop(device)
@@ -148,9 +170,14 @@ class Mapping:
     """One shared allocation mapped in this process: device address `ptr`, `size` bytes."""
     ptr: int
     size: int
-    handle: int
+    handle: int  # -1: emulated (`host` is the memory)
     device: int
     closed: bool = False
+    host: Any = None
+
+    @property
+    def emulated(self) -> bool:
+        return self.handle < 0
 
     def close(self) -> None:
         """Unmaps and releases this process's hold on the memory (the other side keeps its
@@ -158,6 +185,8 @@ class Mapping:
         if self.closed:
             return
         self.closed = True
+        if self.handle < 0:
+            return  # emulated: the memory map goes with the last view of it
         cu = _cuda()
         cu.cuMemUnmap(self.ptr, self.size)
         cu.cuMemAddressFree(self.ptr, self.size)
@@ -171,9 +200,15 @@ class Mapping:
                              f"({self.size} bytes)")
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
+        if self.handle < 0:
+            import numpy as np
+            assert self.host is not None
+            raw = torch.from_numpy(np.frombuffer(self.host, dtype=np.uint8, count=nbytes,
+                                                 offset=offset))
+            return raw.view(dtype).reshape(shape)
         raw = torch.as_tensor(_ArrayInterface(self.ptr + offset, nbytes),
                               device=f"cuda:{self.device}")
-        return raw.view(dtype).view(shape)
+        return raw.view(dtype).reshape(shape)
 
 
 class _ArrayInterface:
@@ -203,6 +238,8 @@ def _map(handle: int, size: int, device: int) -> Mapping:
 def create(nbytes: int, device: int = 0) -> tuple[Mapping, int]:
     """A new shareable allocation of at least `nbytes`, mapped here, and a file descriptor
     that exports it (the caller sends it and closes it)."""
+    if mode() == "emulate":
+        return _emulated(nbytes, device)
     _context(device)
     cu = _cuda()
     g = granularity(device)
@@ -225,9 +262,15 @@ def create(nbytes: int, device: int = 0) -> tuple[Mapping, int]:
     return mapping, int(fd.value)
 
 
-def open_shared(fd: int, size: int, device: int = 0) -> Mapping:
-    """Maps memory another process exported as `fd` (`size` bytes, as it said); the
-    descriptor is closed here once imported."""
+def open_shared(fd: int, size: int, device: int = 0, emulated: bool = False) -> Mapping:
+    """Maps memory another process exported as `fd` (`size` bytes, as it said; `emulated`
+    when the exporter emulates device memory, which it says too); the descriptor is closed
+    here once imported."""
+    if emulated:
+        try:
+            return Mapping(0, size, -1, device, host=_host_map(fd, size))
+        finally:
+            os.close(fd)
     _context(device)
     cu = _cuda()
     handle = ctypes.c_uint64()
@@ -241,3 +284,16 @@ def open_shared(fd: int, size: int, device: int = 0) -> Mapping:
     except ShareError:
         cu.cuMemRelease(handle.value)
         raise
+
+
+def _host_map(fd: int, size: int) -> Any:
+    import mmap
+    return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def _emulated(nbytes: int, device: int) -> tuple[Mapping, int]:
+    g = granularity(device)
+    size = max(g, (nbytes + g - 1) // g * g)
+    fd = os.memfd_create("ksearch-device-share", 0)
+    os.ftruncate(fd, size)
+    return Mapping(0, size, -1, device, host=_host_map(fd, size)), fd

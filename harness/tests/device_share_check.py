@@ -9,7 +9,10 @@ lock-down, as accused.py does before it maps anything) imports the descriptor, c
 bytes and writes new ones; the judge checks those. For comparison the same is tried with
 PyTorch's legacy CUDA IPC (cudaIpcGetMemHandle, what torch.multiprocessing uses). Prints what
 worked, what each step cost, and the judge's device-side compare of MIB (torch.equal) against
-a device-to-host copy of the same bytes, the step sharing replaces.
+a device-to-host copy of the same bytes, the step sharing replaces. Last, device_checks with
+PyTorch on the device against core.py's host checks on outputs of 16M elements (f16, bf16, f32;
+near the tolerance, one far element, NaN and infinities): the verdicts and error figures must
+agree, and each side's time is printed.
 """
 
 from __future__ import annotations
@@ -82,6 +85,50 @@ def _launch(mode: str, fd: int, size: int, workdir: str) -> dict:
     res["wall_s"] = time.perf_counter() - started
     res["layers"] = [x.to_json() for x in proc.report]
     return res
+
+
+def _checks_agree() -> list[dict]:
+    import math
+    import numpy as np
+    import torch
+    from ksearch_harness import core, device_checks, dtypes
+    from ksearch_harness.protocol import Tolerance
+    tol = Tolerance(rtol=2e-2, atol=2e-3)
+    rng = np.random.default_rng(11)
+    n = 1 << 24
+    rows = []
+    for name in ("f16", "bf16", "f32"):
+        dt = dtypes.get(name)
+        t = rng.standard_normal(n).astype(np.float32)
+        t[[5, 6, 7]] = [np.nan, np.inf, -np.inf]
+        truth = dt.decode_exact(dt.encode(t))
+        for case in ("near", "far", "nan"):
+            x = t * (1 + 1e-3 * rng.standard_normal(n)).astype(np.float32)
+            x[[5, 6, 7]] = [np.nan, np.inf, -np.inf]
+            if case == "far":
+                x[1234] += 10.0
+            if case == "nan":
+                x[999] = np.nan
+            stored = dt.encode(x)
+            t0 = time.perf_counter()
+            host = core.compare(dt.decode_exact(stored), truth, tol)
+            host_s = time.perf_counter() - t0
+            bits = torch.from_numpy(stored.view(np.dtype(f"i{stored.itemsize}"))).cuda()
+            tdev = torch.from_numpy(truth).cuda()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            ok, max_abs, max_rel = device_checks.compare(
+                torch, device_checks.decode(bits, name), tdev, tol.atol, tol.rtol)
+            dev_s = time.perf_counter() - t0
+            same = (ok == host.ok and all(
+                (math.isnan(a) and math.isnan(b)) or a == b
+                for a, b in ((max_abs, host.max_abs), (max_rel, host.max_rel))))
+            rows.append({"dtype": name, "case": case, "agree": same, "host_ok": host.ok,
+                         "device_ok": ok, "host_s": host_s, "device_s": dev_s})
+            print(f"checks {name} {case}: agree {same} (host {host.ok} {host.max_abs:.3g} "
+                  f"{host.max_rel:.3g}, device {ok} {max_abs:.3g} {max_rel:.3g}); "
+                  f"host {host_s * 1e3:.1f} ms, device {dev_s * 1e3:.1f} ms")
+    return rows
 
 
 def main() -> int:
@@ -157,6 +204,8 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001 - reported
         res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     report["legacy_ipc"] = res
+
+    report["checks"] = _checks_agree()
 
     for key in ("vmm", "legacy_ipc"):
         if key in report:

@@ -123,6 +123,12 @@ def seed_variant(kind: str) -> str:
         # Ignores `stream` and launches on the legacy default stream.
         new = ("ksmoke_spin<<<1, 1, 0, 0>>>(20000000LL);\n  "
                "naive_attention<T, D><<<(unsigned)blocks, threads, 0, 0>>>(")
+    elif kind == "writes_input":
+        # Zeroes the first bytes of `q` after its kernel: inputs are read-only (on the cuda
+        # backend they live in device memory the judge shares and checks on the device).
+        tail = "  return (int)cudaGetLastError();"
+        assert src.count(tail) == 1, "the seed's launch changed; update gpu_smoke.py"
+        return src.replace(tail, "  cudaMemsetAsync((void*)q, 0, 64, stream);\n" + tail, 1)
     elif kind == "illegal_address":
         return src.replace("(T*)out, rows", "(T*)out + (1LL << 40), rows", 1)
     elif kind == "escape_attempts":
@@ -325,6 +331,10 @@ def run_cuda(c: Cases) -> None:
         src = c.path(kind, seed_variant(kind), ".cu")
         c.process(f"cheat {kind}", request("cuda", src, c.root / f"b-{kind}", F16, "f16",
                                            "attention_f16"), deferred)
+    src = c.path("writes_input", seed_variant("writes_input"), ".cu")
+    c.process("cheat writes its input", request("cuda", src, c.root / "b-wi", F16, "f16",
+                                                "attention_f16"),
+              ["integrity_violation/input_mutated"])
     escapes = c.path("escapes", seed_variant("escape_attempts"), ".cu")
     result = c.process("cheat escape attempts", request("cuda", escapes, c.root / "b-esc", F16,
                                                         "f16", "attention_f16"), ["passed"])

@@ -47,10 +47,13 @@ def _load_fake_torch():
 FakeTorch = _load_fake_torch()
 
 
-@pytest.fixture
-def torch(monkeypatch):
+@pytest.fixture(params=["off", "emulate"])
+def torch(monkeypatch, request):
     """The judge's fake (this process) and the accused's (a child importing the fake package
-    from PYTHONPATH, configured through $KSEARCH_FAKE_TORCH by `accused_settings`)."""
+    from PYTHONPATH, configured through $KSEARCH_FAKE_TORCH by `accused_settings`). Every test
+    runs twice: the judge reaching the accused's buffers through the host arena (`off`), and
+    sharing their memory (device_share, `emulate`: a memfd stands in for device memory)."""
+    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_SHARE", request.param)
     fake = FakeTorch()
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.setitem(sys.modules, "torch.cuda", fake.cuda)
@@ -144,6 +147,20 @@ static int start(const void* x, void* y, int64_t n) {
 }
 extern "C" int scale_f16(const void* x, void* y, int64_t n, void* s) { return start(x, y, n / 2); }
 extern "C" int scale_f32(const void* x, void* y, int64_t n, void* s) { return start(x, y, n); }
+""",
+    # Writes into its input (on a GPU the input lives in the memory the judge shares).
+    "writes_its_input": HEAD + """
+extern "C" int scale_f16(const void* x, void* y, int64_t n, void* s) {
+  for (int64_t i = 0; i < n; ++i)
+    ((__half*)y)[i] = __float2half(2.f * __half2float(((const __half*)x)[i]));
+  ((__half*)x)[n - 1] = __float2half(0.f);
+  return 0;
+}
+extern "C" int scale_f32(const void* x, void* y, int64_t n, void* s) {
+  for (int64_t i = 0; i < n; ++i) ((float*)y)[i] = 2.f * ((const float*)x)[i];
+  ((float*)x)[n - 1] = 0.f;
+  return 0;
+}
 """,
     # Only one of the two dtype entry points.
     "f32_only": HEAD + """
@@ -322,3 +339,28 @@ def test_device_busy_after_the_stream_in_timed_calls_is_deferred_work(tmp_path, 
     assert r["status"] == "integrity_violation", (r["status"], r["message"])
     assert r["violation"]["class"] == "deferred_work"
     assert "still busy after the harness stream had finished" in r["message"]
+
+
+def test_the_judge_shares_the_accused_device_memory_where_it_can(tmp_path, torch):
+    """With sharing (emulated here) every buffer the candidate sees lives in memory the judge
+    maps too, and the result says so; with it turned off, the host arena carries the data."""
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", (r["status"], r["message"])
+    share = r["diagnostics"]["device_share"]
+    reads = r["diagnostics"]["outputs_read_to_host"]
+    if os.environ["KSEARCH_HARNESS_DEVICE_SHARE"] == "emulate":
+        assert share == {"active": True, "detail": ""}
+        # Every check of an honest kernel's outputs ran where the outputs are.
+        assert reads == 0
+    else:
+        assert share["active"] is False and "turned off" in share["detail"]
+        assert reads >= r["diagnostics"]["candidate_calls"]
+
+
+def test_a_candidate_writing_its_input_is_caught(tmp_path, torch):
+    """The judge checks the accused's inputs after every call: against its own device copy
+    where the memory is shared, against the drawn set otherwise."""
+    r = _evaluate(tmp_path, CANDIDATES["writes_its_input"])
+    assert r["status"] == "integrity_violation", (r["status"], r["message"])
+    assert r["violation"]["class"] == "input_mutated"
+    assert "input `x` was modified" in r["message"]

@@ -571,6 +571,11 @@ class CudaAdapter(DeviceAdapter):
             return CudaBuffer(spec, torch.empty(spec.shape, dtype=torch_dtype(spec.dtype),
                                                 device="cuda"))
 
+    def adopt(self, spec: TensorSpec, tensor: Any) -> CudaBuffer:
+        """A buffer over device memory allocated elsewhere (the judge's shared memory:
+        device_share)."""
+        return CudaBuffer(spec, tensor)
+
     def upload(self, buf: CudaBuffer, host: np.ndarray) -> None:
         with self._cuda_errors("copying to the device"):
             torch_upload(buf.tensor, host)

@@ -1,0 +1,97 @@
+"""The judge's output checks computed where the outputs are: on the device, when the judge
+shares the accused's device memory (device_share), instead of copying every output to the host.
+
+The arithmetic is core.py's, element for element: outputs and truth in float64, an element is
+close when |x - t| <= atol * max|finite t| + rtol * |t|, or equal (NaN to NaN) where the truth
+is not finite; the largest absolute and relative errors over finite truth values, NaN when an
+output there is NaN. The functions take an array namespace `xp` (PyTorch on the device; numpy
+in the tests, which compare them with core.py's host versions on the same arrays) and return
+plain Python values.
+
+Only the common case is here: the "scaled" rule with every element required close, and float
+element types. Anything else (the FlashInfer "either" rule, matched ratios, integer outputs) and
+every failure's details (counts, first index, near misses) stay on the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Element types these checks decode on the device: the storage bits reinterpreted as the
+# float type of the same width (bf16 and f16 widened to float32 exactly).
+FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
+
+
+def supported(dtype: str, rule: str, matched_ratio: float) -> bool:
+    return dtype in FLOAT_TYPES and rule == "scaled" and matched_ratio >= 1.0
+
+
+def decode(bits: Any, dtype: str) -> Any:
+    """A device tensor of storage bits (an integer tensor of the element's width) as the float
+    values it holds: float32 for f16, bf16 and f32, float64 for f64."""
+    import torch
+    view = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32,
+            "f64": torch.float64}[dtype]
+    x = bits.view(view)
+    return x.float() if dtype in ("f16", "bf16") else x
+
+
+def _f64(xp: Any, a: Any) -> Any:
+    return a.astype(xp.float64) if hasattr(a, "astype") else a.to(xp.float64)
+
+
+def _same(xp: Any, x: Any, y: Any) -> Any:
+    """Equal, or both NaN."""
+    return xp.logical_or(x == y, xp.logical_and(xp.isnan(x), xp.isnan(y)))
+
+
+def _scale(xp: Any, t: Any, finite: Any) -> float:
+    """max |t| over finite t (0.0 when none is finite)."""
+    at = xp.abs(t)
+    if bool(finite.all()):
+        return float(at.max())
+    kept = at[finite]
+    count = kept.numel() if hasattr(kept, "numel") else kept.size
+    return float(kept.max()) if count else 0.0
+
+
+def compare(xp: Any, out: Any, truth: Any, atol: float, rtol: float) -> tuple[bool, float, float]:
+    """(every element close, max abs error, max rel error) of `out` against `truth`, as
+    core.compare: the relative error's denominator is at least 1e-6 max|truth|; both maxima are
+    0.0 when no truth value is finite."""
+    x, t = _f64(xp, out).reshape(-1), _f64(xp, truth).reshape(-1)
+    finite = xp.isfinite(t)
+    if not bool(finite.any()):
+        return bool(_same(xp, x, t).all()), 0.0, 0.0
+    scale = _scale(xp, t, finite)
+    at = xp.abs(t)
+    diff = xp.abs(x - t)
+    within = diff <= atol * scale + rtol * at
+    close = xp.where(finite, xp.logical_or(within, _same(xp, x, t)), _same(xp, x, t))
+    ok = bool(close.all())
+    if bool(finite.all()):
+        d, a = diff, at
+    else:
+        d, a = diff[finite], at[finite]
+    floor = max(scale * 1e-6, 1e-300)
+    max_abs = float(d.max())
+    max_rel = float((d / xp.maximum(a, xp.full_like(a, floor))).max())
+    return ok, max_abs, max_rel
+
+
+def close_all(xp: Any, x: Any, y: Any, truth: Any, atol: float, rtol: float) -> bool:
+    """core.close_all: every |x - y| within the truth's bound where the truth is finite, x and
+    y equal (NaN to NaN) where it is not."""
+    x, y, t = (_f64(xp, a).reshape(-1) for a in (x, y, truth))
+    finite = xp.isfinite(t)
+    bound = atol * _scale(xp, t, finite) + rtol * xp.abs(t)
+    within = xp.abs(x - y) <= bound
+    same = _same(xp, x, y)
+    return bool(xp.where(finite, xp.logical_or(within, same), same).all())
+
+
+def signed(pattern: int, width: int) -> int:
+    """An unsigned bit pattern as the signed integer of `width` bytes with the same bits (the
+    device's bit tensors are signed)."""
+    top = 1 << (8 * width)
+    return pattern - top if pattern >= top >> 1 else pattern
