@@ -346,7 +346,11 @@ def run_cuda(c: Cases) -> None:
         c.rows[-1]["ok"] = False
         print(f"[FAIL] the cuda accused managed {escaped}", flush=True)
     patched = c.path("timer_patch", seed_variant("timer_patch"), ".cu")
-    raw = request("cuda", patched, c.root / "b-timer", F16, "f16", "attention_f16")
+    # Calls of several milliseconds: a tenth of that falls short of the judge's window by far
+    # more than round trips vary (on the H200 they ranged 0.24-0.65 ms between sessions, and
+    # the smaller workloads' calls of 0.5-0.9 ms were not named at all).
+    raw = request("cuda", patched, c.root / "b-timer", [(1, 4, 512, 128, 0, False)], "f16",
+                  "attention_f16")
     raw["timing"].update(min_reps=8, max_reps=8)
     c.process("cheat patched event clock", raw, ["integrity_violation/timer_tampering"])
     bad = c.path("illegal", seed_variant("illegal_address"), ".cu")
