@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import (adapters, device_checks, draw_cache, dtypes, intervals, machine, parallel,
-               sanity_cache, static_checks)
+               sanity_cache, scratch, spare_accused, static_checks)
 from .accused_client import (TAMPER_MIN_CALLS, TAMPER_ROUND_TRIP_QUANTILE, AccusedAdapter,
                              AccusedProcess, RemoteCall, Shortfall, device_to_host,
                              report_shortfall)
@@ -621,6 +622,10 @@ class Evaluation:
         # Whether the judge shares device memory with the accused (cuda: device_share).
         self.device_share: dict[str, Any] | None = None
         self._truths: list[tuple[dict[str, np.ndarray], dict[str, Any]]] = []
+        # A spare accused started by an earlier evaluation (spare_accused), and the file its
+        # output went to, copied into this request's log at the end.
+        self.prestarted = False
+        self.accused_log: str | None = None
         # Output snapshots copied to the host (every one without shared device memory; with
         # it, only those a failing or host-only check needed).
         self.host_reads = 0
@@ -643,6 +648,8 @@ class Evaluation:
                 self.process.kill()
             if self.workdir is not None:  # nothing of the candidate's is left behind
                 shutil.rmtree(self.workdir, ignore_errors=True)
+            if self.accused_log is not None:
+                _append_log(self.accused_log)
             # Also when a check fails: the counts and phase times up to the verdict.
             if "diagnostics" in self.out.data:
                 self.out.data["diagnostics"] = self._diagnostics()
@@ -720,6 +727,9 @@ class Evaluation:
             self.correctness()
 
         out.stage = "timing"
+        # Nothing of the next evaluation's accused starting up while this one is timed.
+        with phase("load"):
+            spare_accused.settle()
         with phase("checks"):
             timed_total = self.timing()
             self.check_timer(timed_total)
@@ -738,6 +748,7 @@ class Evaluation:
                 "lingering_calls": proc.linger_calls if proc else 0,
                 "task_sanity_cached": self.sanity_cached,
                 "device_share": self.device_share,
+                "accused_prestarted": self.prestarted,
                 "outputs_read_to_host": self.host_reads,
                 "draw_cache": draw_cache.stats(),
                 "phase_seconds": self.phase.snapshot()}
@@ -758,13 +769,44 @@ class Evaluation:
         # The accused's own directory (it may write nothing else), in the system's temporary
         # directory: the build directory may sit where the sandbox's uid cannot go. The harness
         # is made readable for it.
-        self.workdir = _fresh_dir(None, "ksearch-accused")
         harness_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        self.process = AccusedProcess(req.backend, workdir=self.workdir, log_fd=1,
-                                      deadline=self.started + req.timeout_s,
-                                      sandbox_mode=req.sandbox, readable_extra=(harness_dir,),
-                                      arena_bytes=self.arena_bytes,
-                                      cpu_seconds=int(req.timeout_s * machine.cores()) + 10)
+        cpu_seconds = int(req.timeout_s * machine.cores()) + 10
+        arena = self.arena_bytes
+
+        def launch(log_fd: int, workdir: str, deadline: float) -> AccusedProcess:
+            return AccusedProcess(req.backend, workdir=workdir, log_fd=log_fd,
+                                  deadline=deadline, sandbox_mode=req.sandbox,
+                                  readable_extra=(harness_dir,), arena_bytes=arena,
+                                  cpu_seconds=cpu_seconds)
+
+        # A persistent judge started this evaluation's accused during the previous one
+        # (spare_accused), for a request with the same sandbox; it starts the next one now.
+        key = (req.backend, req.sandbox, harness_dir, cpu_seconds,
+               arena if req.backend == "cpu" else 0)
+        spare = spare_accused.take(key)
+        if spare is not None:
+            self.process, self.workdir, self.accused_log = spare.process, spare.workdir, spare.log
+            self.process.deadline = self.started + req.timeout_s
+            self.prestarted = True
+        else:
+            self.workdir = _fresh_dir(scratch.parent(), "ksearch-accused")
+            self.process = launch(1, self.workdir, self.started + req.timeout_s)
+
+        def make_spare() -> spare_accused.Started:
+            workdir = _fresh_dir(scratch.parent(), "ksearch-accused")
+            fd, log = tempfile.mkstemp(prefix="ksearch-accused-", suffix=".log",
+                                       dir=scratch.parent())
+            try:
+                return spare_accused.Started(
+                    launch(fd, workdir, time.monotonic() + req.timeout_s), workdir, log)
+            except BaseException:
+                shutil.rmtree(workdir, ignore_errors=True)
+                os.unlink(log)
+                raise
+            finally:
+                os.close(fd)
+
+        spare_accused.start(key, make_spare)
 
     def _accused_ready(self, info: BuildInfo) -> tuple[AccusedAdapter, str]:
         """The started accused, ready, with a copy of the artifact in its directory."""
@@ -1760,6 +1802,23 @@ def kernel_base(name: str) -> str:
 def _nbytes(spec: Any) -> int:
     count = int(np.prod(spec.shape, dtype=np.int64))
     return count * dtypes.get(spec.dtype).storage.itemsize
+
+
+def _append_log(path: str) -> None:
+    """Copies a spare accused's output file into this request's log (fd 1), then removes it."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if data:
+            sys.stdout.flush()
+            os.write(1, data)
+    except OSError:
+        pass
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _fresh_dir(parent: str | None, prefix: str) -> str:

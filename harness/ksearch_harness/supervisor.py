@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from . import protocol
+from . import protocol, scratch
 from .protocol import (CandidateRuntimeError, HarnessError, Request, ResultChannel, TaskError,
                        Violation)
 
@@ -169,8 +169,9 @@ class _Worker:
     """The persistent judge's long-lived worker: requests in through one pipe (one JSON line
     each), results out through another (one line each)."""
 
-    def __init__(self, pid: int, to_worker: int, from_worker: int):
+    def __init__(self, pid: int, to_worker: int, from_worker: int, scratch_dir: str):
         self.pid, self.to_worker, self.from_worker = pid, to_worker, from_worker
+        self.scratch_dir = scratch_dir
         self.served = 0
         self.dead = False
         self._buf = bytearray()
@@ -179,9 +180,11 @@ class _Worker:
     def fork(cls) -> "_Worker":
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
+        where = scratch.make()
         pid = os.fork()
         if pid == 0:  # worker
             try:
+                scratch.use(where)
                 os.close(req_w)
                 os.close(res_r)
                 rfd, wfd = protocol.move_fd_high(req_r), protocol.move_fd_high(res_w)
@@ -195,7 +198,7 @@ class _Worker:
                 os._exit(70)
         os.close(req_r)
         os.close(res_w)
-        return cls(pid, req_w, res_r)
+        return cls(pid, req_w, res_r, where)
 
     def alive(self) -> bool:
         if self.dead:
@@ -294,6 +297,9 @@ class _Worker:
         self._close()
 
     def _close(self) -> None:
+        """After the worker has ended: its pipes, and everything it started beneath its
+        scratch directory (an accused's directory, a spare's), whether or not it got to clean
+        up."""
         self.dead = True
         for fd in (self.to_worker, self.from_worker):
             if fd >= 0:
@@ -302,6 +308,8 @@ class _Worker:
                 except OSError:
                     pass
         self.to_worker = self.from_worker = -1
+        scratch.remove(self.scratch_dir)
+        self.scratch_dir = ""
 
 
 def _temp_log() -> str:
@@ -323,9 +331,11 @@ def _log_path(req: Request) -> tuple[str, bool]:
 def run_worker(req: Request) -> dict:
     deadline = time.monotonic() + req.timeout_s
     r, w = os.pipe()
+    where = scratch.make()
     pid = os.fork()
     if pid == 0:  # worker
         try:
+            scratch.use(where)
             os.close(r)
             fd = protocol.move_fd_high(w)
             # The worker keeps fd 0-2 and its pipe, nothing else: in particular not the real
@@ -337,7 +347,10 @@ def run_worker(req: Request) -> dict:
         finally:
             os._exit(70)
     os.close(w)
-    data, status, timed_out = _collect(pid, r, deadline)
+    try:
+        data, status, timed_out = _collect(pid, r, deadline)
+    finally:
+        scratch.remove(where)  # the worker is gone: what it started beneath goes too
     os.close(r)
     if timed_out:
         return protocol.error_result(req.op, req.nonce, _Timeout(

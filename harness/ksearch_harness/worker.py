@@ -38,6 +38,11 @@ def execute(req: Request, adapter=None, roofline_override=None) -> dict:
 def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
     out = ResultBuilder(req.op, req.nonce)
     try:
+        if req.op != "evaluate":
+            # A spare accused an evaluation started is up and stopped before anything else
+            # runs (spare_accused).
+            from . import spare_accused
+            spare_accused.settle()
         from . import core
         from .machine import steady_heap
         steady_heap()
@@ -105,11 +110,12 @@ def child_loop(req_fd: int, res_fd: int) -> None:
     try:
         import faulthandler
         import json
-        from . import draw_cache
+        from . import draw_cache, spare_accused
         from .machine import die_with_parent
         from .protocol import parse_request, redirect_output
         die_with_parent()
         draw_cache.enable()
+        spare_accused.enable()
         reader = os.fdopen(req_fd, "rb")
         while True:
             line = reader.readline()
@@ -135,7 +141,11 @@ def child_loop(req_fd: int, res_fd: int) -> None:
         traceback.print_exc()
         code = 70
     finally:
-        os._exit(code)
+        try:
+            from . import spare_accused
+            spare_accused.close()  # nothing of a spare is left behind
+        finally:
+            os._exit(code)
 
 
 def _forget_device() -> bool:

@@ -63,6 +63,21 @@ def test_timeout_is_a_clean_verdict(corpus_results):
     assert driver.live_group_members(run.pgid) == []
 
 
+def test_a_timed_out_evaluation_leaves_no_files_behind():
+    """The worker is killed at the request's timeout, before it can clean up: the directories
+    it made for the accused (the candidate's working directory among them) live beneath a
+    scratch directory of the supervisor's, removed with the worker (scratch.py)."""
+    def ours() -> set[str]:
+        return {n for n in os.listdir(tempfile.gettempdir())
+                if n.startswith(("ksearch-judge-", "ksearch-accused-"))}
+    before = ours()
+    with tempfile.TemporaryDirectory() as d:
+        req = driver.softmax_request(driver.CHEATS / "infinite_loop.c", d, timeout_s=3)
+        run = driver.run_harness("evaluate", req, timeout=60)
+        assert run.result is not None and run.result["status"] == "timeout"
+    assert ours() - before == set()
+
+
 def test_group_kill_from_outside_leaves_nothing_running():
     """ksearch's own timeout: it kills the harness's process group. The worker is in that
     group, so no spinning candidate survives, and the verdict is a timeout without a result."""
@@ -74,6 +89,15 @@ def test_group_kill_from_outside_leaves_nothing_running():
         while driver.live_group_members(run.pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert driver.live_group_members(run.pgid) == []
+        # The killed supervisor could not remove its scratch directory; the next harness to
+        # start does (scratch.sweep), since its pid is gone.
+        left = [n for n in os.listdir(tempfile.gettempdir())
+                if n.startswith(f"ksearch-judge-{run.pgid}-")]
+        assert left, "the killed supervisor made no scratch directory"
+        driver.run_harness("evaluate", driver.softmax_request(driver.HONEST / "naive.c", d),
+                           timeout=120)
+        assert not [n for n in os.listdir(tempfile.gettempdir())
+                    if n.startswith(f"ksearch-judge-{run.pgid}-")]
 
 
 def test_segfault_then_next_evaluation_still_works(corpus_results):

@@ -55,7 +55,13 @@ class Judge:
         return code
 
 
+def _accused_leftovers() -> set[str]:
+    tmp = tempfile.gettempdir()
+    return {n for n in os.listdir(tmp) if n.startswith(("ksearch-accused", "ksearch-judge"))}
+
+
 def test_one_worker_serves_requests_until_one_times_out():
+    before = _accused_leftovers()
     judge = Judge()
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -84,6 +90,10 @@ def test_one_worker_serves_requests_until_one_times_out():
             kept = judge.ask(driver.softmax_request(naive, d, nonce="g" * 16))
             assert kept["status"] == "passed", kept["message"]
             assert kept["diagnostics"]["draw_cache"]["hits"] > 0
+            # Its accused was started during the evaluation before (spare_accused); the first
+            # evaluation of a worker starts its own.
+            assert kept["diagnostics"]["accused_prestarted"] is True
+            assert again["diagnostics"]["accused_prestarted"] is False
             errors = [(w["name"], w["max_abs_err"]) for w in again["workloads"]]
             assert [(w["name"], w["max_abs_err"]) for w in kept["workloads"]] == errors
             # Ops that do not time on a device are not served here.
@@ -95,6 +105,10 @@ def test_one_worker_serves_requests_until_one_times_out():
             assert last["status"] == "passed", last["message"]
     finally:
         assert judge.close() == 0
+    # Nothing of an accused is left: not the spare the last evaluation started, nor the
+    # directories of the worker killed for its timeout (scratch.py).
+    left = _accused_leftovers() - before
+    assert not left, left
 
 
 def test_a_worker_whose_device_context_is_lost_ends_after_its_answer():
