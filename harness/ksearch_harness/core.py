@@ -806,7 +806,11 @@ class Evaluation:
             finally:
                 os.close(fd)
 
-        spare_accused.start(key, make_spare)
+        # Only GPU accused processes are worth starting ahead (imports and a device context:
+        # seconds); a cpu one starts in a tenth of a second, and starting its successor would
+        # only share the cores with this evaluation.
+        if req.backend != "cpu":
+            spare_accused.start(key, make_spare)
 
     def _accused_ready(self, info: BuildInfo) -> tuple[AccusedAdapter, str]:
         """The started accused, ready, with a copy of the artifact in its directory."""

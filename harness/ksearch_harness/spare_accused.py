@@ -1,7 +1,9 @@
-"""An accused process started ahead of the evaluation that will use it (persistent judge only).
+"""An accused process started ahead of the evaluation that will use it (persistent judge, GPU
+backends only).
 
 Starting an accused costs seconds on a GPU (its imports, its CUDA context, the lock-down), all
-before the candidate's first call. A persistent judge (supervisor.serve_loop) starts the next
+before the candidate's first call; on the cpu backend it costs a tenth of a second, and core.py
+starts no spare there. A persistent judge (supervisor.serve_loop) starts the next
 evaluation's accused while the current evaluation checks its candidate, so the next one finds
 it ready. The spare is a fresh process that has never loaded candidate code: it gets its arena,
 its artifact and its buffers from the evaluation that takes it, exactly as one started then

@@ -364,3 +364,30 @@ def test_a_candidate_writing_its_input_is_caught(tmp_path, torch):
     assert r["status"] == "integrity_violation", (r["status"], r["message"])
     assert r["violation"]["class"] == "input_mutated"
     assert "input `x` was modified" in r["message"]
+
+
+def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch):
+    """A persistent judge (spare_accused on) starts the next evaluation's accused during the
+    current one: the second evaluation takes it, its result is the same, and closing the judge
+    leaves no process directory or log behind."""
+    import tempfile
+
+    from ksearch_harness import spare_accused
+
+    def ours() -> set[str]:
+        return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("ksearch-accused")}
+
+    before = ours()
+    spare_accused.enable()
+    try:
+        first = _evaluate(tmp_path, HONEST)
+        second = _evaluate(tmp_path, HONEST)
+    finally:
+        spare_accused.enable(False)
+    assert first["status"] == second["status"] == "passed", (first["message"],
+                                                            second["message"])
+    assert first["diagnostics"]["accused_prestarted"] is False
+    assert second["diagnostics"]["accused_prestarted"] is True
+    errors = [(w["name"], w["max_abs_err"]) for w in first["workloads"]]
+    assert [(w["name"], w["max_abs_err"]) for w in second["workloads"]] == errors
+    assert ours() - before == set()

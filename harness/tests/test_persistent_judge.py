@@ -90,10 +90,9 @@ def test_one_worker_serves_requests_until_one_times_out():
             kept = judge.ask(driver.softmax_request(naive, d, nonce="g" * 16))
             assert kept["status"] == "passed", kept["message"]
             assert kept["diagnostics"]["draw_cache"]["hits"] > 0
-            # Its accused was started during the evaluation before (spare_accused); the first
-            # evaluation of a worker starts its own.
-            assert kept["diagnostics"]["accused_prestarted"] is True
-            assert again["diagnostics"]["accused_prestarted"] is False
+            # On the cpu backend every evaluation starts its own accused (spares are for GPU
+            # backends: test_a_gpu_judge_starts_the_next_accused_ahead).
+            assert kept["diagnostics"]["accused_prestarted"] is False
             errors = [(w["name"], w["max_abs_err"]) for w in again["workloads"]]
             assert [(w["name"], w["max_abs_err"]) for w in kept["workloads"]] == errors
             # Ops that do not time on a device are not served here.

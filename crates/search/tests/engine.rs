@@ -35,6 +35,8 @@ struct FakeEvaluator {
     /// On this call number, request the interrupt and fail as an evaluator whose harness was
     /// killed by it.
     interrupt_on: Option<(usize, Interrupt)>,
+    /// How long each evaluation takes.
+    delay: std::time::Duration,
 }
 
 impl FakeEvaluator {
@@ -45,6 +47,7 @@ impl FakeEvaluator {
             crash_on,
             crash_on_acceptance: false,
             interrupt_on: None,
+            delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -52,6 +55,7 @@ impl FakeEvaluator {
 impl CandidateEvaluator for FakeEvaluator {
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        std::thread::sleep(self.delay);
         if let Some((_, interrupt)) = self.interrupt_on.as_ref().filter(|(k, _)| *k == n) {
             interrupt.request();
             return Err(EvalFailure("interrupted".into()));
@@ -373,6 +377,38 @@ fn a_token_budget_stops_the_run_cleanly() {
     );
     assert_eq!(out.rounds_used, 1);
     assert!(engine.into_store().is_finished().unwrap());
+}
+
+#[test]
+fn the_wall_time_budget_covers_the_finish_too() {
+    // Evaluations of 100 ms, a budget of 2 s: rounds stop early enough for the re-check and
+    // the confirmation (8 evaluations here) to end within it.
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(|_, round, _| {
+        Ok(format!("score={};r{round}", 1.0 + f64::from(round) / 100.0))
+    });
+    let mut eval = FakeEvaluator::new(None);
+    eval.delay = std::time::Duration::from_millis(100);
+    let config = EngineConfig {
+        max_wall_seconds: Some(2),
+        recheck: true,
+        confirm_rounds: 1,
+        ..cfg(1000, 0)
+    };
+    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
+    let t0 = std::time::Instant::now();
+    let out = engine.run(None).unwrap();
+    let wall = t0.elapsed().as_secs_f64();
+    assert!(
+        out.stop_reason
+            .contains("wall-time budget reached (2 s, of which about"),
+        "{}",
+        out.stop_reason
+    );
+    assert!(out.rounds_used >= 5, "{} rounds", out.rounds_used);
+    assert!(out.confirmation.is_some());
+    // The finish's evaluations all happened, inside the budget (with room for scheduling).
+    assert!(wall < 2.4, "the run took {wall:.2} s");
 }
 
 #[test]

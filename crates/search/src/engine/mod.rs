@@ -297,6 +297,25 @@ pub struct Engine<'a> {
     interrupt: Option<&'a Interrupt>,
     /// Proposer calls that failed in a row (EngineConfig::max_proposer_failures).
     call_failures: std::sync::atomic::AtomicU32,
+    /// Wall times of this session's rounds and evaluations: what the wall-time budget keeps
+    /// for the next round and the finish ([`Engine::budget_reached`]).
+    walls: Mutex<Walls>,
+}
+
+/// Seconds each round and each evaluation of this session took.
+#[derive(Default)]
+struct Walls {
+    rounds: Vec<f64>,
+    evaluations: Vec<f64>,
+}
+
+fn median(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// A lint hook: source in, blocking findings out (empty = fine).
@@ -331,6 +350,7 @@ impl<'a> Engine<'a> {
             lint: None,
             interrupt: None,
             call_failures: std::sync::atomic::AtomicU32::new(0),
+            walls: Mutex::new(Walls::default()),
         }
     }
 
@@ -427,7 +447,14 @@ impl<'a> Engine<'a> {
                 self.checkpoint(&state)?;
                 continue;
             }
-            match self.run_round(&mut state) {
+            let t0 = Instant::now();
+            let round = self.run_round(&mut state);
+            self.walls
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .rounds
+                .push(t0.elapsed().as_secs_f64());
+            match round {
                 Ok(()) => {}
                 Err(RoundStop::Budget(reason)) => break reason,
                 Err(RoundStop::Error(e)) => return Err(e),
@@ -497,6 +524,38 @@ impl<'a> Engine<'a> {
             store.record_exchange(&x)?;
         }
         Ok(())
+    }
+
+    /// The time a round and the finish are expected to take: one round at the median of this
+    /// session's rounds, and the finish's evaluations ([`Engine::finish_evaluations`]) at the
+    /// median of its evaluations. Zero before anything was measured.
+    fn finish_reserve_ms(&self) -> u64 {
+        let walls = self.walls.lock().unwrap_or_else(|e| e.into_inner());
+        let seconds = median(&walls.rounds)
+            + f64::from(self.finish_evaluations()) * median(&walls.evaluations);
+        (seconds * 1000.0).round() as u64
+    }
+
+    /// Evaluations the finish makes at most: the winner's re-check, the confirmation's rounds
+    /// (the winner, its runner-ups and the seed in each) and the seed's re-check.
+    fn finish_evaluations(&self) -> u32 {
+        if !self.cfg.recheck {
+            return 0;
+        }
+        let contenders = 2 + ranking::CONFIRM_RUNNER_UPS as u32;
+        2 + self.cfg.confirm_rounds.saturating_mul(contenders)
+    }
+
+    /// The evaluator's answer for `source`, its wall time noted for the budget.
+    fn evaluate_timed(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EngineError> {
+        let t0 = Instant::now();
+        let eval = self
+            .evaluator
+            .evaluate(source, purpose)
+            .map_err(|e| EngineError::Evaluator(e.to_string()))?;
+        let mut walls = self.walls.lock().unwrap_or_else(|e| e.into_inner());
+        walls.evaluations.push(t0.elapsed().as_secs_f64());
+        Ok(eval)
     }
 
     fn elapsed_ms(&self, state: &EngineState) -> u64 {
@@ -613,8 +672,19 @@ impl<'a> Engine<'a> {
             return Some(format!("rounds budget reached ({})", self.cfg.rounds));
         }
         if let Some(max) = self.cfg.max_wall_seconds {
-            if self.elapsed_ms(state) >= max.saturating_mul(1000) {
-                return Some(format!("wall-time budget reached ({max} s)"));
+            // The budget covers the whole run: no round starts unless it and the finish
+            // (re-check, confirmation) fit in what is left, at this session's typical times.
+            let kept = self.finish_reserve_ms();
+            if self.elapsed_ms(state).saturating_add(kept) >= max.saturating_mul(1000) {
+                return Some(if kept > 0 {
+                    format!(
+                        "wall-time budget reached ({max} s, of which about {} s kept for the \
+                         next round, the re-check and the confirmation)",
+                        kept.div_ceil(1000)
+                    )
+                } else {
+                    format!("wall-time budget reached ({max} s)")
+                });
             }
         }
         let usage = self.proposer.usage();
@@ -1165,10 +1235,7 @@ impl<'a> Engine<'a> {
                 return Ok(summary);
             }
         }
-        let eval = self
-            .evaluator
-            .evaluate(source, purpose)
-            .map_err(|e| EngineError::Evaluator(e.to_string()))?;
+        let eval = self.evaluate_timed(source, purpose)?;
         self.store().record_evaluation(
             id,
             &eval.summary.status,

@@ -97,10 +97,7 @@ impl Engine<'_> {
                 failed[i] = true;
                 continue;
             };
-            let eval = self
-                .evaluator
-                .evaluate(&view.source, Purpose::Search)
-                .map_err(|e| EngineError::Evaluator(e.to_string()))?;
+            let eval = self.evaluate_timed(&view.source, Purpose::Search)?;
             match (eval.summary.passed, eval.summary.score) {
                 (true, Some(s)) => {
                     b.scores.push(s);
@@ -174,10 +171,7 @@ impl Engine<'_> {
             for k in 0..contenders.len() {
                 let i = (k + r) % contenders.len();
                 let (id, _, source) = &contenders[i];
-                let eval = self
-                    .evaluator
-                    .evaluate(source, Purpose::Search)
-                    .map_err(|e| EngineError::Evaluator(e.to_string()))?;
+                let eval = self.evaluate_timed(source, Purpose::Search)?;
                 match (eval.summary.passed, eval.summary.score) {
                     (true, Some(s)) => {
                         scores[i].push(s);
