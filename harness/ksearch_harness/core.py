@@ -899,11 +899,15 @@ class Evaluation:
         acc = self.accused
         assert acc is not None
         with self.phase("upload"):
+            cloned = False
             for name, buf in bench.inputs.items():
                 acc.upload(buf, inputs.stored[name])
                 dev = acc.device_view(buf)
                 if dev is not None:
                     bench.pristine[name] = dev.clone()
+                    cloned = True
+            if cloned:
+                _judge_sync()  # the copies hold the inputs before the candidate can touch them
             for name, buf in bench.judge_inputs.items():
                 self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
 
@@ -920,8 +924,11 @@ class Evaluation:
         views = {n: acc.device_view(b) for n, b in bench.outputs.items()}
         if all(v is not None for v in views.values()):
             with self.phase("checks"):
-                return Snapshot(None, {n: v.clone() for n, v in views.items()}, specs,
-                                self._count_host_read)
+                copies = {n: v.clone() for n, v in views.items()}
+                # Complete before the accused runs again: a copy still queued could take in
+                # what the candidate writes later, as a host read that had returned could not.
+                _judge_sync()
+                return Snapshot(None, copies, specs, self._count_host_read)
         self._count_host_read()
         return Snapshot({n: acc.to_host(b) for n, b in bench.outputs.items()}, None, specs)
 
@@ -1806,6 +1813,12 @@ def kernel_base(name: str) -> str:
 def _nbytes(spec: Any) -> int:
     count = int(np.prod(spec.shape, dtype=np.int64))
     return count * dtypes.get(spec.dtype).storage.itemsize
+
+
+def _judge_sync() -> None:
+    """Waits for the judge's own queued device work (its copies of shared buffers)."""
+    import torch
+    torch.cuda.synchronize()
 
 
 def _append_log(path: str) -> None:
