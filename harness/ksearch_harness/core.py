@@ -562,8 +562,10 @@ class Bench:
     poison: dict[str, dict[str, np.ndarray]]
     judge_inputs: dict[str, Any]
     # With shared device memory: the judge's own device copies of the inputs as last
-    # uploaded, which the accused's buffers must still equal after every call.
+    # uploaded, which the accused's buffers must still equal after every call, and of the
+    # poison patterns.
     pristine: dict[str, Any] = dataclasses.field(default_factory=dict)
+    poison_dev: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
 
 
 class Snapshot:
@@ -899,22 +901,54 @@ class Evaluation:
         acc = self.accused
         assert acc is not None
         with self.phase("upload"):
-            cloned = False
-            for name, buf in bench.inputs.items():
-                acc.upload(buf, inputs.stored[name])
-                dev = acc.device_view(buf)
-                if dev is not None:
-                    bench.pristine[name] = dev.clone()
-                    cloned = True
-            if cloned:
-                _judge_sync()  # the copies hold the inputs before the candidate can touch them
+            kept = self._device_inputs(bench, inputs)
+            if kept is not None:
+                # Copies on the device from the judge's own copy of the set, which is also
+                # what the accused's inputs must still equal after each call.
+                for name, buf in bench.inputs.items():
+                    acc.device_view(buf).copy_(kept[name])
+                bench.pristine = dict(kept)
+                _judge_sync()  # written before the candidate runs
+            else:
+                for name, buf in bench.inputs.items():
+                    acc.upload(buf, inputs.stored[name])
             for name, buf in bench.judge_inputs.items():
                 self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
 
+    def _device_inputs(self, bench: Bench, inputs: Inputs) -> dict[str, Any] | None:
+        """The judge's own device copy of an input set (storage bits), where every input of
+        the bench is shared; None otherwise. A set the draw cache keeps across evaluations
+        keeps its device copy too, so later evaluations copy on the device only."""
+        acc = self.accused
+        assert acc is not None
+        if not bench.inputs or any(acc.device_view(b) is None for b in bench.inputs.values()):
+            return None
+        copies = getattr(inputs, "device_copies", None)
+        if copies is None:
+            copies = {name: _device_copy(inputs.stored[name])
+                      for name in bench.inputs}
+            if getattr(inputs, "cache_key", None) is not None:
+                inputs.device_copies = copies  # type: ignore[attr-defined]
+        return copies
+
     def _poison(self, bench: Bench, which: str) -> None:
+        acc = self.accused
+        assert acc is not None
         with self.phase("upload"):
+            on_device = False
             for name, buf in bench.outputs.items():
-                self.accused.upload(buf, bench.poison[which][name])  # type: ignore[union-attr]
+                dev = acc.device_view(buf)
+                if dev is None:
+                    acc.upload(buf, bench.poison[which][name])
+                    continue
+                pattern = bench.poison_dev.get((which, name))
+                if pattern is None:
+                    pattern = bench.poison_dev[(which, name)] = _device_copy(
+                        bench.poison[which][name])
+                dev.copy_(pattern)
+                on_device = True
+            if on_device:
+                _judge_sync()  # poisoned before the candidate runs
 
     def _snapshot(self, bench: Bench) -> Snapshot:
         """The outputs now (a device copy where the memory is shared: Snapshot)."""
@@ -1813,6 +1847,15 @@ def kernel_base(name: str) -> str:
 def _nbytes(spec: Any) -> int:
     count = int(np.prod(spec.shape, dtype=np.int64))
     return count * dtypes.get(spec.dtype).storage.itemsize
+
+
+def _device_copy(stored: np.ndarray) -> Any:
+    """A device tensor of the judge's holding `stored`'s bits."""
+    import torch
+    from .adapters.device import torch_bits_dtype, torch_upload
+    t = torch.empty(stored.shape, dtype=torch_bits_dtype(stored.dtype.itemsize), device="cuda")
+    torch_upload(t, stored)
+    return t
 
 
 def _judge_sync() -> None:

@@ -183,6 +183,10 @@ def _workload(name: str, dtype: str, n: int, held_out: bool = False) -> dict:
 def _evaluate(tmp_path: Path, source: str, scalar: bool = False) -> dict:
     """`scalar`: the workloads get a 0-d input `alpha` (an entry argument after `x`) that the
     reference multiplies in, as imported FlashInfer-Bench definitions' scalars are."""
+    return worker.execute(_request(tmp_path, source, scalar), roofline_override=(1e15, 1e18))
+
+
+def _request(tmp_path: Path, source: str, scalar: bool = False):
     task = tmp_path / "task"
     task.mkdir(exist_ok=True)
     (task / "reference.py").write_text(SCALAR_REFERENCE if scalar else REFERENCE)
@@ -214,9 +218,8 @@ def _evaluate(tmp_path: Path, source: str, scalar: bool = False) -> dict:
     req = parse_request(raw, "evaluate")
     # protocol.py still insists on a plain identifier; the adapters resolve `{dtype}` per
     # workload (docs/backends.md lists the protocol change this needs).
-    req = dataclasses.replace(req, task=dataclasses.replace(
+    return dataclasses.replace(req, task=dataclasses.replace(
         req.task, entry=Entry("scale_{dtype}", args)))
-    return worker.execute(req, roofline_override=(1e15, 1e18))
 
 
 def test_honest_candidate_passes_with_dtype_resolved_per_workload(tmp_path, torch, capfd):
@@ -367,9 +370,10 @@ def test_a_candidate_writing_its_input_is_caught(tmp_path, torch):
 
 
 def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch):
-    """A persistent judge (spare_accused on) starts the next evaluation's accused during the
-    current one: the second evaluation takes it, its result is the same, and closing the judge
-    leaves no process directory or log behind."""
+    """A persistent judge (spare_accused and draw_cache on) starts the next evaluation's
+    accused during the current one: the second evaluation takes it, finds its input sets kept
+    (with a device copy of each where the memory is shared), and its result is the same;
+    closing the judge leaves no process directory or log behind."""
     import tempfile
 
     from ksearch_harness import spare_accused
@@ -377,13 +381,26 @@ def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch):
     def ours() -> set[str]:
         return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("ksearch-accused")}
 
+    from ksearch_harness import draw_cache
+
     before = ours()
     spare_accused.enable()
+    draw_cache.clear()
+    draw_cache.enable()
     try:
-        first = _evaluate(tmp_path, HONEST)
-        second = _evaluate(tmp_path, HONEST)
+        req = _request(tmp_path, HONEST)  # one task on disk: the draw cache's keys hold
+        first = worker.execute(req, roofline_override=(1e15, 1e18))
+        second = worker.execute(req, roofline_override=(1e15, 1e18))
+        # With shared device memory the kept input sets keep a device copy too, which the
+        # second evaluation copied from (on the device).
+        kept = [v for k, v in draw_cache._entries.items() if k[0] == "inputs"]
+        assert kept and second["diagnostics"]["draw_cache"]["hits"] > 0
+        shared = os.environ["KSEARCH_HARNESS_DEVICE_SHARE"] == "emulate"
+        assert all(hasattr(v, "device_copies") == shared for v in kept)
     finally:
         spare_accused.enable(False)
+        draw_cache.clear()
+        draw_cache.enable(False)
     assert first["status"] == second["status"] == "passed", (first["message"],
                                                             second["message"])
     assert first["diagnostics"]["accused_prestarted"] is False
