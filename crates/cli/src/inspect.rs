@@ -1,5 +1,5 @@
-//! `ksearch show` and `ksearch export`: open a run's store and print or write what
-//! `ksearch_search::report` renders of it.
+//! `ksearch show`, `ksearch export` and `ksearch report`: open a run's store and print or write
+//! what `ksearch_search::report` renders of it.
 
 use std::path::PathBuf;
 
@@ -40,6 +40,68 @@ pub struct ExportArgs {
     /// `flashinfer`: a FlashInfer-Bench Solution and Trace lines (tasks imported from it).
     #[arg(long, default_value = "ksearch", value_parser = ["ksearch", "flashinfer"])]
     pub format: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Run id (or unique prefix) under --runs-dir, or a run directory.
+    pub run: String,
+
+    #[arg(long, default_value = "runs", value_name = "DIR")]
+    pub runs_dir: PathBuf,
+
+    /// Where to write the page; default: `<run dir>/report.html`.
+    #[arg(short, long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+
+    /// Open the page in the desktop's browser once written.
+    #[arg(long)]
+    pub open: bool,
+}
+
+/// Writes the run's HTML report and prints its path and size.
+pub fn report(args: &ReportArgs) -> Result<u8> {
+    let store = RunStore::open_ref(&args.runs_dir, &args.run).context("cannot open the run")?;
+    let path = args.out.clone().unwrap_or_else(|| store.report_path());
+    let written = write_report(&store, &path)?;
+    println!("{written}");
+    if args.open {
+        open_in_browser(&path);
+    }
+    Ok(exit::OK)
+}
+
+/// Renders the run's report into `path`; returns a line saying what was written.
+pub fn write_report(store: &RunStore, path: &std::path::Path) -> Result<String> {
+    let page = report::render_html(store).context("cannot render the report")?;
+    std::fs::write(path, &page.html).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(format!(
+        "wrote {} ({} candidates, {} evaluations, {:.0} KiB)",
+        path.display(),
+        page.candidates,
+        page.evaluations,
+        page.html.len() as f64 / 1024.0
+    ))
+}
+
+fn open_in_browser(path: &std::path::Path) {
+    let opener = if cfg!(target_os = "macos") {
+        "open"
+    } else {
+        "xdg-open"
+    };
+    if let Err(e) = std::process::Command::new(opener)
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        eprintln!(
+            "ksearch: cannot open a browser ({opener}: {e}); the report is at {}",
+            path.display()
+        );
+    }
 }
 
 pub fn show(args: &ShowArgs) -> Result<u8> {

@@ -53,6 +53,8 @@ enum Command {
     Show(inspect::ShowArgs),
     /// Write a run's best kernel and a README of its numbers.
     Export(inspect::ExportArgs),
+    /// Write a run as one self-contained HTML page (summary, curves, tree, candidates).
+    Report(inspect::ReportArgs),
     /// Knowledge packs: what prompts receive per target, static checks, targets and devices.
     Knowledge(knowledge::KnowledgeArgs),
     /// Time a GPU kernel against PyTorch SDPA and MLX native on the task's workloads.
@@ -91,6 +93,7 @@ fn main() -> ExitCode {
         Command::Resume(args) => search::resume(&args, cli.quiet),
         Command::Show(args) => inspect::show(&args),
         Command::Export(args) => inspect::export(&args),
+        Command::Report(args) => inspect::report(&args),
         Command::Knowledge(args) => knowledge::run(&args),
         Command::Bench(args) if args.bench.task == bench_mamba::TASK => {
             bench_mamba::run(&args.bench, &args.mamba, cli.quiet)

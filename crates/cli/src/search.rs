@@ -337,11 +337,24 @@ fn drive(session: Session, quiet: bool, json_out: bool) -> Result<u8> {
             bail!("{e}\nthe run is saved: continue it with `ksearch resume {run_id}`")
         }
     };
+    // The run's page (`ksearch report`); a run whose page cannot be written is still a run.
+    let report = store.report_path();
+    let wrote = match crate::inspect::write_report(&store, &report) {
+        Ok(line) => Some(line),
+        Err(e) => {
+            eprintln!("warning: no report page: {e:#}");
+            None
+        }
+    };
     if json_out {
-        let doc = json!({"run": run_id, "dir": store.dir(), "outcome": outcome});
+        let doc = json!({"run": run_id, "dir": store.dir(), "outcome": outcome,
+                         "report": wrote.as_ref().map(|_| &report)});
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print!("{}", render_outcome(&run_id, &outcome));
+        if wrote.is_some() {
+            println!("report: {}", report.display());
+        }
     }
     let found = outcome.best.is_some();
     Ok(if found { exit::OK } else { exit::REJECTED })

@@ -190,6 +190,20 @@ fn run_then_show_and_export_the_best_kernel() {
     assert_eq!(v["outcome"]["rounds_used"], 2);
     assert_eq!(v["outcome"]["recheck"]["status"], "passed", "{v}");
 
+    // The run wrote its page; a real browser renders its tree and chart and shows a clicked
+    // candidate's source, with nothing on the console.
+    let report = PathBuf::from(v["report"].as_str().expect("the run reports its page"));
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(html.contains("id=\"tree\"") && html.contains("class=\"best-so-far\""));
+    assert!(
+        !html.contains("secret_seed"),
+        "the page must not carry the secret seed"
+    );
+    if let Some(seen) = common::browser_check(&report, "report-softmax.png") {
+        assert!(seen["tree_nodes"].as_u64().unwrap() > 1, "{seen}");
+        assert!(seen["source_chars"].as_u64().unwrap() > 0, "{seen}");
+    }
+
     let show = ksearch()
         .args(["show", &id, "--runs-dir"])
         .arg(runs.path())
@@ -538,4 +552,118 @@ fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
     assert!(rows
         .iter()
         .all(|r| r["runs"] == 1 && r["to_mark"].as_array().unwrap().len() == 3));
+}
+
+/// A store of `n` candidates in a world model of `n / 10` actions: sources of ~60 lines
+/// that differ from their parents in a line, evaluations with per-workload times and a log,
+/// a failure in every seventh.
+fn synthetic_run(dir: &Path, n: usize) -> PathBuf {
+    let store = RunStore::create_with_id(
+        dir,
+        "20261202-120000-big0",
+        &RunConfig {
+            task: "softmax".into(),
+            backend: "cpu".into(),
+            strategy: "world-model".into(),
+            proposer: "offline".into(),
+            selection: "calibrated".into(),
+            seed: 1,
+            secret_seed: 2,
+            budgets: json!({"rounds": n}),
+            flags: json!({}),
+            extra: json!({}),
+            created_at: String::new(),
+            ksearch_version: String::new(),
+        },
+    )
+    .unwrap();
+    let mut wm = WorldModel::new_root("row softmax", vec![]);
+    let root = wm.root_id().clone();
+    let mut nodes = vec![root.clone()];
+    for k in 0..n / 10 {
+        let parent = nodes[k / 3].clone();
+        let patch = NodePatch {
+            action: Some(ActionPatch {
+                title: Some(format!("idea {k}: tile by {}", 8 << (k % 4))),
+                score: Some(Some(0.5)),
+                ..ActionPatch::default()
+            }),
+            ..NodePatch::default()
+        };
+        nodes.push(wm.insert_child(&parent, &patch, 0).unwrap());
+    }
+    let body: String = (0..60)
+        .map(|l| format!("  acc{l} = fmaf(x[i + {l}], w[{l}], acc{l});\n"))
+        .collect();
+    let mut prev: Option<i64> = None;
+    for i in 0..n {
+        let code =
+            format!("// candidate {i}\nvoid softmax_f32(void) {{\n{body}  unroll = {i};\n}}\n");
+        let source_id = store.put_source(&code, "c").unwrap();
+        let id = store
+            .add_candidate(&NewCandidate {
+                source_id,
+                parent_candidate: prev,
+                node_id: Some(nodes[i % nodes.len()].as_str().to_string()),
+                round: i as u32,
+                cycle: (i / 5) as u32,
+                attempt: 1,
+                sample: 0,
+                kind: if i == 0 {
+                    CandidateKind::Seed
+                } else {
+                    CandidateKind::Attempt
+                },
+                proposer_note: format!("apply action: unroll={i}"),
+                knobs: Value::Null,
+            })
+            .unwrap();
+        let score = 0.5 + (i as f64).sqrt() / 10.0;
+        let (status, score) = if i % 7 == 3 {
+            ("incorrect", None)
+        } else {
+            ("passed", Some(score))
+        };
+        store
+            .record_evaluation(
+                id,
+                status,
+                score,
+                &json!({"status": status, "score": score,
+                        "message": if score.is_none() { "wrong outputs on r64c1000" } else { "" },
+                        "log_tail": "harness: built in 0.4 s\n".repeat(40),
+                        "workloads": [
+                            {"name": "r64c1000", "held_out": false, "candidate_median_ns": 2.0e5},
+                            {"name": "r2048c1024", "held_out": false, "candidate_median_ns": 8.0e6}]}),
+            )
+            .unwrap();
+        prev = Some(id);
+    }
+    store
+        .set_state("engine", &json!({"wm": serde_json::to_value(&wm).unwrap()}))
+        .unwrap();
+    store.dir().to_path_buf()
+}
+
+#[test]
+fn a_report_of_2000_candidates_is_small_and_opens_in_the_browser_within_2_s() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = synthetic_run(tmp.path(), 2000);
+    let page = dir.join("report.html");
+    let out = ksearch().arg("report").arg(&dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8(out.stdout).unwrap();
+    assert!(said.contains("2000 candidates, 2000 evaluations"), "{said}");
+    let bytes = std::fs::metadata(&page).unwrap().len();
+    eprintln!("report of 2000 candidates: {bytes} bytes");
+    assert!(bytes < 8 << 20, "{bytes} bytes");
+    if let Some(seen) = common::browser_check(&page, "report-2000.png") {
+        assert_eq!(seen["rows"], 2000, "{seen}");
+        let open = seen["open_seconds"].as_f64().unwrap();
+        assert!(open < 2.0, "the page took {open} s to open");
+    }
 }

@@ -51,3 +51,55 @@ pub fn numpy_python() -> Option<PathBuf> {
     let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
     (out.status.success() && !path.is_empty()).then(|| PathBuf::from(path))
 }
+
+/// Opens an HTML report in headless Chromium (`browser_check.py`: the tree and the chart
+/// render, clicking a candidate shows its source, no console errors) and saves a screenshot as
+/// `<target>/tmp/browser/<shot>`; returns what the check saw. `None` (the caller skips, saying
+/// so) when Chromium or chromedriver is not installed, unless `KSEARCH_TEST_BROWSER=1` (set by
+/// `.ci/run`, which installs them) makes their absence a failure.
+pub fn browser_check(report: &Path, shot: &str) -> Option<serde_json::Value> {
+    let chromium = std::env::var_os("KSEARCH_TEST_CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    let driver = std::env::var_os("KSEARCH_TEST_CHROMEDRIVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromedriver"));
+    let required = std::env::var("KSEARCH_TEST_BROWSER").as_deref() == Ok("1");
+    if !(chromium.exists() && driver.exists()) {
+        assert!(
+            !required,
+            "KSEARCH_TEST_BROWSER=1 but {} or {} is missing",
+            chromium.display(),
+            driver.display()
+        );
+        eprintln!(
+            "skipped the browser check: no {} or {}",
+            chromium.display(),
+            driver.display()
+        );
+        return None;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = std::process::Command::new("python3")
+        .arg(workspace_root().join("crates/cli/tests/browser_check.py"))
+        .arg("--report")
+        .arg(report)
+        .arg("--screenshot")
+        .arg(dir.join(shot))
+        .arg("--chromium")
+        .arg(&chromium)
+        .arg("--chromedriver")
+        .arg(&driver)
+        .output()
+        .expect("python3 runs browser_check.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "browser check failed ({}): {stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("browser check: {}", stdout.trim());
+    Some(serde_json::from_str(stdout.trim()).expect("browser_check prints one JSON line"))
+}

@@ -7,9 +7,11 @@
 //! - [`time`]: the `time:` block (where the wall time went).
 //! - [`path`]: the steps the search kept on the way to the best kernel.
 //! - [`export`]: the exported kernel and its README.
+//! - [`html`]: the run as one self-contained HTML file (`ksearch report`).
 
 pub mod export;
 pub mod headline;
+pub mod html;
 pub mod path;
 pub mod time;
 
@@ -24,6 +26,7 @@ use crate::engine::RunOutcome;
 use crate::world_model::WorldModel;
 
 pub use export::{export, Exported};
+pub use html::{render_html, HtmlReport};
 pub use path::render_path;
 pub use time::render_time;
 
@@ -199,7 +202,7 @@ pub fn render_outcome(run_id: &str, o: &RunOutcome) -> String {
 }
 
 /// The run's world model: the engine's live checkpoint, else the latest snapshot.
-fn world_model(store: &RunStore) -> Result<Option<WorldModel>, ReportError> {
+pub(crate) fn world_model(store: &RunStore) -> Result<Option<WorldModel>, ReportError> {
     let value = match store.get_state("engine")? {
         Some(state) => Some(state["wm"].clone()),
         None => store.latest_world_model()?.map(|(_, _, v)| v),
