@@ -23,6 +23,32 @@ pub struct ShowArgs {
     /// List every candidate, not only the last 15.
     #[arg(long)]
     pub all: bool,
+
+    /// Print the run as one JSON document (every candidate, the world model, the time account).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    #[arg(long, default_value = "runs", value_name = "DIR")]
+    pub runs_dir: PathBuf,
+
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Lists the runs under --runs-dir: task, status and the confirmed best.
+pub fn runs(args: &RunsArgs) -> Result<u8> {
+    let rows = report::runs(&args.runs_dir)
+        .with_context(|| format!("cannot list {}", args.runs_dir.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", report::render_runs(&rows));
+    }
+    Ok(exit::OK)
 }
 
 #[derive(Debug, Args)]
@@ -57,14 +83,26 @@ pub struct ReportArgs {
     /// Open the page in the desktop's browser once written.
     #[arg(long)]
     pub open: bool,
+
+    /// Print what was written as JSON (path, candidates, evaluations, bytes).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Writes the run's HTML report and prints its path and size.
 pub fn report(args: &ReportArgs) -> Result<u8> {
     let store = RunStore::open_ref(&args.runs_dir, &args.run).context("cannot open the run")?;
     let path = args.out.clone().unwrap_or_else(|| store.report_path());
-    let written = write_report(&store, &path)?;
-    println!("{written}");
+    let page = report::render_html(&store).context("cannot render the report")?;
+    std::fs::write(&path, &page.html)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    if args.json {
+        let doc = serde_json::json!({"report": path, "candidates": page.candidates,
+                                     "evaluations": page.evaluations, "bytes": page.html.len()});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!("{}", written_line(&path, &page));
+    }
     if args.open {
         open_in_browser(&path);
     }
@@ -75,13 +113,17 @@ pub fn report(args: &ReportArgs) -> Result<u8> {
 pub fn write_report(store: &RunStore, path: &std::path::Path) -> Result<String> {
     let page = report::render_html(store).context("cannot render the report")?;
     std::fs::write(path, &page.html).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(format!(
+    Ok(written_line(path, &page))
+}
+
+fn written_line(path: &std::path::Path, page: &report::HtmlReport) -> String {
+    format!(
         "wrote {} ({} candidates, {} evaluations, {:.0} KiB)",
         path.display(),
         page.candidates,
         page.evaluations,
         page.html.len() as f64 / 1024.0
-    ))
+    )
 }
 
 fn open_in_browser(path: &std::path::Path) {
@@ -106,7 +148,14 @@ fn open_in_browser(path: &std::path::Path) {
 
 pub fn show(args: &ShowArgs) -> Result<u8> {
     let store = RunStore::open_ref(&args.runs_dir, &args.run).context("cannot open the run")?;
-    print!("{}", report::render_show(&store, args.all)?);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report::show_json(&store)?)?
+        );
+    } else {
+        print!("{}", report::render_show(&store, args.all)?);
+    }
     Ok(exit::OK)
 }
 

@@ -51,6 +51,8 @@ enum Command {
     Resume(search::ResumeArgs),
     /// Print a run: status, best result, the world-model tree, candidates.
     Show(inspect::ShowArgs),
+    /// List the runs under --runs-dir: task, status and the confirmed best.
+    Runs(inspect::RunsArgs),
     /// Write a run's best kernel and a README of its numbers.
     Export(inspect::ExportArgs),
     /// Write a run as one self-contained HTML page (summary, curves, tree, candidates).
@@ -92,6 +94,7 @@ fn main() -> ExitCode {
         Command::Run(args) => search::run(&args, cli.quiet),
         Command::Resume(args) => search::resume(&args, cli.quiet),
         Command::Show(args) => inspect::show(&args),
+        Command::Runs(args) => inspect::runs(&args),
         Command::Export(args) => inspect::export(&args),
         Command::Report(args) => inspect::report(&args),
         Command::Knowledge(args) => knowledge::run(&args),

@@ -203,6 +203,31 @@ fn run_then_show_and_export_the_best_kernel() {
         assert!(seen["tree_nodes"].as_u64().unwrap() > 1, "{seen}");
         assert!(seen["source_chars"].as_u64().unwrap() > 0, "{seen}");
     }
+    // The read commands speak JSON too: the run listed with its confirmed best, and shown whole.
+    let listed = succeed_with_json(
+        ksearch()
+            .args(["runs", "--json", "--runs-dir"])
+            .arg(runs.path()),
+    );
+    let row = &listed.as_array().unwrap()[0];
+    assert_eq!(row["id"], id.as_str());
+    assert_eq!(row["status"], "finished");
+    assert!(
+        row["confirmed"].as_f64().is_some() && row["versus_seed"].as_f64().is_some(),
+        "{row}"
+    );
+    let shown = succeed_with_json(
+        ksearch()
+            .args(["show", &id, "--json", "--runs-dir"])
+            .arg(runs.path()),
+    );
+    assert_eq!(shown["status"], "finished");
+    assert!(
+        shown["candidates"].as_array().unwrap().len() >= 3,
+        "{shown}"
+    );
+    assert!(shown["world_model"]["nodes"].is_array(), "{shown}");
+    assert!(shown["config"].get("secret_seed").is_none(), "{shown}");
 
     let show = ksearch()
         .args(["show", &id, "--runs-dir"])

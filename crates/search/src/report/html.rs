@@ -403,17 +403,10 @@ fn node<'a>(
         NodeState::TooHard { cycles } => ("too-hard", format!("too hard after {cycles} cycle(s)")),
         NodeState::Pruned => ("pruned", String::new()),
     };
-    // The node's one name: its action's title while open, else the decision it records.
-    let name = n
-        .open_action()
-        .map(|a| a.title.clone())
-        .or_else(|| match (&n.decision, &n.choice) {
-            (Some(d), Some(c)) if d != c => Some(format!("{d}: {c}")),
-            (Some(d), _) => Some(d.clone()),
-            (None, Some(c)) => Some(c.clone()),
-            (None, None) => None,
-        })
-        .unwrap_or_else(|| "(root)".to_owned());
+    let name = match n.display_name() {
+        s if s.is_empty() => "(root)".to_owned(),
+        s => s,
+    };
     let hover = format!(
         "{}\nrating {:.1}/10 · confidence {:.2} · attempts {} (failed {}) · cycles {} · \
          visits {}{}{}",

@@ -8,11 +8,13 @@
 //! - [`path`]: the steps the search kept on the way to the best kernel.
 //! - [`export`]: the exported kernel and its README.
 //! - [`html`]: the run as one self-contained HTML file (`ksearch report`).
+//! - [`runs`]: the runs of a directory as rows (`ksearch runs`) and a run as JSON (`show --json`).
 
 pub mod export;
 pub mod headline;
 pub mod html;
 pub mod path;
+pub mod runs;
 pub mod time;
 
 use std::fmt::Write as _;
@@ -28,6 +30,7 @@ use crate::world_model::WorldModel;
 pub use export::{export, Exported};
 pub use html::{render_html, HtmlReport};
 pub use path::render_path;
+pub use runs::{render_runs, runs, show_json, RunRow};
 pub use time::render_time;
 
 /// Why a run cannot be reported.

@@ -242,6 +242,30 @@ impl Node {
     }
 
     /// The node's action, if it has a non-empty title (what makes it selectable).
+    /// The node as one line names it: its action's title (else its choice, else its
+    /// decision), then the decision and choice it records where they say something else
+    /// (`decision → choice`). Each text appears once.
+    pub fn display_name(&self) -> String {
+        let name = self
+            .open_action()
+            .map(|a| a.title.as_str())
+            .or(self.choice.as_deref())
+            .or(self.decision.as_deref());
+        let extras: Vec<&str> = [self.decision.as_deref(), self.choice.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter(|x| Some(*x) != name)
+            .collect();
+        let mut s = name.map(|n| super::cut(n, 80)).unwrap_or_default();
+        if !extras.is_empty() {
+            if !s.is_empty() {
+                s.push(' ');
+            }
+            s.push_str(&format!("({})", extras.join(" → ")));
+        }
+        s
+    }
+
     pub fn open_action(&self) -> Option<&Action> {
         self.action.as_ref().filter(|a| !a.title.trim().is_empty())
     }

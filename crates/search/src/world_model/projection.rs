@@ -524,39 +524,33 @@ impl WorldModel {
             line.push_str("* ");
         }
         line.push_str(n.id.as_str());
-        if let (Some(d), Some(c)) = (&n.decision, &n.choice) {
-            let _ = write!(line, " {d} -> {c}");
-        } else if let Some(d) = n.decision.as_ref().or(n.choice.as_ref()) {
-            let _ = write!(line, " {d}");
-        }
-        if let Some(a) = n.open_action() {
-            let _ = write!(line, " \"{}\"", cut(&a.title, 80));
+        let name = n.display_name();
+        if !name.is_empty() {
+            let _ = write!(line, " {name}");
         }
         let state = match &n.state {
             NodeState::Open => "open".to_owned(),
             NodeState::Closed { solution } => {
-                format!(
-                    "closed {} score {:.3}",
-                    solution.solution_id, solution.score
-                )
+                let id: String = solution.solution_id.chars().take(12).collect();
+                format!("closed: score {:.3}, source {id}", solution.score)
             }
             NodeState::TooHard { cycles } => format!("too hard after {cycles} cycle(s)"),
             NodeState::Pruned => "pruned".to_owned(),
         };
-        let _ = write!(line, " [{state}");
+        let _ = write!(line, "  [{state}");
         if let Some(a) = n.open_action() {
-            let _ = write!(line, " d{} p{:.2}", a.difficulty, a.score);
+            let _ = write!(line, " · d{} p{:.2}", a.difficulty, a.score);
             if let Some(f) = a.expected_vs_baseline_factor {
                 let _ = write!(line, " exp {f:.2}x");
             }
         }
         let _ = write!(
             line,
-            " r{:.1} c{:.2} a{}/f{}",
+            " · r{:.1} c{:.2} · {} attempt(s), {} failed",
             n.overall_rating, n.confidence, n.attempts, n.failures
         );
         if n.id == self.active_leaf_id {
-            line.push_str(" active");
+            line.push_str(" · active");
         }
         line.push(']');
         line
