@@ -143,8 +143,9 @@ fn summary(
                 esc(r.status.as_deref().unwrap_or("?"))
             )?;
         }
+        best_table(evaluations, best.candidate_id, out)?;
     }
-    if let Some(yard) = yardstick_lines(evaluations) {
+    if let Some(yard) = yardstick_lines(candidates, evaluations) {
         writeln!(out, "<details><summary>reference and baseline (the run's yardstick)</summary><pre>{}</pre></details>", esc(&yard))?;
     }
     writeln!(
@@ -155,34 +156,87 @@ fn summary(
     Ok(())
 }
 
-/// The yardstick of the latest evaluation that carries one: per workload, the reference's and
-/// the baseline's medians with their intervals, where recorded.
-fn yardstick_lines(evaluations: &[EvaluationRow]) -> Option<String> {
+/// The search's yardstick (that of its latest evaluation; a re-check measures its own on more
+/// workloads): per workload, the reference's and the baseline's medians with their intervals.
+fn yardstick_lines(candidates: &[CandidateRow], evaluations: &[EvaluationRow]) -> Option<String> {
+    let rechecks: BTreeSet<i64> = candidates
+        .iter()
+        .filter(|c| c.kind == CandidateKind::Recheck)
+        .map(|c| c.id)
+        .collect();
     let y = evaluations
         .iter()
         .rev()
+        .filter(|e| !rechecks.contains(&e.candidate_id))
         .find_map(|e| e.result.get("yardstick").filter(|v| !v.is_null()))?;
     let mut s = String::new();
-    for w in y.get("workloads")?.as_array()? {
-        let name = w.get("name").and_then(Value::as_str).unwrap_or("?");
+    for (name, w) in y.get("workloads")?.as_object()? {
         let _ = write!(s, "{name}:");
         for who in ["reference", "baseline"] {
-            if let Some(m) = w.get(who) {
-                let med = m.get("median_ns").and_then(Value::as_f64);
-                let iv = m.get("interval_ns").and_then(Value::as_array);
-                if let Some(med) = med {
-                    let _ = write!(s, "  {who} {:.3} ms", med / 1e6);
-                    if let Some([lo, hi]) = iv.map(|v| v.as_slice()) {
-                        if let (Some(lo), Some(hi)) = (lo.as_f64(), hi.as_f64()) {
-                            let _ = write!(s, " ({:.3}–{:.3})", lo / 1e6, hi / 1e6);
-                        }
-                    }
+            let Some(m) = w.get(who) else { continue };
+            let ms = |k: &str| m.get(k).and_then(Value::as_f64).map(|v| v / 1e6);
+            if let Some(med) = ms("median_ns") {
+                let _ = write!(s, "  {who} {med:.4} ms");
+                if let (Some(lo), Some(hi)) = (ms("lo_ns"), ms("hi_ns")) {
+                    let _ = write!(s, " ({lo:.4}–{hi:.4})");
                 }
             }
         }
         s.push('\n');
     }
     (!s.is_empty()).then_some(s)
+}
+
+/// The best kernel's evaluation per workload: median time, speedup over the baseline with its
+/// interval, fraction of the hardware's peak (roofline).
+fn best_table(
+    evaluations: &[EvaluationRow],
+    best: i64,
+    out: &mut String,
+) -> Result<(), ReportError> {
+    let Some(e) = evaluations.iter().rev().find(|e| e.candidate_id == best) else {
+        return Ok(());
+    };
+    let rows: Vec<&Value> = e.result["workloads"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|w| w["held_out"].as_bool() != Some(true))
+                .collect()
+        })
+        .unwrap_or_default();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "<table class=\"best-table\"><thead><tr><th>workload</th><th>median (µs)</th>\
+         <th>× baseline</th><th>interval</th><th>of peak</th></tr></thead><tbody>"
+    )?;
+    for w in rows {
+        let f = |k: &str| w[k].as_f64();
+        let iv = w["speedup_interval"]
+            .as_array()
+            .and_then(|a| Some((a.first()?.as_f64()?, a.get(1)?.as_f64()?)));
+        writeln!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(w["name"].as_str().unwrap_or("?")),
+            f("candidate_median_ns")
+                .map(|v| format!("{:.1}", v / 1e3))
+                .unwrap_or_default(),
+            f("speedup_vs_baseline")
+                .map(|v| format!("{v:.3}"))
+                .unwrap_or_default(),
+            iv.map(|(lo, hi)| format!("{lo:.3}–{hi:.3}"))
+                .unwrap_or_default(),
+            f("roofline_fraction")
+                .map(|v| format!("{:.0}%", v * 100.0))
+                .unwrap_or_default(),
+        )?;
+    }
+    writeln!(out, "</tbody></table>")?;
+    Ok(())
 }
 
 // -- curves ----------------------------------------------------------------------------------
@@ -722,7 +776,7 @@ table{border-collapse:collapse;font-size:12px}th,td{padding:2px 6px;border-botto
 th{position:sticky;top:0;background:#eef0f6;cursor:pointer}td.note{text-align:left;white-space:normal;max-width:28em}
 tr.cand{cursor:pointer}tr.cand:hover{background:#eef3ff}tr.cand.selected{background:#dce7ff}
 tr.status-passed td:nth-child(6){color:#1a7f37}tr.cand:not(.status-passed) td:nth-child(6){color:#c0392b}
-.legend{color:#556;font-size:12px}
+.legend{color:#556;font-size:12px}.best-table{margin:.4em 0}
 "#;
 
 const SCRIPT: &str = r#"
