@@ -272,11 +272,32 @@ pub fn compare(args: &CompareArgs, quiet: bool) -> Result<u8> {
     };
     let records = compare::run(&spec, &interrupt::on_signals(), &say)?;
     let rows = compare::summarize(&records, &args.strategies);
+    // Each run's page, and the strategies' curves on one chart beside them, linking them.
+    for r in &records {
+        let written = RunStore::open_ref(&args.run.runs_dir, &r.run)
+            .map_err(anyhow::Error::from)
+            .and_then(|store| crate::inspect::write_report(&store, &store.report_path()));
+        if let Err(e) = written {
+            eprintln!("warning: no report page for run {}: {e:#}", r.run);
+        }
+    }
+    let page = args.run.runs_dir.join("compare.html");
+    let wrote = std::fs::write(
+        &page,
+        ksearch_search::report::render_compare(&args.run.task, &rows, &records),
+    );
+    if let Err(e) = &wrote {
+        eprintln!("warning: cannot write {}: {e}", page.display());
+    }
     if args.run.json {
-        let doc = json!({"runs": records, "strategies": rows});
+        let doc = json!({"runs": records, "strategies": rows,
+                         "report": wrote.is_ok().then_some(&page)});
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print!("{}", compare::render(&rows, &records));
+        if wrote.is_ok() {
+            println!("report: {}", page.display());
+        }
     }
     Ok(exit::OK)
 }

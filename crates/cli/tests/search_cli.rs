@@ -552,6 +552,18 @@ fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
     );
     let runs_done = v["runs"].as_array().unwrap();
     assert_eq!(runs_done.len(), 2);
+    // The strategies' curves on one chart, linking each run's page.
+    let page =
+        std::fs::read_to_string(v["report"].as_str().expect("compare writes its page")).unwrap();
+    assert_eq!(page.matches("class=\"best-so-far\"").count(), 2, "{page}");
+    for r in runs_done {
+        let id = r["run"].as_str().unwrap();
+        assert!(
+            page.contains(&format!("href=\"{id}/report.html\"")),
+            "{page}"
+        );
+        assert!(runs.path().join(id).join("report.html").exists());
+    }
     let strategies: Vec<&str> = runs_done
         .iter()
         .map(|r| r["strategy"].as_str().unwrap())

@@ -857,3 +857,125 @@ const SCRIPT: &str = r#"
   window.ksearchReady = true;
 })();
 "#;
+
+// -- comparisons -----------------------------------------------------------------------------
+
+/// `ksearch compare`'s page: every strategy's best-so-far curve on one chart (the median over
+/// its runs, each run faint behind it), the comparison's table, and links to each run's own
+/// report (`report.html` in the run's directory, next to this page's `runs_dir`).
+pub fn render_compare(
+    task: &str,
+    rows: &[crate::compare::StrategyRow],
+    records: &[crate::compare::RunRecord],
+) -> String {
+    const COLOURS: [&str; 6] = [
+        "#1f6feb", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#57606a",
+    ];
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>ksearch compare \
+         {t}</title><style>{STYLE}</style></head><body><header><h1>ksearch compare: {t}</h1>\
+         </header><section id=\"progress\"><h2>Best search score so far</h2>",
+        t = esc(task)
+    );
+    let n_max = records
+        .iter()
+        .map(|r| r.curve.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let y_max = records
+        .iter()
+        .flat_map(|r| r.curve.iter().copied())
+        .fold(0.0_f64, f64::max)
+        .max(1e-9)
+        * 1.1;
+    let sx = |i: usize| PAD + (i as f64) / (n_max as f64) * (PLOT_W - 2.0 * PAD);
+    let sy = |y: f64| PLOT_H - PAD - y / y_max * (PLOT_H - 2.0 * PAD);
+    let _ = write!(
+        out,
+        "<svg id=\"curve\" class=\"plot\" viewBox=\"0 0 {PLOT_W} {PLOT_H}\" role=\"img\" \
+         aria-label=\"best score so far per strategy\">\
+         <line class=\"axis\" x1=\"{PAD}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\"/>\
+         <line class=\"axis\" x1=\"{PAD}\" y1=\"{PAD}\" x2=\"{PAD}\" y2=\"{b}\"/>\
+         <text x=\"{mid}\" y=\"{lab}\" class=\"label\">evaluations</text>\
+         <text x=\"4\" y=\"{PAD}\" class=\"label\">{top:.3}</text>\
+         <text x=\"{r}\" y=\"{tick}\" class=\"label end\">{n_max}</text>",
+        b = PLOT_H - PAD,
+        r = PLOT_W - PAD,
+        mid = PLOT_W / 2.0,
+        lab = PLOT_H - 8.0,
+        tick = PLOT_H - PAD + 14.0,
+        top = y_max / 1.1,
+    );
+    let path = |curve: &[f64]| -> String {
+        let mut d = String::new();
+        for (i, y) in curve.iter().enumerate() {
+            let _ = write!(
+                d,
+                "{}{:.1},{:.1}",
+                if i == 0 { "M" } else { " L" },
+                sx(i + 1),
+                sy(*y)
+            );
+        }
+        d
+    };
+    let mut legend = String::new();
+    for (k, row) in rows.iter().enumerate() {
+        let colour = COLOURS[k % COLOURS.len()];
+        let runs: Vec<&crate::compare::RunRecord> = records
+            .iter()
+            .filter(|r| r.strategy == row.strategy)
+            .collect();
+        for r in &runs {
+            let _ = write!(
+                out,
+                "<path class=\"run\" d=\"{}\" style=\"fill:none;stroke:{colour};opacity:.25\"/>",
+                path(&r.curve)
+            );
+        }
+        let len = runs.iter().map(|r| r.curve.len()).max().unwrap_or(0);
+        let median: Vec<f64> = (0..len)
+            .map(|i| {
+                let mut v: Vec<f64> = runs
+                    .iter()
+                    .map(|r| r.curve.get(i).or(r.curve.last()).copied().unwrap_or(0.0))
+                    .collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            })
+            .collect();
+        let _ = write!(
+            out,
+            "<path class=\"best-so-far\" d=\"{}\" style=\"stroke:{colour}\"><title>{} (median \
+             of {} runs)</title></path>",
+            path(&median),
+            row.strategy,
+            runs.len()
+        );
+        let _ = write!(
+            legend,
+            "<span style=\"color:{colour}\">━ {}</span> ",
+            row.strategy
+        );
+    }
+    let _ = write!(
+        out,
+        "</svg><p class=\"legend\">{legend} · bold: the median over seeds; faint: each run</p>\
+         </section><section><h2>Table</h2><pre>{}</pre></section><section><h2>Runs</h2><ul>",
+        esc(&crate::compare::render(rows, records))
+    );
+    for r in records {
+        let _ = write!(
+            out,
+            "<li>{} seed {}: <a href=\"{run}/report.html\">{run}</a></li>",
+            r.strategy,
+            r.seed,
+            run = esc(&r.run)
+        );
+    }
+    out.push_str("</ul></section><script>window.ksearchReady = true;</script></body></html>\n");
+    out
+}

@@ -28,7 +28,7 @@ use crate::engine::RunOutcome;
 use crate::world_model::WorldModel;
 
 pub use export::{export, Exported};
-pub use html::{render_html, HtmlReport};
+pub use html::{render_compare, render_html, HtmlReport};
 pub use path::render_path;
 pub use runs::{render_runs, runs, show_json, RunRow};
 pub use time::render_time;
