@@ -104,6 +104,9 @@ fn summary(
         esc(&c.ksearch_version)
     )?;
     writeln!(out, "<section id=\"summary\"><h2>Summary</h2>")?;
+    if let Some(device) = device(evaluations) {
+        writeln!(out, "<p>device: {}</p>", esc(&device))?;
+    }
     let outcome = finished(store)?;
     match &outcome {
         Some(o) => writeln!(out, "<p>status: finished — {}</p>", esc(&o.stop_reason))?,
@@ -154,6 +157,28 @@ fn summary(
         esc(render_time(&TimeAccount::of_run(store)?).trim())
     )?;
     Ok(())
+}
+
+/// The machine the evaluations ran on, from the latest one's environment: the GPU where there
+/// is one, else the CPU model and cores.
+fn device(evaluations: &[EvaluationRow]) -> Option<String> {
+    let env = evaluations
+        .iter()
+        .rev()
+        .find_map(|e| e.result.get("environment").filter(|v| v.is_object()))?;
+    let text = |k: &str| env.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
+    if let Some(gpu) = text("gpu") {
+        let cc = text("compute_capability")
+            .map(|c| format!(" (compute capability {c})"))
+            .unwrap_or_default();
+        return Some(format!("{gpu}{cc}"));
+    }
+    let cpu = text("cpu_model")?;
+    let cores = env.get("cores").and_then(Value::as_u64);
+    Some(match cores {
+        Some(n) => format!("{cpu}, {n} cores"),
+        None => cpu.to_owned(),
+    })
 }
 
 /// The search's yardstick (that of its latest evaluation; a re-check measures its own on more
