@@ -969,7 +969,12 @@ pub fn render_compare(
                     .map(|r| r.curve.get(i).or(r.curve.last()).copied().unwrap_or(0.0))
                     .collect();
                 v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
+                let m = v.len() / 2;
+                if v.len() % 2 == 0 {
+                    (v[m - 1] + v[m]) / 2.0
+                } else {
+                    v[m]
+                }
             })
             .collect();
         let _ = write!(
