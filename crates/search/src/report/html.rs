@@ -30,6 +30,8 @@ const LOG_CHARS: usize = 8000;
 const PLOT_W: f64 = 640.0;
 const PLOT_H: f64 = 240.0;
 const PAD: f64 = 40.0;
+/// Tree levels shown unfolded (the path to the best kernel always is).
+const OPEN_LEVELS: usize = 2;
 
 /// A rendered report: the page and what it holds.
 pub struct HtmlReport {
@@ -443,11 +445,12 @@ fn tree(
     )?;
     let mut seen = BTreeSet::new();
     if let Some(root) = wm.root() {
-        node(root, &children, &best_path, &first_with, &mut seen, out)?;
+        node(root, 0, &children, &best_path, &first_with, &mut seen, out)?;
     }
     for n in wm.nodes().iter().filter(|n| !seen.contains(&n.id)) {
         node(
             n,
+            0,
             &children,
             &best_path,
             &first_with,
@@ -461,6 +464,7 @@ fn tree(
 
 fn node<'a>(
     n: &'a Node,
+    depth: usize,
     children: &BTreeMap<&NodeId, Vec<&'a Node>>,
     best_path: &BTreeSet<NodeId>,
     first_with: &BTreeMap<&str, i64>,
@@ -525,9 +529,14 @@ fn node<'a>(
     if kids.is_empty() {
         write!(out, "<span class=\"leaf\">{label}</span>")?;
     } else {
-        write!(out, "<details open><summary>{label}</summary><ul>")?;
+        let open = if depth < OPEN_LEVELS || best_path.contains(&n.id) {
+            " open"
+        } else {
+            ""
+        };
+        write!(out, "<details{open}><summary>{label}</summary><ul>")?;
         for k in kids {
-            node(k, children, best_path, first_with, seen, out)?;
+            node(k, depth + 1, children, best_path, first_with, seen, out)?;
         }
         write!(out, "</ul></details>")?;
     }
@@ -786,6 +795,7 @@ pre{background:#f2f3f7;padding:.6em;overflow:auto;max-height:32em;white-space:pr
 .plot .axis{stroke:#889;stroke-width:1}.plot .label{font-size:11px;fill:#556}.plot .end{text-anchor:end}
 .plot .best-so-far{fill:none;stroke:#1f6feb;stroke-width:2}.plot .eval{fill:#1f6feb;opacity:.45}
 .plot .fail{font-size:9px;fill:#c0392b;text-anchor:middle}.fail-key{color:#c0392b;margin-right:1em}
+#tree{max-height:40em;overflow:auto;background:#fff;border:1px solid #e3e5ee;padding:.4em .6em}
 #tree ul{list-style:none;padding-left:1.2em;margin:0}#tree>ul{padding-left:0}
 #tree li{margin:.1em 0}#tree summary{cursor:pointer}
 .node .nid{font-family:ui-monospace,monospace;font-size:11px;color:#667}
@@ -970,7 +980,7 @@ pub fn render_compare(
                     .collect();
                 v.sort_by(f64::total_cmp);
                 let m = v.len() / 2;
-                if v.len() % 2 == 0 {
+                if v.len().is_multiple_of(2) {
                     (v[m - 1] + v[m]) / 2.0
                 } else {
                     v[m]
