@@ -1019,3 +1019,90 @@ pub fn render_compare(
     out.push_str("</ul></section><script>window.ksearchReady = true;</script></body></html>\n");
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ksearch_store::{NewCandidate, RunConfig};
+    use serde_json::json;
+
+    fn store(dir: &std::path::Path) -> RunStore {
+        RunStore::create_with_id(
+            dir,
+            "20261202-000000-test",
+            &RunConfig {
+                task: "softmax".into(),
+                backend: "cpu".into(),
+                strategy: "world-model".into(),
+                proposer: "offline".into(),
+                selection: "calibrated".into(),
+                seed: 1,
+                secret_seed: 987_654_321,
+                budgets: json!({"rounds": 1}),
+                flags: json!({}),
+                extra: json!({}),
+                created_at: String::new(),
+                ksearch_version: String::new(),
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn an_empty_run_still_renders_every_part() {
+        let tmp = tempfile::tempdir().unwrap();
+        let page = render_html(&store(tmp.path())).unwrap();
+        assert_eq!((page.candidates, page.evaluations), (0, 0));
+        for id in [
+            "id=\"summary\"",
+            "id=\"curve\"",
+            "id=\"tree\"",
+            "id=\"candidates\"",
+            "id=\"blobs\"",
+            "window.ksearchReady = true",
+        ] {
+            assert!(page.html.contains(id), "{id} missing");
+        }
+        assert!(
+            !page.html.contains("987654321"),
+            "the secret seed must stay out"
+        );
+    }
+
+    #[test]
+    fn text_written_by_a_candidate_or_a_model_cannot_become_markup() {
+        // Notes, messages and sources come from LLM replies and candidate processes.
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path());
+        let evil = "</script><script>alert(1)</script><img src=x onerror=alert(2)>";
+        let source_id = s.put_source(&format!("// {evil}\nint x;"), "c").unwrap();
+        let id = s
+            .add_candidate(&NewCandidate {
+                source_id,
+                parent_candidate: None,
+                node_id: Some(evil.into()),
+                round: 0,
+                cycle: 0,
+                attempt: 1,
+                sample: 0,
+                kind: CandidateKind::Seed,
+                proposer_note: evil.into(),
+                knobs: Value::Null,
+            })
+            .unwrap();
+        s.record_evaluation(
+            id,
+            "incorrect",
+            None,
+            &json!({"status": "incorrect", "message": evil, "log_tail": evil,
+                    "workloads": [{"name": evil, "held_out": false,
+                                   "candidate_median_ns": 1.0}]}),
+        )
+        .unwrap();
+        let page = render_html(&s).unwrap().html;
+        // The only script elements are the page's own two.
+        assert_eq!(page.matches("<script").count(), 2, "{page}");
+        assert!(!page.contains("<img"), "{page}");
+        assert!(page.contains("&lt;/script&gt;"));
+    }
+}
