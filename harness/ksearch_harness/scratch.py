@@ -6,7 +6,9 @@ it could clean up. Standard library only (the supervisor imports it).
 
 A supervisor that is itself killed (ksearch's own timeout kills the harness's whole process
 group) cannot remove its directories: their names carry the supervisor's pid, and the next
-supervisor to start removes those whose supervisor is gone (`sweep`).
+supervisor to start removes those whose supervisor is gone (`sweep`). That assumes the
+temporary directory is not shared with harnesses in another pid namespace, whose live
+supervisors would look gone from here.
 
 Without a supervisor (tests calling worker.execute in their own process) the system's temporary
 directory is used, and each evaluation removes what it made.
