@@ -602,9 +602,17 @@ fn table(
             .filter(|t| !t.is_empty())
             .map(|t| blobs.add(&format!("l{}", c.id), &t))
             .unwrap_or_default();
-        let exchange = exchange_for(c, exchanges)
-            .map(|x| blobs.add(&format!("x{}", x.id), &exchange_text(x)))
-            .unwrap_or_default();
+        let round_calls = exchanges_of_round(c, candidates, exchanges);
+        let exchange = if round_calls.is_empty() {
+            String::new()
+        } else {
+            let text = round_calls
+                .iter()
+                .map(|x| exchange_text(x))
+                .collect::<Vec<_>>()
+                .join("\n\n==========\n\n");
+            blobs.add(&format!("x{}", c.round), &text)
+        };
         let message = e
             .and_then(|e| e.result["message"].as_str())
             .filter(|m| !m.is_empty())
@@ -661,7 +669,8 @@ fn table(
         "</tbody></table></div><div id=\"detail\"><h3 id=\"detail-title\">select a candidate\
          </h3><pre id=\"source\"></pre><details><summary>diff against its parent</summary>\
          <pre id=\"diff\"></pre></details><details><summary>evaluation log</summary>\
-         <pre id=\"log\"></pre></details><details><summary>proposer exchange</summary>\
+         <pre id=\"log\"></pre></details><details><summary>proposer calls of its round\
+         </summary>\
          <pre id=\"exchange\"></pre></details></div></div></section>"
     )?;
     Ok(())
@@ -681,16 +690,35 @@ fn log_text(e: &EvaluationRow) -> String {
     s
 }
 
-/// The proposer call that wrote a candidate: the last successful code-writing exchange at or
-/// before the candidate was recorded (exchanges are not linked to candidates in the store).
-fn exchange_for<'a>(c: &CandidateRow, exchanges: &'a [ExchangeRow]) -> Option<&'a ExchangeRow> {
+/// The proposer calls of a candidate's round. The store does not link a call to the candidate
+/// it wrote: the engine stores a round's calls at its checkpoint, after the round's candidates,
+/// so they are the calls stored from the round's first candidate on and before the next
+/// round's first candidate (which may include the world-model steps that opened that round).
+fn exchanges_of_round<'a>(
+    c: &CandidateRow,
+    candidates: &[CandidateRow],
+    exchanges: &'a [ExchangeRow],
+) -> Vec<&'a ExchangeRow> {
     if c.kind != CandidateKind::Attempt {
-        return None;
+        return Vec::new();
     }
+    let from = candidates
+        .iter()
+        .filter(|o| o.round == c.round && o.kind == CandidateKind::Attempt)
+        .map(|o| o.created_at.as_str())
+        .min()
+        .unwrap_or(c.created_at.as_str());
+    let until = candidates
+        .iter()
+        .filter(|o| o.round > c.round)
+        .map(|o| o.created_at.as_str())
+        .min();
     exchanges
         .iter()
-        .rev()
-        .find(|x| x.created_at <= c.created_at && x.exchange.error.is_none())
+        .filter(|x| {
+            x.created_at.as_str() >= from && until.is_none_or(|u| x.created_at.as_str() < u)
+        })
+        .collect()
 }
 
 fn exchange_text(x: &ExchangeRow) -> String {
@@ -861,7 +889,7 @@ const SCRIPT: &str = r#"
       }
     });
     unpack(d.log).then(function(t){ document.getElementById("log").textContent = t || "(no log)"; });
-    unpack(d.x).then(function(t){ document.getElementById("exchange").textContent = t || "(no proposer exchange: the seed, a re-check, or an offline proposal)"; });
+    unpack(d.x).then(function(t){ document.getElementById("exchange").textContent = t || "(no proposer call: the seed, a re-check, or an offline proposal)"; });
   }
   body.addEventListener("click", function(ev){
     var tr = ev.target.closest("tr.cand");
@@ -1067,6 +1095,77 @@ mod tests {
             !page.html.contains("987654321"),
             "the secret seed must stay out"
         );
+    }
+
+    #[test]
+    fn a_candidate_opens_the_proposer_calls_of_its_round() {
+        // The engine stores a round's calls at its checkpoint, after the round's candidates.
+        let tmp = tempfile::tempdir().unwrap();
+        let s = store(tmp.path());
+        let pause = || std::thread::sleep(std::time::Duration::from_millis(3));
+        let add = |round: u32, code: &str| {
+            let source_id = s.put_source(code, "c").unwrap();
+            s.add_candidate(&NewCandidate {
+                source_id,
+                parent_candidate: None,
+                node_id: None,
+                round,
+                cycle: round,
+                attempt: 1,
+                sample: 0,
+                kind: CandidateKind::Attempt,
+                proposer_note: String::new(),
+                knobs: Value::Null,
+            })
+            .unwrap()
+        };
+        let call = |prompt: &str| {
+            s.record_exchange(&ksearch_store::Exchange {
+                role: "code".into(),
+                prompt: prompt.into(),
+                response: "int x;".into(),
+                model: "m".into(),
+                provider: "p".into(),
+                input_tokens: 1,
+                output_tokens: 1,
+                cost_usd: 0.0,
+                latency_ms: 1,
+                error: None,
+                cached: false,
+            })
+            .unwrap();
+        };
+        let first = add(1, "int a;");
+        pause();
+        call("write round one");
+        pause();
+        let second = add(2, "int b;");
+        pause();
+        call("write round two");
+        let page = render_html(&s).unwrap().html;
+        let key = |id: i64| {
+            let row = &page[page.find(&format!("id=\"c{id}\"")).unwrap()..];
+            let at = row.find("data-x=\"").unwrap() + 8;
+            row[at..at + row[at..].find('"').unwrap()].to_owned()
+        };
+        let blobs: serde_json::Map<String, Value> = serde_json::from_str(
+            &page[page.find("id=\"blobs\">").unwrap() + "id=\"blobs\">".len()
+                ..page.find("</script>").unwrap()]
+                .replace("<\\/", "</"),
+        )
+        .unwrap();
+        let text = |id: i64| {
+            let packed = blobs[&key(id)].as_str().unwrap();
+            let gz = base64::engine::general_purpose::STANDARD
+                .decode(packed)
+                .unwrap();
+            let mut out = String::new();
+            std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&gz[..]), &mut out)
+                .unwrap();
+            out
+        };
+        assert!(text(first).contains("write round one") && !text(first).contains("round two"));
+        assert!(text(second).contains("write round two") && !text(second).contains("round one"));
     }
 
     #[test]
