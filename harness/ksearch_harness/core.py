@@ -925,8 +925,8 @@ class Evaluation:
             return None
         copies = getattr(inputs, "device_copies", None)
         if copies is None:
-            copies = {name: _device_copy(inputs.stored[name])
-                      for name in bench.inputs}
+            copies = {name: _device_copy(inputs.stored[name], buf.spec)
+                      for name, buf in bench.inputs.items()}
             if getattr(inputs, "cache_key", None) is not None:
                 inputs.device_copies = copies  # type: ignore[attr-defined]
         return copies
@@ -944,7 +944,7 @@ class Evaluation:
                 pattern = bench.poison_dev.get((which, name))
                 if pattern is None:
                     pattern = bench.poison_dev[(which, name)] = _device_copy(
-                        bench.poison[which][name])
+                        bench.poison[which][name], buf.spec)
                 dev.copy_(pattern)
                 on_device = True
             if on_device:
@@ -1849,13 +1849,11 @@ def _nbytes(spec: Any) -> int:
     return count * dtypes.get(spec.dtype).storage.itemsize
 
 
-def _device_copy(stored: np.ndarray) -> Any:
-    """A device tensor of the judge's holding `stored`'s bits."""
-    import torch
-    from .adapters.device import torch_bits_dtype, torch_upload
-    t = torch.empty(stored.shape, dtype=torch_bits_dtype(stored.dtype.itemsize), device="cuda")
-    torch_upload(t, stored)
-    return t
+def _device_copy(stored: np.ndarray, spec: Any) -> Any:
+    """A device tensor of the judge's holding `stored`'s bits (viewed as storage bits, as the
+    shared buffers are)."""
+    from .adapters.device import torch_bits_dtype, torch_from_host
+    return torch_from_host(stored, spec.dtype).view(torch_bits_dtype(stored.dtype.itemsize))
 
 
 def _judge_sync() -> None:

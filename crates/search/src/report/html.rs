@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use ksearch_store::{CandidateKind, CandidateRow, EvaluationRow, ExchangeRow, RunStore};
 
-use super::{finished, headline, recheck_of, render_time, world_model, ReportError};
+use super::{counts_line, finished, headline, recheck_of, render_time, world_model, ReportError};
 use crate::accounting::TimeAccount;
 use crate::world_model::{Node, NodeId, NodeState};
 
@@ -114,19 +114,14 @@ fn summary(
         Some(o) => writeln!(out, "<p>status: finished — {}</p>", esc(&o.stop_reason))?,
         None => writeln!(out, "<p>status: not finished (running or interrupted)</p>")?,
     }
-    let passed = evaluations.iter().filter(|e| e.status == "passed").count();
-    let usage = store.usage_totals()?;
     writeln!(
         out,
-        "<p>{} candidates · {} evaluations ({} passed, {} rejected) · proposer calls {} · \
-         tokens {} · ${:.2}</p>",
-        candidates.len(),
-        evaluations.len(),
-        passed,
-        evaluations.len() - passed,
-        usage.calls,
-        usage.input_tokens + usage.output_tokens,
-        usage.cost_usd
+        "<p>{}</p>",
+        esc(&counts_line(
+            candidates,
+            evaluations,
+            &store.usage_totals()?
+        ))
     )?;
     if let Some((o, best)) = outcome.as_ref().and_then(|o| Some((o, o.best.as_ref()?))) {
         writeln!(
@@ -186,11 +181,7 @@ fn device(evaluations: &[EvaluationRow]) -> Option<String> {
 /// The search's yardstick (that of its latest evaluation; a re-check measures its own on more
 /// workloads): per workload, the reference's and the baseline's medians with their intervals.
 fn yardstick_lines(candidates: &[CandidateRow], evaluations: &[EvaluationRow]) -> Option<String> {
-    let rechecks: BTreeSet<i64> = candidates
-        .iter()
-        .filter(|c| c.kind == CandidateKind::Recheck)
-        .map(|c| c.id)
-        .collect();
+    let rechecks = recheck_ids(candidates);
     let y = evaluations
         .iter()
         .rev()
@@ -268,6 +259,15 @@ fn best_table(
 
 // -- curves ----------------------------------------------------------------------------------
 
+/// The candidates that are re-checks (whose evaluations are not the search's own).
+fn recheck_ids(candidates: &[CandidateRow]) -> BTreeSet<i64> {
+    candidates
+        .iter()
+        .filter(|c| c.kind == CandidateKind::Recheck)
+        .map(|c| c.id)
+        .collect()
+}
+
 /// One search evaluation as the curves see it.
 struct Point {
     index: usize,
@@ -282,11 +282,7 @@ fn curves(
     evaluations: &[EvaluationRow],
     out: &mut String,
 ) -> Result<(), ReportError> {
-    let rechecks: BTreeSet<i64> = candidates
-        .iter()
-        .filter(|c| c.kind == CandidateKind::Recheck)
-        .map(|c| c.id)
-        .collect();
+    let rechecks = recheck_ids(candidates);
     let start = evaluations
         .iter()
         .find_map(|e| ksearch_store::timestamp_millis(&e.created_at));
@@ -331,6 +327,33 @@ fn curves(
     Ok(())
 }
 
+/// A chart's opening: the `<svg>` element, its axes, the x axis's label and the two axis
+/// ends (the top score, the last x).
+fn svg_frame(
+    out: &mut String,
+    id: &str,
+    aria: &str,
+    x_label: &str,
+    y_top: f64,
+    x_end: &str,
+) -> std::fmt::Result {
+    write!(
+        out,
+        "<svg id=\"{id}\" class=\"plot\" viewBox=\"0 0 {PLOT_W} {PLOT_H}\" role=\"img\" \
+         aria-label=\"{aria}\">\
+         <line class=\"axis\" x1=\"{PAD}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\"/>\
+         <line class=\"axis\" x1=\"{PAD}\" y1=\"{PAD}\" x2=\"{PAD}\" y2=\"{b}\"/>\
+         <text x=\"{mid}\" y=\"{lab}\" class=\"label\">{x_label}</text>\
+         <text x=\"4\" y=\"{PAD}\" class=\"label\">{y_top:.3}</text>\
+         <text x=\"{r}\" y=\"{tick}\" class=\"label end\">{x_end}</text>",
+        b = PLOT_H - PAD,
+        r = PLOT_W - PAD,
+        mid = PLOT_W / 2.0,
+        lab = PLOT_H - 8.0,
+        tick = PLOT_H - PAD + 14.0,
+    )
+}
+
 fn plot(
     out: &mut String,
     id: &str,
@@ -343,21 +366,13 @@ fn plot(
     let x_max = points.iter().map(&x_of).fold(0.0_f64, f64::max).max(1.0);
     let sx = |x: f64| PAD + x / x_max * (PLOT_W - 2.0 * PAD);
     let sy = |y: f64| PLOT_H - PAD - y / y_max * (PLOT_H - 2.0 * PAD);
-    write!(
+    svg_frame(
         out,
-        "<svg id=\"{id}\" class=\"plot\" viewBox=\"0 0 {PLOT_W} {PLOT_H}\" role=\"img\" \
-         aria-label=\"best score so far over {x_label}\">\
-         <line class=\"axis\" x1=\"{PAD}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\"/>\
-         <line class=\"axis\" x1=\"{PAD}\" y1=\"{PAD}\" x2=\"{PAD}\" y2=\"{b}\"/>\
-         <text x=\"{mid}\" y=\"{lab}\" class=\"label\">{x_label}</text>\
-         <text x=\"4\" y=\"{PAD}\" class=\"label\">{y_max:.3}</text>\
-         <text x=\"{r}\" y=\"{tick}\" class=\"label end\">{x_max:.0}</text>",
-        b = PLOT_H - PAD,
-        r = PLOT_W - PAD,
-        mid = PLOT_W / 2.0,
-        lab = PLOT_H - 8.0,
-        tick = PLOT_H - PAD + 14.0,
-        y_max = y_max / 1.1,
+        id,
+        &format!("best score so far over {x_label}"),
+        x_label,
+        y_max / 1.1,
+        &format!("{x_max:.0}"),
     )?;
     // The best score so far, as a step line from the first passed evaluation on.
     let mut d = String::new();
@@ -559,6 +574,9 @@ fn table(
         last_eval.insert(e.candidate_id, e);
     }
     let source_of: BTreeMap<i64, &CandidateRow> = candidates.iter().map(|c| (c.id, c)).collect();
+    // Each round's proposer calls, packed once: round -> blob key ("" when it made none).
+    let rounds = RoundStarts::of(candidates);
+    let mut round_keys: BTreeMap<u32, String> = BTreeMap::new();
     // The workloads timed in the run, for the table's columns.
     let mut workloads: Vec<String> = Vec::new();
     for e in evaluations {
@@ -602,16 +620,23 @@ fn table(
             .filter(|t| !t.is_empty())
             .map(|t| blobs.add(&format!("l{}", c.id), &t))
             .unwrap_or_default();
-        let round_calls = exchanges_of_round(c, candidates, exchanges);
-        let exchange = if round_calls.is_empty() {
-            String::new()
-        } else {
-            let text = round_calls
-                .iter()
-                .map(|x| exchange_text(x))
-                .collect::<Vec<_>>()
-                .join("\n\n==========\n\n");
-            blobs.add(&format!("x{}", c.round), &text)
+        let exchange = match c.kind {
+            CandidateKind::Attempt => round_keys
+                .entry(c.round)
+                .or_insert_with(|| {
+                    let calls = rounds.calls(c.round, exchanges);
+                    if calls.is_empty() {
+                        return String::new();
+                    }
+                    let text = calls
+                        .iter()
+                        .map(|x| exchange_text(x))
+                        .collect::<Vec<_>>()
+                        .join("\n\n==========\n\n");
+                    blobs.add(&format!("x{}", c.round), &text)
+                })
+                .clone(),
+            _ => String::new(),
         };
         let message = e
             .and_then(|e| e.result["message"].as_str())
@@ -690,35 +715,40 @@ fn log_text(e: &EvaluationRow) -> String {
     s
 }
 
-/// The proposer calls of a candidate's round. The store does not link a call to the candidate
-/// it wrote: the engine stores a round's calls at its checkpoint, after the round's candidates,
-/// so they are the calls stored from the round's first candidate on and before the next
-/// round's first candidate (which may include the world-model steps that opened that round).
-fn exchanges_of_round<'a>(
-    c: &CandidateRow,
-    candidates: &[CandidateRow],
-    exchanges: &'a [ExchangeRow],
-) -> Vec<&'a ExchangeRow> {
-    if c.kind != CandidateKind::Attempt {
-        return Vec::new();
+/// When each round's candidates began to be stored, to find the proposer calls of a
+/// candidate's round. The store does not link a call to the candidate it wrote: the engine
+/// stores a round's calls at its checkpoint, after the round's candidates, so they are the
+/// calls stored from the round's first candidate on and before the next round's first
+/// candidate (which may include the world-model steps that opened that round).
+struct RoundStarts<'a>(BTreeMap<u32, &'a str>);
+
+impl<'a> RoundStarts<'a> {
+    fn of(candidates: &'a [CandidateRow]) -> Self {
+        let mut starts: BTreeMap<u32, &str> = BTreeMap::new();
+        for c in candidates
+            .iter()
+            .filter(|c| c.kind == CandidateKind::Attempt)
+        {
+            let at = starts.entry(c.round).or_insert(c.created_at.as_str());
+            *at = (*at).min(c.created_at.as_str());
+        }
+        RoundStarts(starts)
     }
-    let from = candidates
-        .iter()
-        .filter(|o| o.round == c.round && o.kind == CandidateKind::Attempt)
-        .map(|o| o.created_at.as_str())
-        .min()
-        .unwrap_or(c.created_at.as_str());
-    let until = candidates
-        .iter()
-        .filter(|o| o.round > c.round)
-        .map(|o| o.created_at.as_str())
-        .min();
-    exchanges
-        .iter()
-        .filter(|x| {
-            x.created_at.as_str() >= from && until.is_none_or(|u| x.created_at.as_str() < u)
-        })
-        .collect()
+
+    fn calls<'x>(&self, round: u32, exchanges: &'x [ExchangeRow]) -> Vec<&'x ExchangeRow> {
+        let Some(from) = self.0.get(&round) else {
+            return Vec::new();
+        };
+        // The first candidate of any later round (candidates of a later round are stored
+        // later, whatever their rounds' numbers).
+        let until = self.0.range(round + 1..).map(|(_, at)| *at).min();
+        exchanges
+            .iter()
+            .filter(|x| {
+                x.created_at.as_str() >= *from && until.is_none_or(|u| x.created_at.as_str() < u)
+            })
+            .collect()
+    }
 }
 
 fn exchange_text(x: &ExchangeRow) -> String {
@@ -956,21 +986,13 @@ pub fn render_compare(
         * 1.1;
     let sx = |i: usize| PAD + (i as f64) / (n_max as f64) * (PLOT_W - 2.0 * PAD);
     let sy = |y: f64| PLOT_H - PAD - y / y_max * (PLOT_H - 2.0 * PAD);
-    let _ = write!(
-        out,
-        "<svg id=\"curve\" class=\"plot\" viewBox=\"0 0 {PLOT_W} {PLOT_H}\" role=\"img\" \
-         aria-label=\"best score so far per strategy\">\
-         <line class=\"axis\" x1=\"{PAD}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\"/>\
-         <line class=\"axis\" x1=\"{PAD}\" y1=\"{PAD}\" x2=\"{PAD}\" y2=\"{b}\"/>\
-         <text x=\"{mid}\" y=\"{lab}\" class=\"label\">evaluations</text>\
-         <text x=\"4\" y=\"{PAD}\" class=\"label\">{top:.3}</text>\
-         <text x=\"{r}\" y=\"{tick}\" class=\"label end\">{n_max}</text>",
-        b = PLOT_H - PAD,
-        r = PLOT_W - PAD,
-        mid = PLOT_W / 2.0,
-        lab = PLOT_H - 8.0,
-        tick = PLOT_H - PAD + 14.0,
-        top = y_max / 1.1,
+    let _ = svg_frame(
+        &mut out,
+        "curve",
+        "best score so far per strategy",
+        "evaluations",
+        y_max / 1.1,
+        &n_max.to_string(),
     );
     let path = |curve: &[f64]| -> String {
         let mut d = String::new();

@@ -222,6 +222,26 @@ fn score_of(store: &RunStore, candidate: i64) -> Result<Option<(String, Option<f
         .map(|e| (e.status, e.score)))
 }
 
+/// A run in one line of counts: candidates, evaluations (passed, rejected), proposer calls,
+/// tokens and cost (`show` and the HTML report's summary).
+pub(crate) fn counts_line(
+    candidates: &[ksearch_store::CandidateRow],
+    evaluations: &[ksearch_store::EvaluationRow],
+    usage: &ksearch_store::Usage,
+) -> String {
+    let passed = evaluations.iter().filter(|e| e.status == "passed").count();
+    format!(
+        "candidates {} · evaluations {} ({} passed, {} rejected) · proposer calls {} · tokens {} · ${:.2}",
+        candidates.len(),
+        evaluations.len(),
+        passed,
+        evaluations.len() - passed,
+        usage.calls,
+        usage.input_tokens + usage.output_tokens,
+        usage.cost_usd
+    )
+}
+
 /// What `ksearch show` prints: the run's configuration and status, its best kernel with the
 /// headline lines, the time block, the path to the best, the world-model tree and the latest
 /// candidates (`all`: every candidate).
@@ -257,19 +277,8 @@ pub fn render_show(store: &RunStore, all: bool) -> Result<String, ReportError> {
     }
     let candidates = store.candidates()?;
     let evaluations = store.evaluations()?;
-    let passed = evaluations.iter().filter(|e| e.status == "passed").count();
     let usage = store.usage_totals()?;
-    writeln!(
-        s,
-        "candidates {} · evaluations {} ({} passed, {} rejected) · proposer calls {} · tokens {} · ${:.2}",
-        candidates.len(),
-        evaluations.len(),
-        passed,
-        evaluations.len() - passed,
-        usage.calls,
-        usage.input_tokens + usage.output_tokens,
-        usage.cost_usd
-    )?;
+    writeln!(s, "{}", counts_line(&candidates, &evaluations, &usage))?;
     if let Some(f) = store.failed_calls()? {
         writeln!(
             s,
