@@ -16,12 +16,13 @@ use serde_json::json;
 use ksearch_eval::{interrupt, TimingPreset};
 use ksearch_search::compare::{self, CompareSpec};
 use ksearch_search::engine::{self, EngineError, Progress, ProgressSink};
+use ksearch_search::evolve::Feature;
 use ksearch_search::proposer::prompts::ContextLevel;
 use ksearch_search::report::render_outcome;
 use ksearch_search::session::{self, NewRun, Session};
 use ksearch_search::settings::{
-    self as s, ProposerKind, ReplayMatch, ResumeChanges, RunSettings, SelectionKind, Strategy,
-    RUN_SETTINGS_VERSION,
+    self as s, EvolveSettings, ProposerKind, ReplayMatch, ResumeChanges, RunSettings,
+    SelectionKind, Strategy, RUN_SETTINGS_VERSION,
 };
 use ksearch_store::RunStore;
 
@@ -162,6 +163,105 @@ pub struct SearchOptions {
     /// Skip the knowledge packs' static checks before compiling.
     #[arg(long)]
     pub no_lint: bool,
+
+    #[command(flatten)]
+    pub evolve: EvolveOptions,
+}
+
+/// The population of `--strategy evolve` (docs/search.md, "Strategies").
+#[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Evolve strategy")]
+pub struct EvolveOptions {
+    /// Islands of the population, migrating along a ring.
+    #[arg(long, value_name = "N", default_value_t = EvolveSettings::default().islands, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub islands: u32,
+
+    /// Members per island at most.
+    #[arg(long, value_name = "N", default_value_t = EvolveSettings::default().population, value_parser = clap::value_parser!(u32).range(1..))]
+    pub population: u32,
+
+    /// Programs in the elite archive.
+    #[arg(long, value_name = "N", default_value_t = EvolveSettings::default().archive, value_parser = clap::value_parser!(u32).range(1..))]
+    pub archive: u32,
+
+    /// Children an island receives between migrations.
+    #[arg(long, value_name = "N", default_value_t = EvolveSettings::default().migration_interval, value_parser = clap::value_parser!(u32).range(1..))]
+    pub migration_interval: u32,
+
+    /// Fraction of each island's best copied to its two neighbours at a migration.
+    #[arg(long, value_name = "FRACTION", default_value_t = EvolveSettings::default().migration_rate, value_parser = fraction)]
+    pub migration_rate: f64,
+
+    /// Share of parents drawn at random from the current island.
+    #[arg(long, value_name = "FRACTION", default_value_t = EvolveSettings::default().exploration, value_parser = fraction)]
+    pub exploration: f64,
+
+    /// Share of parents drawn from the elite archive (the rest: from any island).
+    #[arg(long, value_name = "FRACTION", default_value_t = EvolveSettings::default().exploitation, value_parser = fraction)]
+    pub exploitation: f64,
+
+    /// Inspirations from the island's best, and from other cells of its grid.
+    #[arg(long, value_name = "TOP,DIVERSE", default_value = "3,2", value_parser = inspirations)]
+    pub inspirations: (u32, u32),
+
+    /// Share of children asked for as SEARCH/REPLACE diffs (the rest: full rewrites).
+    #[arg(long, value_name = "FRACTION", default_value_t = EvolveSettings::default().diff_ratio, value_parser = fraction)]
+    pub diff_ratio: f64,
+
+    /// Share of children written from two parents (0: no crossover).
+    #[arg(long, value_name = "FRACTION", default_value_t = EvolveSettings::default().crossover_ratio, value_parser = fraction)]
+    pub crossover_ratio: f64,
+
+    /// Feature dimensions of each island's MAP-Elites grid: complexity, diversity, knob:NAME.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "complexity,diversity"
+    )]
+    pub features: Vec<Feature>,
+
+    /// Bins per feature dimension.
+    #[arg(long, value_name = "N", default_value_t = EvolveSettings::default().feature_bins, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub feature_bins: u32,
+}
+
+/// A number from 0 to 1.
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a number from 0 to 1")),
+    }
+}
+
+/// `TOP,DIVERSE`: two counts.
+fn inspirations(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("`{s}` is not two counts TOP,DIVERSE (e.g. 3,2)");
+    let (top, diverse) = s.split_once(',').ok_or_else(bad)?;
+    Ok((
+        top.trim().parse().map_err(|_| bad())?,
+        diverse.trim().parse().map_err(|_| bad())?,
+    ))
+}
+
+impl EvolveOptions {
+    fn settings(&self) -> EvolveSettings {
+        EvolveSettings {
+            islands: self.islands,
+            population: self.population,
+            archive: self.archive,
+            migration_interval: self.migration_interval,
+            migration_rate: self.migration_rate,
+            exploration: self.exploration,
+            exploitation: self.exploitation,
+            top_inspirations: self.inspirations.0,
+            diverse_inspirations: self.inspirations.1,
+            diff_ratio: self.diff_ratio,
+            crossover_ratio: self.crossover_ratio,
+            features: self.features.clone(),
+            feature_bins: self.feature_bins,
+        }
+    }
 }
 
 impl SearchOptions {
@@ -170,7 +270,11 @@ impl SearchOptions {
     pub fn settings(&self) -> RunSettings {
         macro_rules! same_names {
             ($o:ident: $($field:ident),* $(,)?) => {
-                RunSettings { version: RUN_SETTINGS_VERSION, $($field: $o.$field,)* }
+                RunSettings {
+                    version: RUN_SETTINGS_VERSION,
+                    evolve: $o.evolve.settings(),
+                    $($field: $o.$field,)*
+                }
             };
         }
         let o = self.clone();

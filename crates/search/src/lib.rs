@@ -4,6 +4,8 @@
 //!   language a proposer uses to edit it, and the text/JSON projections put into prompts.
 //! - [`selection`]: policies that pick the next open action from the world model's frontier.
 //! - [`engine`]: the K-Search cycle engine (rounds, cycles, stagnation, budgets, resume).
+//! - [`evolve`]: the evolve strategy's program database (islands, MAP-Elites grids, elite
+//!   archive, migration, parent and inspiration sampling).
 //! - [`proposer`]: the `Proposer` interface, the offline proposer (action catalog + template
 //!   families) and the LLM proposer (prompt templates over `ksearch-llm` providers).
 //! - [`accounting`]: where a finished or running search's time went (wall, evaluations per hour,
@@ -19,6 +21,7 @@
 pub mod accounting;
 pub mod compare;
 pub mod engine;
+pub mod evolve;
 pub mod proposer;
 pub mod report;
 pub mod selection;

@@ -311,7 +311,10 @@ pub fn set_up(
         lint_target,
         policy,
         evaluator,
-        cfg: opts.engine_config(),
+        cfg: EngineConfig {
+            seed: seeds.seed,
+            ..opts.engine_config()
+        },
         brief,
         interrupt,
     })

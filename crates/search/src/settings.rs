@@ -16,10 +16,11 @@ use crate::engine::{EngineConfig, DEFAULT_CONFIRM_ROUNDS, DEFAULT_MAX_PROPOSER_F
 use crate::proposer::prompts::ContextLevel;
 
 /// The version [`RunSettings`] are written with.
-pub const RUN_SETTINGS_VERSION: u32 = 1;
+pub const RUN_SETTINGS_VERSION: u32 = 2;
 
 /// How the search is organised (defined with the engine, which acts on it).
 pub use crate::engine::Strategy;
+pub use crate::evolve::EvolveSettings;
 
 /// Who proposes ideas and writes kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,7 +95,11 @@ macro_rules! named_choice {
     };
 }
 
-named_choice!(Strategy, "strategy", { WorldModel => "world-model", BestOfN => "best-of-n" });
+named_choice!(Strategy, "strategy", {
+    WorldModel => "world-model",
+    BestOfN => "best-of-n",
+    Evolve => "evolve",
+});
 named_choice!(ProposerKind, "proposer", {
     Offline => "offline",
     Openai => "openai",
@@ -188,6 +193,9 @@ pub struct RunSettings {
     pub no_llm_cache: bool,
     #[serde(default)]
     pub no_lint: bool,
+    /// The population's settings under `--strategy evolve`.
+    #[serde(default)]
+    pub evolve: EvolveSettings,
 }
 
 fn default_confirm_rounds() -> u32 {
@@ -263,6 +271,9 @@ impl RunSettings {
             confirm_rounds: self.confirm_rounds,
             max_proposer_failures: self.max_proposer_failures,
             strategy: self.strategy,
+            evolve: self.evolve.clone(),
+            // The session puts the run's seed in.
+            seed: 0,
         }
     }
 }

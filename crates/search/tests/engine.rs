@@ -14,8 +14,10 @@ use ksearch_search::engine::{
     CandidateEvaluator, Engine, EngineConfig, EngineError, EvalFailure, Evaluation, NoProgress,
     Purpose, RunOutcome,
 };
+use ksearch_search::evolve::EvolveSettings;
 use ksearch_search::proposer::{
-    CodeRequest, CycleReport, OutcomeSummary, Proposal, Proposer, ProposerError, TaskBrief,
+    CodeRequest, CycleReport, MutationRequest, OutcomeSummary, Proposal, Proposer, ProposerError,
+    TaskBrief,
 };
 use ksearch_search::selection::KSearchPolicy;
 use ksearch_search::world_model::{ActionPatch, Edit, NodePatch, NodeState, WorldModel};
@@ -937,4 +939,264 @@ fn best_of_n_spends_every_round_on_an_independent_sample_and_keeps_the_best() {
     let wm = final_wm(&store);
     let root = wm.node(wm.root_id()).unwrap();
     assert_eq!((root.attempts, root.failures), (6, 1));
+}
+
+/// Writes evolve children: a child scores its parent's score + 0.1 (its source names the
+/// round and sample), every fourth round's children fail; records what each request carried.
+struct EvolvingProposer {
+    seen: Mutex<Vec<Value>>,
+    calls_to_plan: AtomicUsize,
+}
+
+impl EvolvingProposer {
+    fn new() -> Self {
+        Self {
+            seen: Mutex::new(Vec::new()),
+            calls_to_plan: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Proposer for EvolvingProposer {
+    fn name(&self) -> &str {
+        "evolving"
+    }
+    fn init_world_model(&self, t: &TaskBrief) -> Result<WorldModel, ProposerError> {
+        ScriptedProposer::new(|_, _, _| Ok(String::new())).init_world_model(t)
+    }
+    fn propose(&self, _: &WorldModel, _: u32, _: &[String]) -> Result<Option<Edit>, ProposerError> {
+        self.calls_to_plan.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+    fn write_code(&self, _: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
+        Err(ProposerError::Unusable(
+            "evolve asks for children, not code".into(),
+        ))
+    }
+    fn mutate(&self, req: &MutationRequest<'_>) -> Result<Proposal, ProposerError> {
+        let parent: f64 = req.parent.source.split(';').next().unwrap()["score=".len()..]
+            .parse()
+            .unwrap();
+        // Programs by their tags: candidate ids depend on which sample thread records first.
+        let tag = |source: &str| source.trim_end().rsplit(';').next().unwrap().to_string();
+        self.seen.lock().unwrap().push(json!({
+            "round": req.round, "sample": req.sample, "island": req.island,
+            "mutation": req.mutation, "parent": tag(&req.parent.source),
+            "parent_passed": req.parent.outcome.passed,
+            "mate": req.mate.map(|m| tag(&m.source)),
+            "inspirations": req.inspirations.iter().map(|i| tag(&i.view.source)).collect::<Vec<_>>(),
+        }));
+        let head = if req.round.is_multiple_of(4) {
+            "fail".to_string()
+        } else {
+            format!("score={:.1}", parent + 0.1)
+        };
+        Ok(Proposal {
+            source: format!("{head};r{}s{}", req.round, req.sample),
+            knobs: None,
+            note: format!("{} of {}", req.mutation.as_str(), req.parent.candidate_id),
+        })
+    }
+    fn refine(&self, _: &WorldModel, _: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
+        self.calls_to_plan.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+    fn too_hard(&self, _: &WorldModel, _: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
+        self.calls_to_plan.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+}
+
+fn evolve_cfg() -> EngineConfig {
+    EngineConfig {
+        strategy: ksearch_search::settings::Strategy::Evolve,
+        samples: 2,
+        seed: 7,
+        evolve: EvolveSettings {
+            islands: 2,
+            migration_interval: 2,
+            crossover_ratio: 0.3,
+            ..EvolveSettings::default()
+        },
+        ..cfg(8, 4)
+    }
+}
+
+/// What an evolve run did: its outcome, every candidate's source and parent in order, its
+/// store and the requests its proposers saw (a crashed first session's too).
+struct EvolveRun {
+    out: RunOutcome,
+    cands: Vec<(String, Option<i64>)>,
+    store: RunStore,
+    seen: Vec<Value>,
+    _dir: tempfile::TempDir,
+}
+
+/// An evolve run of [`evolve_cfg`]; with `crash_on`, a first session's evaluator breaks on
+/// that call and a second session resumes the run.
+fn evolve_run(crash_on: Option<usize>) -> EvolveRun {
+    let guard = tempfile::tempdir().unwrap();
+    let tmp = guard.path().to_path_buf();
+    let mut seen = Vec::new();
+    if crash_on.is_some() {
+        let proposer = EvolvingProposer::new();
+        let broken = FakeEvaluator::new(crash_on);
+        let engine = new_evolve_engine(store(&tmp), &proposer, &broken);
+        let err = engine.run(Some("score=1.0;seed")).unwrap_err();
+        assert!(matches!(err, EngineError::Evaluator(_)), "{err}");
+        seen.extend(proposer.seen.lock().unwrap().clone());
+    }
+    let store = match crash_on {
+        Some(_) => {
+            let dir = std::fs::read_dir(&tmp)
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path();
+            RunStore::open(&dir).unwrap()
+        }
+        None => store(&tmp),
+    };
+    let proposer = EvolvingProposer::new();
+    let eval = FakeEvaluator::new(None);
+    let engine = new_evolve_engine(store, &proposer, &eval);
+    let out = engine.run(Some("score=1.0;seed")).unwrap();
+    assert_eq!(
+        proposer.calls_to_plan.load(Ordering::SeqCst),
+        0,
+        "nothing planned"
+    );
+    seen.extend(proposer.seen.lock().unwrap().clone());
+    let store = engine.into_store();
+    let cands: Vec<(String, Option<i64>)> = store
+        .candidates()
+        .unwrap()
+        .iter()
+        .map(|c| (store.source(&c.source_id).unwrap(), c.parent_candidate))
+        .collect();
+    EvolveRun {
+        out,
+        cands,
+        store,
+        seen,
+        _dir: guard,
+    }
+}
+
+fn new_evolve_engine<'a>(
+    store: RunStore,
+    proposer: &'a EvolvingProposer,
+    eval: &'a FakeEvaluator,
+) -> Engine<'a> {
+    static POLICY: std::sync::LazyLock<KSearchPolicy> =
+        std::sync::LazyLock::new(KSearchPolicy::default);
+    Engine::new(
+        evolve_cfg(),
+        store,
+        proposer,
+        eval,
+        &*POLICY,
+        brief(),
+        &NoProgress,
+    )
+}
+
+#[test]
+fn evolve_writes_children_of_passing_parents_and_islands_take_turns() {
+    let EvolveRun {
+        out,
+        cands,
+        store,
+        seen,
+        _dir,
+    } = evolve_run(None);
+    assert_eq!(out.rounds_used, 8);
+    assert_eq!(seen.len(), 16, "two children a round");
+    // Children of rounds 4 and 8 fail; everything else passes.
+    assert_eq!((out.passed, out.failed), (13, 4));
+    for s in &seen {
+        assert_eq!(
+            s["island"], s["sample"],
+            "two islands, two samples: sample k on island k"
+        );
+        assert_eq!(s["parent_passed"], true, "{s}");
+        assert!(
+            !s["inspirations"].as_array().unwrap().contains(&s["parent"]),
+            "{s}"
+        );
+        if s["mutation"] == "crossover" {
+            assert!(s["mate"].is_string() && s["mate"] != s["parent"], "{s}");
+        }
+    }
+    assert!(seen.iter().any(|s| s["mutation"] == "crossover"));
+    assert!(seen.iter().any(|s| s["mutation"] != "crossover"));
+    // Each child is stored with the parent it was written from.
+    for s in &seen {
+        let tag = format!("r{}s{}", s["round"], s["sample"]);
+        let (_, parent) = cands
+            .iter()
+            .find(|(source, _)| source.trim_end().ends_with(&tag))
+            .unwrap();
+        let parent = store.candidate(parent.unwrap()).unwrap().unwrap();
+        let parent_source = store.source(&parent.source_id).unwrap();
+        assert!(
+            parent_source
+                .trim_end()
+                .ends_with(s["parent"].as_str().unwrap()),
+            "{tag}: {s}"
+        );
+    }
+    // The best is the highest passing child; children build on children.
+    let best = cands
+        .iter()
+        .filter_map(|(s, _)| s.strip_prefix("score=").and_then(|r| r.split(';').next()))
+        .map(|v| v.parse::<f64>().unwrap())
+        .fold(0.0, f64::max);
+    assert_eq!(out.best.as_ref().map(|b| b.score), Some(best));
+    assert!(
+        best >= 1.25,
+        "a lineage of at least three generations: {best}"
+    );
+    // A generation event per round, with the islands migrating every two children each.
+    let generations = events(&store, "generation");
+    assert_eq!(generations.len(), 8);
+    let migrated: usize = generations
+        .iter()
+        .map(|g| g["migrated"].as_array().unwrap().len())
+        .sum();
+    assert!(migrated > 0, "{generations:?}");
+}
+
+#[test]
+fn a_resumed_evolve_run_asks_for_the_same_children_as_an_uninterrupted_one() {
+    let whole = evolve_run(None);
+    // The evaluator breaks on its 8th call: the seed and three rounds of two are done.
+    let resumed = evolve_run(Some(8));
+    let (whole_cands, whole_seen) = (&whole.cands, &whole.seen);
+    let (resumed_cands, resumed_seen, store) = (&resumed.cands, &resumed.seen, &resumed.store);
+    // The samples of a round are recorded in the order their threads get there.
+    let sources = |c: &[(String, Option<i64>)]| {
+        let mut v: Vec<String> = c.iter().map(|(s, _)| s.clone()).collect();
+        v.sort_by_key(|s| s.rsplit(';').next().map(str::to_string));
+        v
+    };
+    assert_eq!(sources(resumed_cands), sources(whole_cands));
+    assert_eq!(
+        resumed.out.best.as_ref().map(|b| b.score),
+        whole.out.best.as_ref().map(|b| b.score)
+    );
+    // Requests asked again after the crash are the ones asked before it.
+    let mut asked: Vec<&Value> = resumed_seen.iter().collect();
+    asked.sort_by_key(|s| (s["round"].as_u64(), s["sample"].as_u64()));
+    asked.dedup();
+    let mut whole_asked: Vec<&Value> = whole_seen.iter().collect();
+    whole_asked.sort_by_key(|s| (s["round"].as_u64(), s["sample"].as_u64()));
+    assert_eq!(asked, whole_asked);
+    // Nothing evaluated twice.
+    let evals = store.evaluations().unwrap();
+    let mut ids: Vec<i64> = evals.iter().map(|e| e.candidate_id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), evals.len());
 }

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use ksearch_knowledge::Packs;
 use ksearch_search::proposer::prompts::{
-    history_lines, ActionView, AttemptText, ContextLevel, PromptContext, PromptInputs, PromptRole,
-    PromptSet,
+    history_lines, ActionView, AttemptText, ContextLevel, InspirationText, PromptContext,
+    PromptInputs, PromptRole, PromptSet,
 };
 use ksearch_search::proposer::{AttemptView, CycleAttempt, OutcomeSummary};
 use ksearch_search::world_model::{ActionPatch, NodeId, NodePatch, SolutionRef, Trace, WorldModel};
@@ -240,8 +240,23 @@ fn context(role: PromptRole, level: ContextLevel) -> PromptContext {
             ctx.current = Some(AttemptText::of(&failed(11)));
             ctx.history = history_lines(&cycle_history());
         }
+        PromptRole::Evolve => {
+            ctx.round = 9;
+            ctx.island = 1;
+            ctx.mutation = Some("diff".into());
+            ctx.parent = Some(AttemptText::of(&passed(7, 1.9)));
+            ctx.inspirations = vec![
+                InspirationText::of(&passed(10, 2.3), "top"),
+                InspirationText::of(&passed(4, 1.2), "diverse"),
+            ];
+            ctx.feedback = vec!["code-evolve: the edit blocks do not apply: block 1: its \
+                SEARCH text occurs 2 times (lines 3, 9); include more surrounding lines so it \
+                matches once"
+                .into()];
+        }
     }
-    if role.writes_code() && level.has_spec() {
+    // Evolve children are written without the world model.
+    if role.writes_code() && role != PromptRole::Evolve && level.has_spec() {
         ctx.world_model = Some(wm.compact_json(12000));
     }
     ctx
@@ -260,6 +275,39 @@ fn every_prompt_at_full_context() {
             render(role, ContextLevel::Full)
         );
     }
+}
+
+/// The rewrite and crossover forms of the evolve prompt (the diff form is in
+/// `every_prompt_at_full_context`): their own headings, the second parent, and the whole-file
+/// reply format instead of edit blocks.
+#[test]
+fn evolve_prompts_of_a_rewrite_and_a_crossover() {
+    for mutation in ["full", "crossover"] {
+        let mut ctx = context(PromptRole::Evolve, ContextLevel::Full);
+        ctx.mutation = Some(mutation.into());
+        ctx.feedback.clear();
+        if mutation == "crossover" {
+            ctx.mate = Some(AttemptText::of(&passed(12, 2.0)));
+        }
+        let p = prompts().render(PromptRole::Evolve, &ctx).unwrap();
+        assert!(!p.user.contains("<<<<<<< SEARCH"), "{mutation}");
+        assert!(p.system.contains("write one complete kernel source file"));
+        assert_eq!(p.user.contains("## Second parent"), mutation == "crossover");
+        let name = if mutation == "full" {
+            "rewrite"
+        } else {
+            mutation
+        };
+        insta::assert_snapshot!(format!("evolve_{name}_user"), p.user);
+    }
+    let diff = prompts()
+        .render(
+            PromptRole::Evolve,
+            &context(PromptRole::Evolve, ContextLevel::Full),
+        )
+        .unwrap();
+    assert!(diff.user.contains("<<<<<<< SEARCH"));
+    assert!(diff.system.contains("edit one kernel source file"));
 }
 
 #[test]

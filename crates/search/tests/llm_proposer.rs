@@ -439,3 +439,111 @@ fn the_lint_hook_rejects_before_evaluation_and_tells_the_next_prompt() {
     );
     assert!(second.contains("`__syncthreads` is GPU code"), "{second}");
 }
+
+/// Edit blocks for an evolve diff: `search` replaced by `replace`, after a note line.
+fn blocks(search: &str, replace: &str) -> Reply {
+    Ok(format!(
+        "Note: {search} to {replace}\n<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE\n"
+    ))
+}
+
+#[test]
+fn evolve_diffs_apply_to_the_parent_and_blocks_that_do_not_apply_are_sent_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llm = Arc::new(scripted(vec![(
+        CODE_ROLE_TAG,
+        vec![
+            // Round 1: a block that matches nothing, then (told why) one that does.
+            blocks("score=9;kern", "score=3;kern"),
+            blocks("score=1;kern", "score=1.5;kern"),
+            // Round 2: two replies that do not apply: a failed attempt with the reason.
+            Ok("I would rather not use blocks.".into()),
+            blocks("no such line", "x"),
+            // Round 3: the reason of round 2 is in the prompt; a good edit on the last line.
+            blocks("// end", "// end of kernel"),
+        ],
+    )]));
+    let proposer = LlmProposer::new(llm.clone(), prompts(), inputs(), LlmSettings::new());
+    let eval = FakeEvaluator {
+        calls: AtomicUsize::new(0),
+    };
+    let policy = KSearchPolicy::default();
+    let config = EngineConfig {
+        strategy: ksearch_search::settings::Strategy::Evolve,
+        seed: 3,
+        evolve: ksearch_search::evolve::EvolveSettings {
+            islands: 1,
+            diff_ratio: 1.0,
+            ..Default::default()
+        },
+        ..cfg(3)
+    };
+    let engine = Engine::new(
+        config,
+        store(tmp.path()),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    let out = engine.run(Some("score=1;kern\nbody();\n// end\n")).unwrap();
+    let store = engine.into_store();
+    assert_eq!((out.rounds_used, out.passed, out.failed), (3, 3, 1));
+
+    let prompts = llm.prompts(CODE_ROLE_TAG);
+    assert_eq!(prompts.len(), 5, "round 1 and round 2 were asked twice");
+    assert!(prompts[0].contains("# Evolve: improve a kernel with targeted edits"));
+    assert!(prompts[0].contains("## Parent kernel"));
+    let told = &prompts[1];
+    assert!(
+        told.contains("the edit blocks do not apply")
+            && told.contains("block 1: its SEARCH text is not in the kernel"),
+        "{told}"
+    );
+    assert!(
+        prompts[3].contains("the reply has no SEARCH/REPLACE block"),
+        "{}",
+        prompts[3]
+    );
+    // Round 2's failure reaches round 3's prompt, with the island's other program for ideas.
+    assert!(prompts[4].contains("## Problems with your previous reply"));
+    assert!(prompts[4].contains("## Other kernels of the population, for ideas"));
+    // Each child is its parent with the blocks applied.
+    let children: Vec<(String, String)> = store
+        .candidates()
+        .unwrap()
+        .iter()
+        .filter(|c| c.kind == CandidateKind::Attempt)
+        .map(|c| {
+            let parent = store
+                .candidate(c.parent_candidate.unwrap())
+                .unwrap()
+                .unwrap();
+            (
+                store.source(&parent.source_id).unwrap(),
+                store.source(&c.source_id).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(children.len(), 2);
+    assert_eq!(
+        children[0],
+        (
+            "score=1;kern\nbody();\n// end\n".to_string(),
+            "score=1.5;kern\nbody();\n// end\n".to_string()
+        )
+    );
+    assert_eq!(
+        children[1].1,
+        children[1].0.replace("// end", "// end of kernel")
+    );
+    assert_eq!(out.best.map(|b| b.score), Some(1.5));
+    let xs = store.exchanges().unwrap();
+    assert!(xs.iter().any(|x| x.exchange.role == "code-evolve"));
+    // Nothing was planned: evolve leaves the world model alone.
+    assert!(llm
+        .seen()
+        .iter()
+        .all(|r| r.role_tag == CODE_ROLE_TAG || r.role_tag == "wm-init"));
+}

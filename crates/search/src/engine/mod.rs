@@ -19,6 +19,7 @@
 //! flags: `cycle_cap` (0 = unlimited, as the original) and the selection policy.
 
 pub mod evaluation;
+mod generation;
 pub mod ranking;
 
 pub use evaluation::{CandidateEvaluator, EvalFailure, Evaluation, Purpose};
@@ -34,6 +35,7 @@ use serde_json::{json, Value};
 use ksearch_eval::Interrupt;
 use ksearch_store::{CandidateKind, CandidateRow, NewCandidate, RunStore, SourceId, StoreError};
 
+use crate::evolve::{EvolveSettings, Population};
 use crate::proposer::{
     AttemptView, CodeRequest, CycleAttempt, CycleReport, OutcomeSummary, Proposal, Proposer,
     ProposerError, Step, TaskBrief,
@@ -53,6 +55,10 @@ pub enum Strategy {
     /// Independent candidates from the task's specification alone, the best kept: the
     /// ablation without search (no world model, no earlier attempts in any request).
     BestOfN,
+    /// Population-based evolution in the manner of OpenEvolve and ShinkaEvolve: islands of
+    /// MAP-Elites grids, each child a diff, rewrite or crossover of a sampled parent
+    /// ([`crate::evolve`]).
+    Evolve,
 }
 
 /// Limits and switches of one run.
@@ -84,9 +90,16 @@ pub struct EngineConfig {
     /// resumable; 0 never stops. A reply, usable or not, resets the count.
     #[serde(default = "default_max_proposer_failures")]
     pub max_proposer_failures: u32,
-    /// How rounds are spent: cycles on the world model's actions, or independent samples.
+    /// How rounds are spent: cycles on the world model's actions, independent samples, or
+    /// generations of a population.
     #[serde(default)]
     pub strategy: Strategy,
+    /// The population's settings under [`Strategy::Evolve`].
+    #[serde(default)]
+    pub evolve: EvolveSettings,
+    /// The run's seed: the evolve strategy's draws come from it.
+    #[serde(default)]
+    pub seed: u64,
 }
 
 fn default_confirm_rounds() -> u32 {
@@ -117,6 +130,8 @@ impl Default for EngineConfig {
             confirm_rounds: DEFAULT_CONFIRM_ROUNDS,
             max_proposer_failures: DEFAULT_MAX_PROPOSER_FAILURES,
             strategy: Strategy::WorldModel,
+            evolve: EvolveSettings::default(),
+            seed: 0,
         }
     }
 }
@@ -133,6 +148,8 @@ pub enum EngineError {
     Evaluator(String),
     #[error("the run's saved engine state is unreadable: {0}")]
     State(String),
+    #[error("the run's settings: {0}")]
+    Config(String),
     #[error("the run is finished ({0}); raise its budget (resume --rounds or --max-wall-time) to continue it")]
     Finished(String),
     #[error("the proposer's calls failed {failures} times in a row (the last: {last})")]
@@ -272,9 +289,22 @@ struct EngineState {
     passed: u32,
     failed: u32,
     elapsed_ms: u64,
+    /// The evolve strategy's population (created at its first round).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    population: Option<Population>,
 }
 
 const STATE_KEY: &str = "engine";
+
+/// Where a candidate of a round is recorded.
+#[derive(Clone, Copy)]
+struct Slot<'n> {
+    round: u32,
+    cycle: u32,
+    attempt: u32,
+    sample: u32,
+    node: &'n str,
+}
 
 /// One candidate of a round after evaluation, in sample order.
 struct SampleResult {
@@ -428,14 +458,14 @@ impl<'a> Engine<'a> {
                 return Err(EngineError::Interrupted);
             }
             if let Some(reason) = self.budget_reached(&state) {
-                if state.cycle.is_some() && reason.starts_with("rounds") && !self.independent() {
+                if state.cycle.is_some() && reason.starts_with("rounds") && !self.sampling() {
                     // The round budget cut a cycle short: close it so its best is attached.
                     self.end_cycle(&mut state)?;
                     self.checkpoint(&state)?;
                 }
                 break reason;
             }
-            if state.cycle.is_none() && self.independent() {
+            if state.cycle.is_none() && self.sampling() {
                 self.begin_sampling(&mut state)?;
                 self.checkpoint(&state)?;
                 continue;
@@ -448,7 +478,10 @@ impl<'a> Engine<'a> {
                 continue;
             }
             let t0 = Instant::now();
-            let round = self.run_round(&mut state);
+            let round = match self.cfg.strategy {
+                Strategy::Evolve => self.run_generation(&mut state),
+                Strategy::WorldModel | Strategy::BestOfN => self.run_round(&mut state),
+            };
             self.walls
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -459,7 +492,7 @@ impl<'a> Engine<'a> {
                 Err(RoundStop::Budget(reason)) => break reason,
                 Err(RoundStop::Error(e)) => return Err(e),
             }
-            let cycle_done = !self.independent()
+            let cycle_done = !self.sampling()
                 && state
                     .cycle
                     .as_ref()
@@ -653,6 +686,7 @@ impl<'a> Engine<'a> {
             passed: u32::from(seed_score.is_some()),
             failed: u32::from(seed.is_some() && seed_score.is_none()),
             elapsed_ms: 0,
+            population: None,
         };
         self.snapshot(&state)?;
         self.checkpoint(&state)?;
@@ -753,14 +787,21 @@ impl<'a> Engine<'a> {
         self.cfg.strategy == Strategy::BestOfN
     }
 
-    /// Best-of-n: one open-ended "cycle" on the root that every round samples into; nothing is
-    /// proposed, refined or chosen from the world model.
+    /// Whether the world model is left alone: best-of-n and evolve spend every round in one
+    /// open-ended "cycle" on the root.
+    fn sampling(&self) -> bool {
+        self.cfg.strategy != Strategy::WorldModel
+    }
+
+    /// Best-of-n and evolve: one open-ended "cycle" on the root that every round samples into;
+    /// nothing is proposed, refined or chosen from the world model.
     fn begin_sampling(&self, state: &mut EngineState) -> Result<(), EngineError> {
         let root = state.wm.root_id().clone();
         state.cycles += 1;
         self.event(
             "cycle_start",
-            json!({"cycle": state.cycles, "node": root.as_str(), "policy": "best-of-n"}),
+            json!({"cycle": state.cycles, "node": root.as_str(),
+                   "policy": self.cfg.strategy.as_str()}),
         )?;
         state.cycle = Some(CycleState {
             node: root,
@@ -1017,20 +1058,7 @@ impl<'a> Engine<'a> {
                 interval: o.summary.score_interval,
                 scores: vec![score],
             };
-            match &state.best {
-                None => state.best = Some(challenger),
-                Some(b) if score > b.score => {
-                    // A higher score inside the incumbent's noise is measured again first.
-                    state.best = Some(
-                        if ranking::clearly_better((score, o.summary.score_interval), b) {
-                            challenger
-                        } else {
-                            self.duel(b, challenger)?
-                        },
-                    );
-                }
-                Some(_) => {}
-            }
+            state.best = self.offer_best(state.best.take(), challenger)?;
             if c.best.is_none_or(|(_, s)| score > s) {
                 c.best = Some((id, score));
                 improved = true;
@@ -1057,6 +1085,13 @@ impl<'a> Engine<'a> {
         c.last = round_best.map(|(id, _)| id).or(last_id).or(c.last);
         c.consumed += 1;
         state.rounds_used = round;
+        self.round_signals(state, round, &outcomes);
+        Ok(())
+    }
+
+    /// What the next prompts show as the search's signals (this round's best evaluation, else
+    /// its last one), and the round's progress line.
+    fn round_signals(&self, state: &mut EngineState, round: u32, outcomes: &[SampleResult]) {
         // What the next prompts show as the search's signals: this round and its best
         // evaluation (else its last one).
         let traced = outcomes
@@ -1088,8 +1123,12 @@ impl<'a> Engine<'a> {
         self.progress.update(&Progress {
             round,
             rounds: self.cfg.rounds,
-            cycle: c.index,
-            node: c.node.to_string(),
+            cycle: state.cycle.as_ref().map_or(0, |c| c.index),
+            node: state
+                .cycle
+                .as_ref()
+                .map(|c| c.node.to_string())
+                .unwrap_or_default(),
             best_score: state.best.as_ref().map(|b| b.score),
             passed: state.passed,
             failed: state.failed,
@@ -1098,7 +1137,27 @@ impl<'a> Engine<'a> {
             cost_usd: usage.cost_usd,
             message,
         });
-        Ok(())
+    }
+
+    /// The run's best after `challenger` passed: it replaces a lower incumbent outright when
+    /// clearly faster, after a duel (both measured again) when its score is inside the
+    /// incumbent's noise.
+    fn offer_best(
+        &self,
+        incumbent: Option<BestRef>,
+        challenger: BestRef,
+    ) -> Result<Option<BestRef>, EngineError> {
+        Ok(Some(match incumbent {
+            None => challenger,
+            Some(b) if challenger.score > b.score => {
+                if ranking::clearly_better((challenger.score, challenger.interval), &b) {
+                    challenger
+                } else {
+                    self.duel(&b, challenger)?
+                }
+            }
+            Some(b) => b,
+        }))
     }
 
     /// Writes (unless the store already has it), records and evaluates one sample.
@@ -1108,6 +1167,43 @@ impl<'a> Engine<'a> {
         existing: Option<CandidateRow>,
         cycle: &CycleState,
         independent: bool,
+    ) -> Result<SampleResult, RoundStop> {
+        let at = Slot {
+            round: req.round,
+            cycle: cycle.index,
+            attempt: req.attempt,
+            sample: req.sample,
+            node: cycle.node.as_str(),
+        };
+        self.produce(at, existing, || {
+            let written = match independent {
+                true => self.proposer.sample(req),
+                false => self.proposer.write_code(req),
+            };
+            // What the proposal was written from: the base of an action, the attempt a debug
+            // step fixes, the cycle's best an improve step refines. `ksearch show` follows
+            // these links for the path to the best.
+            let parent = match req.step {
+                Step::SpecAction => None,
+                Step::BaseAction => req.base,
+                Step::Debug => req.last,
+                Step::Improve => req.cycle_best,
+            }
+            .map(|v| v.candidate_id)
+            .filter(|id| *id > 0);
+            (written, parent)
+        })
+    }
+
+    /// One candidate at `at`: the stored one of a resumed round (its evaluation reused when it
+    /// has one), else what `write` proposes (with the candidate it was written from), recorded
+    /// before it is linted and evaluated. A proposer failure is a failed attempt with its
+    /// reason, not a crash; a spent budget stops the round.
+    fn produce(
+        &self,
+        at: Slot<'_>,
+        existing: Option<CandidateRow>,
+        write: impl FnOnce() -> (Result<Proposal, ProposerError>, Option<i64>),
     ) -> Result<SampleResult, RoundStop> {
         let (id, source) = match existing {
             Some(row) => {
@@ -1128,19 +1224,15 @@ impl<'a> Engine<'a> {
                 (row.id, src)
             }
             None => {
-                let written = match independent {
-                    true => self.proposer.sample(req),
-                    false => self.proposer.write_code(req),
-                };
+                let (written, parent) = write();
                 self.count_call_failure(&written)?;
                 let proposal = match written {
                     Ok(p) => p,
                     Err(ProposerError::Budget(reason)) => return Err(RoundStop::Budget(reason)),
                     Err(e) => {
-                        // A proposer failure is a failed attempt with its reason, not a crash.
                         self.event(
                             "proposer_error",
-                            json!({"round": req.round, "sample": req.sample, "error": e.to_string()}),
+                            json!({"round": at.round, "sample": at.sample, "error": e.to_string()}),
                         )?;
                         return Ok(SampleResult {
                             candidate: None,
@@ -1152,25 +1244,14 @@ impl<'a> Engine<'a> {
                         });
                     }
                 };
-                // What the proposal was written from: the base of an action, the attempt a
-                // debug step fixes, the cycle's best an improve step refines. `ksearch show`
-                // follows these links for the path to the best.
-                let parent = match req.step {
-                    Step::SpecAction => None,
-                    Step::BaseAction => req.base,
-                    Step::Debug => req.last,
-                    Step::Improve => req.cycle_best,
-                }
-                .map(|v| v.candidate_id)
-                .filter(|id| *id > 0);
                 let id = self.record_candidate(
                     &proposal,
                     parent,
-                    Some(cycle.node.as_str()),
-                    req.round,
-                    cycle.index,
-                    req.attempt,
-                    req.sample,
+                    Some(at.node),
+                    at.round,
+                    at.cycle,
+                    at.attempt,
+                    at.sample,
                     CandidateKind::Attempt,
                 )?;
                 (id, proposal.source)

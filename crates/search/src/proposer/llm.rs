@@ -20,12 +20,14 @@ use serde_json::Value;
 use ksearch_llm::{ChatProvider, ChatRequest, Client, LlmError};
 use ksearch_store::Exchange;
 
+use super::diff_edit;
 use super::prompts::{
-    cut_marked, history_lines, ActionView, AttemptText, PromptContext, PromptInputs, PromptRole,
-    PromptSet, RenderedPrompt,
+    cut_marked, history_lines, ActionView, AttemptText, InspirationText, PromptContext,
+    PromptInputs, PromptRole, PromptSet, RenderedPrompt,
 };
 use super::{
-    CodeRequest, CycleReport, Proposal, Proposer, ProposerError, ProposerUsage, Step, TaskBrief,
+    CodeRequest, CycleReport, Mutation, MutationRequest, Proposal, Proposer, ProposerError,
+    ProposerUsage, Step, TaskBrief,
 };
 use crate::world_model::{ActionPatch, Edit, NodeId, NodePatch, PatchOp, WorldModel};
 
@@ -37,6 +39,9 @@ pub const TREE_NODES: usize = 40;
 const MAX_INIT_NODES: usize = 12;
 /// Longest note kept from a code reply's `Note:` line.
 const NOTE_CHARS: usize = 200;
+/// Calls for one diff child: a reply whose edit blocks do not apply is answered once with
+/// what failed, so the model can fix them.
+const DIFF_TRIES: u64 = 2;
 /// Role tag of every code-writing call. One tag for all four code steps keeps a lenient
 /// replay in step even when measurements (and so the step sequence) differ between runs.
 pub const CODE_ROLE_TAG: &str = "code";
@@ -506,6 +511,84 @@ impl Proposer for LlmProposer {
         let note = extract_note(&text).unwrap_or_else(|| {
             let title = req.action.title.lines().next().unwrap_or("");
             format!("{}: {}", role.tag(), cut_marked(title, NOTE_CHARS))
+        });
+        Ok(Proposal {
+            source,
+            knobs: None,
+            note,
+        })
+    }
+
+    /// An evolve child: the `evolve` prompt with the parent, the mate and the inspirations. A
+    /// diff reply's SEARCH/REPLACE blocks are applied to the parent ([`diff_edit`]); blocks
+    /// that do not apply are sent back once with the reason. Other replies carry the whole
+    /// kernel in a code block, as any code step.
+    fn mutate(&self, req: &MutationRequest<'_>) -> Result<Proposal, ProposerError> {
+        let role = PromptRole::Evolve;
+        let mut ctx = PromptContext::new(&self.inputs);
+        ctx.round = req.round;
+        ctx.sample = req.sample;
+        ctx.island = req.island;
+        ctx.mutation = Some(req.mutation.as_str().to_string());
+        ctx.parent = Some(AttemptText::of(req.parent));
+        ctx.mate = req.mate.map(AttemptText::of);
+        ctx.inspirations = req
+            .inspirations
+            .iter()
+            .map(|i| InspirationText::of(&i.view, i.why))
+            .collect();
+        ctx.feedback = Self::lock(&self.pending).clone();
+        let salt = (u64::from(req.round) << 32) | (0xE << 16) | u64::from(req.sample);
+        let tries = if req.mutation == Mutation::Diff {
+            DIFF_TRIES
+        } else {
+            1
+        };
+        let mut written = Err(String::new());
+        let mut text = String::new();
+        for attempt in 0..tries {
+            let prompt = self.render(role, &ctx)?;
+            text = self.call(role, &prompt, salt ^ attempt).inspect_err(|e| {
+                if let ProposerError::Unusable(why) | ProposerError::CallFailed(why) = e {
+                    self.remember(why);
+                }
+            })?;
+            written = match req.mutation {
+                Mutation::Diff => diff_edit::apply_reply(&req.parent.source, &text)
+                    .map(|applied| applied.source)
+                    .map_err(|e| format!("{}: the edit blocks do not apply: {e}", role.tag())),
+                Mutation::Full | Mutation::Crossover => {
+                    extract_code(&text, &self.inputs.fence_tags)
+                        .map_err(|why| format!("{}: {why}", role.tag()))
+                }
+            };
+            match &written {
+                Ok(_) => break,
+                Err(why) => ctx.feedback = vec![why.clone()],
+            }
+        }
+        let source = written.map_err(|why| {
+            self.remember(&why);
+            ProposerError::Unusable(why)
+        })?;
+        let entry = &self.inputs.task.entry;
+        if !entry.is_empty() && !mentions_identifier(&source, entry) {
+            let why = format!(
+                "{}: the code does not define the entry point `{entry}` ({})",
+                role.tag(),
+                self.inputs.task.signature
+            );
+            self.remember(&why);
+            return Err(ProposerError::Unusable(why));
+        }
+        Self::lock(&self.pending).clear();
+        let note = extract_note(&text).unwrap_or_else(|| {
+            format!(
+                "{}: {} of candidate {}",
+                role.tag(),
+                req.mutation.as_str(),
+                req.parent.candidate_id
+            )
         });
         Ok(Proposal {
             source,

@@ -1,10 +1,13 @@
 //! Proposers: who writes the world model's ideas and the kernels.
 //!
 //! The cycle engine asks a [`Proposer`] for five things — an initial world model, new actions,
-//! code for an attempt, and tree edits after a cycle that passed (refine) or failed (too hard).
+//! code for an attempt, and tree edits after a cycle that passed (refine) or failed (too hard) —
+//! and, under the other strategies, for independent samples (best-of-n) and children of a
+//! parent (evolve).
 //! The [`offline`] proposer answers from the knowledge pack's action catalog and the task's
 //! template family; LLM-backed proposers answer from prompts. The engine never knows which.
 
+pub mod diff_edit;
 pub mod llm;
 pub mod offline;
 pub mod prompts;
@@ -14,6 +17,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::evolve::Mutation;
 use crate::world_model::{Action, Edit, Node, NodeId, WorldModel};
 
 /// What the proposer is told about the task (never the held-out workloads).
@@ -119,6 +123,32 @@ pub struct CodeRequest<'a> {
     pub known_sources: &'a BTreeSet<String>,
 }
 
+/// A program the evolve strategy shows as an example of what worked, and why it was picked.
+#[derive(Clone, Debug)]
+pub struct Inspiration {
+    pub view: AttemptView,
+    /// `top` (among the island's best) or `diverse` (another cell of the island's grid).
+    pub why: &'static str,
+}
+
+/// Everything a proposer needs to write one child of the evolve strategy.
+#[derive(Clone, Debug)]
+pub struct MutationRequest<'a> {
+    /// Global round number (1-based).
+    pub round: u32,
+    /// Sample index inside the round (0-based).
+    pub sample: u32,
+    /// The island the child is for.
+    pub island: u32,
+    pub mutation: Mutation,
+    pub parent: &'a AttemptView,
+    /// The second parent of a crossover.
+    pub mate: Option<&'a AttemptView>,
+    pub inspirations: &'a [Inspiration],
+    /// Content hashes of every source already evaluated in this run.
+    pub known_sources: &'a BTreeSet<String>,
+}
+
 /// One candidate written by a proposer.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Proposal {
@@ -197,6 +227,16 @@ pub trait Proposer: Send + Sync {
     /// request; the offline proposer draws a setting of its family at random instead.
     fn sample(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
         self.write_code(req)
+    }
+
+    /// One child for the evolve strategy: `req.parent` changed as `req.mutation` says (a
+    /// diff, a rewrite, or a crossover with `req.mate`), with the inspirations as examples.
+    fn mutate(&self, req: &MutationRequest<'_>) -> Result<Proposal, ProposerError> {
+        let _ = req;
+        Err(ProposerError::Setup(format!(
+            "the {} proposer cannot write children for the evolve strategy",
+            self.name()
+        )))
     }
 
     /// After a cycle that attached a solution to `report.node_id`.

@@ -10,8 +10,8 @@
 
 use std::collections::BTreeSet;
 
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
@@ -19,7 +19,8 @@ use ksearch_knowledge::templates::{format_knobs, Knobs, TemplateFamily};
 use ksearch_knowledge::{Action as CatalogAction, Catalog};
 
 use super::{
-    AttemptView, CodeRequest, CycleReport, Proposal, Proposer, ProposerError, Step, TaskBrief,
+    AttemptView, CodeRequest, CycleReport, Mutation, MutationRequest, Proposal, Proposer,
+    ProposerError, Step, TaskBrief,
 };
 use crate::world_model::{
     ActionPatch, Edit, ImpactPatch, ImpactsPatch, NodeId, NodePatch, PatchOp, WorldModel,
@@ -253,6 +254,10 @@ impl OfflineProposer {
             .collect()
     }
 }
+
+/// Neighbour steps of an offline rewrite (`Mutation::Full`): far enough to leave the parent's
+/// neighbourhood, near enough to keep most of what made it fast.
+const REWRITE_STEPS: usize = 3;
 
 /// The catalog's prior for `a` applied to a kernel with knobs `from`, as a 0..1 priority: the
 /// expected factor decides (a ×1.2 action well ahead of a ×1.05 one, ×1.5 and beyond near the
@@ -514,6 +519,57 @@ impl Proposer for OfflineProposer {
         })
     }
 
+    /// A child for the evolve strategy, from the template family's knob space: a diff moves
+    /// one knob of the parent's setting one step, a rewrite walks [`REWRITE_STEPS`] such steps,
+    /// a crossover takes each knob from one parent or the other (repaired by the family). A
+    /// setting evaluated before gives way to a fresh neighbour of it, else to any fresh
+    /// setting. The inspirations are not used: the knob space has no notion of borrowing an
+    /// idea short of crossover.
+    fn mutate(&self, req: &MutationRequest<'_>) -> Result<Proposal, ProposerError> {
+        let mut rng = self.rng(req.round, 0xE7_0000 ^ u64::from(req.sample));
+        let parent = self.base_knobs(Some(req.parent));
+        let start = match req.mutation {
+            Mutation::Diff => parent.clone(),
+            Mutation::Full => {
+                let mut knobs = parent.clone();
+                for _ in 0..REWRITE_STEPS {
+                    if let Some(next) = self.family.neighbours(&knobs).choose(&mut rng) {
+                        knobs = next.clone();
+                    }
+                }
+                knobs
+            }
+            Mutation::Crossover => {
+                let mate = self.base_knobs(req.mate);
+                let taken: Knobs = mate.into_iter().filter(|_| rng.random_bool(0.5)).collect();
+                self.family
+                    .apply(&parent, &taken)
+                    .unwrap_or_else(|_| parent.clone())
+            }
+        };
+        let mut options: Vec<Knobs> = Vec::new();
+        if req.mutation != Mutation::Diff && !self.is_known(&start, req.known_sources) {
+            options.push(start.clone());
+        }
+        options.extend(self.fresh_neighbours(&start, &Knobs::new(), req.known_sources, &mut rng));
+        if options.is_empty() {
+            options.extend(self.fresh_anywhere(&Knobs::new(), req.known_sources, &mut rng));
+        }
+        // Nothing new is left anywhere: re-measure the starting point.
+        let knobs = options.into_iter().next().unwrap_or(start);
+        let source = self.render(&knobs)?;
+        Ok(Proposal {
+            note: format!(
+                "{} of candidate {}: {}",
+                req.mutation.as_str(),
+                req.parent.candidate_id,
+                format_knobs(&knobs)
+            ),
+            knobs: Some(knobs_to_value(&knobs)),
+            source,
+        })
+    }
+
     fn refine(
         &self,
         wm: &WorldModel,
@@ -754,5 +810,68 @@ mod tests {
                 .to_string(),
         );
         assert_ne!(request(&p, 1, 0, &known).source, first.source);
+    }
+
+    #[test]
+    fn evolve_children_move_one_knob_several_or_mix_two_parents() {
+        let c = catalog();
+        let dir = attention_dir();
+        let p = OfflineProposer::for_task(&dir, "attention", "cpu", Some("cpu"), &c, 5).unwrap();
+        let family = p.family();
+        let settings = family.enumerate();
+        let (a, b) = (settings[0].clone(), settings[settings.len() - 1].clone());
+        let view = |id: i64, knobs: &Knobs| AttemptView {
+            candidate_id: id,
+            source: family.render(knobs).unwrap(),
+            knobs: Some(knobs_to_value(knobs)),
+            ..AttemptView::default()
+        };
+        let (pa, pb) = (view(1, &a), view(2, &b));
+        let differing =
+            |x: &Knobs, y: &Knobs| x.iter().filter(|(k, v)| y.get(*k) != Some(*v)).count();
+        let child = |mutation, round, known: &BTreeSet<String>| -> Knobs {
+            let req = MutationRequest {
+                round,
+                sample: 0,
+                island: 0,
+                mutation,
+                parent: &pa,
+                mate: (mutation == Mutation::Crossover).then_some(&pb),
+                inspirations: &[],
+                known_sources: known,
+            };
+            let got = p.mutate(&req).unwrap();
+            assert!(got.note.starts_with(mutation.as_str()), "{}", got.note);
+            knobs_from(got.knobs.as_ref()).unwrap()
+        };
+        let none = BTreeSet::new();
+        for round in 1..20 {
+            // A diff: one knob, one step.
+            assert_eq!(differing(&child(Mutation::Diff, round, &none), &a), 1);
+            // A rewrite moves away from the parent.
+            assert!(differing(&child(Mutation::Full, round, &none), &a) >= 1);
+            // A crossover's knobs come from one parent or the other, unless the family had to
+            // repair the mix.
+            let x = child(Mutation::Crossover, round, &none);
+            assert!(family.validate(&x).is_ok());
+            let from_parents = x
+                .iter()
+                .filter(|(k, v)| a.get(*k) == Some(*v) || b.get(*k) == Some(*v))
+                .count();
+            assert!(from_parents + 2 >= x.len(), "{x:?} from {a:?} and {b:?}");
+        }
+        // A setting evaluated already is passed over.
+        let first = child(Mutation::Diff, 3, &none);
+        let known: BTreeSet<String> =
+            [ksearch_store::SourceId::of(&family.render(&first).unwrap())
+                .as_str()
+                .to_string()]
+            .into();
+        assert_ne!(child(Mutation::Diff, 3, &known), first);
+        // Seeded: the same request gets the same child.
+        assert_eq!(
+            child(Mutation::Full, 4, &none),
+            child(Mutation::Full, 4, &none)
+        );
     }
 }

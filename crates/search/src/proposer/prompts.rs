@@ -1,7 +1,8 @@
 //! Prompt templates (`knowledge/prompts/*.j2`, minijinja) and the typed context they render.
 //!
 //! One template per role and step: `wm_init`, `propose`, `refine`, `too_hard`,
-//! `code_spec_action`, `code_base_action`, `debug`, `improve`, plus `system.j2` (the system
+//! `code_spec_action`, `code_base_action`, `debug`, `improve`, `evolve` (the evolve strategy's
+//! children), plus `system.j2` (the system
 //! prompt of every call) and `_`-prefixed partials. The [`ContextLevel`] decides how much of
 //! the task and the knowledge packs a prompt carries:
 //!
@@ -96,10 +97,12 @@ pub enum PromptRole {
     CodeBaseAction,
     Debug,
     Improve,
+    /// A child of the evolve strategy: a diff, rewrite or crossover of sampled parents.
+    Evolve,
 }
 
 impl PromptRole {
-    pub const ALL: [PromptRole; 8] = [
+    pub const ALL: [PromptRole; 9] = [
         PromptRole::WmInit,
         PromptRole::Propose,
         PromptRole::Refine,
@@ -108,6 +111,7 @@ impl PromptRole {
         PromptRole::CodeBaseAction,
         PromptRole::Debug,
         PromptRole::Improve,
+        PromptRole::Evolve,
     ];
 
     /// Template stem, e.g. `code_base_action`.
@@ -121,6 +125,7 @@ impl PromptRole {
             PromptRole::CodeBaseAction => "code_base_action",
             PromptRole::Debug => "debug",
             PromptRole::Improve => "improve",
+            PromptRole::Evolve => "evolve",
         }
     }
 
@@ -135,6 +140,7 @@ impl PromptRole {
             PromptRole::CodeBaseAction => "code-base-action",
             PromptRole::Debug => "code-debug",
             PromptRole::Improve => "code-improve",
+            PromptRole::Evolve => "code-evolve",
         }
     }
 
@@ -145,6 +151,7 @@ impl PromptRole {
                 | PromptRole::CodeBaseAction
                 | PromptRole::Debug
                 | PromptRole::Improve
+                | PromptRole::Evolve
         )
     }
 }
@@ -653,6 +660,29 @@ impl AttemptText {
     }
 }
 
+/// Longest source of an inspiration in an evolve prompt (the middle is cut): they are
+/// examples, and up to five of them come with the parent.
+const MAX_INSPIRATION_CHARS: usize = 8_000;
+
+/// A program an evolve prompt shows for ideas: its measurements and (shortened) code.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct InspirationText {
+    pub attempt: AttemptText,
+    /// `top` (among the island's best) or `diverse` (another region of the population).
+    pub why: String,
+}
+
+impl InspirationText {
+    pub fn of(v: &AttemptView, why: &str) -> Self {
+        let mut attempt = AttemptText::of(v);
+        attempt.source = cut_middle(v.source.trim_end(), MAX_INSPIRATION_CHARS);
+        Self {
+            attempt,
+            why: why.to_string(),
+        }
+    }
+}
+
 /// Keeps the first `max` characters and marks the cut with how many were left out.
 pub fn cut_marked(s: &str, max: usize) -> String {
     crate::world_model::cut(s, max)
@@ -819,6 +849,16 @@ pub struct PromptContext {
     pub attempt: u32,
     /// Sample index when several candidates are drawn for one attempt.
     pub sample: u32,
+    /// Evolve prompts: `diff`, `full` or `crossover`.
+    pub mutation: Option<String>,
+    /// Evolve prompts: the island the child is for.
+    pub island: u32,
+    /// Evolve prompts: the kernel the child is written from.
+    pub parent: Option<AttemptText>,
+    /// Evolve prompts: the second parent of a crossover.
+    pub mate: Option<AttemptText>,
+    /// Evolve prompts: other programs of the population, for ideas.
+    pub inspirations: Vec<InspirationText>,
 }
 
 impl PromptContext {
