@@ -533,7 +533,7 @@ fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
                 "--task",
                 "softmax",
                 "--strategies",
-                "best-of-n,world-model",
+                "best-of-n,world-model,evolve",
                 "--budget",
                 "1",
                 "--seeds",
@@ -551,11 +551,11 @@ fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
             .arg(runs.path()),
     );
     let runs_done = v["runs"].as_array().unwrap();
-    assert_eq!(runs_done.len(), 2);
+    assert_eq!(runs_done.len(), 3);
     // The strategies' curves on one chart, linking each run's page.
     let page =
         std::fs::read_to_string(v["report"].as_str().expect("compare writes its page")).unwrap();
-    assert_eq!(page.matches("class=\"best-so-far\"").count(), 2, "{page}");
+    assert_eq!(page.matches("class=\"best-so-far\"").count(), 3, "{page}");
     for r in runs_done {
         let id = r["run"].as_str().unwrap();
         assert!(
@@ -570,7 +570,7 @@ fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
         .collect();
     assert_eq!(
         strategies,
-        ["best-of-n", "world-model"],
+        ["best-of-n", "world-model", "evolve"],
         "seed 4 first takes the given order"
     );
     for r in runs_done {
@@ -583,12 +583,81 @@ fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
         let store = RunStore::open(&runs.path().join(r["run"].as_str().unwrap())).unwrap();
         assert_eq!(store.config().strategy, r["strategy"].as_str().unwrap());
         assert_eq!(store.config().seed, 4);
+        if r["strategy"] == "evolve" {
+            // The child of the seed: a knob move of the offline proposer, linked to its parent,
+            // and the round's generation event.
+            let seed = store.candidates().unwrap()[0].id;
+            let child = store
+                .candidates()
+                .unwrap()
+                .into_iter()
+                .find(|c| c.kind == CandidateKind::Attempt)
+                .unwrap();
+            assert_eq!(child.parent_candidate, Some(seed));
+            assert!(
+                child.proposer_note.starts_with("diff of candidate")
+                    || child.proposer_note.starts_with("full of candidate"),
+                "{}",
+                child.proposer_note
+            );
+            let events = store.events_after(0).unwrap();
+            assert!(events.iter().any(|e| e.kind == "generation"), "{events:?}");
+        }
     }
     let rows = v["strategies"].as_array().unwrap();
-    assert_eq!(rows.len(), 2);
+    assert_eq!(rows.len(), 3);
     assert!(rows
         .iter()
         .all(|r| r["runs"] == 1 && r["to_mark"].as_array().unwrap().len() == 3));
+}
+
+#[test]
+fn evolve_settings_that_cannot_make_a_population_are_refused_before_a_run_exists() {
+    let runs = tempfile::tempdir().unwrap();
+    let out = ksearch()
+        .args([
+            "run",
+            "--task",
+            "softmax",
+            "--strategy",
+            "evolve",
+            "--exploration",
+            "0.6",
+            "--exploitation",
+            "0.6",
+        ])
+        .arg("--runs-dir")
+        .arg(runs.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("exploration (0.6) and exploitation (0.6) add up to more than 1"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(runs.path()).unwrap().count(),
+        0,
+        "no run left behind"
+    );
+    // Values the parser can refuse are refused as usage errors.
+    for bad in [
+        ["--features", "size"],
+        ["--diff-ratio", "1.5"],
+        ["--inspirations", "3"],
+    ] {
+        let out = ksearch()
+            .args(["run", "--task", "softmax", "--strategy", "evolve"])
+            .args(bad)
+            .arg("--runs-dir")
+            .arg(runs.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(bad[0]), "{bad:?}: {err}");
+    }
 }
 
 /// A store of `n` candidates in a world model of `n / 10` actions: sources of ~60 lines

@@ -27,13 +27,14 @@ use ksearch_task::{Task, TaskError};
 
 use crate::engine::evaluation::HarnessEvaluator;
 use crate::engine::{Engine, EngineConfig, EngineError, ProgressSink, RunOutcome};
+use crate::evolve::EvolveSettingsError;
 use crate::proposer::llm::{LlmProposer, LlmSettings};
 use crate::proposer::offline::OfflineProposer;
 use crate::proposer::prompts::{PromptError, PromptInputs, PromptSet};
 use crate::proposer::{Proposer, ProposerError, ProposerUsage, TaskBrief};
 use crate::selection::{CalibratedPolicy, KSearchPolicy, SelectionPolicy};
 use crate::settings::{
-    ProposerKind, ReplayMatch, ResumeChanges, RunSettings, SelectionKind, SettingsError,
+    ProposerKind, ReplayMatch, ResumeChanges, RunSettings, SelectionKind, SettingsError, Strategy,
 };
 
 /// Why a run could not be set up.
@@ -61,6 +62,8 @@ pub enum SessionError {
     Evaluator(#[source] EvalError),
     #[error("--llm-timeout must be a positive number of seconds")]
     LlmTimeout,
+    #[error(transparent)]
+    Evolve(#[from] EvolveSettingsError),
     #[error("the offline proposer has no provider")]
     NoProvider,
     #[error("--proposer {proposer} needs {needs}")]
@@ -194,6 +197,9 @@ pub fn task_ref_of_run(config: &RunConfig) -> String {
 /// searched this way is a set-up error whose message says what to add, and no run directory
 /// is made for it.
 pub fn check_task(task: &Task, backend: &str, opts: &RunSettings) -> Result<(), SessionError> {
+    if opts.strategy == Strategy::Evolve {
+        opts.evolve.validate()?;
+    }
     task.backend(backend)?;
     let packs = task_packs(task)?;
     if opts.proposer == ProposerKind::Offline {
