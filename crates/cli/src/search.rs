@@ -355,6 +355,11 @@ pub struct CompareArgs {
     /// Runs per strategy, with proposer seeds --seed (default 1) onwards.
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     pub seeds: u64,
+
+    /// Start every run anew, even where --runs-dir has a run with the same task, backend,
+    /// seed and settings (by default a finished one is read back, an unfinished one resumed).
+    #[arg(long)]
+    pub fresh: bool,
 }
 
 pub fn compare(args: &CompareArgs, quiet: bool) -> Result<u8> {
@@ -368,6 +373,7 @@ pub fn compare(args: &CompareArgs, quiet: bool) -> Result<u8> {
         settings: &args.run.search.settings(),
         runs_dir: &args.run.runs_dir,
         sandbox: args.run.sandbox.mode,
+        fresh: args.fresh,
     };
     let say = |line: &str| {
         if !quiet {

@@ -526,30 +526,32 @@ fn a_best_of_n_run_draws_independent_samples_and_resumes_as_one() {
 #[test]
 fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
     let runs = tempfile::tempdir().unwrap();
-    let v = succeed_with_json(
-        ksearch()
-            .args([
-                "compare",
-                "--task",
-                "softmax",
-                "--strategies",
-                "best-of-n,world-model,evolve",
-                "--budget",
-                "1",
-                "--seeds",
-                "1",
-                "--seed",
-                "4",
-                "--timing",
-                "quick",
-                "--no-recheck",
-                "--confirm-rounds",
-                "0",
-                "--json",
-            ])
-            .arg("--runs-dir")
-            .arg(runs.path()),
-    );
+    let compare = || {
+        let mut cmd = ksearch();
+        cmd.args([
+            "compare",
+            "--task",
+            "softmax",
+            "--strategies",
+            "best-of-n,world-model,evolve",
+            "--budget",
+            "1",
+            "--seeds",
+            "1",
+            "--seed",
+            "4",
+            "--timing",
+            "quick",
+            "--no-recheck",
+            "--confirm-rounds",
+            "0",
+            "--json",
+        ])
+        .arg("--runs-dir")
+        .arg(runs.path());
+        cmd
+    };
+    let v = succeed_with_json(&mut compare());
     let runs_done = v["runs"].as_array().unwrap();
     assert_eq!(runs_done.len(), 3);
     // The strategies' curves on one chart, linking each run's page.
@@ -609,6 +611,44 @@ fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
     assert!(rows
         .iter()
         .all(|r| r["runs"] == 1 && r["to_mark"].as_array().unwrap().len() == 3));
+
+    // The same comparison again reads the finished runs back: no new run, the same records.
+    let dirs = || {
+        std::fs::read_dir(runs.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().is_dir())
+            .count()
+    };
+    assert_eq!(dirs(), 3);
+    let again = succeed_with_json(&mut compare());
+    assert_eq!(again["runs"], v["runs"]);
+    assert_eq!(dirs(), 3);
+    // A run left unfinished (a comparison stopped in it) is resumed and finished, not redone.
+    let evolve = runs_done
+        .iter()
+        .find(|r| r["strategy"] == "evolve")
+        .unwrap();
+    let dir = runs.path().join(evolve["run"].as_str().unwrap());
+    RunStore::open(&dir).unwrap().mark_unfinished().unwrap();
+    let out = compare().output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("resuming run {}", evolve["run"].as_str().unwrap())),
+        "{said}"
+    );
+    assert_eq!(said.matches("reads back finished run").count(), 2, "{said}");
+    assert!(RunStore::open(&dir).unwrap().is_finished().unwrap());
+    assert_eq!(dirs(), 3);
+    let resumed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(resumed["runs"], v["runs"]);
+    // --fresh starts them all again.
+    succeed_with_json(compare().arg("--fresh"));
+    assert_eq!(dirs(), 6);
 }
 
 #[test]

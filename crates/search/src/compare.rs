@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::engine::{NoProgress, RunOutcome};
 use crate::session::{self, NewRun, SessionError};
-use crate::settings::{RunSettings, Strategy};
+use crate::settings::{ResumeChanges, RunSettings, Strategy};
 
 /// The fractions of the best any run found whose first crossing is reported.
 pub const MARKS: [f64; 3] = [0.90, 0.95, 0.99];
@@ -41,6 +41,8 @@ pub struct CompareSpec<'a> {
     pub settings: &'a RunSettings,
     pub runs_dir: &'a Path,
     pub sandbox: SandboxMode,
+    /// Run every strategy and seed anew, even where the runs directory has a matching run.
+    pub fresh: bool,
 }
 
 /// One run of a comparison, as the comparison reads it back from its store.
@@ -78,7 +80,11 @@ pub enum CompareError {
 }
 
 /// Runs every strategy once per seed, seeds in order, the order of the strategies rotated by
-/// one from each seed to the next; `announce` gets a line as each run starts.
+/// one from each seed to the next; `announce` gets a line as each run starts. Unless
+/// `spec.fresh`, a run of the runs directory with the same task, backend, seed and settings is
+/// taken up instead of starting another ([`earlier_run`]): a finished one is read back, an
+/// unfinished one resumed, so a comparison that was stopped continues where it was, and one
+/// with more seeds adds only the new ones.
 pub fn run(
     spec: &CompareSpec<'_>,
     interrupt: &Interrupt,
@@ -93,20 +99,55 @@ pub fn run(
                 strategy,
                 ..spec.settings.clone()
             };
-            let new = NewRun {
-                task: spec.task,
-                backend: spec.backend,
-                seed: Some(seed),
-                runs_dir: spec.runs_dir,
-                settings: &settings,
-                sandbox: spec.sandbox,
+            let session_failed = |source: SessionError| CompareError::Session {
+                strategy: strategy.as_str(),
+                seed,
+                source: Box::new(source),
             };
-            let session =
-                session::start(new, interrupt.clone()).map_err(|source| CompareError::Session {
-                    strategy: strategy.as_str(),
-                    seed,
-                    source: Box::new(source),
-                })?;
+            let earlier = match spec.fresh {
+                true => None,
+                false => earlier_run(spec, &settings, seed),
+            };
+            let session = match earlier {
+                Some(store) => {
+                    let read = crate::report::finished(&store);
+                    if let Ok(Some(outcome)) = read {
+                        announce(&format!(
+                            "ksearch: compare reads back finished run {} ({}, seed {seed})",
+                            store.id(),
+                            strategy.as_str()
+                        ));
+                        let r = record(&store, &outcome, strategy, seed).map_err(|e| {
+                            CompareError::Run {
+                                strategy: strategy.as_str(),
+                                seed,
+                                run: store.id().to_string(),
+                                message: e.to_string(),
+                            }
+                        })?;
+                        records.push(r);
+                        continue;
+                    }
+                    session::resume(
+                        store,
+                        ResumeChanges::default(),
+                        spec.sandbox,
+                        interrupt.clone(),
+                    )
+                    .map_err(session_failed)?
+                }
+                None => {
+                    let new = NewRun {
+                        task: spec.task,
+                        backend: spec.backend,
+                        seed: Some(seed),
+                        runs_dir: spec.runs_dir,
+                        settings: &settings,
+                        sandbox: spec.sandbox,
+                    };
+                    session::start(new, interrupt.clone()).map_err(session_failed)?
+                }
+            };
             announce(&session.announce);
             let _writer = session.writer;
             let seed_source = session.seed_source.as_deref();
@@ -123,6 +164,31 @@ pub fn run(
         }
     }
     Ok(records)
+}
+
+/// The latest run under the runs directory that a comparison can take up for `settings`
+/// (which carry the strategy) and `seed`: the same task as named, the same backend when one is
+/// asked for, the same seed and the same stored settings. A run that cannot be read, or is
+/// being written by another process, is passed over (a new one is started).
+pub fn earlier_run(spec: &CompareSpec<'_>, settings: &RunSettings, seed: u64) -> Option<RunStore> {
+    let wanted = settings.to_value();
+    let runs = RunStore::list(spec.runs_dir).ok()?;
+    runs.into_iter()
+        .rev()
+        .filter(|r| {
+            r.config.as_ref().is_some_and(|c| {
+                c.task == spec.task
+                    && c.seed == seed
+                    && spec.backend.is_none_or(|b| b == c.backend)
+                    && RunSettings::from_value(&c.flags).is_ok_and(|s| s.to_value() == wanted)
+            })
+        })
+        .find_map(|r| {
+            let store = RunStore::open(&r.dir).ok()?;
+            // Another process writes it: not ours to take.
+            store.lock_writer().ok().map(drop)?;
+            Some(store)
+        })
 }
 
 /// What the comparison reads of a finished run.
