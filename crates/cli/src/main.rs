@@ -11,6 +11,7 @@ mod inspect;
 mod knowledge;
 mod logging;
 mod new_task;
+mod profile;
 mod sandbox_arg;
 mod search;
 mod tasks;
@@ -57,6 +58,8 @@ enum Command {
     Export(inspect::ExportArgs),
     /// Write a run as one self-contained HTML page (summary, curves, tree, candidates).
     Report(inspect::ReportArgs),
+    /// What bounds a kernel on each workload: memory, compute, latency or launch.
+    Profile(profile::ProfileArgs),
     /// Knowledge packs: what prompts receive per target, static checks, targets and devices.
     Knowledge(knowledge::KnowledgeArgs),
     /// Time a GPU kernel against PyTorch SDPA and MLX native on the task's workloads.
@@ -97,6 +100,7 @@ fn main() -> ExitCode {
         Command::Runs(args) => inspect::runs(&args),
         Command::Export(args) => inspect::export(&args),
         Command::Report(args) => inspect::report(&args),
+        Command::Profile(args) => profile::run(&args, cli.quiet),
         Command::Knowledge(args) => knowledge::run(&args),
         Command::Bench(args) if args.bench.task == bench_mamba::TASK => {
             bench_mamba::run(&args.bench, &args.mamba, cli.quiet)

@@ -813,3 +813,47 @@ fn a_report_of_2000_candidates_is_small_and_opens_in_the_browser_within_2_s() {
         assert!(open < 2.0, "the page took {open} s to open");
     }
 }
+
+#[test]
+fn profile_classifies_each_timed_workload_of_a_kernel_against_the_roofline() {
+    let out = ksearch()
+        .args([
+            "profile",
+            "--kernel",
+            "tasks/softmax/seed/naive.c",
+            "--task",
+            "softmax",
+            "--timing",
+            "quick",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let timed = p["workloads"].as_array().unwrap();
+    assert_eq!(timed.len(), 3, "the three search workloads are timed: {p}");
+    for w in timed {
+        let d = &w["diagnosis"];
+        // Softmax moves 8 bytes and does 5 FLOP per element: below any CPU's ridge.
+        assert!(
+            (d["intensity"].as_f64().unwrap() - 0.625).abs() < 1e-9,
+            "{w}"
+        );
+        assert!(d["ridge"].as_f64().unwrap() > 0.625, "{w}");
+        assert!(["memory-bound", "latency-bound", "launch-bound"]
+            .contains(&d["class"].as_str().unwrap()));
+        let sol = d["speed_of_light"].as_f64().unwrap();
+        assert!(sol > 0.0 && sol <= 1.0, "{w}");
+        assert!(!d["advice"].as_array().unwrap().is_empty());
+    }
+    // Held-out workloads are checked, not timed, and said so.
+    assert!(!p["untimed"].as_array().unwrap().is_empty(), "{p}");
+    // Without a kernel or a run there is nothing to profile: a usage error.
+    let none = ksearch().arg("profile").output().unwrap();
+    assert_eq!(none.status.code(), Some(2));
+}

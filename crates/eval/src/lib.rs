@@ -12,6 +12,7 @@
 pub mod backends;
 pub mod bench;
 pub mod bench_report;
+pub mod bottleneck;
 pub mod doctor;
 pub mod error;
 pub mod evaluator;

@@ -14,6 +14,7 @@ pub mod export;
 pub mod headline;
 pub mod html;
 pub mod path;
+pub mod profile;
 pub mod runs;
 pub mod time;
 

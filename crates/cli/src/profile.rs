@@ -1,0 +1,106 @@
+//! `ksearch profile`: what bounds a kernel on each workload (crates/search/src/report/profile.rs
+//! reads the evaluation; crates/eval/src/bottleneck.rs interprets it).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use ksearch_eval::{
+    fresh_secret_seed, EvalRequest, Evaluator, EvaluatorConfig, TimingPreset, WorkloadSet,
+};
+use ksearch_search::report::{self, profile};
+use ksearch_store::RunStore;
+
+use crate::exit;
+
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    /// A finished run: its best kernel, from the evaluation that speaks for it (the re-check
+    /// when the run made one). Id (or unique prefix) under --runs-dir, or a run directory.
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["kernel", "task"], required_unless_present = "kernel")]
+    run: Option<String>,
+
+    #[arg(long, default_value = "runs", value_name = "DIR")]
+    runs_dir: PathBuf,
+
+    /// A kernel file, evaluated now on --task's workloads (held-out included).
+    #[arg(long, value_name = "FILE", requires = "task")]
+    kernel: Option<PathBuf>,
+
+    /// Built-in task name or task directory (with --kernel).
+    #[arg(long, value_name = "NAME|DIR")]
+    task: Option<String>,
+
+    /// Backend of the task (with --kernel).
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+
+    /// Timing effort of the evaluation (with --kernel).
+    #[arg(long, value_name = "PRESET", default_value = "standard")]
+    timing: TimingPreset,
+
+    #[command(flatten)]
+    sandbox: crate::sandbox_arg::SandboxArg,
+
+    /// Print the profile as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
+    let profile = match (&args.run, &args.kernel, &args.task) {
+        (Some(run), _, _) => {
+            let store = RunStore::open_ref(&args.runs_dir, run).context("cannot open the run")?;
+            let best = report::best_evaluation(&store).context("no best kernel to profile")?;
+            profile::profile_evaluation(&best.kernel.task, &best.kernel.backend, &best.eval)
+        }
+        (None, Some(file), Some(task)) => {
+            let task = ksearch_task::resolve(task).context("cannot load the task")?;
+            task.backend(&args.backend)?;
+            if !file.is_file() {
+                bail!("kernel file not found: {}", file.display());
+            }
+            let evaluator = Evaluator::new(EvaluatorConfig {
+                sandbox: args.sandbox.mode,
+                backend: Some(args.backend.clone()),
+                ..EvaluatorConfig::default()
+            })
+            .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
+            let mut req = EvalRequest::from_task(
+                &task,
+                &args.backend,
+                file,
+                WorkloadSet::Acceptance,
+                fresh_secret_seed()?,
+                args.timing,
+            )?;
+            req.timeout = Duration::from_secs(300);
+            if !quiet {
+                eprintln!(
+                    "ksearch: evaluating {} on {}/{}",
+                    file.display(),
+                    task.name(),
+                    args.backend
+                );
+            }
+            let result = evaluator.evaluate(&req)?;
+            if !result.passed() {
+                bail!(
+                    "the kernel did not pass ({}): {}",
+                    result.status,
+                    result.message.lines().next().unwrap_or("")
+                );
+            }
+            profile::profile_evaluation(&task, &args.backend, &result)
+        }
+        _ => bail!("give --run RUN, or --kernel FILE with --task TASK"),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&profile)?);
+    } else {
+        print!("{}", profile::render_profile(&profile));
+    }
+    Ok(exit::OK)
+}

@@ -1,0 +1,149 @@
+//! `ksearch profile`: what bounds a kernel on each workload, from one of its evaluations.
+//!
+//! An evaluation holds each workload's median time and the machine's measured bandwidth and
+//! peak (the harness measures both before timing); the task's roofline model gives each
+//! workload's ideal bytes and FLOPs. [`ksearch_eval::bottleneck::diagnose`] turns those (and
+//! a profiler's counters, where one ran) into a class and advice.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use ksearch_eval::bottleneck::{diagnose, Diagnosis, Metrics};
+use ksearch_eval::EvalResult;
+use ksearch_task::Task;
+
+/// One workload's profile.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WorkloadProfile {
+    pub workload: String,
+    pub held_out: bool,
+    pub metrics: Metrics,
+    pub diagnosis: Diagnosis,
+}
+
+/// A kernel's profile over the workloads its evaluation timed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Profile {
+    pub task: String,
+    pub backend: String,
+    pub workloads: Vec<WorkloadProfile>,
+    /// Workloads the evaluation checked without timing them (held-out and assertion workloads
+    /// of a re-check): not profiled.
+    pub untimed: Vec<String>,
+    /// Workloads timed but not in the task's roofline model: not profiled.
+    pub unmodelled: Vec<String>,
+    /// What was not available, said once (no profiler on this backend, …).
+    pub notes: Vec<String>,
+}
+
+/// The profile of `eval`, an evaluation of a kernel for `task` on `backend`.
+pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Profile {
+    let env = eval.environment.clone().unwrap_or_default();
+    let figure = |key: &str| env.get(key).and_then(|v| v.as_f64()).unwrap_or(0.0);
+    let bandwidth = figure("mem_bandwidth_gbs") * 1e9;
+    let peak_flops = figure("peak_gflops") * 1e9;
+    let model = task.workloads(backend).unwrap_or_default();
+    let mut workloads = Vec::new();
+    let (mut untimed, mut unmodelled) = (Vec::new(), Vec::new());
+    for w in &eval.workloads {
+        let Some(time_ns) = w.candidate_median_ns.filter(|t| *t > 0.0) else {
+            untimed.push(w.name.clone());
+            continue;
+        };
+        let Some(m) = model.iter().find(|m| m.name == w.name) else {
+            unmodelled.push(w.name.clone());
+            continue;
+        };
+        let metrics = Metrics {
+            time_ns,
+            bytes: m.bytes,
+            flops: m.flops,
+            bandwidth,
+            peak_flops,
+            launch_ns: None,
+            counters: Default::default(),
+        };
+        workloads.push(WorkloadProfile {
+            workload: w.name.clone(),
+            held_out: m.held_out,
+            diagnosis: diagnose(&metrics),
+            metrics,
+        });
+    }
+    let mut notes = Vec::new();
+    if bandwidth <= 0.0 || peak_flops <= 0.0 {
+        notes.push(
+            "the evaluation has no measured bandwidth or peak: the roofline shares are unknown"
+                .into(),
+        );
+    }
+    notes.push(format!(
+        "no profiler counters on the {backend} backend yet: the classes come from the roofline \
+         model and the measured times"
+    ));
+    Profile {
+        task: task.name().to_string(),
+        backend: backend.to_string(),
+        workloads,
+        untimed,
+        unmodelled,
+        notes,
+    }
+}
+
+/// The profile as a table, one row per workload, then each workload's advice.
+pub fn render_profile(p: &Profile) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "profile: task {}, backend {}", p.task, p.backend);
+    let _ = writeln!(
+        out,
+        "{:<16} {:>10} {:>9} {:>10} {:>8} {:>8} {:>8}  class",
+        "workload", "time", "FLOP/B", "ridge", "memory", "compute", "of SoL"
+    );
+    for w in &p.workloads {
+        let d = &w.diagnosis;
+        let name = if w.held_out {
+            format!("{} (held out)", w.workload)
+        } else {
+            w.workload.clone()
+        };
+        let _ = writeln!(
+            out,
+            "{:<16} {:>10} {:>9.2} {:>10.1} {:>7.0}% {:>7.0}% {:>7.0}%  {}",
+            name,
+            ksearch_eval::report::format_ns(w.metrics.time_ns),
+            d.intensity,
+            d.ridge,
+            d.memory * 100.0,
+            d.compute * 100.0,
+            d.speed_of_light * 100.0,
+            d.class.as_str()
+        );
+    }
+    for w in &p.workloads {
+        let _ = writeln!(out, "\n{}:", w.workload);
+        for a in &w.diagnosis.advice {
+            let _ = writeln!(out, "  - {a}");
+        }
+    }
+    if !p.untimed.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nchecked, not timed: {} workloads ({})",
+            p.untimed.len(),
+            p.untimed.join(", ")
+        );
+    }
+    if !p.unmodelled.is_empty() {
+        let _ = writeln!(
+            out,
+            "not in the task's roofline model: {}",
+            p.unmodelled.join(", ")
+        );
+    }
+    for n in &p.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    out
+}
