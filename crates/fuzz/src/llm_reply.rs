@@ -169,6 +169,7 @@ fn attempt(id: i64, passed: bool) -> AttemptView {
             speedup_vs_reference: Some(3.0),
             message: if passed { "" } else { "wrong answer on w0" }.into(),
             workloads: vec!["w0: 0.50 ms".into()],
+            bottleneck: None,
         },
     }
 }

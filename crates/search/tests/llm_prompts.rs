@@ -134,9 +134,19 @@ fn passed(id: i64, score: f64) -> AttemptView {
             speedup_vs_reference: Some(3.25),
             message: String::new(),
             workloads: vec![
-                "r64c1000: 0.041 ms, 1.71x vs baseline, 12.5% of roofline".into(),
-                "r512c4096: 1.210 ms, 2.02x vs baseline, 18.0% of roofline".into(),
+                "r64c1000: 0.041 ms, 1.71x vs baseline, 12.5% of roofline, latency-bound \
+                 (memory 12%, compute 0%)"
+                    .into(),
+                "r512c4096: 1.210 ms, 2.02x vs baseline, 18.0% of roofline, latency-bound \
+                 (memory 18%, compute 1%)"
+                    .into(),
             ],
+            bottleneck: Some(
+                "r64c1000 (latency-bound): 12% of the speed of light (memory 12%, compute 0%): \
+                 neither roof is near, the kernel waits; this workload (0.62 FLOP/byte against \
+                 a ridge of 16.6) would be memory-bound at best, 8.0x from here"
+                    .into(),
+            ),
         },
     }
 }
@@ -156,6 +166,7 @@ fn failed(id: i64) -> AttemptView {
             speedup_vs_reference: None,
             message: "workload r512c4096: max relative error 3.1e-4 > rtol 1e-4".into(),
             workloads: vec!["r512c4096 (incorrect)".into()],
+            bottleneck: None,
         },
     }
 }

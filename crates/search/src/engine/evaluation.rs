@@ -189,14 +189,14 @@ impl CandidateEvaluator for HarnessEvaluator {
             value["yardstick"] = y.to_value();
         }
         Ok(Evaluation {
-            summary: summarize_result(&result),
+            summary: summarize_result(&result, &self.task, &self.backend),
             result: value,
         })
     }
 
     fn summarize(&self, result: &Value) -> OutcomeSummary {
         match serde_json::from_value::<EvalResult>(result.clone()) {
-            Ok(r) => summarize_result(&r),
+            Ok(r) => summarize_result(&r, &self.task, &self.backend),
             Err(e) => OutcomeSummary {
                 status: "unreadable".into(),
                 message: format!("stored result does not parse: {e}"),
@@ -206,9 +206,40 @@ impl CandidateEvaluator for HarnessEvaluator {
     }
 }
 
-/// The search's view of a harness result.
-pub fn summarize_result(r: &EvalResult) -> OutcomeSummary {
+/// The search's view of a harness result of a kernel for `task` on `backend`: status,
+/// score, per-workload lines with each timed workload's bottleneck class, and what bounds the
+/// kernel where it is furthest from the speed of light (crate::report::profile).
+pub fn summarize_result(
+    r: &EvalResult,
+    task: &ksearch_task::Task,
+    backend: &str,
+) -> OutcomeSummary {
     let passed = r.passed();
+    let profile = crate::report::profile::profile_evaluation(task, backend, r);
+    let class_of = |name: &str| {
+        profile
+            .workloads
+            .iter()
+            .find(|w| w.workload == name)
+            .map(|w| &w.diagnosis)
+    };
+    let bottleneck = profile
+        .workloads
+        .iter()
+        .filter(|_| passed)
+        .min_by(|a, b| {
+            a.diagnosis
+                .speed_of_light
+                .total_cmp(&b.diagnosis.speed_of_light)
+        })
+        .and_then(|w| {
+            let first = w.diagnosis.advice.first()?;
+            Some(format!(
+                "{} ({}): {first}",
+                w.workload,
+                w.diagnosis.class.as_str()
+            ))
+        });
     let medians: Vec<f64> = r
         .workloads
         .iter()
@@ -265,6 +296,14 @@ pub fn summarize_result(r: &EvalResult) -> OutcomeSummary {
             if let Some(f) = w.roofline_fraction {
                 line.push_str(&format!(", {:.1}% of roofline", 100.0 * f));
             }
+            if let Some(d) = class_of(&w.name) {
+                line.push_str(&format!(
+                    ", {} (memory {:.0}%, compute {:.0}%)",
+                    d.class.as_str(),
+                    100.0 * d.memory,
+                    100.0 * d.compute
+                ));
+            }
             if w.correct == Some(false) {
                 line.push_str(" (incorrect)");
             }
@@ -280,5 +319,65 @@ pub fn summarize_result(r: &EvalResult) -> OutcomeSummary {
         speedup_vs_reference: geomean(&vs_ref),
         message,
         workloads,
+        bottleneck,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn softmax() -> ksearch_task::Task {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks/softmax");
+        ksearch_task::load_task(&dir).unwrap()
+    }
+
+    /// A result on softmax's three search workloads as the harness writes it, on an 18.2 GB/s,
+    /// 302 GFLOP/s machine: the first workload at 0.9 of the bandwidth roof (64,000 elements
+    /// of 8 bytes in 31.2 µs), the others far from it; a held-out workload checked, not timed.
+    fn result(passed: bool) -> EvalResult {
+        serde_json::from_value(serde_json::json!({
+            "nonce": "n",
+            "status": if passed { "passed" } else { "incorrect" },
+            "message": "",
+            "score": 1.5,
+            "environment": {"mem_bandwidth_gbs": 18.21, "peak_gflops": 302.5},
+            "workloads": [
+                {"name": "r64c1000", "candidate_median_ns": 31_240.0, "speedup_vs_baseline": 3.0},
+                {"name": "r512c4096", "candidate_median_ns": 4.0e6, "speedup_vs_baseline": 1.2},
+                {"name": "r2048c1024", "candidate_median_ns": 2.0e6, "speedup_vs_baseline": 1.4},
+                {"name": "r333c5000"}
+            ]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_summary_names_each_workloads_bottleneck_and_the_furthest_from_the_speed_of_light() {
+        let s = summarize_result(&result(true), &softmax(), "cpu");
+        assert!(
+            s.workloads[0].ends_with("memory-bound (memory 90%, compute 3%)"),
+            "{:?}",
+            s.workloads
+        );
+        assert!(
+            s.workloads[1].contains("latency-bound (memory 23%"),
+            "{:?}",
+            s.workloads
+        );
+        assert_eq!(
+            s.workloads[3], "r333c5000",
+            "an untimed workload has no class"
+        );
+        let b = s.bottleneck.unwrap();
+        assert!(
+            b.starts_with("r512c4096 (latency-bound): 23% of the speed of light"),
+            "{b}"
+        );
+        // A failed kernel gets no bottleneck: there is nothing to speed up yet.
+        assert_eq!(
+            summarize_result(&result(false), &softmax(), "cpu").bottleneck,
+            None
+        );
     }
 }

@@ -62,6 +62,10 @@ pub struct OutcomeSummary {
     pub message: String,
     /// Per-workload lines, e.g. `b1h4l256d64: 1.23 ms, 4.1x vs numpy`.
     pub workloads: Vec<String>,
+    /// What bounds a passing kernel where it is furthest from the speed of light, in words
+    /// (`ksearch_eval::bottleneck`); `None` when nothing was timed or for old results.
+    #[serde(default)]
+    pub bottleneck: Option<String>,
 }
 
 /// A stored candidate the proposer may build on.

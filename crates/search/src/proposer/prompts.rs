@@ -626,6 +626,8 @@ pub struct AttemptText {
     pub speedup_vs_reference: Option<String>,
     pub latency_ms: Option<String>,
     pub workloads: Vec<String>,
+    /// What bounds it where it is furthest from the speed of light (passing kernels).
+    pub bottleneck: Option<String>,
     /// Why it failed (end of the compiler output, violation, mismatch); empty if it passed.
     pub log: String,
 }
@@ -651,6 +653,7 @@ impl AttemptText {
             speedup_vs_reference: o.speedup_vs_reference.map(|s| format!("{s:.3}")),
             latency_ms: o.latency_ms.map(|l| format!("{l:.4}")),
             workloads: o.workloads.clone(),
+            bottleneck: o.bottleneck.clone(),
             log: if o.passed {
                 String::new()
             } else {
