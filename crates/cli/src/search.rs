@@ -164,6 +164,11 @@ pub struct SearchOptions {
     #[arg(long)]
     pub no_lint: bool,
 
+    /// Stop once the best kernel reaches this fraction of the speed of light on every timed
+    /// workload (its roofline share: `ksearch profile`).
+    #[arg(long, value_name = "FRACTION", value_parser = positive_fraction)]
+    pub stop_at_sol: Option<f64>,
+
     #[command(flatten)]
     pub evolve: EvolveOptions,
 }
@@ -226,6 +231,14 @@ pub struct EvolveOptions {
     pub feature_bins: u32,
 }
 
+/// A number above 0, at most 1.
+fn positive_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number above 0 and at most 1")),
+    }
+}
+
 /// A number from 0 to 1.
 fn fraction(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -282,7 +295,7 @@ impl SearchOptions {
             cycle_cap, max_difficulty, max_wall_time, max_tokens, max_cost, timing, no_recheck,
             confirm_rounds, max_proposer_failures, model, base_url, api_key_env, command,
             transcript, replay_mode, replay_delay, context, hardware, price_table, llm_timeout,
-            llm_concurrency, max_output_tokens, temperature, no_llm_cache, no_lint)
+            llm_concurrency, max_output_tokens, temperature, no_llm_cache, no_lint, stop_at_sol)
     }
 }
 

@@ -196,6 +196,9 @@ pub struct RunSettings {
     /// The population's settings under `--strategy evolve`.
     #[serde(default)]
     pub evolve: EvolveSettings,
+    /// Stop when the best kernel reaches this fraction of the speed of light everywhere.
+    #[serde(default)]
+    pub stop_at_sol: Option<f64>,
 }
 
 fn default_confirm_rounds() -> u32 {
@@ -272,6 +275,7 @@ impl RunSettings {
             max_proposer_failures: self.max_proposer_failures,
             strategy: self.strategy,
             evolve: self.evolve.clone(),
+            stop_at_sol: self.stop_at_sol,
             // The session puts the run's seed in.
             seed: 0,
         }

@@ -84,8 +84,13 @@ impl CandidateEvaluator for FakeEvaluator {
                     .parse::<f64>()
                     .ok()
                     .map(|w| json!([score - w, score + w]));
+                // `;sol=0.8` anywhere in the source: the speed-of-light share it reaches.
+                let sol = source
+                    .split(';')
+                    .find_map(|p| p.strip_prefix("sol="))
+                    .and_then(|v| v.trim().parse::<f64>().ok());
                 json!({"status": "passed", "score": score, "score_interval": interval,
-                       "purpose": format!("{purpose:?}")})
+                       "purpose": format!("{purpose:?}"), "sol": sol})
             }
             None => json!({"status": "incorrect", "message": "wrong answer"}),
         };
@@ -103,6 +108,7 @@ impl CandidateEvaluator for FakeEvaluator {
             score: result["score"].as_f64().filter(|_| passed),
             score_interval: serde_json::from_value(result["score_interval"].clone()).ok(),
             message: result["message"].as_str().unwrap_or("").to_string(),
+            speed_of_light: result["sol"].as_f64(),
             ..OutcomeSummary::default()
         }
     }
@@ -1199,4 +1205,42 @@ fn a_resumed_evolve_run_asks_for_the_same_children_as_an_uninterrupted_one() {
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), evals.len());
+}
+
+#[test]
+fn a_run_stops_once_its_best_kernel_reaches_the_speed_of_light_goal() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Each round faster and nearer its roofline: 50%, 70%, then 95% of the speed of light.
+    let proposer = ScriptedProposer::new(|_, round, _| {
+        let sol = [0.5, 0.7, 0.95, 0.96, 0.97][(round as usize - 1).min(4)];
+        Ok(format!(
+            "score={};sol={sol};r{round}",
+            1.0 + f64::from(round)
+        ))
+    });
+    let eval = FakeEvaluator::new(None);
+    let config = EngineConfig {
+        stop_at_sol: Some(0.9),
+        ..cfg(10, 0)
+    };
+    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
+    let out = engine.run(Some("score=1;sol=0.1;seed")).unwrap();
+    assert_eq!(out.rounds_used, 3, "{}", out.stop_reason);
+    assert_eq!(
+        out.stop_reason,
+        "the best kernel reached 95% of the speed of light on every workload (--stop-at-sol 0.9)"
+    );
+    // Not a budget: raising the rounds does not continue it.
+    let dir = engine.into_store().dir().to_path_buf();
+    let proposer = ScriptedProposer::new(|_, _, _| Ok("score=9".into()));
+    let engine = new_engine(
+        EngineConfig {
+            stop_at_sol: Some(0.9),
+            ..cfg(20, 0)
+        },
+        RunStore::open(&dir).unwrap(),
+        &proposer,
+        &eval,
+    );
+    assert!(matches!(engine.run(None), Err(EngineError::Finished(_))));
 }

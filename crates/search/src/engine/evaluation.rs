@@ -320,6 +320,12 @@ pub fn summarize_result(
         message,
         workloads,
         bottleneck,
+        speed_of_light: profile
+            .workloads
+            .iter()
+            .filter(|_| passed)
+            .map(|w| w.diagnosis.speed_of_light)
+            .min_by(f64::total_cmp),
     }
 }
 
@@ -375,9 +381,13 @@ mod tests {
             "{b}"
         );
         // A failed kernel gets no bottleneck: there is nothing to speed up yet.
-        assert_eq!(
-            summarize_result(&result(false), &softmax(), "cpu").bottleneck,
-            None
+        let failed = summarize_result(&result(false), &softmax(), "cpu");
+        assert_eq!((failed.bottleneck, failed.speed_of_light), (None, None));
+        // The slowest share is what --stop-at-sol compares.
+        let sol = s.speed_of_light.unwrap();
+        assert!(
+            (sol - 8.0 * 512.0 * 4096.0 / 18.21e9 * 1e9 / 4.0e6).abs() < 1e-9,
+            "{sol}"
         );
     }
 }

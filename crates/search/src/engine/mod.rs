@@ -100,6 +100,10 @@ pub struct EngineConfig {
     /// The run's seed: the evolve strategy's draws come from it.
     #[serde(default)]
     pub seed: u64,
+    /// Stop once the best kernel reaches this fraction of the speed of light on every timed
+    /// workload (`OutcomeSummary::speed_of_light`).
+    #[serde(default)]
+    pub stop_at_sol: Option<f64>,
 }
 
 fn default_confirm_rounds() -> u32 {
@@ -132,6 +136,7 @@ impl Default for EngineConfig {
             strategy: Strategy::WorldModel,
             evolve: EvolveSettings::default(),
             seed: 0,
+            stop_at_sol: None,
         }
     }
 }
@@ -704,6 +709,20 @@ impl<'a> Engine<'a> {
     fn budget_reached(&self, state: &EngineState) -> Option<String> {
         if state.rounds_used >= self.cfg.rounds {
             return Some(format!("rounds budget reached ({})", self.cfg.rounds));
+        }
+        if let (Some(goal), Some(best)) = (self.cfg.stop_at_sol, &state.best) {
+            let sol = self
+                .attempt_view(best.candidate_id)
+                .ok()
+                .flatten()
+                .and_then(|v| v.outcome.speed_of_light);
+            if let Some(sol) = sol.filter(|s| *s >= goal) {
+                return Some(format!(
+                    "the best kernel reached {:.0}% of the speed of light on every workload \
+                     (--stop-at-sol {goal})",
+                    sol * 100.0
+                ));
+            }
         }
         if let Some(max) = self.cfg.max_wall_seconds {
             // The budget covers the whole run: no round starts unless it and the finish

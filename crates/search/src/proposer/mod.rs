@@ -66,6 +66,10 @@ pub struct OutcomeSummary {
     /// (`ksearch_eval::bottleneck`); `None` when nothing was timed or for old results.
     #[serde(default)]
     pub bottleneck: Option<String>,
+    /// The smallest fraction of the speed of light over the timed workloads of a passing
+    /// kernel (`ksearch_eval::bottleneck`); what `--stop-at-sol` compares.
+    #[serde(default)]
+    pub speed_of_light: Option<f64>,
 }
 
 /// A stored candidate the proposer may build on.
