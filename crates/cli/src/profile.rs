@@ -33,9 +33,9 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "NAME|DIR")]
     task: Option<String>,
 
-    /// Backend of the task (with --kernel).
-    #[arg(long, default_value = "cpu")]
-    backend: String,
+    /// Backend of the task (with --kernel); default: the best one this machine offers for it.
+    #[arg(long)]
+    backend: Option<String>,
 
     /// Timing effort of the evaluation (with --kernel).
     #[arg(long, value_name = "PRESET", default_value = "standard")]
@@ -58,19 +58,25 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
         }
         (None, Some(file), Some(task)) => {
             let task = ksearch_task::resolve(task).context("cannot load the task")?;
-            task.backend(&args.backend)?;
+            let backend = match &args.backend {
+                Some(b) => b.clone(),
+                None => ksearch_eval::backends::default_backend(&task).with_context(|| {
+                    format!("no backend of task {} runs on this machine", task.name())
+                })?,
+            };
+            task.backend(&backend)?;
             if !file.is_file() {
                 bail!("kernel file not found: {}", file.display());
             }
             let evaluator = Evaluator::new(EvaluatorConfig {
                 sandbox: args.sandbox.mode,
-                backend: Some(args.backend.clone()),
+                backend: Some(backend.clone()),
                 ..EvaluatorConfig::default()
             })
             .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
             let mut req = EvalRequest::from_task(
                 &task,
-                &args.backend,
+                &backend,
                 file,
                 WorkloadSet::Acceptance,
                 fresh_secret_seed()?,
@@ -82,7 +88,7 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
                     "ksearch: evaluating {} on {}/{}",
                     file.display(),
                     task.name(),
-                    args.backend
+                    backend
                 );
             }
             let result = evaluator.evaluate(&req)?;
@@ -93,7 +99,7 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
                     result.message.lines().next().unwrap_or("")
                 );
             }
-            profile::profile_evaluation(&task, &args.backend, &result)
+            profile::profile_evaluation(&task, &backend, &result)
         }
         _ => bail!("give --run RUN, or --kernel FILE with --task TASK"),
     };

@@ -681,6 +681,30 @@ fn evolve_settings_that_cannot_make_a_population_are_refused_before_a_run_exists
         0,
         "no run left behind"
     );
+    // A comparison with evolve among its strategies refuses them before its first run.
+    let out = ksearch()
+        .args([
+            "compare",
+            "--task",
+            "softmax",
+            "--strategies",
+            "world-model,evolve",
+            "--exploration",
+            "0.6",
+            "--exploitation",
+            "0.6",
+        ])
+        .arg("--runs-dir")
+        .arg(runs.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("add up to more than 1"));
+    assert_eq!(
+        std::fs::read_dir(runs.path()).unwrap().count(),
+        0,
+        "no run started"
+    );
     // Values the parser can refuse are refused as usage errors.
     for bad in [
         ["--features", "size"],

@@ -63,6 +63,11 @@ pub struct RunRecord {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {
+    /// Settings that cannot make one of the runs: refused before any run starts.
+    #[error(transparent)]
+    Evolve(#[from] crate::evolve::EvolveSettingsError),
+    #[error("task {task}: {message}")]
+    Task { task: String, message: String },
     #[error("strategy {strategy}, seed {seed}: {source}")]
     Session {
         strategy: &'static str,
@@ -90,6 +95,27 @@ pub fn run(
     interrupt: &Interrupt,
     announce: &dyn Fn(&str),
 ) -> Result<Vec<RunRecord>, CompareError> {
+    if spec.strategies.contains(&Strategy::Evolve) {
+        spec.settings.evolve.validate()?;
+    }
+    // Every run on one backend: the asked one, else the task's default here, decided once so
+    // that the runs started and the runs taken up agree.
+    let backend = match spec.backend {
+        Some(b) => b.to_string(),
+        None => {
+            let failed = |message: String| CompareError::Task {
+                task: spec.task.to_string(),
+                message,
+            };
+            let task = ksearch_task::resolve(spec.task).map_err(|e| failed(e.to_string()))?;
+            ksearch_eval::backends::default_backend(&task)
+                .ok_or_else(|| failed("no backend of the task runs on this machine".into()))?
+        }
+    };
+    let spec = &CompareSpec {
+        backend: Some(&backend),
+        ..*spec
+    };
     let mut records = Vec::new();
     for (i, &seed) in spec.seeds.iter().enumerate() {
         let n = spec.strategies.len().max(1);
@@ -168,7 +194,7 @@ pub fn run(
 
 /// The latest run under the runs directory that a comparison can take up for `settings`
 /// (which carry the strategy) and `seed`: the same task as named, the same backend when one is
-/// asked for, the same seed and the same stored settings. A run that cannot be read, or is
+/// asked for (`run` always asks for one), the same seed and the same stored settings. A run that cannot be read, or is
 /// being written by another process, is passed over (a new one is started).
 pub fn earlier_run(spec: &CompareSpec<'_>, settings: &RunSettings, seed: u64) -> Option<RunStore> {
     let wanted = settings.to_value();

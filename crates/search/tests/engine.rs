@@ -634,7 +634,10 @@ fn a_finished_run_refuses_to_resume_without_more_rounds() {
     engine.run(None).unwrap();
     let dir = engine.into_store().dir().to_path_buf();
     let engine = new_engine(cfg(2, 0), RunStore::open(&dir).unwrap(), &proposer, &eval);
-    assert!(matches!(engine.run(None), Err(EngineError::Finished(_))));
+    assert!(matches!(
+        engine.run(None),
+        Err(EngineError::Finished { .. })
+    ));
     // Continued under more rounds, it is running again: a session that dies before the new
     // ending leaves an unfinished run, not the old summary (whose best `bench --run` and
     // `export` would report).
@@ -1242,5 +1245,10 @@ fn a_run_stops_once_its_best_kernel_reaches_the_speed_of_light_goal() {
         &proposer,
         &eval,
     );
-    assert!(matches!(engine.run(None), Err(EngineError::Finished(_))));
+    let err = engine.run(None).unwrap_err();
+    assert!(matches!(err, EngineError::Finished { .. }), "{err}");
+    assert!(
+        !err.to_string().contains("raise its budget"),
+        "a goal met is final, not a budget to raise: {err}"
+    );
 }

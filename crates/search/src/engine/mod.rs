@@ -155,8 +155,10 @@ pub enum EngineError {
     State(String),
     #[error("the run's settings: {0}")]
     Config(String),
-    #[error("the run is finished ({0}); raise its budget (resume --rounds or --max-wall-time) to continue it")]
-    Finished(String),
+    /// The run ended: by a budget that resuming did not raise (the message says how to), or
+    /// for good (no idea left, its speed-of-light goal met).
+    #[error("the run is finished ({reason}){hint}")]
+    Finished { reason: String, hint: &'static str },
     #[error("the proposer's calls failed {failures} times in a row (the last: {last})")]
     ProposerGaveUp { failures: u32, last: String },
     /// Stopped on request ([`Engine::with_interrupt`]): the evaluation in flight was abandoned
@@ -526,14 +528,19 @@ impl<'a> Engine<'a> {
                 .unwrap_or("finished")
                 .to_string();
             // A run that a budget stopped continues once that budget is raised; any other
-            // ending (no idea left) is final.
+            // ending (no idea left, the speed-of-light goal met) is final.
             let by_budget = reason.contains("budget reached");
             let state = self.stored_state()?;
             let raised = state
                 .as_ref()
-                .is_some_and(|st| self.budget_reached(st).is_none());
+                .is_some_and(|st| self.limit_reached(st).is_none());
             if !(by_budget && raised) {
-                return Err(EngineError::Finished(reason));
+                let hint = if by_budget {
+                    "; raise its budget (resume --rounds or --max-wall-time) to continue it"
+                } else {
+                    ""
+                };
+                return Err(EngineError::Finished { reason, hint });
             }
             // Running again: `show`, `bench --run` and `export` must not report the old
             // summary's best while (or if this session dies before) the run finishes anew.
@@ -647,10 +654,15 @@ impl<'a> Engine<'a> {
             }
             seed_summary = Some(summary);
         }
-        let mut wm = self
-            .proposer
-            .init_world_model(&self.task)
-            .map_err(|e| EngineError::Proposer(e.to_string()))?;
+        // Best-of-n and evolve never consult the world model: a bare root records their
+        // attempts, and no planning call is made.
+        let mut wm = if self.sampling() {
+            WorldModel::new_root(self.task.description.clone(), Vec::new())
+        } else {
+            self.proposer
+                .init_world_model(&self.task)
+                .map_err(|e| EngineError::Proposer(e.to_string()))?
+        };
         wm.record_signals(0, seed_summary.as_ref().map(trace_of));
         let mut best = None;
         if let (Some(id), Some(score), Some(summary)) = (seed_candidate, seed_score, &seed_summary)
@@ -706,10 +718,15 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
+    /// Why the run stops before its next round: a limit ([`Engine::limit_reached`]) or its
+    /// speed-of-light goal met.
     fn budget_reached(&self, state: &EngineState) -> Option<String> {
-        if state.rounds_used >= self.cfg.rounds {
-            return Some(format!("rounds budget reached ({})", self.cfg.rounds));
-        }
+        self.limit_reached(state)
+            .or_else(|| self.goal_reached(state))
+    }
+
+    /// The best kernel's speed-of-light share reached `--stop-at-sol` on every workload.
+    fn goal_reached(&self, state: &EngineState) -> Option<String> {
         if let (Some(goal), Some(best)) = (self.cfg.stop_at_sol, &state.best) {
             let sol = self
                 .attempt_view(best.candidate_id)
@@ -723,6 +740,14 @@ impl<'a> Engine<'a> {
                     sol * 100.0
                 ));
             }
+        }
+        None
+    }
+
+    /// A budget is spent: rounds, wall time (with the finish's reserve), tokens or money.
+    fn limit_reached(&self, state: &EngineState) -> Option<String> {
+        if state.rounds_used >= self.cfg.rounds {
+            return Some(format!("rounds budget reached ({})", self.cfg.rounds));
         }
         if let Some(max) = self.cfg.max_wall_seconds {
             // The budget covers the whole run: no round starts unless it and the finish

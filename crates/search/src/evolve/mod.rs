@@ -225,6 +225,9 @@ impl Selection {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Program {
     candidate: i64,
+    /// FNV-1a of the source: a child identical to a program already here (its evaluation was
+    /// reused, so its score is the same) is not added again.
+    source_hash: u64,
     score: f64,
     /// Raw feature values, in the order of the settings' features.
     features: Vec<FeatureValue>,
@@ -360,12 +363,25 @@ impl Population {
         source: &str,
         knobs: Option<&serde_json::Value>,
     ) -> bool {
+        let i = island as usize % self.islands.len();
+        self.islands[i].since_migration += 1;
+        let hash = fnv(source.as_bytes());
+        if self.programs.values().any(|p| p.source_hash == hash) {
+            return false;
+        }
         let k = key(round, sample);
+        let first = self.is_empty();
         let program = self.program(candidate, score, source, knobs, round);
         self.programs.insert(k, program);
         self.update_archive(k);
-        let i = island as usize % self.islands.len();
-        self.islands[i].since_migration += 1;
+        if first {
+            // The first program of a population whose seed failed: every island starts from
+            // it, as from a seed.
+            for j in 0..self.islands.len() {
+                self.place(j, k);
+            }
+            return true;
+        }
         self.place(i, k)
     }
 
@@ -583,6 +599,7 @@ impl Population {
         }
         Program {
             candidate,
+            source_hash: fnv(source.as_bytes()),
             score,
             features,
             round,
@@ -685,18 +702,21 @@ impl Population {
     }
 }
 
-/// FNV-1a of each trimmed, non-empty line: stable across builds, so a checkpointed
-/// population's references mean the same after an upgrade.
+/// FNV-1a: stable across builds, so a checkpointed population's hashes mean the same after an
+/// upgrade.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The hash of each trimmed, non-empty line.
 fn line_hashes(source: &str) -> BTreeSet<u64> {
     source
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
-        .map(|l| {
-            l.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-            })
-        })
+        .map(|l| fnv(l.as_bytes()))
         .collect()
 }
 

@@ -1,5 +1,8 @@
 use super::*;
 
+/// The seed's source (no child's).
+const SEED: &str = "seed kernel;\n";
+
 /// A source whose length and lines depend on `n` (its complexity grows with `n`).
 fn src(n: usize) -> String {
     (0..n).map(|i| format!("line {i} of {n};\n")).collect()
@@ -39,7 +42,7 @@ fn a_child_takes_its_cell_only_from_a_weaker_holder() {
         ..settings()
     };
     let mut p = Population::new(s, 7).unwrap();
-    p.add_seed(1, 1.0, &src(3), Some(&knobs(16)));
+    p.add_seed(1, 1.0, SEED, Some(&knobs(16)));
     // Same cell (tile 16), better: it takes the cell; the seed stays a member without one.
     assert!(p.add_child(0, 1, 2, 2, 1.5, &src(4), Some(&knobs(16))));
     assert_eq!(holders(&p, 0), vec![2]);
@@ -63,7 +66,7 @@ fn an_island_over_its_size_drops_its_weakest_free_member_and_keeps_its_best() {
         ..settings()
     };
     let mut p = Population::new(s, 1).unwrap();
-    p.add_seed(1, 1.0, &src(3), Some(&knobs(0)));
+    p.add_seed(1, 1.0, SEED, Some(&knobs(0)));
     // Each child in the seed's cell beats the holder before it: the holders it displaces
     // stay as members without a cell until the cap removes them, weakest first.
     for (i, score) in [1.1, 1.2, 1.3, 1.4, 1.5].into_iter().enumerate() {
@@ -86,7 +89,7 @@ fn the_archive_holds_the_best_across_islands_best_first() {
         ..settings()
     };
     let mut p = Population::new(s, 1).unwrap();
-    p.add_seed(1, 1.0, &src(3), None);
+    p.add_seed(1, 1.0, SEED, None);
     for (id, island, score) in [(2, 0, 1.4), (3, 1, 0.9), (4, 2, 2.0), (5, 0, 1.1)] {
         p.add_child(
             island,
@@ -104,7 +107,7 @@ fn the_archive_holds_the_best_across_islands_best_first() {
 #[test]
 fn selections_repeat_for_a_round_and_sample_and_islands_take_turns() {
     let mut p = Population::new(settings(), 42).unwrap();
-    p.add_seed(1, 1.0, &src(3), None);
+    p.add_seed(1, 1.0, SEED, None);
     for id in 2..12 {
         p.add_child(
             (id % 3) as u32,
@@ -142,7 +145,7 @@ fn parents_are_drawn_in_the_configured_shares() {
         ..settings()
     };
     let mut p = Population::new(s, 3).unwrap();
-    p.add_seed(1, 1.0, &src(3), None);
+    p.add_seed(1, 1.0, SEED, None);
     for id in 2..20 {
         p.add_child(
             (id % 2) as u32,
@@ -185,7 +188,7 @@ fn inspirations_are_the_islands_best_then_other_cells_without_the_parent() {
         ..settings()
     };
     let mut p = Population::new(s, 5).unwrap();
-    p.add_seed(1, 1.0, &src(3), Some(&knobs(1)));
+    p.add_seed(1, 1.0, SEED, Some(&knobs(1)));
     for id in 2..8 {
         p.add_child(
             0,
@@ -224,7 +227,7 @@ fn migration_copies_each_islands_best_to_both_neighbours_once() {
         ..settings()
     };
     let mut p = Population::new(s, 9).unwrap();
-    p.add_seed(1, 1.0, &src(3), Some(&knobs(0)));
+    p.add_seed(1, 1.0, SEED, Some(&knobs(0)));
     let mut id = 2;
     for round in 1..=2 {
         for island in 0..3u32 {
@@ -285,7 +288,7 @@ fn crossover_takes_a_mate_from_another_island_and_only_when_asked() {
         ..settings()
     };
     let mut p = Population::new(s, 11).unwrap();
-    p.add_seed(1, 1.0, &src(3), None);
+    p.add_seed(1, 1.0, SEED, None);
     p.add_child(0, 1, 2, 2, 2.0, &src(9), None);
     p.add_child(1, 1, 3, 3, 3.0, &src(15), None);
     for r in 1..30 {
@@ -369,7 +372,7 @@ fn complexity_and_diversity_spread_programs_over_cells() {
         2,
     )
     .unwrap();
-    p.add_seed(1, 1.0, &src(2), None);
+    p.add_seed(1, 1.0, SEED, None);
     // Short and long sources, some sharing the seed's lines and some not.
     for id in 2..40 {
         let n = (id as usize * 13) % 60 + 2;
@@ -387,4 +390,30 @@ fn complexity_and_diversity_spread_programs_over_cells() {
         dims.len() >= 2,
         "diversity separates programs too: {cells:?}"
     );
+}
+
+#[test]
+fn a_child_identical_to_a_program_already_there_is_not_added_again() {
+    let mut p = Population::new(settings(), 1).unwrap();
+    p.add_seed(1, 1.0, SEED, None);
+    assert!(p.add_child(0, 1, 0, 2, 1.5, &src(7), None));
+    // The same source again (its stored evaluation reused, so the same score): not a second
+    // program, though it counts as the island's child.
+    assert!(!p.add_child(1, 2, 0, 3, 1.5, &src(7), None));
+    assert_eq!(p.archive(), vec![2, 1]);
+    assert_eq!(p.islands[1].since_migration, 1);
+}
+
+#[test]
+fn when_the_seed_failed_the_first_passing_child_starts_every_island() {
+    let mut p = Population::new(settings(), 1).unwrap();
+    assert!(p.is_empty());
+    p.add_failure(0);
+    assert!(p.add_child(0, 2, 0, 5, 1.0, &src(4), None));
+    for i in 0..3 {
+        assert_eq!(members(&p, i), vec![5], "island {i}");
+    }
+    // Islands take turns again from here.
+    let islands: Vec<u32> = (3..6).map(|r| p.select(r, 0, 1).unwrap().island).collect();
+    assert_eq!(islands, vec![2, 0, 1]);
 }

@@ -548,11 +548,13 @@ impl Proposer for LlmProposer {
         let mut text = String::new();
         for attempt in 0..tries {
             let prompt = self.render(role, &ctx)?;
-            text = self.call(role, &prompt, salt ^ attempt).inspect_err(|e| {
-                if let ProposerError::Unusable(why) | ProposerError::CallFailed(why) = e {
-                    self.remember(why);
-                }
-            })?;
+            text = self
+                .call(role, &prompt, salt ^ (attempt << 24))
+                .inspect_err(|e| {
+                    if let ProposerError::Unusable(why) | ProposerError::CallFailed(why) = e {
+                        self.remember(why);
+                    }
+                })?;
             written = match req.mutation {
                 Mutation::Diff => diff_edit::apply_reply(&req.parent.source, &text)
                     .map(|applied| applied.source)
