@@ -1233,8 +1233,12 @@ fn a_run_stops_once_its_best_kernel_reaches_the_speed_of_light_goal() {
         out.stop_reason,
         "the best kernel reached 95% of the speed of light on every workload (--stop-at-sol 0.9)"
     );
+    // The world model's signals carry the last round's share of the speed of light.
+    let store = engine.into_store();
+    let trace = final_wm(&store).computed_signals().trace.clone().unwrap();
+    assert_eq!(trace.speed_of_light, Some(0.95));
     // Not a budget: raising the rounds does not continue it.
-    let dir = engine.into_store().dir().to_path_buf();
+    let dir = store.dir().to_path_buf();
     let proposer = ScriptedProposer::new(|_, _, _| Ok("score=9".into()));
     let engine = new_engine(
         EngineConfig {

@@ -112,6 +112,7 @@ fn world_model() -> (WorldModel, NodeId, NodeId) {
             latency_ms: Some(0.52),
             reference_latency_ms: Some(1.69),
             speedup: Some(1.9),
+            ..Trace::default()
         }),
     );
     (wm, a, b)

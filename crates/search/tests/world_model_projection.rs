@@ -84,6 +84,7 @@ fn fixture() -> WorldModel {
             latency_ms: Some(1.5),
             reference_latency_ms: Some(3.0),
             speedup: None,
+            ..Trace::default()
         }),
     );
     wm.validate().unwrap();
@@ -207,6 +208,7 @@ fn outline_snapshot() {
             latency_ms: Some(1.1),
             reference_latency_ms: Some(3.3),
             speedup: Some(1.8),
+            ..Trace::default()
         }),
     );
     insta::assert_snapshot!(wm.outline(&id("n4"), 40));

@@ -1721,6 +1721,8 @@ fn trace_of(o: &OutcomeSummary) -> Trace {
         latency_ms: o.latency_ms,
         reference_latency_ms: o.latency_ms.zip(o.speedup_vs_reference).map(|(l, s)| l * s),
         speedup: o.score,
+        speed_of_light: o.speed_of_light,
+        bottleneck: o.bottleneck.clone(),
     }
 }
 

@@ -39,6 +39,12 @@ pub struct Trace {
     pub reference_latency_ms: Option<f64>,
     /// The candidate's score: geometric-mean speedup over the baseline.
     pub speedup: Option<f64>,
+    /// Its smallest fraction of the speed of light over the workloads (the headroom is the
+    /// inverse), and what bounds it there, in words (`ksearch_eval::bottleneck`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speed_of_light: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bottleneck: Option<String>,
 }
 
 /// An open question an edit settled, with the answer it gave.
@@ -247,6 +253,8 @@ impl WorldModel {
                 latency_ms: finite(t.latency_ms),
                 reference_latency_ms: finite(t.reference_latency_ms),
                 speedup: finite(t.speedup),
+                speed_of_light: finite(t.speed_of_light),
+                bottleneck: t.bottleneck,
             }),
         };
     }
