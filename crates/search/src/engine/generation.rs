@@ -13,8 +13,7 @@ use serde_json::json;
 use ksearch_store::CandidateKind;
 
 use super::{
-    independent_sample, BestRef, Engine, EngineError, EngineState, HistoryEntry, RoundStop,
-    SampleResult, Slot,
+    independent_sample, BestRef, Engine, EngineError, EngineState, HistoryEntry, RoundStop, Slot,
 };
 use crate::evolve::{Population, Selection};
 use crate::proposer::{AttemptView, CodeRequest, Inspiration, MutationRequest, Step};
@@ -104,72 +103,51 @@ impl Engine<'_> {
         })?;
         let spec_action = independent_sample();
         let wm = &state.wm;
-        let results: Vec<Result<SampleResult, RoundStop>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..samples)
-                .map(|sample| {
-                    let plan = plans.get(sample as usize).and_then(Option::as_ref);
-                    let existing = existing.iter().find(|c| c.sample == sample).cloned();
-                    let at = Slot {
+        let outcomes = self.each_sample(|sample| {
+            let plan = plans.get(sample as usize).and_then(Option::as_ref);
+            let existing = existing.iter().find(|c| c.sample == sample).cloned();
+            let at = Slot {
+                round,
+                cycle: cycle.index,
+                attempt: cycle.consumed + 1,
+                sample,
+                node: cycle.node.as_str(),
+            };
+            self.produce(at, existing, || match plan {
+                Some(p) => {
+                    let req = MutationRequest {
                         round,
-                        cycle: cycle.index,
-                        attempt: cycle.consumed + 1,
                         sample,
-                        node: cycle.node.as_str(),
+                        island: p.selection.island,
+                        mutation: p.selection.mutation,
+                        parent: &p.parent,
+                        mate: p.mate.as_ref(),
+                        inspirations: &p.inspirations,
+                        known_sources: &known,
                     };
-                    let (known, root_node, spec_action) = (&known, &root_node, &spec_action);
-                    s.spawn(move || {
-                        self.produce(at, existing, || match plan {
-                            Some(p) => {
-                                let req = MutationRequest {
-                                    round,
-                                    sample,
-                                    island: p.selection.island,
-                                    mutation: p.selection.mutation,
-                                    parent: &p.parent,
-                                    mate: p.mate.as_ref(),
-                                    inspirations: &p.inspirations,
-                                    known_sources: known,
-                                };
-                                (self.proposer.mutate(&req), Some(p.parent.candidate_id))
-                            }
-                            // No passing program yet (the seed failed): write from the
-                            // specification, as best-of-n does.
-                            None => {
-                                let req = CodeRequest {
-                                    step: Step::SpecAction,
-                                    round,
-                                    attempt: at.attempt,
-                                    sample,
-                                    node: root_node,
-                                    action: spec_action,
-                                    base: None,
-                                    last: None,
-                                    cycle_best: None,
-                                    history: &[],
-                                    wm,
-                                    known_sources: known,
-                                };
-                                (self.proposer.sample(&req), None)
-                            }
-                        })
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(RoundStop::Error(EngineError::Evaluator(
-                            "a sample thread panicked".into(),
-                        )))
-                    })
-                })
-                .collect()
-        });
-        let mut outcomes = Vec::new();
-        for r in results {
-            outcomes.push(r?);
-        }
+                    (self.proposer.mutate(&req), Some(p.parent.candidate_id))
+                }
+                // No passing program yet (the seed failed): write from the specification, as
+                // best-of-n does.
+                None => {
+                    let req = CodeRequest {
+                        step: Step::SpecAction,
+                        round,
+                        attempt: at.attempt,
+                        sample,
+                        node: &root_node,
+                        action: &spec_action,
+                        base: None,
+                        last: None,
+                        cycle_best: None,
+                        history: &[],
+                        wm,
+                        known_sources: &known,
+                    };
+                    (self.proposer.sample(&req), None)
+                }
+            })
+        })?;
 
         // In sample order, so the population does not depend on which thread finished first.
         let attempt = cycle.consumed + 1;
@@ -209,15 +187,8 @@ impl Engine<'_> {
                 continue;
             };
             state.passed += 1;
-            let challenger = BestRef {
-                candidate_id: id,
-                score,
-                node: Some(cycle.node.to_string()),
-                round,
-                rechecked_score: None,
-                interval: o.summary.score_interval,
-                scores: vec![score],
-            };
+            let challenger =
+                BestRef::measured(id, score, &cycle.node, round, o.summary.score_interval);
             state.best = self.offer_best(state.best.take(), challenger)?;
             let Some(view) = self.attempt_view(id)? else {
                 continue;

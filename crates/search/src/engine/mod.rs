@@ -254,6 +254,28 @@ pub struct BestRef {
     pub scores: Vec<f64>,
 }
 
+impl BestRef {
+    /// A candidate of `round` that passed with `score` (and its interval) in a search
+    /// evaluation, on `node`: not re-measured or re-checked yet.
+    fn measured(
+        candidate_id: i64,
+        score: f64,
+        node: &NodeId,
+        round: u32,
+        interval: Option<[f64; 2]>,
+    ) -> Self {
+        BestRef {
+            candidate_id,
+            score,
+            node: Some(node.to_string()),
+            round,
+            rechecked_score: None,
+            interval,
+            scores: vec![score],
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct CycleState {
     node: NodeId,
@@ -1031,34 +1053,14 @@ impl<'a> Engine<'a> {
             wm: &state.wm,
             known_sources: &known,
         };
-        let samples = self.cfg.samples.max(1);
-        let results: Vec<Result<SampleResult, RoundStop>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..samples)
-                .map(|sample| {
-                    let req = CodeRequest {
-                        sample,
-                        ..req.clone()
-                    };
-                    let existing = existing.iter().find(|c| c.sample == sample).cloned();
-                    let cycle = &cycle;
-                    s.spawn(move || self.run_sample(&req, existing, cycle, independent))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(RoundStop::Error(EngineError::Evaluator(
-                            "a sample thread panicked".into(),
-                        )))
-                    })
-                })
-                .collect()
-        });
-        let mut outcomes = Vec::new();
-        for r in results {
-            outcomes.push(r?);
-        }
+        let outcomes = self.each_sample(|sample| {
+            let req = CodeRequest {
+                sample,
+                ..req.clone()
+            };
+            let existing = existing.iter().find(|c| c.sample == sample).cloned();
+            self.run_sample(&req, existing, &cycle, independent)
+        })?;
 
         // Process in sample order so the decisions do not depend on which thread finished first.
         let c = state.cycle.as_mut().expect("checked above");
@@ -1093,15 +1095,7 @@ impl<'a> Engine<'a> {
             if round_best.is_none_or(|(_, s)| score > s) {
                 round_best = Some((id, score));
             }
-            let challenger = BestRef {
-                candidate_id: id,
-                score,
-                node: Some(c.node.to_string()),
-                round,
-                rechecked_score: None,
-                interval: o.summary.score_interval,
-                scores: vec![score],
-            };
+            let challenger = BestRef::measured(id, score, &c.node, round, o.summary.score_interval);
             state.best = self.offer_best(state.best.take(), challenger)?;
             if c.best.is_none_or(|(_, s)| score > s) {
                 c.best = Some((id, score));
@@ -1202,6 +1196,30 @@ impl<'a> Engine<'a> {
             }
             Some(b) => b,
         }))
+    }
+
+    /// `run(sample)` for each of the round's samples, each in a thread of its own, the results
+    /// in sample order; the first that stops the round stops it.
+    fn each_sample(
+        &self,
+        run: impl Fn(u32) -> Result<SampleResult, RoundStop> + Sync,
+    ) -> Result<Vec<SampleResult>, RoundStop> {
+        let run = &run;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..self.cfg.samples.max(1))
+                .map(|sample| s.spawn(move || run(sample)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(RoundStop::Error(EngineError::Evaluator(
+                            "a sample thread panicked".into(),
+                        )))
+                    })
+                })
+                .collect()
+        })
     }
 
     /// Writes (unless the store already has it), records and evaluates one sample.

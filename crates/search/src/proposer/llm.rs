@@ -379,6 +379,23 @@ impl LlmProposer {
         }
     }
 
+    /// A code reply's source, checked: it must name the task's entry point. Accepted, it clears
+    /// the reasons remembered for the next prompt; refused, its reason is remembered.
+    fn accept(&self, role: PromptRole, source: &str) -> Result<(), ProposerError> {
+        let entry = &self.inputs.task.entry;
+        if !entry.is_empty() && !mentions_identifier(source, entry) {
+            let why = format!(
+                "{}: the code does not define the entry point `{entry}` ({})",
+                role.tag(),
+                self.inputs.task.signature
+            );
+            self.remember(&why);
+            return Err(ProposerError::Unusable(why));
+        }
+        Self::lock(&self.pending).clear();
+        Ok(())
+    }
+
     fn remember(&self, reason: &str) {
         let mut p = Self::lock(&self.pending);
         p.push(reason.to_string());
@@ -496,17 +513,7 @@ impl Proposer for LlmProposer {
             self.remember(&why);
             ProposerError::Unusable(why)
         })?;
-        let entry = &self.inputs.task.entry;
-        if !entry.is_empty() && !mentions_identifier(&source, entry) {
-            let why = format!(
-                "{}: the code does not define the entry point `{entry}` ({})",
-                role.tag(),
-                self.inputs.task.signature
-            );
-            self.remember(&why);
-            return Err(ProposerError::Unusable(why));
-        }
-        Self::lock(&self.pending).clear();
+        self.accept(role, &source)?;
         // The model's own note on what this version tries, else the step and the action.
         let note = extract_note(&text).unwrap_or_else(|| {
             let title = req.action.title.lines().next().unwrap_or("");
@@ -573,17 +580,7 @@ impl Proposer for LlmProposer {
             self.remember(&why);
             ProposerError::Unusable(why)
         })?;
-        let entry = &self.inputs.task.entry;
-        if !entry.is_empty() && !mentions_identifier(&source, entry) {
-            let why = format!(
-                "{}: the code does not define the entry point `{entry}` ({})",
-                role.tag(),
-                self.inputs.task.signature
-            );
-            self.remember(&why);
-            return Err(ProposerError::Unusable(why));
-        }
-        Self::lock(&self.pending).clear();
+        self.accept(role, &source)?;
         let note = extract_note(&text).unwrap_or_else(|| {
             format!(
                 "{}: {} of candidate {}",
