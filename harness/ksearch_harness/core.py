@@ -904,16 +904,20 @@ class Evaluation:
             kept = self._device_inputs(bench, inputs)
             if kept is not None:
                 # Copies on the device from the judge's own copy of the set, which is also
-                # what the accused's inputs must still equal after each call.
+                # what the accused's inputs must still equal after each call; the judge's
+                # staged inputs for the reference and baseline come from it too.
                 for name, buf in bench.inputs.items():
                     acc.device_view(buf).copy_(kept[name])
+                for name, buf in bench.judge_inputs.items():
+                    self.adapter.upload_bits(buf, kept[name],  # type: ignore[union-attr]
+                                             inputs.stored[name])
                 bench.pristine = dict(kept)
                 _judge_sync()  # written before the candidate runs
             else:
                 for name, buf in bench.inputs.items():
                     acc.upload(buf, inputs.stored[name])
-            for name, buf in bench.judge_inputs.items():
-                self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
+                for name, buf in bench.judge_inputs.items():
+                    self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
 
     def _device_inputs(self, bench: Bench, inputs: Inputs) -> dict[str, Any] | None:
         """The judge's own device copy of an input set (storage bits), where every input of

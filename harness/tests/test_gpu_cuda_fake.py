@@ -408,3 +408,32 @@ def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch):
     errors = [(w["name"], w["max_abs_err"]) for w in first["workloads"]]
     assert [(w["name"], w["max_abs_err"]) for w in second["workloads"]] == errors
     assert ours() - before == set()
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+def test_staged_inputs_filled_on_the_device_hold_the_set_and_serve_timed_calls(torch, dtype):
+    """A kept input set's device copy (core._device_copy, storage bits) fills the judge's
+    staged inputs on the device (upload_bits): the buffer then holds the set bit for bit, and a
+    timed reference call handed the set gets that buffer, checked in full after the call."""
+    import numpy as np
+
+    from ksearch_harness import core, dtypes
+    from ksearch_harness.protocol import TensorSpec
+
+    wl = {"name": "w", "held_out": False, "params": {"n": 8},
+          "inputs": [{"name": "x", "dtype": dtype, "shape": [8]}],
+          "outputs": [{"name": "y", "dtype": dtype, "shape": [8]}]}
+    raw = driver.softmax_request("/tmp/k.cu", "/tmp/b", backend="cuda")
+    raw["workloads"] = [wl]
+    raw["task"]["entry"] = {"symbol": "scale", "args": ["x", "y", "n"]}
+    req = parse_request(raw, "evaluate")
+    a = cuda.CudaAdapter(req)
+    spec = TensorSpec("x", dtype, (8,))
+    stored = dtypes.get(dtype).encode(np.linspace(-3, 3, 8))
+    buf = a.alloc(spec)
+    a.upload_bits(buf, core._device_copy(stored, spec), stored)
+    assert dtypes.same_bytes(a.to_host(buf), stored)
+    given = {"x": dtypes.get(dtype).reference_view(stored).copy()}
+    got = a.timed_region(lambda: device.torch_inputs(given, {"n": 8}))["x"]
+    assert got is buf.tensor
+    a.verify_reference_inputs()

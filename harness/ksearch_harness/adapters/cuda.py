@@ -581,6 +581,15 @@ class CudaAdapter(DeviceAdapter):
             torch_upload(buf.tensor, host)
         self.note_upload(buf.spec, buf.tensor, host)
 
+    def upload_bits(self, buf: CudaBuffer, bits: Any, host: np.ndarray) -> None:
+        """As `upload`, from a device tensor of the judge's already holding `host`'s storage
+        bits (core._device_copy): a copy on the device, registered under `host` as an upload
+        is, so task code finds it."""
+        from .device import torch_bits_dtype
+        with self._cuda_errors("copying on the device"):
+            buf.tensor.view(torch_bits_dtype(host.dtype.itemsize)).copy_(bits)
+        self.note_upload(buf.spec, buf.tensor, host)
+
     def to_host(self, buf: CudaBuffer) -> np.ndarray:
         with self._cuda_errors("copying to the host"):
             return torch_to_host(buf.tensor, dtypes.get(buf.spec.dtype).storage)
