@@ -17,7 +17,9 @@
 # names the attention variant (gpu/attention/variants.toml). STEPS picks steps (default
 # "eval bench copy"): a call that cannot fit all three in its 600 s runs them in two calls
 # (STEPS="eval", then STEPS="bench copy" with EVAL_JSON pointing at the first call's eval.json,
-# carried back as an untracked file, so the summary has both). Results in $OUT: eval.json,
+# carried back as an untracked file, so the summary has both). KSEARCH_HARNESS_MLX_CLOCK=kernels
+# times mlx calls by their device activity (docs/backends.md, "A device clock for MLX"); the
+# summary says which clock each evaluation used. Results in $OUT: eval.json,
 # bench.json, copy.json (eval.json and copy.json as JSON lines), summary.txt, log.txt.
 set -uo pipefail
 
@@ -78,8 +80,9 @@ scores = [i["result"].get("score") for i in items]
 print(f"== {backend}: one kernel evaluated {len(items)} times against one yardstick ==")
 for i in items:
     r = i["result"]
+    clock = ((r.get("environment") or {}).get("mlx_clock") or {}).get("used", "")
     print(f"  {r['status']:<10} score {r.get('score')}  interval {r.get('score_interval')}  "
-          f"drift {r.get('drift')}  [{r.get('wall_seconds', 0):.1f} s]")
+          f"drift {r.get('drift')}  [{r.get('wall_seconds', 0):.1f} s] {clock}")
 ok = [s for s in scores if s]
 if ok:
     print(f"  spread (max/min - 1): {100 * (max(ok) / min(ok) - 1):.2f}%  "

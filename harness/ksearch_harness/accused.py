@@ -337,9 +337,15 @@ def _prepare_device(backend: str, audit: bool = True) -> None:
         os.environ.setdefault("MLX_ENABLE_TF32", "0")
         import mlx.core as mx
         mx.eval(mx.zeros((1,)))
-        if audit and getattr(mx, "cuda", None) is not None and mx.cuda.is_available():
+        if getattr(mx, "cuda", None) is not None and mx.cuda.is_available():
             probe = mx.zeros((1 << 10,))
-            AUDIT.prepare(mx.synchronize, lambda: mx.eval(probe + 1))
+            if audit:
+                AUDIT.prepare(mx.synchronize, lambda: mx.eval(probe + 1))
+            # The mlx adapter's device clock, if chosen, needs the profiler set up before the
+            # lock-down as the audit does.
+            from . import kernel_clock
+            if kernel_clock.chosen() == "kernels":
+                kernel_clock.CLOCK.prepare(mx.synchronize, lambda: mx.eval(probe + 1))
     import numpy  # noqa: F401 - every backend's buffers are numpy views of the arena
 
 

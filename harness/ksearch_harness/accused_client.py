@@ -660,7 +660,7 @@ def accused_environment(workdir: str) -> dict[str, str]:
     # More variables by name, for a machine whose kernels need them (the MLX_* or CUDA_*
     # settings of a device, or a test's fake modules): KSEARCH_HARNESS_ACCUSED_ENV=A,B.
     extra = [n.strip() for n in os.environ.get("KSEARCH_HARNESS_ACCUSED_ENV", "").split(",")]
-    for name in ["MLX_ENABLE_TF32", *extra]:
+    for name in ["MLX_ENABLE_TF32", "KSEARCH_HARNESS_MLX_CLOCK", *extra]:
         if name and name in os.environ:
             env[name] = os.environ[name]
     return env
