@@ -76,8 +76,11 @@ def _intervals(prof: Any, cuda: Any) -> list[tuple[int, int]]:
         for e in raw.events():
             if e.device_type() != cuda:
                 continue
-            start = int(e.start_ns())
-            out.append((start, start + int(e.duration_ns())))
+            if hasattr(e, "start_ns"):
+                start, length = int(e.start_ns()), int(e.duration_ns())
+            else:  # older Kineto events: microseconds
+                start, length = int(e.start_us()) * 1000, int(e.duration_us()) * 1000
+            out.append((start, start + length))
         return out
     return [(int(e.time_range.start * 1000), int(e.time_range.end * 1000))
             for e in prof.events() if e.device_type == cuda]
