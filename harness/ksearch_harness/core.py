@@ -1452,7 +1452,7 @@ class Evaluation:
                                 self.parts.setdefault(wl.name, {}).setdefault(part, []).append(ns)
                     elif c == "reference":
                         with self.phase("inputs"):
-                            ref_in = inputs.for_reference()
+                            ref_in = inputs.for_reference(shared=a.stages_reference_inputs)
                             a.expect_reference_inputs(ref_in, wl.params)
                         self._flush()
                         times[c], raw, host_ns[c] = self._time_task_call(
@@ -1461,7 +1461,7 @@ class Evaluation:
                             truth = task.check_outputs(raw, wl, "reference")
                     else:
                         with self.phase("inputs"):
-                            base_in = inputs.for_reference()
+                            base_in = inputs.for_reference(shared=a.stages_reference_inputs)
                             a.expect_reference_inputs(base_in, wl.params)
                         self._flush()
                         times[c], _, host_ns[c] = self._time_task_call(
@@ -1550,7 +1550,7 @@ class Evaluation:
                 # allocator for the timed call, as a loop's previous result would.
                 self._poison(spare, "b")
                 return ns
-            args = prev.for_reference()
+            args = prev.for_reference(shared=a.stages_reference_inputs)
             a.expect_reference_inputs(args, wl.params)  # as before the timed call
             if contender == "reference":
                 return a.prime(lambda: task.call_reference(args, wl))

@@ -3,12 +3,19 @@ for comparisons, and the poison bit patterns written into outputs before a candi
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import parallel
+
+
+# Shared reference views of read-only storage arrays: (id, type name) -> (weak reference to
+# the array, view). An entry leaves with its array, so the views kept are those of the kept
+# input sets (twice their size for bf16, whose view is float32).
+_SHARED_VIEWS: dict[tuple[int, str], tuple[weakref.ref, np.ndarray | None]] = {}
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,24 @@ class DType:
         if self.name == "bf16":
             return _bf16_bits_to_f32(stored)
         return stored
+
+    def shared_reference_view(self, stored: np.ndarray) -> np.ndarray | None:
+        """`reference_view` of a read-only storage array (a kept input set: draw_cache), made
+        once, read-only itself, and handed to every caller while `stored` lives; None for a
+        writable array, whose callers need views of their own."""
+        if not isinstance(stored, np.ndarray) or stored.flags.writeable:
+            return None
+        key = (id(stored), self.name)
+        hit = _SHARED_VIEWS.get(key)
+        if hit is not None and hit[0]() is stored:
+            return stored if hit[1] is None else hit[1]
+        view = self.reference_view(stored)
+        if view is not stored:
+            view.flags.writeable = False
+        # The array itself is not held here (None stands for it), or it would never leave.
+        _SHARED_VIEWS[key] = (weakref.ref(stored, lambda _r: _SHARED_VIEWS.pop(key, None)),
+                              None if view is stored else view)
+        return view
 
     def poison(self, shape: tuple[int, ...], which: str) -> np.ndarray:
         pattern = self.poison_a if which == "a" else self.poison_b

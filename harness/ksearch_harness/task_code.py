@@ -51,13 +51,22 @@ class Inputs:
         self.stored = stored
         self.specs = specs
 
-    def for_reference(self) -> dict[str, np.ndarray]:
+    def for_reference(self, shared: bool = False) -> dict[str, np.ndarray]:
+        """The reference's inputs: private copies, or with `shared`, for a set whose arrays
+        are read-only (kept across evaluations: draw_cache), read-only views made once
+        (DType.shared_reference_view). Shared views are for calls that take their device
+        copies from the adapter's registry (the GPU backends' timed calls): a task function
+        that writes into its host inputs fails there, instead of changing a kept set."""
         out = {}
         for s in self.specs:
             stored = self.stored[s.name]
-            view = dtypes.get(s.dtype).reference_view(stored)
-            # bf16's view is already a new array; copying it again would only cost time.
-            out[s.name] = parallel.copy(view) if np.may_share_memory(view, stored) else view
+            dt = dtypes.get(s.dtype)
+            view = dt.shared_reference_view(stored) if shared else None
+            if view is None:
+                view = dt.reference_view(stored)
+                # bf16's view is already a new array; copying it again would only cost time.
+                view = parallel.copy(view) if np.may_share_memory(view, stored) else view
+            out[s.name] = view
         return out
 
 

@@ -134,7 +134,7 @@ def _workload(req: Request, task: TaskCode, a: Any, wi: int, wl: Workload,
 
 def _call(a: Any, task: TaskCode, contender: str, inputs: Inputs, wl: Workload,
           prime: bool) -> int:
-    args = inputs.for_reference()
+    args = inputs.for_reference(shared=a.stages_reference_inputs)
     a.expect_reference_inputs(args, wl.params)
     fn = ((lambda: task.call_reference(args, wl)) if contender == "reference"
           else (lambda: task.call_baseline(args, wl)))

@@ -458,3 +458,63 @@ def test_a_candidate_is_charged_host_time_only_beyond_its_anchors():
                   parts={"device_ns": 12_000, "host_ns": 40_000}, floor_ns=5_000)
     assert t.charged(45_000) == 12_000 and t.charged(None) == 40_000
     assert TimedCall(counted_ns=40_000, reported_ns=40_000, window_ns=300_000).charged(1) == 40_000
+
+
+def test_a_kept_read_only_set_shares_one_read_only_view_per_input():
+    """Kept input sets are read-only (draw_cache); their reference views are made once and
+    shared, read-only, so repeated timed calls neither copy nor decode them again. A writable
+    set still gets private copies."""
+    import gc
+
+    from ksearch_harness import dtypes
+    from ksearch_harness.protocol import TensorSpec
+    from ksearch_harness.task_code import Inputs
+
+    specs = (TensorSpec("x", "bf16", (8,)), TensorSpec("y", "f16", (8,)))
+    stored = {"x": dtypes.get("bf16").encode(np.linspace(-1, 1, 8)),
+              "y": dtypes.get("f16").encode(np.linspace(0, 2, 8))}
+    writable = Inputs({k: v.copy() for k, v in stored.items()}, specs)
+    a, b = writable.for_reference(shared=True), writable.for_reference(shared=True)
+    assert a["x"] is not b["x"] and a["y"] is not b["y"] and a["y"].flags.writeable
+
+    for v in stored.values():
+        v.flags.writeable = False
+    kept = Inputs(stored, specs)
+    a, b = kept.for_reference(shared=True), kept.for_reference(shared=True)
+    assert a["x"] is b["x"] and a["y"] is b["y"]
+    assert a["x"].dtype == np.float32 and np.array_equal(
+        a["x"], dtypes.get("bf16").reference_view(stored["x"]))
+    with pytest.raises(ValueError):
+        a["x"][0] = 5  # a task function cannot change a kept set through its view
+    # Without `shared`, private copies as before.
+    assert kept.for_reference()["y"] is not a["y"]
+    # A view leaves with its array.
+    before = len(dtypes._SHARED_VIEWS)
+    del kept, a, b, stored, v
+    gc.collect()
+    assert len(dtypes._SHARED_VIEWS) == before - 2
+
+
+def test_a_timed_call_handed_the_shared_view_of_the_uploaded_set_needs_no_comparison(
+        fake, monkeypatch):
+    from ksearch_harness import dtypes
+    stored = dtypes.get("bf16").encode(np.linspace(-2, 2, 8))
+    stored.flags.writeable = False
+    buf = fake.alloc(TensorSpec("x", "bf16", (8,)))
+    fake.upload(buf, stored)
+    params = {"n": 8, "dtype": "bf16"}
+    view = dtypes.get("bf16").shared_reference_view(stored)
+    compared = []
+    real = dtypes.same_bytes
+    monkeypatch.setattr(dtypes, "same_bytes", lambda *a: compared.append(1) or real(*a))
+    got = fake.timed_region(lambda: device.torch_inputs({"x": view}, params))["x"]
+    assert got is buf
+    fake.verify_reference_inputs()
+    assert compared == []
+    # Any other array still gets the full comparison, and a different one is caught.
+    other = view.copy()
+    other[2] = 7
+    monkeypatch.setattr(device, "_quick_match", lambda up, x: True)
+    fake.timed_region(lambda: device.torch_inputs({"x": other}, params))
+    with pytest.raises(TaskError, match="did not hold that call's inputs"):
+        fake.verify_reference_inputs()

@@ -369,7 +369,7 @@ def test_a_candidate_writing_its_input_is_caught(tmp_path, torch):
     assert "input `x` was modified" in r["message"]
 
 
-def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch):
+def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch, monkeypatch):
     """A persistent judge (spare_accused and draw_cache on) starts the next evaluation's
     accused during the current one: the second evaluation takes it, finds its input sets kept
     (with a device copy of each where the memory is shared), and its result is the same;
@@ -383,6 +383,17 @@ def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch):
 
     from ksearch_harness import draw_cache
 
+    from ksearch_harness.task_code import Inputs
+    views = []
+    real = Inputs.for_reference
+
+    def recorded(self, shared=False):
+        out = real(self, shared)
+        if shared:
+            views.append((self, out))
+        return out
+
+    monkeypatch.setattr(Inputs, "for_reference", recorded)
     before = ours()
     spare_accused.enable()
     draw_cache.clear()
@@ -397,6 +408,14 @@ def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch):
         assert kept and second["diagnostics"]["draw_cache"]["hits"] > 0
         shared = os.environ["KSEARCH_HARNESS_DEVICE_SHARE"] == "emulate"
         assert all(hasattr(v, "device_copies") == shared for v in kept)
+        # Their timed baseline calls were handed the kept sets' shared read-only views, made
+        # once, not a private copy per call (Inputs.for_reference).
+        handed = [(inputs, out) for inputs, out in views if any(inputs is k for k in kept)]
+        assert handed and all(not x.flags.writeable for _, out in handed for x in out.values())
+        seen: dict = {}
+        for inputs, out in handed:  # the same objects every time a set is handed over
+            assert all(x is seen.setdefault((id(inputs), n), x) for n, x in out.items())
+        assert len(handed) > len(seen) / len(handed[0][1])  # and sets were handed over again
     finally:
         spare_accused.enable(False)
         draw_cache.clear()
