@@ -927,13 +927,11 @@ class Evaluation:
         assert acc is not None
         if not bench.inputs or any(acc.device_view(b) is None for b in bench.inputs.values()):
             return None
-        copies = getattr(inputs, "device_copies", None)
-        if copies is None:
-            copies = {name: _device_copy(inputs.stored[name], buf.spec)
-                      for name, buf in bench.inputs.items()}
-            if getattr(inputs, "cache_key", None) is not None:
-                inputs.device_copies = copies  # type: ignore[attr-defined]
-        return copies
+        return draw_cache.device_copy(
+            inputs, lambda: {name: _device_copy(inputs.stored[name], buf.spec)
+                             for name, buf in bench.inputs.items()},
+            sum(int(inputs.stored[name].nbytes) for name in bench.inputs),
+            _device_total_bytes())
 
     def _poison(self, bench: Bench, which: str) -> None:
         acc = self.accused
@@ -1032,8 +1030,12 @@ class Evaluation:
                 return dev
         import torch
         with self.phase("upload"):
-            dev = {s.name: torch.from_numpy(dtypes.contiguous(truth[s.name])).to("cuda")
-                   for s in wl.outputs}
+            # A kept truth (draw_cache) keeps its device copy across evaluations too.
+            dev = draw_cache.device_copy(
+                truth, lambda: {s.name: torch.from_numpy(dtypes.contiguous(truth[s.name]))
+                                .to("cuda") for s in wl.outputs},
+                sum(int(np.asarray(truth[s.name]).nbytes) for s in wl.outputs),
+                _device_total_bytes())
         self._truths = [(truth, dev)] + self._truths[:DEVICE_TRUTHS_KEPT - 1]
         return dev
 
@@ -1858,6 +1860,12 @@ def _device_copy(stored: np.ndarray, spec: Any) -> Any:
     shared buffers are)."""
     from .adapters.device import torch_bits_dtype, torch_from_host
     return torch_from_host(stored, spec.dtype).view(torch_bits_dtype(stored.dtype.itemsize))
+
+
+def _device_total_bytes() -> int:
+    """The judge's device's memory (what the device copies' budget is a share of)."""
+    import torch
+    return int(getattr(torch.cuda.get_device_properties(0), "total_memory", 0) or 0)
 
 
 def _judge_sync() -> None:

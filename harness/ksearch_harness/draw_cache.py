@@ -15,7 +15,15 @@ index; what kind of value (`inputs`, `truth`). A task edited between two request
 Only the persistent judge's worker keeps entries (`enable`). Admission: entries are kept until the budget is spent, then no more are admitted (an LRU
 policy would evict every set before its reuse, since an evaluation walks its sets in the same
 order each time). The budget: `KSEARCH_HARNESS_DRAW_CACHE_MB` (0 turns the cache off), by
-default an eighth of the machine's memory, at most 8 GiB.
+default a quarter of the machine's memory, at most 24 GiB: on the H200 the attention task's
+evaluations draw about 13 GB of input sets, and an eighth (at most 8 GiB) left a third of them
+to be drawn and their reference computed again in every evaluation
+(docs/results/evaluation-speed).
+
+A kept value may also keep a device copy (the judge's copy of a kept input set, the truth for
+checks on the device), within a budget of its own: `KSEARCH_HARNESS_DEVICE_CACHE_MB`, by
+default a quarter of the device's memory, so a candidate keeps most of the device. Device
+copies of values that are not kept are made and dropped by their user as before.
 
 Kept arrays live outside the heap: each is copied into an anonymous memory map of its own and
 the original goes back to the allocator. Kept on the heap, they made it grow with every input
@@ -36,8 +44,10 @@ from typing import Any, Callable
 import numpy as np
 
 ENV = "KSEARCH_HARNESS_DRAW_CACHE_MB"
-DEFAULT_SHARE = 8
-DEFAULT_MAX_BYTES = 8 << 30
+DEFAULT_SHARE = 4
+DEFAULT_MAX_BYTES = 24 << 30
+DEVICE_ENV = "KSEARCH_HARNESS_DEVICE_CACHE_MB"
+DEVICE_SHARE = 4
 
 # Only a persistent judge's worker keeps anything (worker.child_loop turns it on): a one-shot
 # harness would pay for the copies and never meet them again.
@@ -45,6 +55,10 @@ _enabled = False
 _entries: dict[tuple, Any] = {}
 _bytes = 0
 _stats = {"hits": 0, "misses": 0, "refused": 0}
+# Kept values by identity, and the device copies kept for some of them.
+_kept_ids: set[int] = set()
+_device: dict[int, Any] = {}
+_device_bytes = 0
 
 
 def enable(on: bool = True) -> None:
@@ -52,15 +66,22 @@ def enable(on: bool = True) -> None:
     _enabled = on
 
 
-def budget_bytes() -> int:
-    if not _enabled:
-        return 0
-    raw = os.environ.get(ENV, "").strip()
+def _mib_setting(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
     if raw:
         try:
             return max(0, int(float(raw) * (1 << 20)))
         except ValueError:
             pass
+    return None
+
+
+def budget_bytes() -> int:
+    if not _enabled:
+        return 0
+    chosen = _mib_setting(ENV)
+    if chosen is not None:
+        return chosen
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -118,18 +139,50 @@ def put(key: tuple, arrays: dict[str, np.ndarray],
         return None
     value = make({name: off_heap(np.asarray(a)) for name, a in arrays.items()})
     _entries[key] = value
+    _kept_ids.add(id(value))
     _bytes += size
     return value
 
 
+def device_budget_bytes(device_total_bytes: int) -> int:
+    if not _enabled:
+        return 0
+    chosen = _mib_setting(DEVICE_ENV)
+    return chosen if chosen is not None else device_total_bytes // DEVICE_SHARE
+
+
+def device_copy(value: Any, make: Callable[[], Any], nbytes: int,
+                device_total_bytes: int) -> Any:
+    """The device copy of `value`: the one kept for it, or `make()`, kept when `value` is a
+    kept value and the device budget allows."""
+    global _device_bytes
+    if id(value) in _kept_ids:
+        dev = _device.get(id(value))
+        if dev is not None:
+            return dev
+    dev = make()
+    if (id(value) in _kept_ids
+            and _device_bytes + nbytes <= device_budget_bytes(device_total_bytes)):
+        _device[id(value)] = dev
+        _device_bytes += nbytes
+    return dev
+
+
+def device_kept(value: Any) -> bool:
+    return id(value) in _device
+
+
 def stats() -> dict[str, int]:
     """What the cache did in this process so far (for the result's diagnostics)."""
-    return {**_stats, "entries": len(_entries), "bytes": _bytes}
+    return {**_stats, "entries": len(_entries), "bytes": _bytes,
+            "device_entries": len(_device), "device_bytes": _device_bytes}
 
 
 def clear() -> None:
-    global _bytes
+    global _bytes, _device_bytes
     _entries.clear()
-    _bytes = 0
+    _kept_ids.clear()
+    _device.clear()
+    _bytes = _device_bytes = 0
     for k in _stats:
         _stats[k] = 0

@@ -154,3 +154,46 @@ def test_the_draw_cache_admits_until_its_budget_is_spent(monkeypatch):
     assert draw_cache.put(("x", 1), {"a": a}, lambda c: c) is None
     draw_cache.clear()
     draw_cache.enable(False)
+
+
+def test_kept_values_keep_device_copies_within_the_device_budget(monkeypatch):
+    """A kept value's device copy is made once and handed out again while the device budget
+    (a share of the device's memory, or KSEARCH_HARNESS_DEVICE_CACHE_MB) lasts; values that
+    are not kept, or come after the budget is spent, get a new copy every time."""
+    import numpy as np
+
+    from ksearch_harness import draw_cache
+    draw_cache.clear()
+    draw_cache.enable()
+    monkeypatch.delenv(draw_cache.DEVICE_ENV, raising=False)
+    try:
+        made = []
+
+        def copy(tag):
+            def make():
+                made.append(tag)
+                return object()
+            return make
+        first = draw_cache.put(("d", 1), {"a": np.zeros(4)}, lambda c: c)
+        second = draw_cache.put(("d", 2), {"a": np.zeros(4)}, lambda c: c)
+        loose = {"a": np.zeros(4)}  # never kept
+        device_total = 4000  # a quarter of it: 1000 bytes of device copies
+        one = draw_cache.device_copy(first, copy("first"), 600, device_total)
+        assert draw_cache.device_copy(first, copy("first"), 600, device_total) is one
+        assert draw_cache.device_kept(first)
+        # The second would pass the budget: made each time, not kept.
+        draw_cache.device_copy(second, copy("second"), 600, device_total)
+        draw_cache.device_copy(second, copy("second"), 600, device_total)
+        draw_cache.device_copy(loose, copy("loose"), 1, device_total)
+        draw_cache.device_copy(loose, copy("loose"), 1, device_total)
+        assert made == ["first", "second", "second", "loose", "loose"]
+        assert not draw_cache.device_kept(second) and not draw_cache.device_kept(loose)
+        assert draw_cache.stats()["device_bytes"] == 600
+        monkeypatch.setenv(draw_cache.DEVICE_ENV, "0")  # keep none on the device
+        draw_cache.clear()
+        again = draw_cache.put(("d", 1), {"a": np.zeros(4)}, lambda c: c)
+        draw_cache.device_copy(again, copy("again"), 1, device_total)
+        assert not draw_cache.device_kept(again)
+    finally:
+        draw_cache.clear()
+        draw_cache.enable(False)
