@@ -170,6 +170,7 @@ fn attempt(id: i64, passed: bool) -> AttemptView {
             message: if passed { "" } else { "wrong answer on w0" }.into(),
             workloads: vec!["w0: 0.50 ms".into()],
             bottleneck: None,
+            bottleneck_class: None,
             speed_of_light: None,
         },
     }

@@ -148,6 +148,7 @@ fn passed(id: i64, score: f64) -> AttemptView {
                  a ridge of 16.6) would be memory-bound at best, 8.0x from here"
                     .into(),
             ),
+            bottleneck_class: Some("latency-bound".into()),
             speed_of_light: Some(0.12),
         },
     }
@@ -169,6 +170,7 @@ fn failed(id: i64) -> AttemptView {
             message: "workload r512c4096: max relative error 3.1e-4 > rtol 1e-4".into(),
             workloads: vec!["r512c4096 (incorrect)".into()],
             bottleneck: None,
+            bottleneck_class: None,
             speed_of_light: None,
         },
     }

@@ -223,23 +223,20 @@ pub fn summarize_result(
             .find(|w| w.workload == name)
             .map(|w| &w.diagnosis)
     };
-    let bottleneck = profile
-        .workloads
-        .iter()
-        .filter(|_| passed)
-        .min_by(|a, b| {
-            a.diagnosis
-                .speed_of_light
-                .total_cmp(&b.diagnosis.speed_of_light)
-        })
-        .and_then(|w| {
-            let first = w.diagnosis.advice.first()?;
-            Some(format!(
-                "{} ({}): {first}",
-                w.workload,
-                w.diagnosis.class.as_str()
-            ))
-        });
+    let furthest = profile.workloads.iter().filter(|_| passed).min_by(|a, b| {
+        a.diagnosis
+            .speed_of_light
+            .total_cmp(&b.diagnosis.speed_of_light)
+    });
+    let bottleneck_class = furthest.map(|w| w.diagnosis.class.as_str().to_string());
+    let bottleneck = furthest.and_then(|w| {
+        let first = w.diagnosis.advice.first()?;
+        Some(format!(
+            "{} ({}): {first}",
+            w.workload,
+            w.diagnosis.class.as_str()
+        ))
+    });
     let medians: Vec<f64> = r
         .workloads
         .iter()
@@ -320,6 +317,7 @@ pub fn summarize_result(
         message,
         workloads,
         bottleneck,
+        bottleneck_class,
         speed_of_light: profile
             .workloads
             .iter()
@@ -380,9 +378,11 @@ mod tests {
             b.starts_with("r512c4096 (latency-bound): 23% of the speed of light"),
             "{b}"
         );
+        assert_eq!(s.bottleneck_class.as_deref(), Some("latency-bound"));
         // A failed kernel gets no bottleneck: there is nothing to speed up yet.
         let failed = summarize_result(&result(false), &softmax(), "cpu");
         assert_eq!((failed.bottleneck, failed.speed_of_light), (None, None));
+        assert_eq!(failed.bottleneck_class, None);
         // The slowest share is what --stop-at-sol compares.
         let sol = s.speed_of_light.unwrap();
         assert!(

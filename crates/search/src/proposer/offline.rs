@@ -84,9 +84,24 @@ impl OfflineProposer {
     }
 
     /// The world-model node for action `a` applied to a kernel with knobs `from` (empty when
-    /// the kernel is not a template setting) whose measured factor is `base_factor`.
-    fn node_patch(&self, a: &CatalogAction, from: &Knobs, base_factor: f64) -> NodePatch {
+    /// the kernel is not a template setting) whose measured factor is `base_factor`, and, where
+    /// known, what bounds that kernel (`bound`: a `ksearch_eval::bottleneck` class name).
+    fn node_patch(
+        &self,
+        a: &CatalogAction,
+        from: &Knobs,
+        base_factor: f64,
+        bound: Option<&str>,
+    ) -> NodePatch {
         let factor = a.expected_factor_from(from);
+        let weighted = bound.and_then(|b| addresses(a, b).map(|share| (b, share)));
+        let notes = match weighted {
+            Some((b, share)) => format!(
+                "catalog prior: ×{factor:.2}; addresses a {b} kernel at {:.0}%",
+                100.0 * share
+            ),
+            None => format!("catalog prior: ×{factor:.2}"),
+        };
         let impact = |rating: f64| ImpactPatch {
             rating: Some(rating),
             ..ImpactPatch::default()
@@ -95,7 +110,7 @@ impl OfflineProposer {
             label: Some(a.id.clone()),
             decision: Some(Some(format!("apply {}?", a.id))),
             choice: Some(Some(a.title.clone())),
-            notes: Some(format!("catalog prior: ×{factor:.2}")),
+            notes: Some(notes),
             overall_rating: Some((5.0_f64 + 2.0 * factor.max(1e-3).log2()).clamp(0.0, 10.0)),
             confidence: Some(0.3),
             impacts: Some(ImpactsPatch {
@@ -108,7 +123,10 @@ impl OfflineProposer {
                 title: Some(a.title.clone()),
                 description: Some(a.rationale.clone()),
                 difficulty: Some(f64::from(a.difficulty)),
-                score: Some(Some(prior_score(a, from))),
+                score: Some(Some(weighted_score(
+                    prior_score(a, from),
+                    weighted.map(|(_, share)| share),
+                ))),
                 expected_vs_baseline_factor: Some(Some((base_factor * factor).max(1e-6))),
                 rationale: Some(a.rationale.clone()),
                 knobs: Some(
@@ -270,6 +288,33 @@ fn prior_score(a: &CatalogAction, from: &Knobs) -> f64 {
     (0.5 + 0.45 * gain - 0.01 * f64::from(a.difficulty.saturating_sub(1))).clamp(0.02, 0.98)
 }
 
+/// How much of a kernel's bottleneck `a` addresses, 0..1, from the catalog's impact ratings
+/// (0-10): memory-bound kernels by its memory-bandwidth impact, compute-bound ones by its
+/// compute-intensity and hardware-fit impact, latency-bound ones (too little parallelism in
+/// flight) by its register-pressure impact, the dimension that decides occupancy. `None` for a
+/// launch-bound kernel or an unknown class: no impact dimension speaks to the cost of a call.
+fn addresses(a: &CatalogAction, bound: &str) -> Option<f64> {
+    let rating = match bound {
+        "memory-bound" => a.impacts.memory_bandwidth,
+        "compute-bound" => a.impacts.compute_intensity_and_hw_fit,
+        "latency-bound" => a.impacts.register_pressure,
+        _ => return None,
+    };
+    Some((rating / 10.0).clamp(0.0, 1.0))
+}
+
+/// How far the bottleneck moves a prior: at most this much up (an action that fully addresses
+/// it) or down (one that does not touch it). The expected factor still decides between
+/// actions far apart (a ×1.5 action against a ×1.05 one); the class reorders near-ties.
+const BOTTLENECK_WEIGHT: f64 = 0.2;
+
+fn weighted_score(prior: f64, share: Option<f64>) -> f64 {
+    match share {
+        Some(s) => (prior + BOTTLENECK_WEIGHT * (s - 0.5)).clamp(0.02, 0.98),
+        None => prior,
+    }
+}
+
 /// The knob settings of the actions on `node`'s path, root first; an action whose knobs are
 /// not a knob setting gives its error in place.
 fn path_action_knobs(wm: &WorldModel, node: &NodeId) -> Vec<Result<Knobs, ProposerError>> {
@@ -382,7 +427,8 @@ impl Proposer for OfflineProposer {
                         .then(|| wm.root_id().clone())
                 });
                 let Some(parent) = parent else { return true };
-                if let Ok(id) = wm.insert_child(&parent, &self.node_patch(a, &Knobs::new(), 1.0), 0)
+                if let Ok(id) =
+                    wm.insert_child(&parent, &self.node_patch(a, &Knobs::new(), 1.0, None), 0)
                 {
                     placed.push((a.id.clone(), id));
                 }
@@ -393,7 +439,7 @@ impl Proposer for OfflineProposer {
                 for a in pending.drain(..) {
                     if let Ok(id) = wm.insert_child(
                         &wm.root_id().clone(),
-                        &self.node_patch(a, &Knobs::new(), 1.0),
+                        &self.node_patch(a, &Knobs::new(), 1.0, None),
                         0,
                     ) {
                         placed.push((a.id.clone(), id));
@@ -430,7 +476,7 @@ impl Proposer for OfflineProposer {
             .map(|a| PatchOp::Insert {
                 parent_id: best.id.clone(),
                 parent_solution_id: None,
-                node: self.node_patch(a, &knobs, factor),
+                node: self.node_patch(a, &knobs, factor, None),
             })
             .collect();
         Ok((!ops.is_empty()).then_some(Edit {
@@ -603,6 +649,8 @@ impl Proposer for OfflineProposer {
             },
         }];
         let knobs = knobs_from(best.knobs.as_ref()).unwrap_or_default();
+        // What bounds the cycle's best kernel weighs the follow-ups (addresses).
+        let bound = best.outcome.bottleneck_class.as_deref();
         ops.extend(
             self.follow_ups(wm, node, &knobs)
                 .into_iter()
@@ -610,7 +658,7 @@ impl Proposer for OfflineProposer {
                 .map(|a| PatchOp::Insert {
                     parent_id: node.clone(),
                     parent_solution_id: None,
-                    node: self.node_patch(a, &knobs, measured),
+                    node: self.node_patch(a, &knobs, measured, bound),
                 }),
         );
         Ok(Some(Edit {
@@ -698,6 +746,50 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("mlx-metal"), "{err}");
+    }
+
+    #[test]
+    fn what_bounds_the_base_kernel_weighs_the_actions_that_address_it() {
+        let c = catalog();
+        let p =
+            OfflineProposer::for_task(&attention_dir(), "attention", "cuda", None, &c, 1).unwrap();
+        let score = |a: &CatalogAction, bound: Option<&str>| {
+            let n = p.node_patch(a, &Knobs::new(), 1.0, bound);
+            let score = n.action.and_then(|x| x.score).flatten().unwrap();
+            (score, n.notes.unwrap())
+        };
+        // One action rated higher for memory than for compute, one the other way round.
+        let memory = p
+            .actions
+            .iter()
+            .find(|a| a.impacts.memory_bandwidth > a.impacts.compute_intensity_and_hw_fit + 2.0)
+            .unwrap();
+        let compute = p
+            .actions
+            .iter()
+            .find(|a| a.impacts.compute_intensity_and_hw_fit > a.impacts.memory_bandwidth + 2.0)
+            .unwrap();
+        let gain = |a: &CatalogAction, bound: &str| score(a, Some(bound)).0 - score(a, None).0;
+        assert!(gain(memory, "memory-bound") > gain(compute, "memory-bound"));
+        assert!(gain(compute, "compute-bound") > gain(memory, "compute-bound"));
+        // The shift is bounded: the catalog's expected factor still decides far-apart priors.
+        for a in [memory, compute] {
+            for b in ["memory-bound", "compute-bound", "latency-bound"] {
+                assert!(
+                    gain(a, b).abs() <= BOTTLENECK_WEIGHT / 2.0 + 1e-9,
+                    "{} {b}",
+                    a.id
+                );
+            }
+        }
+        // A launch-bound or unknown class, or none, leaves the prior as it is.
+        for b in [Some("launch-bound"), Some("bogus"), None] {
+            assert_eq!(score(memory, b).0, score(memory, None).0);
+        }
+        assert!(score(memory, Some("memory-bound"))
+            .1
+            .contains("memory-bound kernel"));
+        assert!(!score(memory, None).1.contains("addresses"));
     }
 
     #[test]
