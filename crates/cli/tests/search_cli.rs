@@ -652,6 +652,59 @@ fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
 }
 
 #[test]
+fn compare_over_two_seeds_on_the_attention_task_takes_medians_over_the_seeds() {
+    // The CI-sized form of a comparison on the other CPU task: two seeds, a small budget.
+    let runs = tempfile::tempdir().unwrap();
+    let mut cmd = ksearch();
+    cmd.args([
+        "compare",
+        "--task",
+        "attention",
+        "--backend",
+        "cpu",
+        "--strategies",
+        "world-model,evolve,best-of-n",
+        "--budget",
+        "2",
+        "--seeds",
+        "2",
+        "--seed",
+        "7",
+        "--timing",
+        "quick",
+        "--no-recheck",
+        "--confirm-rounds",
+        "0",
+        "--json",
+    ])
+    .arg("--runs-dir")
+    .arg(runs.path());
+    let v = succeed_with_json(&mut cmd);
+    let runs_done = v["runs"].as_array().unwrap();
+    assert_eq!(runs_done.len(), 6, "three strategies, two seeds: {v}");
+    let mut seeds: Vec<u64> = runs_done
+        .iter()
+        .map(|r| r["seed"].as_u64().unwrap())
+        .collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    assert_eq!(seeds.len(), 2, "{seeds:?}");
+    for r in runs_done {
+        // The budget counts evaluations of the search: two rounds of one sample each.
+        assert_eq!(r["curve"].as_array().unwrap().len(), 2, "{r}");
+        let store = RunStore::open(&runs.path().join(r["run"].as_str().unwrap())).unwrap();
+        assert_eq!(store.config().task, "attention");
+        assert_eq!(store.config().strategy, r["strategy"].as_str().unwrap());
+    }
+    let rows = v["strategies"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    for row in rows {
+        assert_eq!(row["runs"], 2, "{row}");
+        assert_eq!(row["to_mark"].as_array().unwrap().len(), 3, "{row}");
+    }
+}
+
+#[test]
 fn evolve_settings_that_cannot_make_a_population_are_refused_before_a_run_exists() {
     let runs = tempfile::tempdir().unwrap();
     let out = ksearch()
