@@ -15,7 +15,8 @@
 #
 # Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. KERNEL
 # names the attention variant (gpu/attention/variants.toml). STEPS picks steps (default
-# "eval bench copy"): a call that cannot fit all three in its 600 s runs them in two calls
+# "eval bench copy", run in that order): a call that cannot fit all three in its 600 s runs
+# them in two calls
 # (STEPS="eval", then STEPS="bench copy" with EVAL_JSON pointing at the first call's eval.json,
 # carried back as an untracked file, so the summary has both). KSEARCH_HARNESS_MLX_CLOCK=kernels
 # times mlx calls by their device activity (docs/backends.md, "A device clock for MLX"); the
@@ -35,26 +36,34 @@ F="$WORK/$KERNEL.$EXT"
 python3 gpu/ksearch_render.py attention "$BACKEND" --variants-backend cuda \
     --variants gpu/attention/variants.toml --name "$KERNEL" -o "$F" || exit 2
 
-STEPS=" ${STEPS:-eval bench copy} "
-step() { [[ "$STEPS" == *" $1 "* ]]; }
-if step eval; then
-    started=$SECONDS
-    copies=()
+run_eval() {
+    local started=$SECONDS copies=()
     for _ in $(seq "${EVALS:-5}"); do copies+=("$F"); done
     "$KS" eval --task attention --backend "$BACKEND" --json-lines "${copies[@]}" > "$OUT/eval.json"
     echo "${EVALS:-5} evaluations took $((SECONDS - started)) s"
-elif [ -n "${EVAL_JSON:-}" ]; then
-    cp "$EVAL_JSON" "$OUT/eval.json"
-fi
-if step bench; then
-    started=$SECONDS
+}
+run_bench() {
+    local started=$SECONDS
     "$KS" bench attention --backend "$BACKEND" --kernel "$F" --json > "$OUT/bench.json"
     echo "bench took $((SECONDS - started)) s"
-fi
-if step copy; then
-    started=$SECONDS
-    "$KS" eval --task copy --backend "$BACKEND" --json-lines "$COPY" "$COPY" "$COPY" > "$OUT/copy.json"
+}
+run_copy() {
+    local started=$SECONDS
+    "$KS" eval --task copy --backend "$BACKEND" --json-lines "$COPY" "$COPY" "$COPY" \
+        > "$OUT/copy.json"
     echo "copy calibration took $((SECONDS - started)) s"
+}
+# The steps run in the order STEPS names them (a call that may run out of time puts first what
+# matters most).
+STEPS=${STEPS:-eval bench copy}
+for s in $STEPS; do
+    case "$s" in
+    eval | bench | copy) "run_$s" ;;
+    *) echo "unknown step $s (eval, bench, copy)" >&2; exit 2 ;;
+    esac
+done
+if [[ " $STEPS " != *" eval "* ]] && [ -n "${EVAL_JSON:-}" ]; then
+    cp "$EVAL_JSON" "$OUT/eval.json"
 fi
 
 python3 - "$OUT" "$BACKEND" <<'PY' | tee "$OUT/summary.txt"
