@@ -1442,6 +1442,7 @@ class Evaluation:
                         self._flush()
                         with self.phase("timed_calls"):
                             timed = acc.time_call(bench.fn)
+                        a.check_candidate_clock(timed.parts)
                         cand_timed = timed
                         times[c] = timed.counted_ns
                         snap = self._snapshot(bench)

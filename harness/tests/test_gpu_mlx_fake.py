@@ -340,3 +340,17 @@ def test_without_a_working_profiler_the_kernel_clock_falls_back_to_the_wall_cloc
     clock = r["environment"]["mlx_clock"]
     assert clock["chosen"] == "kernels" and clock["used"] == "wall"
     assert "recorded no device activity" in clock["detail"]
+
+
+def test_a_judge_on_the_kernel_clock_refuses_candidate_times_taken_with_the_wall_clock(
+        tmp_path, fake_mx, monkeypatch):
+    """The judge's baseline on the kernel clock and the accused's candidate on the wall clock
+    (its profiler did not start: CI's accused has no PyTorch) would pair two clocks in one
+    ratio: the evaluation stops with a task error that says so instead."""
+    from ksearch_harness import kernel_clock
+    monkeypatch.setenv(kernel_clock.CLOCK_ENV, "kernels")
+    monkeypatch.setattr(kernel_clock, "CLOCK", kernel_clock.KernelClock(
+        lambda fn, sync: (fn(), [(0, 50_000)])))
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "task_error", (r["status"], r["message"])
+    assert "kernel clock" in r["message"] and "without device activity" in r["message"]

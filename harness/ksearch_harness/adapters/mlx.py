@@ -326,6 +326,13 @@ class MlxAdapter(DeviceAdapter):
             clock.prepare(mx.synchronize, lambda: mx.eval(probe + 1))
         return clock if clock.available else None
 
+    def check_candidate_clock(self, parts: dict[str, int] | None) -> None:
+        if self._device_clock() is not None and not (parts and "device_ns" in parts):
+            raise TaskError(
+                "the judge times with the kernel clock (KSEARCH_HARNESS_MLX_CLOCK=kernels) but "
+                "the accused's timed call came without device activity: its profiler did not "
+                "start there; unset the setting to time both with the wall clock")
+
     def time_call(self, fn: Callable[[], Any]) -> tuple[int, Any]:
         mx = self._mx()
         mx.synchronize()
