@@ -205,8 +205,8 @@ fn brief() -> TaskBrief {
 fn new_engine<'a>(
     cfg: EngineConfig,
     store: RunStore,
-    proposer: &'a ScriptedProposer,
-    eval: &'a FakeEvaluator,
+    proposer: &'a dyn Proposer,
+    eval: &'a dyn CandidateEvaluator,
 ) -> Engine<'a> {
     static POLICY: std::sync::LazyLock<KSearchPolicy> =
         std::sync::LazyLock::new(KSearchPolicy::default);
@@ -1255,4 +1255,108 @@ fn a_run_stops_once_its_best_kernel_reaches_the_speed_of_light_goal() {
         !err.to_string().contains("raise its budget"),
         "a goal met is final, not a budget to raise: {err}"
     );
+}
+
+/// Writes `score=N;...` sources from the step alone: an improve step one point above the
+/// cycle's best (read from its source), so the next round's candidate is known as soon as this
+/// one is written, whichever way its evaluation goes.
+struct AheadProposer {
+    ahead: bool,
+}
+
+impl Proposer for AheadProposer {
+    fn name(&self) -> &str {
+        "ahead"
+    }
+    fn init_world_model(&self, t: &TaskBrief) -> Result<WorldModel, ProposerError> {
+        ScriptedProposer::new(|_, _, _| Ok(String::new())).init_world_model(t)
+    }
+    fn propose(&self, _: &WorldModel, _: u32, _: &[String]) -> Result<Option<Edit>, ProposerError> {
+        Ok(None)
+    }
+    fn writes_ahead(&self) -> bool {
+        self.ahead
+    }
+    fn write_code(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
+        let best = req.cycle_best.map(|b| {
+            let score: f64 = b.source["score=".len()..]
+                .split(';')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            (score, b.candidate_id)
+        });
+        let source = match (req.step, best) {
+            (ksearch_search::proposer::Step::Improve, Some((s, id))) => {
+                format!("score={};improves-{id};r{}", s + 1.0, req.round)
+            }
+            (step, _) => format!("score=2;{step:?};r{}", req.round),
+        };
+        Ok(Proposal {
+            source,
+            knobs: None,
+            note: String::new(),
+        })
+    }
+    fn refine(&self, _: &WorldModel, _: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
+        Ok(None)
+    }
+    fn too_hard(&self, _: &WorldModel, _: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
+        Ok(None)
+    }
+}
+
+/// A FakeEvaluator that logs prebuilds and evaluations in the order they happen.
+struct LoggingEvaluator {
+    inner: FakeEvaluator,
+    log: Mutex<Vec<(bool, String)>>,
+}
+
+impl CandidateEvaluator for LoggingEvaluator {
+    fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
+        self.log.lock().unwrap().push((false, source.to_string()));
+        self.inner.evaluate(source, purpose)
+    }
+    fn prebuild(&self, source: &str) -> bool {
+        self.log.lock().unwrap().push((true, source.to_string()));
+        true
+    }
+    fn summarize(&self, result: &Value) -> OutcomeSummary {
+        self.inner.summarize(result)
+    }
+}
+
+#[test]
+fn a_proposer_that_writes_ahead_has_the_next_rounds_candidate_built_before_it_is_evaluated() {
+    for ahead in [true, false] {
+        let tmp = tempfile::tempdir().unwrap();
+        let proposer = AheadProposer { ahead };
+        let eval = LoggingEvaluator {
+            inner: FakeEvaluator {
+                delay: std::time::Duration::from_millis(20),
+                ..FakeEvaluator::new(None)
+            },
+            log: Mutex::new(Vec::new()),
+        };
+        let engine = new_engine(cfg(4, 4), store(tmp.path()), &proposer, &eval);
+        engine.run(Some("score=1;seed")).unwrap();
+        let log = eval.log.into_inner().unwrap();
+        let evaluated: Vec<&String> = log.iter().filter(|(b, _)| !b).map(|(_, s)| s).collect();
+        // The seed, then one cycle of four attempts that each improve on the last.
+        assert_eq!(evaluated.len(), 5, "{log:?}");
+        for (k, source) in evaluated.iter().enumerate().skip(2) {
+            let built_before = log
+                .iter()
+                .take_while(|(b, s)| *b || s != *source)
+                .any(|(b, s)| *b && s == *source);
+            assert_eq!(built_before, ahead, "evaluation {k}: {source}; {log:?}");
+        }
+        // The last attempt of a capped cycle has no next round to build for.
+        let last = log.iter().rposition(|(b, _)| !b).unwrap();
+        assert!(
+            log[..last].iter().filter(|(b, _)| *b).count() <= 2 * 3,
+            "{log:?}"
+        );
+    }
 }

@@ -100,9 +100,16 @@ fn model_ms(k: &BTreeMap<String, String>) -> (f64, f64) {
 /// Scores a candidate as the harness would: geometric mean of MLX native / candidate.
 struct ModelEvaluator {
     seen: Mutex<Vec<BTreeMap<String, String>>>,
+    /// Sources compiled ahead (`prebuild`), in order.
+    built: Mutex<Vec<String>>,
 }
 
 impl CandidateEvaluator for ModelEvaluator {
+    fn prebuild(&self, source: &str) -> bool {
+        self.built.lock().unwrap().push(source.to_string());
+        true
+    }
+
     fn evaluate(&self, source: &str, _: Purpose) -> Result<Evaluation, EvalFailure> {
         let knobs = knobs_of(source);
         let (nc, c) = model_ms(&knobs);
@@ -156,6 +163,7 @@ fn climb(rounds: u32, cycle_cap: u32, stagnation_window: u32, seed: u64) -> Clim
     .unwrap();
     let eval = ModelEvaluator {
         seen: Mutex::new(Vec::new()),
+        built: Mutex::new(Vec::new()),
     };
     let dir = tempfile::tempdir().unwrap();
     let store = common::store(dir.path(), "offline");
@@ -179,6 +187,30 @@ fn climb(rounds: u32, cycle_cap: u32, stagnation_window: u32, seed: u64) -> Clim
     let engine = Engine::new(cfg, store, &proposer, &eval, &policy, brief, &NoProgress);
     let out = engine.run(Some(&seed_source)).unwrap();
     let store = engine.into_store();
+    // Written ahead: every later attempt of a cycle was compiled while the attempt before it
+    // was evaluated (the offline proposer's candidates are a function of their request).
+    let built = eval.built.into_inner().unwrap();
+    let mut later = 0;
+    for c in store.candidates().unwrap() {
+        if c.kind == ksearch_store::CandidateKind::Attempt && c.attempt >= 2 {
+            later += 1;
+            let source = store.source(&c.source_id).unwrap();
+            assert!(
+                built.contains(&source),
+                "attempt {} of round {} not built ahead",
+                c.attempt,
+                c.round
+            );
+        }
+    }
+    if cycle_cap == 1 {
+        assert!(
+            built.is_empty(),
+            "one attempt per cycle leaves nothing to build ahead"
+        );
+    } else {
+        assert!(later > 0, "no cycle had a second attempt");
+    }
     let mut lineage = Vec::new();
     let mut next = out.best.as_ref().map(|b| b.candidate_id);
     while let Some(id) = next {
@@ -192,6 +224,13 @@ fn climb(rounds: u32, cycle_cap: u32, stagnation_window: u32, seed: u64) -> Clim
         best: out.best.map(|b| b.score).unwrap_or(0.0),
         lineage,
     }
+}
+
+#[test]
+fn with_the_default_cycles_every_later_attempt_is_built_while_the_one_before_is_timed() {
+    // climb() asserts it for every attempt after a cycle's first.
+    let c = climb(12, 4, 3, 1);
+    assert!(c.best > 0.0);
 }
 
 #[test]

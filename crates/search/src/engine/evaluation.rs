@@ -35,6 +35,14 @@ pub struct EvalFailure(pub String);
 pub trait CandidateEvaluator: Sync {
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure>;
 
+    /// Compiles `source` ahead of an evaluation that may come, where that can overlap the
+    /// device's work (a GPU backend: builds run outside its timing lock); returns whether it
+    /// did. It never changes a result: an evaluation of the same source finds the artefact by
+    /// content, and one that never comes leaves only a cached build.
+    fn prebuild(&self, _source: &str) -> bool {
+        false
+    }
+
     /// Summarises a stored result (used when resuming and when building prompts).
     fn summarize(&self, result: &Value) -> OutcomeSummary;
 }
@@ -141,6 +149,31 @@ impl HarnessEvaluator {
 }
 
 impl CandidateEvaluator for HarnessEvaluator {
+    fn prebuild(&self, source: &str) -> bool {
+        let Ok(path) = self.write_source(source) else {
+            return false;
+        };
+        let Ok(req) = EvalRequest::from_task(
+            &self.task,
+            &self.backend,
+            &path,
+            WorkloadSet::Search,
+            self.secret_seed,
+            self.preset,
+        ) else {
+            return false;
+        };
+        // A cpu build would wait for the timing lock (a compiler shares the cores with the
+        // kernel being timed): nothing would overlap.
+        if req.times_on_host() {
+            return false;
+        }
+        if let Err(e) = self.evaluator.build(&req) {
+            tracing::debug!("prebuild of a candidate that may come: {e}");
+        }
+        true
+    }
+
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
         let path = self.write_source(source)?;
         let (set, seed, preset) = match purpose {

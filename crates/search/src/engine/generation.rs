@@ -113,7 +113,7 @@ impl Engine<'_> {
                 sample,
                 node: cycle.node.as_str(),
             };
-            self.produce(at, existing, || match plan {
+            self.produce(at, existing, &|_, _| {}, || match plan {
                 Some(p) => {
                     let req = MutationRequest {
                         round,

@@ -1053,13 +1053,27 @@ impl<'a> Engine<'a> {
             wm: &state.wm,
             known_sources: &known,
         };
-        let outcomes = self.each_sample(|sample| {
-            let req = CodeRequest {
-                sample,
-                ..req.clone()
+        // With one sample per round, the next round's candidate cannot be written before this
+        // one's score is in; a proposer that writes ahead for free lets the candidates that
+        // round could bring (this one improving the cycle's best, or not) compile meanwhile,
+        // in threads the round waits for (docs/search.md, "What overlaps, and what waits").
+        let ahead = !independent && self.cfg.samples <= 1 && self.proposer.writes_ahead();
+        let outcomes = std::thread::scope(|builds| {
+            let write_ahead = |written: &Proposal, id: i64| {
+                if ahead {
+                    for source in self.sources_ahead(&req, written, id) {
+                        builds.spawn(move || self.evaluator.prebuild(&source));
+                    }
+                }
             };
-            let existing = existing.iter().find(|c| c.sample == sample).cloned();
-            self.run_sample(&req, existing, &cycle, independent)
+            self.each_sample(|sample| {
+                let req = CodeRequest {
+                    sample,
+                    ..req.clone()
+                };
+                let existing = existing.iter().find(|c| c.sample == sample).cloned();
+                self.run_sample(&req, existing, &cycle, independent, &write_ahead)
+            })
         })?;
 
         // Process in sample order so the decisions do not depend on which thread finished first.
@@ -1222,13 +1236,63 @@ impl<'a> Engine<'a> {
         })
     }
 
-    /// Writes (unless the store already has it), records and evaluates one sample.
+    /// The sources the next round of this cycle would write after `req`'s candidate
+    /// (`written`, recorded as `id`): if it became the cycle's best, and if it did not. Empty
+    /// when the cycle ends with this attempt (its cap); sources already known are left out.
+    fn sources_ahead(&self, req: &CodeRequest<'_>, written: &Proposal, id: i64) -> Vec<String> {
+        if self.cfg.cycle_cap > 0 && req.attempt >= self.cfg.cycle_cap {
+            return Vec::new();
+        }
+        let sid = SourceId::of(&written.source).as_str().to_string();
+        let mut known = req.known_sources.clone();
+        known.insert(sid.clone());
+        let this = AttemptView {
+            candidate_id: id,
+            source: written.source.clone(),
+            source_id: sid,
+            knobs: written.knobs.clone(),
+            outcome: OutcomeSummary::default(),
+        };
+        let next = CodeRequest {
+            round: req.round + 1,
+            attempt: req.attempt + 1,
+            last: Some(&this),
+            known_sources: &known,
+            ..req.clone()
+        };
+        let improved = CodeRequest {
+            step: Step::Improve,
+            cycle_best: Some(&this),
+            ..next.clone()
+        };
+        let not_improved = CodeRequest {
+            step: match req.cycle_best {
+                Some(_) => Step::Improve,
+                None => Step::Debug,
+            },
+            ..next.clone()
+        };
+        let mut out: Vec<String> = Vec::new();
+        for hypothesis in [improved, not_improved] {
+            if let Ok(p) = self.proposer.write_code(&hypothesis) {
+                let new = SourceId::of(&p.source).as_str().to_string();
+                if p.source != written.source && !known.contains(&new) && !out.contains(&p.source) {
+                    out.push(p.source);
+                }
+            }
+        }
+        out
+    }
+
+    /// Writes (unless the store already has it), records and evaluates one sample;
+    /// `write_ahead` sees a newly written candidate before it is evaluated.
     fn run_sample(
         &self,
         req: &CodeRequest<'_>,
         existing: Option<CandidateRow>,
         cycle: &CycleState,
         independent: bool,
+        write_ahead: &(dyn Fn(&Proposal, i64) + Sync),
     ) -> Result<SampleResult, RoundStop> {
         let at = Slot {
             round: req.round,
@@ -1237,7 +1301,7 @@ impl<'a> Engine<'a> {
             sample: req.sample,
             node: cycle.node.as_str(),
         };
-        self.produce(at, existing, || {
+        self.produce(at, existing, write_ahead, || {
             let written = match independent {
                 true => self.proposer.sample(req),
                 false => self.proposer.write_code(req),
@@ -1259,12 +1323,13 @@ impl<'a> Engine<'a> {
 
     /// One candidate at `at`: the stored one of a resumed round (its evaluation reused when it
     /// has one), else what `write` proposes (with the candidate it was written from), recorded
-    /// before it is linted and evaluated. A proposer failure is a failed attempt with its
-    /// reason, not a crash; a spent budget stops the round.
+    /// before it is linted and evaluated (`on_written` sees it then). A proposer failure is a
+    /// failed attempt with its reason, not a crash; a spent budget stops the round.
     fn produce(
         &self,
         at: Slot<'_>,
         existing: Option<CandidateRow>,
+        on_written: &(dyn Fn(&Proposal, i64) + Sync),
         write: impl FnOnce() -> (Result<Proposal, ProposerError>, Option<i64>),
     ) -> Result<SampleResult, RoundStop> {
         let (id, source) = match existing {
@@ -1316,6 +1381,7 @@ impl<'a> Engine<'a> {
                     at.sample,
                     CandidateKind::Attempt,
                 )?;
+                on_written(&proposal, id);
                 (id, proposal.source)
             }
         };

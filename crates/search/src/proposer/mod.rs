@@ -235,6 +235,13 @@ pub trait Proposer: Send + Sync {
 
     fn write_code(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError>;
 
+    /// Whether `write_code` is free, quick and a function of its request (no model call, no
+    /// budget), so the engine may ask it for a round that has not come yet and compile the
+    /// answer while the current candidate is timed (the offline proposer).
+    fn writes_ahead(&self) -> bool {
+        false
+    }
+
     /// One independent candidate for the best-of-n strategy: `req` is a spec-action request on
     /// the root with no base, history or earlier attempt. A writer of code answers it as any
     /// request; the offline proposer draws a setting of its family at random instead.

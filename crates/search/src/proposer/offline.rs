@@ -387,6 +387,10 @@ fn knobs_to_value(k: &Knobs) -> Value {
 }
 
 impl Proposer for OfflineProposer {
+    fn writes_ahead(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "offline"
     }
