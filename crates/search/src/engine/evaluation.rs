@@ -37,8 +37,8 @@ pub trait CandidateEvaluator: Sync {
 
     /// Compiles `source` ahead of an evaluation that may come, where that can overlap the
     /// device's work (a GPU backend: builds run outside its timing lock); returns whether it
-    /// did. It never changes a result: an evaluation of the same source finds the artefact by
-    /// content, and one that never comes leaves only a cached build.
+    /// built. It never changes a result: an evaluation of the same source finds the artefact
+    /// by content, and one that never comes leaves only a cached build.
     fn prebuild(&self, _source: &str) -> bool {
         false
     }
@@ -168,10 +168,13 @@ impl CandidateEvaluator for HarnessEvaluator {
         if req.times_on_host() {
             return false;
         }
-        if let Err(e) = self.evaluator.build(&req) {
-            tracing::debug!("prebuild of a candidate that may come: {e}");
+        match self.evaluator.build(&req) {
+            Ok(r) => r.status == ksearch_eval::Status::Passed,
+            Err(e) => {
+                tracing::debug!("prebuild of a candidate that may come: {e}");
+                false
+            }
         }
-        true
     }
 
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {

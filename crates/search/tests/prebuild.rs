@@ -1,0 +1,69 @@
+//! The harness evaluator's prebuild: a GPU candidate compiles ahead of its evaluation (here
+//! nvcc, which CI has without a GPU); a cpu candidate does not, since its build would wait
+//! for the timing lock anyway.
+
+use std::path::{Path, PathBuf};
+
+use ksearch_eval::{Evaluator, EvaluatorConfig, TimingPreset};
+use ksearch_search::engine::evaluation::HarnessEvaluator;
+use ksearch_search::engine::CandidateEvaluator;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn evaluator(backend: &str, ext: &str, work: &Path) -> HarnessEvaluator {
+    let python = std::env::var_os("KSEARCH_TEST_PYTHON").map(PathBuf::from);
+    if python.is_none() && std::env::var_os("KSEARCH_CACHE_DIR").is_none() {
+        std::env::set_var(
+            "KSEARCH_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("ksearch-cache"),
+        );
+    }
+    std::env::set_var("KSEARCH_ROOT", root());
+    let ev = Evaluator::new(EvaluatorConfig {
+        python,
+        ..EvaluatorConfig::default()
+    })
+    .unwrap_or_else(|e| panic!("no evaluation environment: {e}"));
+    let task = ksearch_task::load_task(&root().join("tasks/copy")).unwrap();
+    HarnessEvaluator::new(
+        ev,
+        task,
+        backend,
+        7,
+        TimingPreset::Quick,
+        work.to_path_buf(),
+        ext,
+    )
+}
+
+#[test]
+fn a_gpu_candidate_is_built_ahead_and_a_cpu_one_is_not() {
+    let work = tempfile::tempdir().unwrap();
+    let cpu = evaluator("cpu", "c", work.path());
+    let naive = std::fs::read_to_string(root().join("tasks/copy/seed/naive.c")).unwrap();
+    assert!(!cpu.prebuild(&naive));
+    let cuda = evaluator("cuda", "cu", work.path());
+    let seed = std::fs::read_to_string(root().join("tasks/copy/seed/copy.cu")).unwrap();
+    // The harness looks for nvcc on PATH, under $CUDA_HOME and in its interpreter's
+    // site-packages; ask it, with the interpreter the evaluator runs.
+    let Some(python) = std::env::var_os("KSEARCH_TEST_PYTHON") else {
+        eprintln!("KSEARCH_TEST_PYTHON unset: the cuda half is left out");
+        return;
+    };
+    let found = std::process::Command::new(python)
+        .args([
+            "-c",
+            "from ksearch_harness.adapters.cuda import find_nvcc; print(find_nvcc() or '')",
+        ])
+        .env("PYTHONPATH", root().join("harness"))
+        .output()
+        .unwrap();
+    let nvcc = !String::from_utf8_lossy(&found.stdout).trim().is_empty();
+    assert_eq!(cuda.prebuild(&seed), nvcc, "nvcc found: {nvcc}");
+    // Source that does not compile is not reported as built.
+    if nvcc {
+        assert!(!cuda.prebuild("this is not CUDA"));
+    }
+}
