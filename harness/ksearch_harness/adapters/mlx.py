@@ -424,13 +424,22 @@ class MlxAdapter(DeviceAdapter):
 
 
 def _evaluated(mx: Any, value: Any) -> Any:
-    """Forces every MLX array in a task function's result (a dict of arrays, possibly wrapped
-    for a later host copy), so the timed region covers the work and not only the graph."""
+    """Forces every MLX array in a call's result (a task function's dict of arrays, possibly
+    wrapped for a later host copy; a bare array or a list or tuple of them, as `ksearch
+    bench`'s natives return), so the timed region covers the work and not only the graph. A
+    bare array left unevaluated made the bench time MLX's attention at 0.054 ms for 137 GFLOP
+    on the H200 (docs/results/scores, mlx run 3): the graph was built in the timed region and
+    computed later, by the check."""
     if isinstance(value, dict):
-        arrays = [v.value if isinstance(v, HostLater) else v for v in value.values()]
-        arrays = [a for a in arrays if type(a) is mx.array]
-        if arrays:
-            mx.eval(*arrays)
+        items = list(value.values())
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        items = [value]
+    arrays = [v.value if isinstance(v, HostLater) else v for v in items]
+    arrays = [a for a in arrays if type(a) is mx.array]
+    if arrays:
+        mx.eval(*arrays)
     return value
 
 
