@@ -2,9 +2,9 @@
 the kernels and copies it ran.
 
 MLX exposes no CUDA events on its streams, so the mlx adapter times a call with the wall clock
-around the call, `mx.eval` and `mx.synchronize()`. On the H200 that figure was not the work's:
-MLX's own attention read 0.054 ms for 137 GFLOP (docs/results/scores, mlx run 3), and a
-contender's calls varied by a factor of 2-3 from one repetition to the next. This clock asks
+around the call, `mx.eval` and `mx.synchronize()`. On the H200 a contender's calls timed that
+way varied by a factor of 2-3 from one repetition to the next, and the copy calibration read
+0.27-0.30 where 1.00 is right (docs/results/scores, mlx run 3). This clock asks
 the driver instead: CUDA activity recorded by PyTorch's profiler (CUPTI, as the kernel audit
 records which kernels ran), and a call's device time is the span from the start of its first
 device activity to the end of its last. The host time of the call is reported beside it, so the
