@@ -166,6 +166,9 @@ def test_seeds_pass_the_static_checks():
         assert findings == [], (backend, findings)
     mlx_seed = (HERE / BACKENDS["mlx"]["seed"]).read_text()
     assert static_checks.kernel_dialects(mlx_seed) == {"cuda"}
+    # The like-for-like mlx calibration candidate (the baseline's own call) passes them too.
+    native = (HERE / "calibration" / "copy_mlx_native.py").read_text()
+    assert static_checks.check_source(native, _forbidden("mlx"), "python") == []
     # A candidate that calls the mlx baseline or reference by name is a reference_call.
     for name in ("baseline_mlx_copy", "reference_mlx"):
         bad = mlx_seed + f"\n\ndef other(*, x, n):\n    return {name}(x)\n"
@@ -334,6 +337,32 @@ def test_mlx_baseline_makes_a_new_buffer():
     mx.synchronize()
     assert mx.get_active_memory() - before >= 4 * n
     assert np.asarray(y).tobytes() == x.tobytes()
+
+
+def test_the_mlx_calibration_candidate_makes_the_baselines_copy():
+    """calibration/copy_mlx_native.py returns what the baseline returns, computed the same way
+    (a new buffer holding x), and the task allows the kernel that does it."""
+    mx = pytest.importorskip("mlx.core")
+    import importlib.util
+
+    from ksearch_harness.adapters import device
+
+    spec = importlib.util.spec_from_file_location(
+        "copy_mlx_native", HERE / "calibration" / "copy_mlx_native.py")
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)
+    n = 1 << 20
+    x = draw(n, np.float32, 3)
+    a = device.mlx_inputs({"x": x}, {"n": n})["x"]
+    mx.eval(a)
+    mx.synchronize()
+    before = mx.get_active_memory()
+    y = native.copy(x=a, n=n)
+    mx.eval(y)
+    mx.synchronize()
+    assert mx.get_active_memory() - before >= 4 * n
+    assert np.asarray(y).tobytes() == x.tobytes()
+    assert BACKENDS["mlx"]["allowed_kernels"] == ["mlx::core::cu::copy_v<"]
 
 
 def test_torch_baseline_copies_on_the_device():

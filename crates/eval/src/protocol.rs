@@ -297,6 +297,9 @@ pub struct TaskSection {
     pub entry: EntrySpec,
     #[serde(default)]
     pub forbidden: Vec<String>,
+    /// Library kernels a GPU candidate may run besides its own (the harness's kernel audit).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_kernels: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -224,6 +224,7 @@ impl EvalRequest {
                     args: spec.args.clone(),
                 },
                 forbidden: spec.forbidden.clone(),
+                allowed_kernels: spec.allowed_kernels.clone(),
             },
             backend: backend.to_string(),
             device: device_for(
@@ -462,6 +463,31 @@ mod tests {
         assert_eq!(cpu.timeout, DEFAULT_TIMEOUT);
         assert_eq!(cpu.device, None);
         assert_eq!(cpu.device_key(), "cpu");
+    }
+
+    #[test]
+    fn a_tasks_allowed_library_kernels_travel_with_its_request() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks/copy");
+        let task = ksearch_task::load_task(&root).unwrap();
+        let wire = |backend: &str| {
+            let seed = task.backend(backend).unwrap().seed.clone().unwrap();
+            EvalRequest::from_task(
+                &task,
+                backend,
+                &seed,
+                WorkloadSet::Search,
+                1,
+                TimingPreset::Quick,
+            )
+            .unwrap()
+            .to_wire("evaluate", "n", Path::new("/b"))
+        };
+        assert_eq!(
+            wire("mlx")["task"]["allowed_kernels"],
+            serde_json::json!(["mlx::core::cu::copy_v<"])
+        );
+        // None given: none sent (the harness's own defaults apply).
+        assert!(wire("cuda")["task"].get("allowed_kernels").is_none());
     }
 
     #[test]

@@ -82,6 +82,7 @@ impl Fixture {
                     args: vec!["x".into(), "n".into()],
                 },
                 forbidden: vec![],
+                allowed_kernels: vec![],
             },
             backend: "cpu".into(),
             device: None,

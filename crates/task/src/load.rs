@@ -1051,6 +1051,14 @@ impl Checker<'_, '_> {
                     forbidden.push(f.clone());
                 }
             }
+            for (i, k) in b.allowed_kernels.iter().enumerate() {
+                if k.trim().is_empty() {
+                    return Err(self.err(
+                        &path.key("allowed_kernels").index(i),
+                        "an empty pattern would allow every kernel",
+                    ));
+                }
+            }
             let mut assume = BTreeMap::new();
             for (axis, raw) in b.assume {
                 let p = path.key("assume").key(&axis);
@@ -1085,6 +1093,7 @@ impl Checker<'_, '_> {
                     reference: b.reference,
                     baseline: b.baseline,
                     forbidden,
+                    allowed_kernels: b.allowed_kernels,
                     assume,
                 },
             );

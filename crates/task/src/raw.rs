@@ -139,6 +139,9 @@ pub(crate) struct RawBackend {
     pub baseline: Option<String>,
     #[serde(default)]
     pub forbidden: Vec<String>,
+    /// Library kernels (patterns of their names) a GPU candidate may run besides its own.
+    #[serde(default)]
+    pub allowed_kernels: Vec<String>,
     /// What kernels of this backend may assume about int axes, on top of `[axes.<NAME>]`.
     #[serde(default)]
     pub assume: BTreeMap<String, RawAssume>,

@@ -438,6 +438,12 @@ pub struct BackendSpec {
     /// Identifiers a candidate must not mention (always includes the reference and baseline
     /// functions).
     pub forbidden: Vec<String>,
+    /// Library kernels a candidate of this GPU backend may run besides its own, as regular
+    /// expressions searched in the kernel names the harness records (its kernel audit); the
+    /// backend's copies and fills are always allowed. For tasks whose operation is a library
+    /// one, such as the `copy` calibration task's MLX copy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_kernels: Vec<String>,
     /// What kernels of this backend may assume about int axes, by axis name, on top of the
     /// axis's own assumption (`[backends.<b>.assume.<NAME>]`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -100,6 +100,15 @@ fn copy_is_a_calibration_task_on_every_backend() {
         })
         .collect();
     assert_eq!(labels, ["numpy", "torch_copy", "mlx_copy"]);
+    // On mlx a candidate may run MLX's own copy kernel, as the baseline does; nowhere else.
+    let allowed: Vec<_> = ["cpu", "cuda", "mlx"]
+        .iter()
+        .map(|b| task.backend(b).unwrap().allowed_kernels.clone())
+        .collect();
+    assert_eq!(
+        allowed,
+        [vec![], vec![], vec!["mlx::core::cu::copy_v<".to_string()]]
+    );
     // The cpu workloads leave the dtype axis at its default, so the harness sees only `n`.
     for w in task.workloads("cpu").unwrap() {
         assert_eq!(w.params.len(), 1, "{}", w.name);

@@ -115,6 +115,7 @@ malformed! {
     signature_without_entry => fixture().replace("entry = \"softmax_f32\"", "entry = \"softmax\"");
     seed_file_missing => fixture().replace("seed = \"seed/naive.c\"", "seed = \"seed/fast.c\"");
     baseline_not_defined => fixture().replace("baseline = \"baseline_numpy\"", "baseline = \"baseline_torch\"");
+    empty_allowed_kernel => fixture().replace("baseline = \"baseline_numpy\"", "baseline = \"baseline_numpy\"\nallowed_kernels = [\"copy_v\", \" \"]");
     unknown_backend_table => fixture().replace("[backends.cpu]", "[backends.gpu]");
     no_backends => fixture().replace(&TASK[TASK.find("[backends.cpu]").unwrap()..], "");
     no_workloads => fixture()
