@@ -345,7 +345,8 @@ def _prepare_device(backend: str, audit: bool = True) -> None:
             # lock-down as the audit does.
             from . import kernel_clock
             if kernel_clock.chosen() == "kernels":
-                kernel_clock.CLOCK.prepare(mx.synchronize, lambda: mx.eval(probe + 1))
+                from .adapters.mlx import prepare_device_clock
+                prepare_device_clock(mx)
     import numpy  # noqa: F401 - every backend's buffers are numpy views of the arena
 
 

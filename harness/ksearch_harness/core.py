@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -1863,8 +1864,10 @@ def _device_copy(stored: np.ndarray, spec: Any) -> Any:
     return torch_from_host(stored, spec.dtype).view(torch_bits_dtype(stored.dtype.itemsize))
 
 
+@functools.cache
 def _device_total_bytes() -> int:
-    """The judge's device's memory (what the device copies' budget is a share of)."""
+    """The judge's device's memory (what the device copies' budget is a share of); a judge
+    process has one device, so it is asked once."""
     import torch
     return int(getattr(torch.cuda.get_device_properties(0), "total_memory", 0) or 0)
 

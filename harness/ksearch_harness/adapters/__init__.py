@@ -120,11 +120,6 @@ class Adapter(abc.ABC):
     # What the last time_call was made of, where the backend knows (cuda: `device_ns` and
     # `host_ns`; see charged_ns); None elsewhere.
     last_parts: dict[str, int] | None = None
-
-    def check_candidate_clock(self, parts: dict[str, int] | None) -> None:
-        """Called with the parts of each of the candidate's timed calls (made in the accused):
-        raises where they were not taken with the clock this judge times its own calls with,
-        so that a ratio never pairs two different clocks."""
     # Whether the core calls `prime` before every timed call (see there).
     primes_before_timing = False
     # What a candidate's timed calls are paired with, for tasks with a baseline: the baseline
@@ -137,6 +132,11 @@ class Adapter(abc.ABC):
     # Whether timed reference and baseline calls read device copies of the inputs that the
     # judge uploads with every input set (GPU backends; see adapters/device.py).
     stages_reference_inputs = False
+
+    def check_candidate_clock(self, parts: dict[str, int] | None) -> None:
+        """Called with the parts of each of the candidate's timed calls (made in the accused):
+        raises where they were not taken with the clock this judge times its own calls with,
+        so that a ratio never pairs two different clocks."""
 
     def open_device(self) -> None:
         """Readies the judge's own use of the device (streams, events) for timing reference and
