@@ -1307,9 +1307,11 @@ impl Proposer for AheadProposer {
     }
 }
 
-/// A FakeEvaluator that logs prebuilds and evaluations in the order they happen.
+/// A FakeEvaluator that logs prebuilds and evaluations in the order they happen; it can
+/// prebuild when `prebuilds` says so.
 struct LoggingEvaluator {
     inner: FakeEvaluator,
+    prebuilds: bool,
     log: Mutex<Vec<(bool, String)>>,
 }
 
@@ -1317,6 +1319,9 @@ impl CandidateEvaluator for LoggingEvaluator {
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
         self.log.lock().unwrap().push((false, source.to_string()));
         self.inner.evaluate(source, purpose)
+    }
+    fn prebuilds(&self) -> bool {
+        self.prebuilds
     }
     fn prebuild(&self, source: &str) -> bool {
         self.log.lock().unwrap().push((true, source.to_string()));
@@ -1329,7 +1334,9 @@ impl CandidateEvaluator for LoggingEvaluator {
 
 #[test]
 fn a_proposer_that_writes_ahead_has_the_next_rounds_candidate_built_before_it_is_evaluated() {
-    for ahead in [true, false] {
+    // A proposer that writes ahead, one that does not, and an evaluator that cannot prebuild
+    // (a cpu backend's): only the first pair builds ahead.
+    for (ahead, prebuilds) in [(true, true), (false, true), (true, false)] {
         let tmp = tempfile::tempdir().unwrap();
         let proposer = AheadProposer { ahead };
         let eval = LoggingEvaluator {
@@ -1337,6 +1344,7 @@ fn a_proposer_that_writes_ahead_has_the_next_rounds_candidate_built_before_it_is
                 delay: std::time::Duration::from_millis(20),
                 ..FakeEvaluator::new(None)
             },
+            prebuilds,
             log: Mutex::new(Vec::new()),
         };
         let engine = new_engine(cfg(4, 4), store(tmp.path()), &proposer, &eval);
@@ -1350,7 +1358,11 @@ fn a_proposer_that_writes_ahead_has_the_next_rounds_candidate_built_before_it_is
                 .iter()
                 .take_while(|(b, s)| *b || s != *source)
                 .any(|(b, s)| *b && s == *source);
-            assert_eq!(built_before, ahead, "evaluation {k}: {source}; {log:?}");
+            assert_eq!(
+                built_before,
+                ahead && prebuilds,
+                "evaluation {k}: {source}; {log:?}"
+            );
         }
         // The last attempt of a capped cycle has no next round to build for.
         let last = log.iter().rposition(|(b, _)| !b).unwrap();

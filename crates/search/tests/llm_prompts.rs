@@ -148,7 +148,7 @@ fn passed(id: i64, score: f64) -> AttemptView {
                  a ridge of 16.6) would be memory-bound at best, 8.0x from here"
                     .into(),
             ),
-            bottleneck_class: Some("latency-bound".into()),
+            bottleneck_class: Some(ksearch_eval::bottleneck::Bottleneck::Latency),
             speed_of_light: Some(0.12),
         },
     }

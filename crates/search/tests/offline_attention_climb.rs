@@ -105,6 +105,10 @@ struct ModelEvaluator {
 }
 
 impl CandidateEvaluator for ModelEvaluator {
+    fn prebuilds(&self) -> bool {
+        true
+    }
+
     fn prebuild(&self, source: &str) -> bool {
         self.built.lock().unwrap().push(source.to_string());
         true
@@ -130,7 +134,7 @@ impl CandidateEvaluator for ModelEvaluator {
             // What the roofline interpretation makes of every kernel of this ladder on the
             // H200 (at most about a third of the tensor roof, well below its 60% mark), so
             // the proposer's follow-ups are weighed as in a real run.
-            bottleneck_class: Some("latency-bound".into()),
+            bottleneck_class: Some(ksearch_eval::bottleneck::Bottleneck::Latency),
             ..OutcomeSummary::default()
         }
     }

@@ -35,10 +35,15 @@ pub struct EvalFailure(pub String);
 pub trait CandidateEvaluator: Sync {
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure>;
 
-    /// Compiles `source` ahead of an evaluation that may come, where that can overlap the
-    /// device's work (a GPU backend: builds run outside its timing lock); returns whether it
-    /// built. It never changes a result: an evaluation of the same source finds the artefact
-    /// by content, and one that never comes leaves only a cached build.
+    /// Whether `prebuild` can overlap the device's work here (a GPU backend: builds run
+    /// outside its timing lock); where it cannot, nothing is worth writing ahead for it.
+    fn prebuilds(&self) -> bool {
+        false
+    }
+
+    /// Compiles `source` ahead of an evaluation that may come (see `prebuilds`); returns
+    /// whether it built. It never changes a result: an evaluation of the same source finds
+    /// the artefact by content, and one that never comes leaves only a cached build.
     fn prebuild(&self, _source: &str) -> bool {
         false
     }
@@ -149,7 +154,16 @@ impl HarnessEvaluator {
 }
 
 impl CandidateEvaluator for HarnessEvaluator {
+    /// A cpu build waits for the timing lock (a compiler shares the cores with the kernel
+    /// being timed), so only a GPU backend's build overlaps an evaluation.
+    fn prebuilds(&self) -> bool {
+        ksearch_eval::is_gpu_backend(&self.backend)
+    }
+
     fn prebuild(&self, source: &str) -> bool {
+        if !self.prebuilds() {
+            return false;
+        }
         let Ok(path) = self.write_source(source) else {
             return false;
         };
@@ -163,11 +177,6 @@ impl CandidateEvaluator for HarnessEvaluator {
         ) else {
             return false;
         };
-        // A cpu build would wait for the timing lock (a compiler shares the cores with the
-        // kernel being timed): nothing would overlap.
-        if req.times_on_host() {
-            return false;
-        }
         match self.evaluator.build(&req) {
             Ok(r) => r.status == ksearch_eval::Status::Passed,
             Err(e) => {
@@ -264,7 +273,7 @@ pub fn summarize_result(
             .speed_of_light
             .total_cmp(&b.diagnosis.speed_of_light)
     });
-    let bottleneck_class = furthest.map(|w| w.diagnosis.class.as_str().to_string());
+    let bottleneck_class = furthest.map(|w| w.diagnosis.class);
     let bottleneck = furthest.and_then(|w| {
         let first = w.diagnosis.advice.first()?;
         Some(format!(
@@ -366,6 +375,7 @@ pub fn summarize_result(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ksearch_eval::bottleneck::Bottleneck;
 
     fn softmax() -> ksearch_task::Task {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks/softmax");
@@ -414,7 +424,7 @@ mod tests {
             b.starts_with("r512c4096 (latency-bound): 23% of the speed of light"),
             "{b}"
         );
-        assert_eq!(s.bottleneck_class.as_deref(), Some("latency-bound"));
+        assert_eq!(s.bottleneck_class, Some(Bottleneck::Latency));
         // A failed kernel gets no bottleneck: there is nothing to speed up yet.
         let failed = summarize_result(&result(false), &softmax(), "cpu");
         assert_eq!((failed.bottleneck, failed.speed_of_light), (None, None));

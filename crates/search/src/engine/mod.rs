@@ -1057,7 +1057,10 @@ impl<'a> Engine<'a> {
         // one's score is in; a proposer that writes ahead for free lets the candidates that
         // round could bring (this one improving the cycle's best, or not) compile meanwhile,
         // in threads the round waits for (docs/search.md, "What overlaps, and what waits").
-        let ahead = !independent && self.cfg.samples <= 1 && self.proposer.writes_ahead();
+        let ahead = !independent
+            && self.cfg.samples <= 1
+            && self.proposer.writes_ahead()
+            && self.evaluator.prebuilds();
         let outcomes = std::thread::scope(|builds| {
             let write_ahead = |written: &Proposal, id: i64| {
                 if ahead {

@@ -66,11 +66,10 @@ pub struct OutcomeSummary {
     /// (`ksearch_eval::bottleneck`); `None` when nothing was timed or for old results.
     #[serde(default)]
     pub bottleneck: Option<String>,
-    /// The class of that bottleneck (`memory-bound`, `compute-bound`, `latency-bound`,
-    /// `launch-bound`: `ksearch_eval::bottleneck::Bottleneck`), for proposers that weigh their
-    /// options by it; `None` as for `bottleneck`.
+    /// The class of that bottleneck, for proposers that weigh their options by it; `None` as
+    /// for `bottleneck`.
     #[serde(default)]
-    pub bottleneck_class: Option<String>,
+    pub bottleneck_class: Option<ksearch_eval::bottleneck::Bottleneck>,
     /// The smallest fraction of the speed of light over the timed workloads of a passing
     /// kernel (`ksearch_eval::bottleneck`); what `--stop-at-sol` compares.
     #[serde(default)]

@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
+use ksearch_eval::bottleneck::Bottleneck;
 use ksearch_knowledge::templates::{format_knobs, Knobs, TemplateFamily};
 use ksearch_knowledge::{Action as CatalogAction, Catalog};
 
@@ -85,19 +86,20 @@ impl OfflineProposer {
 
     /// The world-model node for action `a` applied to a kernel with knobs `from` (empty when
     /// the kernel is not a template setting) whose measured factor is `base_factor`, and, where
-    /// known, what bounds that kernel (`bound`: a `ksearch_eval::bottleneck` class name).
+    /// known, what bounds that kernel.
     fn node_patch(
         &self,
         a: &CatalogAction,
         from: &Knobs,
         base_factor: f64,
-        bound: Option<&str>,
+        bound: Option<Bottleneck>,
     ) -> NodePatch {
         let factor = a.expected_factor_from(from);
         let weighted = bound.and_then(|b| addresses(a, b).map(|share| (b, share)));
         let notes = match weighted {
             Some((b, share)) => format!(
-                "catalog prior: ×{factor:.2}; addresses a {b} kernel at {:.0}%",
+                "catalog prior: ×{factor:.2}; addresses a {} kernel at {:.0}%",
+                b.as_str(),
                 100.0 * share
             ),
             None => format!("catalog prior: ×{factor:.2}"),
@@ -292,13 +294,13 @@ fn prior_score(a: &CatalogAction, from: &Knobs) -> f64 {
 /// (0-10): memory-bound kernels by its memory-bandwidth impact, compute-bound ones by its
 /// compute-intensity and hardware-fit impact, latency-bound ones (too little parallelism in
 /// flight) by its register-pressure impact, the dimension that decides occupancy. `None` for a
-/// launch-bound kernel or an unknown class: no impact dimension speaks to the cost of a call.
-fn addresses(a: &CatalogAction, bound: &str) -> Option<f64> {
+/// launch-bound kernel: no impact dimension speaks to the cost of a call.
+fn addresses(a: &CatalogAction, bound: Bottleneck) -> Option<f64> {
     let rating = match bound {
-        "memory-bound" => a.impacts.memory_bandwidth,
-        "compute-bound" => a.impacts.compute_intensity_and_hw_fit,
-        "latency-bound" => a.impacts.register_pressure,
-        _ => return None,
+        Bottleneck::Memory => a.impacts.memory_bandwidth,
+        Bottleneck::Compute => a.impacts.compute_intensity_and_hw_fit,
+        Bottleneck::Latency => a.impacts.register_pressure,
+        Bottleneck::Launch => return None,
     };
     Some((rating / 10.0).clamp(0.0, 1.0))
 }
@@ -654,7 +656,7 @@ impl Proposer for OfflineProposer {
         }];
         let knobs = knobs_from(best.knobs.as_ref()).unwrap_or_default();
         // What bounds the cycle's best kernel weighs the follow-ups (addresses).
-        let bound = best.outcome.bottleneck_class.as_deref();
+        let bound = best.outcome.bottleneck_class;
         ops.extend(
             self.follow_ups(wm, node, &knobs)
                 .into_iter()
@@ -757,7 +759,7 @@ mod tests {
         let c = catalog();
         let p =
             OfflineProposer::for_task(&attention_dir(), "attention", "cuda", None, &c, 1).unwrap();
-        let score = |a: &CatalogAction, bound: Option<&str>| {
+        let score = |a: &CatalogAction, bound: Option<Bottleneck>| {
             let n = p.node_patch(a, &Knobs::new(), 1.0, bound);
             let score = n.action.and_then(|x| x.score).flatten().unwrap();
             (score, n.notes.unwrap())
@@ -773,24 +775,27 @@ mod tests {
             .iter()
             .find(|a| a.impacts.compute_intensity_and_hw_fit > a.impacts.memory_bandwidth + 2.0)
             .unwrap();
-        let gain = |a: &CatalogAction, bound: &str| score(a, Some(bound)).0 - score(a, None).0;
-        assert!(gain(memory, "memory-bound") > gain(compute, "memory-bound"));
-        assert!(gain(compute, "compute-bound") > gain(memory, "compute-bound"));
+        let gain =
+            |a: &CatalogAction, bound: Bottleneck| score(a, Some(bound)).0 - score(a, None).0;
+        assert!(gain(memory, Bottleneck::Memory) > gain(compute, Bottleneck::Memory));
+        assert!(gain(compute, Bottleneck::Compute) > gain(memory, Bottleneck::Compute));
         // The shift is bounded: the catalog's expected factor still decides far-apart priors.
         for a in [memory, compute] {
-            for b in ["memory-bound", "compute-bound", "latency-bound"] {
+            for b in [Bottleneck::Memory, Bottleneck::Compute, Bottleneck::Latency] {
                 assert!(
                     gain(a, b).abs() <= BOTTLENECK_WEIGHT / 2.0 + 1e-9,
-                    "{} {b}",
-                    a.id
+                    "{} {}",
+                    a.id,
+                    b.as_str()
                 );
             }
         }
-        // A launch-bound or unknown class, or none, leaves the prior as it is.
-        for b in [Some("launch-bound"), Some("bogus"), None] {
+        // A launch-bound class, or none, leaves the prior as it is (the class is typed: an
+        // unknown one cannot reach the proposer).
+        for b in [Some(Bottleneck::Launch), None] {
             assert_eq!(score(memory, b).0, score(memory, None).0);
         }
-        assert!(score(memory, Some("memory-bound"))
+        assert!(score(memory, Some(Bottleneck::Memory))
             .1
             .contains("memory-bound kernel"));
         assert!(!score(memory, None).1.contains("addresses"));
