@@ -5,15 +5,9 @@
 //! Needs Python 3 with numpy, like the CLI tests: `KSEARCH_TEST_PYTHON`, else the managed
 //! environment cached under `target/` (`KSEARCH_CACHE_DIR`).
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use ksearch_eval::{Evaluator, EvaluatorConfig, TimingPreset};
-use ksearch_search::engine::evaluation::HarnessEvaluator;
 use ksearch_search::engine::{CandidateEvaluator, Purpose};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Exact as long as exp() stays in range, i.e. for logits below about 88.
 const NO_MAX_SUBTRACTION: &str = r#"
@@ -39,30 +33,8 @@ void softmax_f32(const float* x, float* y, int64_t rows, int64_t cols) {
 #[test]
 fn the_large_logits_assertion_rejects_a_softmax_without_max_subtraction() {
     // One test in this binary, so setting the process environment cannot race another test.
-    let python = std::env::var_os("KSEARCH_TEST_PYTHON").map(PathBuf::from);
-    if python.is_none() && std::env::var_os("KSEARCH_CACHE_DIR").is_none() {
-        std::env::set_var(
-            "KSEARCH_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("ksearch-cache"),
-        );
-    }
-    std::env::set_var("KSEARCH_ROOT", root());
-    let evaluator = Evaluator::new(EvaluatorConfig {
-        python,
-        ..EvaluatorConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("no evaluation environment: {e}"));
-    let task = ksearch_task::load_task(&root().join("tasks/softmax")).unwrap();
     let work = tempfile::tempdir().unwrap();
-    let eval = HarnessEvaluator::new(
-        evaluator,
-        task,
-        "cpu",
-        1234,
-        TimingPreset::Quick,
-        work.path().to_path_buf(),
-        "c",
-    );
+    let eval = common::harness_evaluator("softmax", "cpu", 1234, "c", work.path());
 
     let search = eval.evaluate(NO_MAX_SUBTRACTION, Purpose::Search).unwrap();
     assert!(search.summary.passed, "{:#}", search.result);

@@ -2,49 +2,19 @@
 //! nvcc, which CI has without a GPU); a cpu candidate does not, since its build would wait
 //! for the timing lock anyway.
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use ksearch_eval::{Evaluator, EvaluatorConfig, TimingPreset};
-use ksearch_search::engine::evaluation::HarnessEvaluator;
+use common::{harness_evaluator, workspace_root as root};
 use ksearch_search::engine::CandidateEvaluator;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn evaluator(backend: &str, ext: &str, work: &Path) -> HarnessEvaluator {
-    let python = std::env::var_os("KSEARCH_TEST_PYTHON").map(PathBuf::from);
-    if python.is_none() && std::env::var_os("KSEARCH_CACHE_DIR").is_none() {
-        std::env::set_var(
-            "KSEARCH_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("ksearch-cache"),
-        );
-    }
-    std::env::set_var("KSEARCH_ROOT", root());
-    let ev = Evaluator::new(EvaluatorConfig {
-        python,
-        ..EvaluatorConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("no evaluation environment: {e}"));
-    let task = ksearch_task::load_task(&root().join("tasks/copy")).unwrap();
-    HarnessEvaluator::new(
-        ev,
-        task,
-        backend,
-        7,
-        TimingPreset::Quick,
-        work.to_path_buf(),
-        ext,
-    )
-}
 
 #[test]
 fn a_gpu_candidate_is_built_ahead_and_a_cpu_one_is_not() {
     let work = tempfile::tempdir().unwrap();
-    let cpu = evaluator("cpu", "c", work.path());
+    let cpu = harness_evaluator("copy", "cpu", 7, "c", work.path());
     let naive = std::fs::read_to_string(root().join("tasks/copy/seed/naive.c")).unwrap();
     assert!(!cpu.prebuild(&naive));
-    let cuda = evaluator("cuda", "cu", work.path());
+    let cuda = harness_evaluator("copy", "cuda", 7, "cu", work.path());
+    assert!(!cpu.prebuilds() && cuda.prebuilds());
     let seed = std::fs::read_to_string(root().join("tasks/copy/seed/copy.cu")).unwrap();
     // The harness looks for nvcc on PATH, under $CUDA_HOME and in its interpreter's
     // site-packages; ask it, with the interpreter the evaluator runs.

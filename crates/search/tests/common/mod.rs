@@ -142,3 +142,44 @@ impl ChatProvider for ScriptedLlm {
         })
     }
 }
+
+/// The checkout's root.
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The real evaluator (the harness) for the built-in task `task` on `backend`, writing its
+/// candidate files (extension `ext`) under `work`. The interpreter is `KSEARCH_TEST_PYTHON`,
+/// else the managed environment cached under `target/`. It sets the process environment
+/// (`KSEARCH_ROOT`, `KSEARCH_CACHE_DIR`): a test binary that calls it runs one test.
+pub fn harness_evaluator(
+    task: &str,
+    backend: &str,
+    secret_seed: u64,
+    ext: &str,
+    work: &std::path::Path,
+) -> ksearch_search::engine::evaluation::HarnessEvaluator {
+    let python = std::env::var_os("KSEARCH_TEST_PYTHON").map(std::path::PathBuf::from);
+    if python.is_none() && std::env::var_os("KSEARCH_CACHE_DIR").is_none() {
+        std::env::set_var(
+            "KSEARCH_CACHE_DIR",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ksearch-cache"),
+        );
+    }
+    std::env::set_var("KSEARCH_ROOT", workspace_root());
+    let evaluator = ksearch_eval::Evaluator::new(ksearch_eval::EvaluatorConfig {
+        python,
+        ..ksearch_eval::EvaluatorConfig::default()
+    })
+    .unwrap_or_else(|e| panic!("no evaluation environment: {e}"));
+    let task = ksearch_task::load_task(&workspace_root().join("tasks").join(task)).unwrap();
+    ksearch_search::engine::evaluation::HarnessEvaluator::new(
+        evaluator,
+        task,
+        backend,
+        secret_seed,
+        ksearch_eval::TimingPreset::Quick,
+        work.to_path_buf(),
+        ext,
+    )
+}
