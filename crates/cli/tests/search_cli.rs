@@ -523,33 +523,47 @@ fn a_best_of_n_run_draws_independent_samples_and_resumes_as_one() {
         .all(|c| c.proposer_note.starts_with("independent sample: ")));
 }
 
+/// `ksearch compare --json` of `task` at CI size: quick timing, no re-check, no confirmation.
+fn quick_compare(
+    task: &str,
+    strategies: &str,
+    budget: u32,
+    seeds: u32,
+    seed: u64,
+    runs: &Path,
+) -> assert_cmd::Command {
+    let mut cmd = ksearch();
+    cmd.args(["compare", "--task", task, "--strategies", strategies])
+        .args([
+            "--budget",
+            &budget.to_string(),
+            "--seeds",
+            &seeds.to_string(),
+        ])
+        .args([
+            "--seed",
+            &seed.to_string(),
+            "--timing",
+            "quick",
+            "--no-recheck",
+        ])
+        .args(["--confirm-rounds", "0", "--json", "--runs-dir"])
+        .arg(runs);
+    cmd
+}
+
 #[test]
 fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
     let runs = tempfile::tempdir().unwrap();
     let compare = || {
-        let mut cmd = ksearch();
-        cmd.args([
-            "compare",
-            "--task",
+        quick_compare(
             "softmax",
-            "--strategies",
             "best-of-n,world-model,evolve",
-            "--budget",
-            "1",
-            "--seeds",
-            "1",
-            "--seed",
-            "4",
-            "--timing",
-            "quick",
-            "--no-recheck",
-            "--confirm-rounds",
-            "0",
-            "--json",
-        ])
-        .arg("--runs-dir")
-        .arg(runs.path());
-        cmd
+            1,
+            1,
+            4,
+            runs.path(),
+        )
     };
     let v = succeed_with_json(&mut compare());
     let runs_done = v["runs"].as_array().unwrap();
@@ -655,31 +669,15 @@ fn compare_runs_each_strategy_with_the_same_budget_and_tabulates_them() {
 fn compare_over_two_seeds_on_the_attention_task_takes_medians_over_the_seeds() {
     // The CI-sized form of a comparison on the other CPU task: two seeds, a small budget.
     let runs = tempfile::tempdir().unwrap();
-    let mut cmd = ksearch();
-    cmd.args([
-        "compare",
-        "--task",
+    let mut cmd = quick_compare(
         "attention",
-        "--backend",
-        "cpu",
-        "--strategies",
         "world-model,evolve,best-of-n",
-        "--budget",
-        "2",
-        "--seeds",
-        "2",
-        "--seed",
-        "7",
-        "--timing",
-        "quick",
-        "--no-recheck",
-        "--confirm-rounds",
-        "0",
-        "--json",
-    ])
-    .arg("--runs-dir")
-    .arg(runs.path());
-    let v = succeed_with_json(&mut cmd);
+        2,
+        2,
+        7,
+        runs.path(),
+    );
+    let v = succeed_with_json(cmd.args(["--backend", "cpu"]));
     let runs_done = v["runs"].as_array().unwrap();
     assert_eq!(runs_done.len(), 6, "three strategies, two seeds: {v}");
     let mut seeds: Vec<u64> = runs_done
