@@ -319,49 +319,44 @@ def test_cuda_seed_builds_for_sm90a_and_exports_both_entries(tmp_path):
 # -- GPU baselines, where a GPU library is installed ---------------------------------------------
 
 
-def test_mlx_baseline_makes_a_new_buffer():
-    """mx.array(x) is a copy MLX computes into memory of its own (an AsType node), not a view:
-    evaluating it grows MLX's active memory by the array's size. MLX's CPU backend shows the
-    same graph as its GPU backends."""
+def _makes_a_new_buffer_holding_x(copy, seed):
+    """Evaluates `copy(x, a)` (x on the host, a its MLX copy as task code gets it) and checks
+    that it made memory of its own holding x: MLX's active memory grows by the array's size."""
     mx = pytest.importorskip("mlx.core")
     from ksearch_harness.adapters import device
 
     n = 1 << 20
-    x = draw(n, np.float32, 2)
+    x = draw(n, np.float32, seed)
     a = device.mlx_inputs({"x": x}, {"n": n})["x"]
     mx.eval(a)
     mx.synchronize()
     before = mx.get_active_memory()
-    y = ref.baseline_mlx_copy({"x": x}, {"n": n})["y"]
-    mx.eval(y.value)
+    y = copy(x, a)
+    mx.eval(y)
     mx.synchronize()
     assert mx.get_active_memory() - before >= 4 * n
     assert np.asarray(y).tobytes() == x.tobytes()
+
+
+def test_mlx_baseline_makes_a_new_buffer():
+    """mx.array(x) is a copy MLX computes into memory of its own (an AsType node), not a view:
+    evaluating it grows MLX's active memory by the array's size. MLX's CPU backend shows the
+    same graph as its GPU backends."""
+    _makes_a_new_buffer_holding_x(
+        lambda x, a: ref.baseline_mlx_copy({"x": x}, {"n": x.size})["y"].value, 2)
 
 
 def test_the_mlx_calibration_candidate_makes_the_baselines_copy():
     """calibration/copy_mlx_native.py returns what the baseline returns, computed the same way
     (a new buffer holding x), and the task allows the kernel that does it."""
-    mx = pytest.importorskip("mlx.core")
+    pytest.importorskip("mlx.core")  # the module imports it
     import importlib.util
-
-    from ksearch_harness.adapters import device
 
     spec = importlib.util.spec_from_file_location(
         "copy_mlx_native", HERE / "calibration" / "copy_mlx_native.py")
     native = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(native)
-    n = 1 << 20
-    x = draw(n, np.float32, 3)
-    a = device.mlx_inputs({"x": x}, {"n": n})["x"]
-    mx.eval(a)
-    mx.synchronize()
-    before = mx.get_active_memory()
-    y = native.copy(x=a, n=n)
-    mx.eval(y)
-    mx.synchronize()
-    assert mx.get_active_memory() - before >= 4 * n
-    assert np.asarray(y).tobytes() == x.tobytes()
+    _makes_a_new_buffer_holding_x(lambda x, a: native.copy(x=a, n=x.size), 3)
     assert BACKENDS["mlx"]["allowed_kernels"] == ["mlx::core::cu::copy_v<"]
 
 
