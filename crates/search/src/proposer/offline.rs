@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
 use ksearch_eval::bottleneck::Bottleneck;
-use ksearch_knowledge::templates::{format_knobs, Knobs, TemplateFamily};
+use ksearch_knowledge::templates::{format_knobs, KnobValue, Knobs, TemplateFamily};
 use ksearch_knowledge::{Action as CatalogAction, Catalog};
 
 use super::{
@@ -24,8 +24,8 @@ use super::{
     ProposerError, Step, TaskBrief,
 };
 use crate::world_model::{
-    ActionPatch, Edit, ImpactPatch, ImpactsPatch, NodeId, NodePatch, PatchOp, WorldModel,
-    MAX_NEW_NODES_PER_EDIT,
+    ActionPatch, Edit, ImpactPatch, ImpactsPatch, NodeId, NodePatch, NodeState, PatchOp,
+    WorldModel, MAX_NEW_NODES_PER_EDIT,
 };
 
 pub struct OfflineProposer {
@@ -246,6 +246,66 @@ impl OfflineProposer {
         out
     }
 
+    /// Orders `neighbours` of `start` by [`Self::prospect`], best first; a stable sort, so
+    /// moves of equal prospect keep their seeded order.
+    fn rank_by_prospect(&self, wm: &WorldModel, start: &Knobs, neighbours: &mut [Knobs]) {
+        neighbours.sort_by(|a, b| {
+            self.prospect(wm, start, b)
+                .total_cmp(&self.prospect(wm, start, a))
+        });
+    }
+
+    /// What the catalog expects of the one-knob step from `start` to `next`: the largest
+    /// expected factor among the actions the step applies (it sets the last of an action's
+    /// knobs) or moves toward (a step along an integer knob in the direction of the action's
+    /// value, credited the square root of the factor); 1.0 when no action speaks to the step.
+    /// An action the tree measured as not paying on this machine (a node of it closed no
+    /// faster than its parent, or given up as too hard) is credited nothing.
+    ///
+    /// Without this an improve attempt took a random neighbour: on the softmax family the
+    /// tree spent three attempts per cycle on steps no action recommends while the catalog's
+    /// larger wins waited for cycles of their own (docs/results/compare).
+    fn prospect(&self, wm: &WorldModel, start: &Knobs, next: &Knobs) -> f64 {
+        let Some((name, to)) = next.iter().find(|(k, v)| start.get(*k) != Some(*v)) else {
+            return 1.0;
+        };
+        let from = start.get(name);
+        let knob = self.family.knob(name);
+        let toward = |target: &KnobValue| -> bool {
+            let (Some(knob), Some(from)) = (knob, from) else {
+                return false;
+            };
+            let (KnobValue::Int(_), Some(i), Some(j), Some(t)) = (
+                target,
+                knob.position(from),
+                knob.position(to),
+                knob.position(target),
+            ) else {
+                return false;
+            };
+            (i < j && j < t) || (t < j && j < i)
+        };
+        self.actions
+            .iter()
+            .filter(|a| !measured_not_to_pay(wm, &a.id))
+            .filter_map(|a| {
+                let target = a.knobs.get(name)?;
+                let rest_held = a
+                    .knobs
+                    .iter()
+                    .all(|(k, v)| k == name || next.get(k) == Some(v));
+                let factor = a.expected_factor_from(start);
+                if target == to && rest_held {
+                    Some(factor)
+                } else if toward(target) {
+                    Some(factor.max(1e-6).sqrt())
+                } else {
+                    None
+                }
+            })
+            .fold(1.0, f64::max)
+    }
+
     fn is_known(&self, knobs: &Knobs, known: &BTreeSet<String>) -> bool {
         self.family
             .render(knobs)
@@ -315,6 +375,24 @@ fn weighted_score(prior: f64, share: Option<f64>) -> f64 {
         Some(s) => (prior + BOTTLENECK_WEIGHT * (s - 0.5)).clamp(0.02, 0.98),
         None => prior,
     }
+}
+
+/// Whether the tree measured action `id` as not paying: a node of it was given up as too
+/// hard, or closed with a solution no faster than its parent's.
+fn measured_not_to_pay(wm: &WorldModel, id: &str) -> bool {
+    wm.nodes()
+        .iter()
+        .filter(|n| n.label.as_deref() == Some(id))
+        .any(|n| match &n.state {
+            NodeState::TooHard { .. } => true,
+            NodeState::Closed { solution } => n
+                .parent
+                .as_ref()
+                .and_then(|p| wm.node(p))
+                .and_then(|p| p.solution())
+                .is_some_and(|p| solution.measured_factor() <= p.measured_factor()),
+            _ => false,
+        })
 }
 
 /// The knob settings of the actions on `node`'s path, root first; an action whose knobs are
@@ -534,7 +612,13 @@ impl Proposer for OfflineProposer {
         {
             options.push(first.clone());
         }
-        options.extend(self.fresh_neighbours(&start, &fixed, req.known_sources, &mut rng));
+        let mut neighbours = self.fresh_neighbours(&start, &fixed, req.known_sources, &mut rng);
+        // Moving on from a setting: the steps the catalog expects most of come first (the
+        // seeded order breaks ties); a debug move only needs to get away from the failure.
+        if req.step != Step::Debug {
+            self.rank_by_prospect(req.wm, &start, &mut neighbours);
+        }
+        options.extend(neighbours);
         if options.len() <= req.sample as usize {
             options.extend(self.fresh_anywhere(&fixed, req.known_sources, &mut rng));
         }
@@ -702,6 +786,8 @@ impl Proposer for OfflineProposer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proposer::OutcomeSummary;
+    use crate::world_model::SolutionRef;
     use std::path::PathBuf;
 
     fn attention_dir() -> PathBuf {
@@ -869,6 +955,102 @@ mod tests {
         let mma_keys = path_keys(&wm, &mma);
         assert!(!p.undoes_the_path(&p.path_knobs(&wm, &mma), narrow, &mma_keys));
         assert!(p.undoes_the_path(&knobs, narrow, &path_keys(&wm, &wgmma)));
+    }
+
+    #[test]
+    fn improve_steps_take_the_step_the_catalog_expects_most_of_unless_the_tree_measured_it() {
+        let c = catalog();
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tasks/softmax");
+        let family = TemplateFamily::load_for(&dir, "cpu").unwrap().unwrap();
+        let setting = |changes: &[(&str, KnobValue)]| -> Knobs {
+            let changes: Knobs = changes
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect();
+            family.apply(&family.default_knobs(), &changes).unwrap()
+        };
+        let poly = setting(&[("exp_impl", KnobValue::Str("poly".into()))]);
+        let solution = |id: &str, score: f64| SolutionRef {
+            solution_id: id.into(),
+            parent_solution_id: None,
+            score,
+            speedup_vs_baseline: Some(score),
+            latency_ms: None,
+            round: 1,
+        };
+        let mut wm = WorldModel::new_root("softmax", vec![]);
+        let root = wm.root_id().clone();
+        wm.attach_solution(&root, solution("seed", 1.0)).unwrap();
+        let p = OfflineProposer::for_task(&dir, "softmax", "cpu", Some("cpu"), &c, 7).unwrap();
+        let simd = p.actions.iter().find(|a| a.id == "omp-simd").unwrap();
+        let simd_node = wm
+            .insert_child(&root, &p.node_patch(simd, &Knobs::new(), 1.0, None), 0)
+            .unwrap();
+
+        // One knob step from the poly kernel: the step an action takes is worth its factor,
+        // a step of an integer knob toward an action's value the factor's square root, a step
+        // no action speaks to nothing.
+        let step = |wm: &WorldModel, k: &str, v: KnobValue| {
+            let mut next = poly.clone();
+            next.insert(k.into(), v);
+            p.prospect(wm, &poly, &next)
+        };
+        assert_eq!(
+            step(&wm, "simd", KnobValue::Bool(true)),
+            simd.expected_factor
+        );
+        assert_eq!(step(&wm, "algorithm", KnobValue::Str("store3".into())), 1.6);
+        assert!((step(&wm, "lanes", KnobValue::Int(8)) - 2.0f64.sqrt()).abs() < 1e-12);
+        assert_eq!(step(&wm, "exp_impl", KnobValue::Str("libm".into())), 1.0);
+
+        let improve = |p: &OfflineProposer, wm: &WorldModel| -> Knobs {
+            let node = wm.node(&simd_node).unwrap().clone();
+            let best = AttemptView {
+                candidate_id: 2,
+                source: String::new(),
+                source_id: String::new(),
+                knobs: Some(knobs_to_value(&poly)),
+                outcome: OutcomeSummary::default(),
+            };
+            let req = CodeRequest {
+                step: Step::Improve,
+                round: 3,
+                attempt: 2,
+                sample: 0,
+                node: &node,
+                action: &crate::world_model::Action::default(),
+                base: None,
+                last: None,
+                cycle_best: Some(&best),
+                history: &[],
+                wm,
+                known_sources: &BTreeSet::new(),
+            };
+            knobs_from(p.write_code(&req).unwrap().knobs.as_ref()).unwrap()
+        };
+        // Whatever the seed, the improve step turns on the reductions the catalog rates x2.0.
+        for seed in [1, 7, 42] {
+            let p =
+                OfflineProposer::for_task(&dir, "softmax", "cpu", Some("cpu"), &c, seed).unwrap();
+            let next = improve(&p, &wm);
+            assert_eq!(
+                next.get("simd"),
+                Some(&KnobValue::Bool(true)),
+                "seed {seed}: {next:?}"
+            );
+        }
+        // Measured here no faster than its parent: the catalog's word on it no longer counts,
+        // and the next best step (threads, x1.8) comes first.
+        wm.attach_solution(&simd_node, solution("simd", 0.97))
+            .unwrap();
+        assert_eq!(step(&wm, "simd", KnobValue::Bool(true)), 1.0);
+        let next = improve(&p, &wm);
+        assert_eq!(
+            next.get("threads"),
+            Some(&KnobValue::Bool(true)),
+            "{next:?}"
+        );
+        assert_eq!(next.get("simd"), Some(&KnobValue::Bool(false)), "{next:?}");
     }
 
     #[test]
