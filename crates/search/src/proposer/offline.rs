@@ -4,9 +4,10 @@
 //! applies to the task's kind; an action that `requires` another becomes its child) and writes
 //! code by rendering the task's template family. An action sets knobs on top of its base
 //! solution's knobs; debug and improve attempts move to neighbouring knob settings (one knob, one
-//! step) that keep the action's own knobs, in an order drawn from the run seed. Because every
-//! choice that sticks is the one that measured fastest *here*, different tasks and machines end
-//! at different kernels.
+//! step) that keep the action's own knobs: debug steps in an order drawn from the run seed,
+//! improve steps the one the catalog expects most of first (`prospect`). Because every choice
+//! that sticks is the one that measured fastest *here*, different tasks and machines end at
+//! different kernels.
 
 use std::collections::BTreeSet;
 
