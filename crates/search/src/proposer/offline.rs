@@ -249,11 +249,13 @@ impl OfflineProposer {
 
     /// Orders `neighbours` of `start` by [`Self::prospect`], best first; a stable sort, so
     /// moves of equal prospect keep their seeded order.
-    fn rank_by_prospect(&self, wm: &WorldModel, start: &Knobs, neighbours: &mut [Knobs]) {
-        neighbours.sort_by(|a, b| {
-            self.prospect(wm, start, b)
-                .total_cmp(&self.prospect(wm, start, a))
-        });
+    fn rank_by_prospect(&self, wm: &WorldModel, start: &Knobs, neighbours: &mut Vec<Knobs>) {
+        let mut rated: Vec<(f64, Knobs)> = neighbours
+            .drain(..)
+            .map(|n| (self.prospect(wm, start, &n), n))
+            .collect();
+        rated.sort_by(|a, b| b.0.total_cmp(&a.0));
+        neighbours.extend(rated.into_iter().map(|(_, n)| n));
     }
 
     /// What the catalog expects of the one-knob step from `start` to `next`: the largest
