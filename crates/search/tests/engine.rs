@@ -39,6 +39,8 @@ struct FakeEvaluator {
     interrupt_on: Option<(usize, Interrupt)>,
     /// How long each evaluation takes.
     delay: std::time::Duration,
+    /// How long the first takes instead, when set (a judge's cold start).
+    first_delay: Option<std::time::Duration>,
 }
 
 impl FakeEvaluator {
@@ -50,6 +52,7 @@ impl FakeEvaluator {
             crash_on_acceptance: false,
             interrupt_on: None,
             delay: std::time::Duration::ZERO,
+            first_delay: None,
         }
     }
 }
@@ -57,7 +60,7 @@ impl FakeEvaluator {
 impl CandidateEvaluator for FakeEvaluator {
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        std::thread::sleep(self.delay);
+        std::thread::sleep(self.first_delay.filter(|_| n == 1).unwrap_or(self.delay));
         if let Some((_, interrupt)) = self.interrupt_on.as_ref().filter(|(k, _)| *k == n) {
             interrupt.request();
             return Err(EvalFailure("interrupted".into()));
@@ -417,6 +420,41 @@ fn the_wall_time_budget_covers_the_finish_too() {
     assert!(out.confirmation.is_some());
     // The finish's evaluations all happened, inside the budget (with room for scheduling).
     assert!(wall < 2.4, "the run took {wall:.2} s");
+}
+
+#[test]
+fn a_slow_first_evaluation_does_not_keep_the_whole_budget_for_the_finish() {
+    // The seed's evaluation also starts the judge (imports, input sets, reference outputs):
+    // 1.5 s here against 50 ms for the rest. Budgeted at that pace the finish (6 evaluations)
+    // would take 9 s of the 4 s and no round would start (on the H200 a default attention run
+    // given 540 s stopped after its seed); it is budgeted at the later evaluations' pace.
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(|_, round, _| {
+        Ok(format!("score={};r{round}", 1.0 + f64::from(round) / 100.0))
+    });
+    let eval = FakeEvaluator {
+        delay: std::time::Duration::from_millis(50),
+        first_delay: Some(std::time::Duration::from_millis(1500)),
+        ..FakeEvaluator::new(None)
+    };
+    let config = EngineConfig {
+        max_wall_seconds: Some(4),
+        recheck: true,
+        confirm_rounds: 1,
+        ..cfg(1000, 0)
+    };
+    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
+    let t0 = std::time::Instant::now();
+    let out = engine.run(Some("score=1;seed")).unwrap();
+    let wall = t0.elapsed().as_secs_f64();
+    assert!(
+        out.rounds_used >= 10,
+        "{} rounds: {}",
+        out.rounds_used,
+        out.stop_reason
+    );
+    assert!(out.confirmation.is_some());
+    assert!(wall < 4.6, "the run took {wall:.2} s");
 }
 
 #[test]
