@@ -269,6 +269,10 @@ impl OfflineProposer {
     /// tree spent three attempts per cycle on steps no action recommends while the catalog's
     /// larger wins waited for cycles of their own (docs/results/compare).
     fn prospect(&self, wm: &WorldModel, start: &Knobs, next: &Knobs) -> f64 {
+        // Knobs a stored setting leaves out are at their defaults, as in `neighbours`.
+        let mut full = self.family.default_knobs();
+        full.extend(start.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let start = &full;
         let Some((name, to)) = next.iter().find(|(k, v)| start.get(*k) != Some(*v)) else {
             return 1.0;
         };
@@ -1005,6 +1009,11 @@ mod tests {
         assert_eq!(step(&wm, "algorithm", KnobValue::Str("store3".into())), 1.6);
         assert!((step(&wm, "lanes", KnobValue::Int(8)) - 2.0f64.sqrt()).abs() < 1e-12);
         assert_eq!(step(&wm, "exp_impl", KnobValue::Str("libm".into())), 1.0);
+        // A stored setting that leaves knobs out has them at their defaults.
+        let partial: Knobs = [("exp_impl".to_string(), KnobValue::Str("poly".into()))].into();
+        let mut with_simd = poly.clone();
+        with_simd.insert("simd".into(), KnobValue::Bool(true));
+        assert_eq!(p.prospect(&wm, &partial, &with_simd), simd.expected_factor);
 
         let improve = |p: &OfflineProposer, wm: &WorldModel| -> Knobs {
             let node = wm.node(&simd_node).unwrap().clone();
