@@ -717,6 +717,13 @@ impl TemplateFamily {
             .collect()
     }
 
+    /// `knobs` with every knob it leaves out at its default (no check of names or domains).
+    pub fn with_defaults(&self, knobs: &Knobs) -> Knobs {
+        let mut full = self.default_knobs();
+        full.extend(knobs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        full
+    }
+
     /// The number of combinations before constraints.
     pub fn space_size(&self) -> u64 {
         self.knobs.iter().map(|k| k.values.len() as u64).product()
@@ -753,8 +760,7 @@ impl TemplateFamily {
     /// rules. The result is a complete, valid setting.
     pub fn validate(&self, knobs: &Knobs) -> Result<Knobs, TemplateError> {
         self.check_domain(knobs)?;
-        let mut full = self.default_knobs();
-        full.extend(knobs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let full = self.with_defaults(knobs);
         let checker = self
             .checker()
             .map_err(|message| TemplateError::Constraint {
@@ -853,8 +859,7 @@ impl TemplateFamily {
         let Ok(checker) = self.checker() else {
             return Vec::new();
         };
-        let mut base = self.default_knobs();
-        base.extend(knobs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let base = self.with_defaults(knobs);
         let mut out = Vec::new();
         for knob in &self.knobs {
             let Some(i) = knob.position(&base[&knob.name]) else {
@@ -915,8 +920,7 @@ impl TemplateFamily {
     pub fn apply(&self, base: &Knobs, changes: &Knobs) -> Result<Knobs, TemplateError> {
         self.check_domain(base)?;
         self.check_domain(changes)?;
-        let mut merged = self.default_knobs();
-        merged.extend(base.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let mut merged = self.with_defaults(base);
         merged.extend(changes.iter().map(|(k, v)| (k.clone(), v.clone())));
         if self.validate(&merged).is_ok() {
             return Ok(merged);

@@ -5,7 +5,7 @@
 //! code by rendering the task's template family. An action sets knobs on top of its base
 //! solution's knobs; debug and improve attempts move to neighbouring knob settings (one knob, one
 //! step) that keep the action's own knobs: debug steps in an order drawn from the run seed,
-//! improve steps the one the catalog expects most of first (`prospect`). Because every choice
+//! improve steps the one the catalog expects most of first (`prospects_from`). Because every choice
 //! that sticks is the one that measured fastest *here*, different tasks and machines end at
 //! different kernels.
 
@@ -247,70 +247,72 @@ impl OfflineProposer {
         out
     }
 
-    /// Orders `neighbours` of `start` by [`Self::prospect`], best first; a stable sort, so
-    /// moves of equal prospect keep their seeded order.
+    /// Orders `neighbours` of `start` by what the catalog expects of each step
+    /// ([`Self::prospects_from`]), best first; a stable sort, so moves of equal prospect keep
+    /// their seeded order.
     fn rank_by_prospect(&self, wm: &WorldModel, start: &Knobs, neighbours: &mut Vec<Knobs>) {
-        let mut rated: Vec<(f64, Knobs)> = neighbours
-            .drain(..)
-            .map(|n| (self.prospect(wm, start, &n), n))
-            .collect();
+        let prospect = self.prospects_from(wm, start);
+        let mut rated: Vec<(f64, Knobs)> =
+            neighbours.drain(..).map(|n| (prospect(&n), n)).collect();
         rated.sort_by(|a, b| b.0.total_cmp(&a.0));
         neighbours.extend(rated.into_iter().map(|(_, n)| n));
     }
 
-    /// What the catalog expects of the one-knob step from `start` to `next`: the largest
+    /// What the catalog expects of a one-knob step from `start` to a setting: the largest
     /// expected factor among the actions the step applies (it sets the last of an action's
     /// knobs) or moves toward (a step along an integer knob in the direction of the action's
     /// value, credited the square root of the factor); 1.0 when no action speaks to the step.
     /// An action the tree measured as not paying on this machine (a node of it closed no
-    /// faster than its parent, or given up as too hard) is credited nothing.
+    /// faster than its parent, or given up as too hard) is credited nothing. The tree and
+    /// `start` are read once, for every step rated.
     ///
     /// Without this an improve attempt took a random neighbour: on the softmax family the
     /// tree spent three attempts per cycle on steps no action recommends while the catalog's
     /// larger wins waited for cycles of their own (docs/results/compare).
-    fn prospect(&self, wm: &WorldModel, start: &Knobs, next: &Knobs) -> f64 {
+    fn prospects_from<'s>(&'s self, wm: &WorldModel, start: &Knobs) -> impl Fn(&Knobs) -> f64 + 's {
         // Knobs a stored setting leaves out are at their defaults, as in `neighbours`.
-        let mut full = self.family.default_knobs();
-        full.extend(start.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let start = &full;
-        let Some((name, to)) = next.iter().find(|(k, v)| start.get(*k) != Some(*v)) else {
-            return 1.0;
-        };
-        let from = start.get(name);
-        let knob = self.family.knob(name);
-        let toward = |target: &KnobValue| -> bool {
-            let (Some(knob), Some(from)) = (knob, from) else {
-                return false;
-            };
-            let (KnobValue::Int(_), Some(i), Some(j), Some(t)) = (
-                target,
-                knob.position(from),
-                knob.position(to),
-                knob.position(target),
-            ) else {
-                return false;
-            };
-            (i < j && j < t) || (t < j && j < i)
-        };
-        self.actions
+        let start = self.family.with_defaults(start);
+        let live: Vec<&CatalogAction> = self
+            .actions
             .iter()
             .filter(|a| !measured_not_to_pay(wm, &a.id))
-            .filter_map(|a| {
-                let target = a.knobs.get(name)?;
-                let rest_held = a
-                    .knobs
-                    .iter()
-                    .all(|(k, v)| k == name || next.get(k) == Some(v));
-                let factor = a.expected_factor_from(start);
-                if target == to && rest_held {
-                    Some(factor)
-                } else if toward(target) {
-                    Some(factor.max(1e-6).sqrt())
-                } else {
-                    None
-                }
-            })
-            .fold(1.0, f64::max)
+            .collect();
+        move |next: &Knobs| {
+            let Some((name, to)) = next.iter().find(|(k, v)| start.get(*k) != Some(*v)) else {
+                return 1.0;
+            };
+            let toward = |target: &KnobValue| -> bool {
+                let (Some(knob), Some(from)) = (self.family.knob(name), start.get(name)) else {
+                    return false;
+                };
+                let (KnobValue::Int(_), Some(i), Some(j), Some(t)) = (
+                    target,
+                    knob.position(from),
+                    knob.position(to),
+                    knob.position(target),
+                ) else {
+                    return false;
+                };
+                (i < j && j < t) || (t < j && j < i)
+            };
+            live.iter()
+                .filter_map(|a| {
+                    let target = a.knobs.get(name)?;
+                    let rest_held = a
+                        .knobs
+                        .iter()
+                        .all(|(k, v)| k == name || next.get(k) == Some(v));
+                    let factor = a.expected_factor_from(&start);
+                    if target == to && rest_held {
+                        Some(factor)
+                    } else if toward(target) {
+                        Some(factor.max(1e-6).sqrt())
+                    } else {
+                        None
+                    }
+                })
+                .fold(1.0, f64::max)
+        }
     }
 
     fn is_known(&self, knobs: &Knobs, known: &BTreeSet<String>) -> bool {
@@ -1000,7 +1002,7 @@ mod tests {
         let step = |wm: &WorldModel, k: &str, v: KnobValue| {
             let mut next = poly.clone();
             next.insert(k.into(), v);
-            p.prospect(wm, &poly, &next)
+            p.prospects_from(wm, &poly)(&next)
         };
         assert_eq!(
             step(&wm, "simd", KnobValue::Bool(true)),
@@ -1013,7 +1015,10 @@ mod tests {
         let partial: Knobs = [("exp_impl".to_string(), KnobValue::Str("poly".into()))].into();
         let mut with_simd = poly.clone();
         with_simd.insert("simd".into(), KnobValue::Bool(true));
-        assert_eq!(p.prospect(&wm, &partial, &with_simd), simd.expected_factor);
+        assert_eq!(
+            p.prospects_from(&wm, &partial)(&with_simd),
+            simd.expected_factor
+        );
 
         let improve = |p: &OfflineProposer, wm: &WorldModel| -> Knobs {
             let node = wm.node(&simd_node).unwrap().clone();
