@@ -390,26 +390,39 @@ fn a_token_budget_stops_the_run_cleanly() {
     assert!(engine.into_store().is_finished().unwrap());
 }
 
-#[test]
-fn the_wall_time_budget_covers_the_finish_too() {
-    // Evaluations of 100 ms, a budget of 2 s: rounds stop early enough for the re-check and
-    // the confirmation (8 evaluations here) to end within it.
+/// A run of up to 1000 rounds whose scores climb by 0.01 a round, stopped by a wall-time
+/// budget of `max_wall` seconds, with a re-check and one confirmation round: its outcome and
+/// how long it took.
+fn run_on_a_wall_budget(
+    eval: &FakeEvaluator,
+    max_wall: u64,
+    seed: Option<&str>,
+) -> (RunOutcome, f64) {
     let tmp = tempfile::tempdir().unwrap();
     let proposer = ScriptedProposer::new(|_, round, _| {
         Ok(format!("score={};r{round}", 1.0 + f64::from(round) / 100.0))
     });
-    let mut eval = FakeEvaluator::new(None);
-    eval.delay = std::time::Duration::from_millis(100);
     let config = EngineConfig {
-        max_wall_seconds: Some(2),
+        max_wall_seconds: Some(max_wall),
         recheck: true,
         confirm_rounds: 1,
         ..cfg(1000, 0)
     };
-    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
+    let engine = new_engine(config, store(tmp.path()), &proposer, eval);
     let t0 = std::time::Instant::now();
-    let out = engine.run(None).unwrap();
-    let wall = t0.elapsed().as_secs_f64();
+    let out = engine.run(seed).unwrap();
+    (out, t0.elapsed().as_secs_f64())
+}
+
+#[test]
+fn the_wall_time_budget_covers_the_finish_too() {
+    // Evaluations of 100 ms, a budget of 2 s: rounds stop early enough for the re-check and
+    // the confirmation (8 evaluations here) to end within it.
+    let eval = FakeEvaluator {
+        delay: std::time::Duration::from_millis(100),
+        ..FakeEvaluator::new(None)
+    };
+    let (out, wall) = run_on_a_wall_budget(&eval, 2, None);
     assert!(
         out.stop_reason
             .contains("wall-time budget reached (2 s, of which about"),
@@ -428,25 +441,12 @@ fn a_slow_first_evaluation_does_not_keep_the_whole_budget_for_the_finish() {
     // 1.5 s here against 50 ms for the rest. Budgeted at that pace the finish (6 evaluations)
     // would take 9 s of the 4 s and no round would start (on the H200 a default attention run
     // given 540 s stopped after its seed); it is budgeted at the later evaluations' pace.
-    let tmp = tempfile::tempdir().unwrap();
-    let proposer = ScriptedProposer::new(|_, round, _| {
-        Ok(format!("score={};r{round}", 1.0 + f64::from(round) / 100.0))
-    });
     let eval = FakeEvaluator {
         delay: std::time::Duration::from_millis(50),
         first_delay: Some(std::time::Duration::from_millis(1500)),
         ..FakeEvaluator::new(None)
     };
-    let config = EngineConfig {
-        max_wall_seconds: Some(4),
-        recheck: true,
-        confirm_rounds: 1,
-        ..cfg(1000, 0)
-    };
-    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
-    let t0 = std::time::Instant::now();
-    let out = engine.run(Some("score=1;seed")).unwrap();
-    let wall = t0.elapsed().as_secs_f64();
+    let (out, wall) = run_on_a_wall_budget(&eval, 4, Some("score=1;seed"));
     assert!(
         out.rounds_used >= 10,
         "{} rounds: {}",

@@ -144,6 +144,11 @@ fn task_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tasks/attention")
 }
 
+/// The ping-pong wgmma kernel, the top of the attention catalog's ladder.
+fn is_pingpong_wgmma(k: &BTreeMap<String, String>) -> bool {
+    k.get("algo").is_some_and(|a| a == "wgmma") && k.get("pingpong").is_some_and(|v| v == "true")
+}
+
 /// What one simulated search left: the knobs evaluated, in order, the best score, and the
 /// algorithms on the best candidate's recorded ancestry (parent links, seed first).
 struct Climb {
@@ -257,10 +262,7 @@ fn the_offline_search_reaches_pingpong_wgmma_within_a_device_sessions_evaluation
         })
         .collect();
     eprintln!("{}", path.join("\n"));
-    let reached = seen.iter().position(|k| {
-        k.get("algo").is_some_and(|a| a == "wgmma")
-            && k.get("pingpong").is_some_and(|v| v == "true")
-    });
+    let reached = seen.iter().position(is_pingpong_wgmma);
     assert!(
         reached.is_some(),
         "never tried ping-pong wgmma in 12 rounds: {path:?}"
@@ -297,10 +299,7 @@ fn with_the_default_cycles_the_offline_search_reaches_pingpong_within_the_defaul
     // instead, three of the first six seeds ended below ping-pong.
     for seed in 1..=4 {
         let Climb { seen, best, .. } = climb(20, 4, 3, seed);
-        let reached = seen.iter().position(|k| {
-            k.get("algo").is_some_and(|a| a == "wgmma")
-                && k.get("pingpong").is_some_and(|v| v == "true")
-        });
+        let reached = seen.iter().position(is_pingpong_wgmma);
         assert!(
             reached.is_some(),
             "seed {seed}: no ping-pong wgmma in 20 rounds: {seen:?}"
