@@ -35,6 +35,7 @@ import mmap
 import os
 import socket
 import sys
+import time
 from typing import Any, Callable
 
 from . import channel, sandbox
@@ -320,6 +321,16 @@ def _own_kernels(adapter: Any) -> list[str]:
     return list(getattr(adapter, "built_kernels", []))[:200]
 
 
+# When each step of the start-up ended (CLOCK_MONOTONIC, which the judge's clock shares): the
+# ready message carries them, and the judge reports where a start's seconds went
+# (accused_client.AccusedProcess.start_seconds).
+START_MARKS: list[tuple[str, float]] = []
+
+
+def _mark(step: str) -> None:
+    START_MARKS.append((step, time.monotonic()))
+
+
 def _prepare_device(backend: str, audit: bool = True) -> None:
     """Device start-up before the lock-down: importing torch or mlx and creating the CUDA
     context may need what the locked-down process may not do; the kernel audit starts here
@@ -328,25 +339,32 @@ def _prepare_device(backend: str, audit: bool = True) -> None:
         AUDIT.why = "turned off (--no-kernel-audit)"
     if backend == "cuda":
         import torch
+        _mark("import")
         if torch.cuda.is_available():
             torch.cuda.init()
             probe = torch.zeros(1 << 10, device="cuda")
+            _mark("context")
             if audit:
                 AUDIT.prepare(torch.cuda.synchronize, lambda: probe.add_(1))
+                _mark("audit")
     elif backend == "mlx":
         os.environ.setdefault("MLX_ENABLE_TF32", "0")
         import mlx.core as mx
+        _mark("import")
         mx.eval(mx.zeros((1,)))
+        _mark("context")
         if getattr(mx, "cuda", None) is not None and mx.cuda.is_available():
             probe = mx.zeros((1 << 10,))
             if audit:
                 AUDIT.prepare(mx.synchronize, lambda: mx.eval(probe + 1))
+                _mark("audit")
             # The mlx adapter's device clock, if chosen, needs the profiler set up before the
             # lock-down as the audit does.
             from . import kernel_clock
             if kernel_clock.chosen() == "kernels":
                 from .adapters.mlx import prepare_device_clock
                 prepare_device_clock(mx)
+                _mark("clock")
     import numpy  # noqa: F401 - every backend's buffers are numpy views of the arena
 
 
@@ -356,12 +374,13 @@ def serve(sock: socket.socket, backend: str, audit: bool = True, lockdown_on: bo
         _prepare_device(backend, audit)
         lockdown = (sandbox.lock_down() if lockdown_on else
                     sandbox.Layer("lockdown", False, "turned off (--no-lockdown)")).to_json()
+        _mark("lockdown")
     except Exception as e:  # noqa: BLE001 - reported to the judge, which decides
         channel.send(sock, {"seq": 0, "ok": False, "error": "task",
                             "message": f"the accused could not start: {type(e).__name__}: {e}"})
         return 1
     channel.send(sock, {"seq": 0, "ok": True, "op": "ready", "pid": os.getpid(),
-                        "lockdown": lockdown,
+                        "lockdown": lockdown, "start_marks": START_MARKS,
                         "kernel_audit": {"active": AUDIT.available, "detail": AUDIT.why}})
     while True:
         try:
@@ -396,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     # Diagnostics only, likewise: what the stage-2 seccomp filter costs a call.
     parser.add_argument("--no-lockdown", action="store_true")
     args = parser.parse_args(argv)
+    _mark("main")  # the interpreter and the harness's modules are up
     die_with_parent()
     steady_heap()  # as the judge: timed calls see a heap in its steady state
     faulthandler.enable(file=sys.stderr)

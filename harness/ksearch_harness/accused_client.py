@@ -177,6 +177,27 @@ class Linger:
         return self.cpu_ns > LINGER_SHARE * self.window_ns
 
 
+def start_seconds(launched_at: float, marks: Any, waited: float) -> dict[str, float]:
+    """Where an accused's start-up went, from the steps' end times its ready message carries
+    (accused.START_MARKS, on the judge's monotonic clock): `main` from the launch (the sandbox,
+    the interpreter, the harness's modules), then each step from the one before; `waited`, how
+    long the judge blocked for the ready message. Marks that are not (name, time) pairs in
+    order are left out: the figures are diagnostics, never trusted."""
+    out: dict[str, float] = {}
+    before = launched_at
+    for mark in marks if isinstance(marks, list) else []:
+        if not (isinstance(mark, (list, tuple)) and len(mark) == 2
+                and isinstance(mark[0], str) and isinstance(mark[1], (int, float))):
+            continue
+        name, at = mark[0][:20], float(mark[1])
+        if at < before or name in out:
+            continue
+        out[name] = round(at - before, 4)
+        before = at
+    out["waited"] = round(max(waited, 0.0), 4)
+    return out
+
+
 class AccusedProcess:
     """One accused process. Not thread-safe; the judge drives it from one thread."""
 
@@ -201,6 +222,9 @@ class AccusedProcess:
         argv = [python or sys.executable, "-m", module,
                 "--channel-fd", str(accused_end.fileno()), "--backend", backend, *extra_args]
         env = accused_environment(workdir)
+        self.launched_at = time.monotonic()
+        # Where the start-up's seconds went (`start_seconds`), once it is ready.
+        self.start_seconds: dict[str, float] = {}
         try:
             policy = accused_policy(backend, workdir, sandbox_mode, readable_extra,
                                     arena_bytes, cpu_seconds)
@@ -215,7 +239,10 @@ class AccusedProcess:
         does while the judge builds the candidate, then stops it."""
         if self.ready:
             return
+        waited_from = time.monotonic()
         ready = self._reply(0, min(self.deadline, time.monotonic() + COMMAND_TIMEOUT_S))
+        self.start_seconds = start_seconds(self.launched_at, ready.get("start_marks"),
+                                           time.monotonic() - waited_from)
         if not ready.get("ok"):
             self.kill()
             raise TaskError(f"the accused process could not start: {ready.get('message')}")

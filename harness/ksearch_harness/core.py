@@ -730,13 +730,16 @@ class Evaluation:
             self.correctness()
 
         out.stage = "timing"
-        # Nothing of the next evaluation's accused starting up while this one is timed.
-        with phase("load"):
-            spare_accused.settle()
-        with phase("checks"):
-            timed_total = self.timing()
-            self.check_timer(timed_total)
-            self.check_floors()
+        # Nothing of the next evaluation's accused starting up while this one is timed: it is
+        # stopped where it is and goes on afterwards.
+        spare_accused.pause()
+        try:
+            with phase("checks"):
+                timed_total = self.timing()
+                self.check_timer(timed_total)
+                self.check_floors()
+        finally:
+            spare_accused.resume()
         out.data["score"] = self.score()
         out.data["score_interval"] = self.score_interval()
         if self.req.yardstick is not None:
@@ -752,6 +755,7 @@ class Evaluation:
                 "task_sanity_cached": self.sanity_cached,
                 "device_share": self.device_share,
                 "accused_prestarted": self.prestarted,
+                "accused_start_seconds": proc.start_seconds if proc else {},
                 "outputs_read_to_host": self.host_reads,
                 "draw_cache": draw_cache.stats(),
                 "phase_seconds": self.phase.snapshot()}

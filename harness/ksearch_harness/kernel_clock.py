@@ -53,27 +53,43 @@ def span_ns(intervals: list[tuple[int, int]]) -> int | None:
     return max(e for _, e in good) - min(s for s, _ in good)
 
 
-def _torch_recorder() -> Recorder:
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+class _TorchRecorder:
+    """A Recorder on PyTorch's profiler. `seen` says what the last session recorded of every
+    kind (events per device type), for the error when it recorded no device activity."""
 
-    def record(fn: Callable[[], Any], sync: Callable[[], None]
-               ) -> tuple[Any, list[tuple[int, int]]]:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    def __init__(self) -> None:
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+        self._cuda, self._activity, self._profile = DeviceType.CUDA, ProfilerActivity, profile
+        self.seen = ""
+
+    def __call__(self, fn: Callable[[], Any], sync: Callable[[], None]
+                 ) -> tuple[Any, list[tuple[int, int]]]:
+        with self._profile(activities=[self._activity.CUDA]) as prof:
             value = fn()
             sync()
-        return value, _intervals(prof, DeviceType.CUDA)
+        kinds: dict[str, int] = {}
+        intervals = _intervals(prof, self._cuda, kinds)
+        self.seen = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no events"
+        return value, intervals
 
-    return record
+
+def _torch_recorder() -> Recorder:
+    return _TorchRecorder()
 
 
-def _intervals(prof: Any, cuda: Any) -> list[tuple[int, int]]:
+def _intervals(prof: Any, cuda: Any, kinds: dict[str, int] | None = None
+               ) -> list[tuple[int, int]]:
     """Device activities in nanoseconds: from the profiler's raw (Kineto) events where this
-    PyTorch has them, else from its parsed events (microseconds)."""
+    PyTorch has them, else from its parsed events (microseconds). `kinds` counts every event
+    by device type."""
+    kinds = {} if kinds is None else kinds
     raw = getattr(getattr(prof, "profiler", None), "kineto_results", None)
     if raw is not None:
         out = []
         for e in raw.events():
+            kind = str(e.device_type()).rsplit(".", 1)[-1]
+            kinds[kind] = kinds.get(kind, 0) + 1
             if e.device_type() != cuda:
                 continue
             if hasattr(e, "start_ns"):
@@ -82,8 +98,12 @@ def _intervals(prof: Any, cuda: Any) -> list[tuple[int, int]]:
                 start, length = int(e.start_us()) * 1000, int(e.duration_us()) * 1000
             out.append((start, start + length))
         return out
+    events = list(prof.events())
+    for e in events:
+        kind = str(e.device_type).rsplit(".", 1)[-1]
+        kinds[kind] = kinds.get(kind, 0) + 1
     return [(int(e.time_range.start * 1000), int(e.time_range.end * 1000))
-            for e in prof.events() if e.device_type == cuda]
+            for e in events if e.device_type == cuda]
 
 
 class KernelClock:
@@ -135,7 +155,9 @@ class KernelClock:
         value, intervals = self._recorder(call, sync)
         device = span_ns(intervals)
         if device is None:
-            raise ClockError("the profiler recorded no device activity of a timed call")
+            seen = getattr(self._recorder, "seen", "")
+            raise ClockError("the profiler recorded no device activity of a timed call"
+                             + (f" (the session recorded: {seen})" if seen else ""))
         return device, host[0], value
 
 

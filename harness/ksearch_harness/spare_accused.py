@@ -10,10 +10,12 @@ its artifact and its buffers from the evaluation that takes it, exactly as one s
 would. It is taken only by a request whose sandbox it was started with (the key: backend,
 sandbox mode, readable paths, limits).
 
-It never starts or runs while anything is timed: an evaluation waits for its spare to be ready
-(and stopped) before its timed calls (`settle`), and so does every other op of the judge before
-it starts. A spare that is not taken is killed and its directory removed: when a request needs
-another key, and when the judge ends (`close`).
+It never runs while anything is timed: an evaluation stops its spare where it is (SIGSTOP)
+before its timed calls and lets it go on afterwards (`pause`, `resume`), and so does the
+yardstick op; a start-up stopped half-way holds no CPU and queues no device work. (Waiting
+for the spare to be ready instead cost an evaluation on the H200 seconds: a GPU accused's
+start-up was longer than the checks it overlapped.) A spare that is not taken is killed and
+its directory removed: when a request needs another key, and when the judge ends (`close`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ ENV = "KSEARCH_HARNESS_SPARE_ACCUSED"
 _enabled = False
 _key: tuple | None = None
 _spare: Started | None = None
-_settled = False
+_paused = False
 
 
 def enable(on: bool = True) -> None:
@@ -58,20 +60,21 @@ def enabled() -> bool:
 def take(key: tuple) -> Started | None:
     """The spare when it was started for `key` and is still alive; None otherwise (a spare
     for another key is discarded). The caller owns what it takes (process, directory, log)."""
-    global _spare, _key, _settled
+    global _spare, _key
     if _spare is None:
         return None
+    resume()
     if key != _key or _spare.process.dead or not _alive(_spare.process):
         close()
         return None
-    got, _spare, _key, _settled = _spare, None, None, False
+    got, _spare, _key = _spare, None, None
     return got
 
 
 def start(key: tuple, factory: Callable[[], Started]) -> None:
     """Starts a spare for `key`, replacing any other; nothing when spares are off. A failure
     to start one is not an error: the next evaluation starts its own."""
-    global _spare, _key, _settled
+    global _spare, _key
     if not _enabled:
         return
     close()
@@ -80,19 +83,31 @@ def start(key: tuple, factory: Callable[[], Started]) -> None:
     except Exception:  # noqa: BLE001 - a spare is an optimisation
         _spare = None
         return
-    _key, _settled = key, False
+    _key = key
 
 
-def settle() -> None:
-    """Waits until the spare has started (its imports done, then stopped), so nothing of its
-    start-up runs while the caller times something. A spare that fails to start is dropped."""
-    global _settled
-    if _spare is None or _settled:
+def pause() -> None:
+    """Stops the spare (SIGSTOP, every thread) unless it is ready, and so stopped already:
+    nothing of its start-up runs until `resume`."""
+    global _paused
+    if _spare is None or _paused or _spare.process.stopped:
         return
     try:
-        _spare.process.wait_ready()
-        _settled = True
-    except Exception:  # noqa: BLE001 - the next evaluation starts its own
+        _spare.process.stop()
+        _paused = True
+    except Exception:  # noqa: BLE001 - a spare that cannot be stopped is not kept
+        close()
+
+
+def resume() -> None:
+    """Lets a spare `pause` stopped go on starting."""
+    global _paused
+    if _spare is None or not _paused:
+        return
+    _paused = False
+    try:
+        _spare.process.cont()
+    except Exception:  # noqa: BLE001
         close()
 
 
@@ -111,10 +126,10 @@ def discard(spare: Started) -> None:
 
 def close() -> None:
     """Discards the spare, if any."""
-    global _spare, _key, _settled
+    global _spare, _key, _paused
     if _spare is not None:
         discard(_spare)
-    _spare, _key, _settled = None, None, False
+    _spare, _key, _paused = None, None, False
 
 
 def _alive(process: Any) -> bool:

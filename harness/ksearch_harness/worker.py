@@ -38,11 +38,11 @@ def execute(req: Request, adapter=None, roofline_override=None) -> dict:
 def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
     out = ResultBuilder(req.op, req.nonce)
     try:
-        if req.op != "evaluate":
-            # A spare accused an evaluation started is up and stopped before anything else
-            # runs (spare_accused).
-            from . import spare_accused
-            spare_accused.settle()
+        from . import spare_accused
+        if req.op == "yardstick":
+            # A spare accused an evaluation started does not start up while the yardstick is
+            # timed (spare_accused).
+            spare_accused.pause()
         from . import core
         from .machine import steady_heap
         steady_heap()
@@ -54,7 +54,10 @@ def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
             core.check_task(req, out)
         elif req.op == "yardstick":
             from . import yardstick
-            yardstick.measure(req, out, adapter)
+            try:
+                yardstick.measure(req, out, adapter)
+            finally:
+                spare_accused.resume()
         else:
             raise TaskError(f"op `{req.op}` does not run in a worker")
     except HarnessError as e:

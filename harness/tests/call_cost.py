@@ -12,13 +12,16 @@ places, interleaved call by call:
   the stop/continue and the channel;
 - `in-process`: the backend adapter in this process, no channel, no stops.
 
-    PYTHONPATH=harness python3 harness/tests/call_cost.py [--backend cuda|cpu] [--mib 16]
+    PYTHONPATH=harness python3 harness/tests/call_cost.py [--backend cuda|mlx|cpu] [--mib 16]
         [--calls 60] [--json out.json]
 
-Per place it prints the medians of the reported time and, on the cuda backend, of its parts
-(`device_ns`, the events' time; `host_ns`, the host time of the call itself). On the H200 the
-copy seed's 12 us copy read 48 us in evaluations, all of it host time (docs/results/scores,
-run 13); this says where that time comes from.
+Per place it prints the medians of the reported time and, on the cuda backend (and on mlx with
+KSEARCH_HARNESS_MLX_CLOCK=kernels), of its parts (`device_ns`, the device's time; `host_ns`,
+the host time of the call itself), and the first error of a place whose calls failed with how
+many did. On the H200 the copy seed's 12 us copy read 48 us in evaluations, all of it host
+time (docs/results/scores, run 13); this says where that time comes from. Through mlx the
+kernel clock worked in the judge but not in evaluations' accused processes (mlx run 4); the
+places say which layer takes it away.
 """
 
 from __future__ import annotations
@@ -45,7 +48,11 @@ from ksearch_harness.adapters import device  # noqa: E402
 from ksearch_harness.protocol import parse_request  # noqa: E402
 
 COPY = ROOT / "tasks" / "copy"
-SEED = {"cuda": COPY / "seed" / "copy.cu", "cpu": COPY / "seed" / "naive.c"}
+SEED = {"cuda": COPY / "seed" / "copy.cu", "mlx": COPY / "seed" / "copy_mlx.py",
+        "cpu": COPY / "seed" / "naive.c"}
+LANGUAGE = {"cuda": "cuda", "mlx": "python", "cpu": "c"}
+ENTRY = {"cuda": ("copy_f32", ["x", "y", "n"]), "mlx": ("copy", ["x", "n"]),
+         "cpu": ("copy_f32", ["x", "y", "n"])}
 SETTLE_S = 0.005
 
 
@@ -56,9 +63,9 @@ def request(backend: str, mib: int, build_dir: str) -> dict:
         "backend": backend,
         "task": {"name": "copy", "dir": str(COPY),
                  "reference": {"module": "reference.py", "function": "reference"},
-                 "entry": {"symbol": "copy_f32", "args": ["x", "y", "n"]}, "forbidden": []},
-        "candidate": {"path": str(SEED[backend]),
-                      "language": "cuda" if backend == "cuda" else "c"},
+                 "entry": {"symbol": ENTRY[backend][0], "args": ENTRY[backend][1]},
+                 "forbidden": []},
+        "candidate": {"path": str(SEED[backend]), "language": LANGUAGE[backend]},
         "build_dir": build_dir,
         "workloads": [{"name": f"f32-{mib}mib", "params": {"n": n, "dtype": "f32"},
                        "inputs": [{"name": "x", "dtype": "f32", "shape": [n],
@@ -138,7 +145,7 @@ class Local:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--backend", default="cuda", choices=["cuda", "mlx", "cpu"])
     p.add_argument("--mib", type=int, default=16)
     p.add_argument("--calls", type=int, default=60)
     p.add_argument("--json")
@@ -159,15 +166,24 @@ def main() -> None:
                                  ("--no-kernel-audit", "--no-lockdown")),
                   "in-process": Local(req, info.artifact)}
         samples: dict[str, list[tuple[int, dict[str, int]]]] = {k: [] for k in places}
+        errors: dict[str, list[str]] = {k: [] for k in places}
         for _ in range(a.calls):
             for name, place in places.items():
-                samples[name].append(place.call())
+                try:
+                    samples[name].append(place.call())
+                except Exception as e:  # noqa: BLE001 - a place that fails is a finding
+                    errors[name].append(f"{type(e).__name__}: {e}"[:500])
         for place in places.values():
             place.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out = {}
     for name, got in samples.items():
+        if errors[name]:
+            print(f"{name:<12} {len(errors[name])} of {a.calls} calls failed; the first: "
+                  f"{errors[name][0]}")
+        if not got:
+            continue
         got = got[len(got) // 10:]  # the first calls warm up
         row = {"reported_us": statistics.median(r for r, _ in got) / 1e3}
         for part in sorted({k for _, parts in got for k in parts}):
@@ -178,7 +194,7 @@ def main() -> None:
     if a.json:
         Path(a.json).write_text(json.dumps({"backend": a.backend, "mib": a.mib,
                                             "calls": a.calls, "medians": out,
-                                            "raw": samples}))
+                                            "errors": errors, "raw": samples}))
 
 
 if __name__ == "__main__":

@@ -394,6 +394,20 @@ def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch, monkeypatch)
         return out
 
     monkeypatch.setattr(Inputs, "for_reference", recorded)
+    # While an evaluation is timed, the spare it started (still starting or ready) is stopped,
+    # every thread of it; it goes on afterwards.
+    from ksearch_harness import core
+    from ksearch_harness.accused_client import thread_states
+    untimed = core.Evaluation.timing
+    spare_states = []
+
+    def timing(self):
+        spare = spare_accused._spare
+        assert spare is not None
+        spare_states.append({s for s, _ in thread_states(spare.process.pid).values()})
+        return untimed(self)
+
+    monkeypatch.setattr(core.Evaluation, "timing", timing)
     before = ours()
     spare_accused.enable()
     draw_cache.clear()
@@ -427,6 +441,14 @@ def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch, monkeypatch)
                                                             second["message"])
     assert first["diagnostics"]["accused_prestarted"] is False
     assert second["diagnostics"]["accused_prestarted"] is True
+    assert spare_states and all(states and states <= set("Tt") for states in spare_states), \
+        spare_states
+    # Where each accused's start-up went: from the launch to the harness's main, the device's
+    # steps, the lock-down, and how long the judge waited for it.
+    for result in (first, second):
+        start = result["diagnostics"]["accused_start_seconds"]
+        assert {"main", "import", "lockdown", "waited"} <= set(start), start
+        assert all(v >= 0 for v in start.values()), start
     errors = [(w["name"], w["max_abs_err"]) for w in first["workloads"]]
     assert [(w["name"], w["max_abs_err"]) for w in second["workloads"]] == errors
     assert ours() - before == set()

@@ -62,6 +62,13 @@ def test_a_measured_call_reports_its_device_span_and_its_host_time():
     empty._recorder = recorder([])
     with pytest.raises(ClockError, match="no device activity"):
         empty.measure(lambda: None, lambda: None)
+    # A recorder that says what its session did record: the error carries it, so a clock
+    # failing where it runs (the accused) says whether the profiler saw anything at all.
+    seen = recorder([])
+    seen.seen = "7 CPU"
+    empty._recorder = seen
+    with pytest.raises(ClockError, match=r"a timed call \(the session recorded: 7 CPU\)"):
+        empty.measure(lambda: None, lambda: None)
 
 
 def test_the_clock_is_chosen_by_name(monkeypatch):

@@ -197,3 +197,60 @@ def test_kept_values_keep_device_copies_within_the_device_budget(monkeypatch):
     finally:
         draw_cache.clear()
         draw_cache.enable(False)
+
+
+def test_a_spare_is_stopped_while_something_is_timed_and_goes_on_afterwards():
+    """spare_accused.pause stops a spare that is still starting (the judge does not wait for
+    it), leaves a ready one (stopped already) as it is, and resume or take lets a paused one
+    go on."""
+    from ksearch_harness import spare_accused
+
+    class Process:
+        def __init__(self, stopped=False):
+            self.stopped, self.dead, self.signals = stopped, None, []
+
+        def stop(self):
+            self.signals.append("STOP")
+            self.stopped = True
+
+        def cont(self):
+            self.signals.append("CONT")
+            self.stopped = False
+
+        def _alive(self):
+            return True
+
+        def kill(self):
+            self.signals.append("KILL")
+
+    def spare(process):
+        def started():
+            fd, log = tempfile.mkstemp()
+            os.close(fd)
+            return spare_accused.Started(process, tempfile.mkdtemp(), log)
+        return started
+
+    spare_accused.enable()
+    try:
+        starting = Process()
+        spare_accused.start(("k",), spare(starting))
+        spare_accused.pause()
+        spare_accused.pause()  # once is enough
+        assert starting.signals == ["STOP"] and starting.stopped
+        spare_accused.resume()
+        spare_accused.resume()
+        assert starting.signals == ["STOP", "CONT"] and not starting.stopped
+        # Paused when taken: the evaluation that takes it gets it going.
+        spare_accused.pause()
+        got = spare_accused.take(("k",))
+        assert got is not None and got.process is starting and not starting.stopped
+        spare_accused.discard(got)
+        # A ready spare is stopped already: nothing to do, and nothing to undo.
+        ready = Process(stopped=True)
+        spare_accused.start(("k",), spare(ready))
+        spare_accused.pause()
+        spare_accused.resume()
+        assert ready.signals == []
+    finally:
+        spare_accused.enable(False)
+    assert ready.signals == ["KILL"]  # an untaken spare is discarded with the judge's end
