@@ -13,7 +13,7 @@ places, interleaved call by call:
 - `in-process`: the backend adapter in this process, no channel, no stops.
 
     PYTHONPATH=harness python3 harness/tests/call_cost.py [--backend cuda|mlx|cpu] [--mib 16]
-        [--calls 60] [--json out.json]
+        [--calls 60] [--untimed] [--json out.json]
 
 Per place it prints the medians of the reported time and, on the cuda backend (and on mlx with
 KSEARCH_HARNESS_MLX_CLOCK=kernels), of its parts (`device_ns`, the device's time; `host_ns`,
@@ -21,7 +21,9 @@ the host time of the call itself), and the first error of a place whose calls fa
 many did. On the H200 the copy seed's 12 us copy read 48 us in evaluations, all of it host
 time (docs/results/scores, run 13); this says where that time comes from. Through mlx the
 kernel clock worked in the judge but not in evaluations' accused processes (mlx run 4); the
-places say which layer takes it away.
+places say which layer takes it away. With --untimed each place makes correctness calls
+instead (the kernel audit's profiler session around each where the place audits), timed from
+the judge: what the audit costs an evaluation's checks.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ LANGUAGE = {"cuda": "cuda", "mlx": "python", "cpu": "c"}
 ENTRY = {"cuda": ("copy_f32", ["x", "y", "n"]), "mlx": ("copy", ["x", "n"]),
          "cpu": ("copy_f32", ["x", "y", "n"])}
 SETTLE_S = 0.005
+# --untimed: the places make correctness calls (untimed, audited where the place audits) and
+# the figure is each call's wall time from the judge, settle included.
+UNTIMED = False
 
 
 def request(backend: str, mib: int, build_dir: str) -> dict:
@@ -108,6 +113,13 @@ class Remote:
         self.proc.calibrate()
 
     def call(self) -> tuple[int, dict[str, int]]:
+        if UNTIMED:
+            # A correctness call as evaluations make them (the kernel audit's profiler session
+            # around it where the place has the audit): its wall time seen from the judge.
+            t0 = time.perf_counter_ns()
+            self.fn(0, audit=True)
+            self.proc.settle(SETTLE_S)
+            return time.perf_counter_ns() - t0, {}
         self.proc.round_trip()  # as before every timed call of an evaluation
         t = self.acc.time_call(self.fn)
         self.proc.settle(SETTLE_S)
@@ -134,6 +146,13 @@ class Local:
         self.fn = self.a.bind(self.ins, self.outs, dict(wl.params))
 
     def call(self) -> tuple[int, dict[str, int]]:
+        if UNTIMED:
+            t0 = time.perf_counter_ns()
+            self.fn()
+            self.a.synchronize()
+            ns = time.perf_counter_ns() - t0
+            time.sleep(SETTLE_S)
+            return ns, {}
         self.a.last_parts = None
         ns, _ = self.a.time_call(self.fn)
         time.sleep(SETTLE_S)
@@ -148,8 +167,12 @@ def main() -> None:
     p.add_argument("--backend", default="cuda", choices=["cuda", "mlx", "cpu"])
     p.add_argument("--mib", type=int, default=16)
     p.add_argument("--calls", type=int, default=60)
+    p.add_argument("--untimed", action="store_true",
+                   help="time correctness calls (with the kernel audit) instead of timed ones")
     p.add_argument("--json")
     a = p.parse_args()
+    global UNTIMED
+    UNTIMED = a.untimed
     root = tempfile.mkdtemp(prefix="ksearch-call-cost-")
     os.chmod(root, 0o755)
     try:
@@ -193,7 +216,8 @@ def main() -> None:
         print(f"{name:<12} " + "  ".join(f"{k} {v:8.1f}" for k, v in row.items()))
     if a.json:
         Path(a.json).write_text(json.dumps({"backend": a.backend, "mib": a.mib,
-                                            "calls": a.calls, "medians": out,
+                                            "calls": a.calls, "untimed": a.untimed,
+                                            "medians": out,
                                             "errors": errors, "raw": samples}))
 
 
