@@ -77,7 +77,7 @@ class Accused:
             # The judge times these to learn what a round trip costs; a timed one goes through
             # the same timing code as a timed call, around nothing.
             if msg.get("timed") and self.adapter is not None:
-                ns, _ = self.adapter.time_call(lambda: None)
+                ns, _ = self.adapter.time_call(_nothing)
                 return {"ns": int(ns)}
             return {"ns": 0}
         raise CommandFailed("task", f"unknown command `{op}`")
@@ -218,6 +218,14 @@ class Accused:
             return {"ns": int(self.adapter.prime(slot.fn))}
         except Exception as e:  # noqa: BLE001
             raise _failure(e) from None
+
+
+def _nothing() -> None:
+    """The call a timed noop times: no work, on the host or the device."""
+
+
+# A device clock that records the device's activity finds none in it, and that is no error.
+_nothing.ksearch_idle = True  # type: ignore[attr-defined]
 
 
 class Slot:

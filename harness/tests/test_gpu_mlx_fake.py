@@ -327,6 +327,39 @@ def test_the_kernel_clock_times_calls_by_their_device_activity(fake_mx, monkeypa
     assert a.environment()["mlx_clock"]["used"] == "kernels"
 
 
+def test_a_timed_noop_on_the_kernel_clock_is_a_round_trip_not_an_error(fake_mx, monkeypatch):
+    """The judge times empty commands (noop) to learn what a round trip costs. They run no
+    device work, so the kernel clock records none: their device time is zero, not a ClockError
+    (which made every mlx evaluation on the kernel clock fail at its calibration on the H200,
+    docs/results/scores, mlx run 5). A candidate call that ran nothing on the device is still
+    an error."""
+    from ksearch_harness import accused, kernel_clock
+    from ksearch_harness.adapters.mlx import MlxAdapter
+
+    activity = [(0, 1_000)]  # the clock's test launches ran something
+
+    def record(fn, sync):
+        value = fn()
+        sync()
+        return value, list(activity)
+
+    monkeypatch.setenv(kernel_clock.CLOCK_ENV, "kernels")
+    monkeypatch.setattr(kernel_clock, "CLOCK", kernel_clock.KernelClock(record))
+    raw = driver.softmax_request("/tmp/k.py", "/tmp/b", backend="mlx")
+    one = accused.Accused("mlx")
+    one.adapter = MlxAdapter(parse_request(raw, "evaluate"))
+    assert one.adapter._device_clock() is not None  # prepared: the kernel clock is in use
+    activity.clear()  # from here on nothing runs on the device
+    assert one.handle({"op": "noop", "timed": True}, []) == {"ns": 0}
+    assert one.adapter.last_parts["device_ns"] == 0
+
+    def candidate():
+        return {}
+    candidate.ksearch_candidate = True
+    with pytest.raises(kernel_clock.ClockError, match="no device activity"):
+        one.adapter.time_call(candidate)
+
+
 def test_without_a_working_profiler_the_kernel_clock_falls_back_to_the_wall_clock(
         tmp_path, fake_mx, monkeypatch):
     """CI has no PyTorch: choosing the kernel clock still evaluates, with the wall clock, and
