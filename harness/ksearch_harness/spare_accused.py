@@ -1,21 +1,23 @@
-"""An accused process started ahead of the evaluation that will use it (persistent judge, GPU
-backends only).
+"""Accused processes started ahead of the evaluations that will use them (persistent judge,
+GPU backends only).
 
-Starting an accused costs seconds on a GPU (its imports, its CUDA context, the lock-down), all
-before the candidate's first call; on the cpu backend it costs a tenth of a second, and core.py
-starts no spare there. A persistent judge (supervisor.serve_loop) starts the next
-evaluation's accused while the current evaluation checks its candidate, so the next one finds
-it ready. The spare is a fresh process that has never loaded candidate code: it gets its arena,
-its artifact and its buffers from the evaluation that takes it, exactly as one started then
-would. It is taken only by a request whose sandbox it was started with (the key: backend,
-sandbox mode, readable paths, limits).
+Starting an accused costs seconds on a GPU (its imports, its CUDA context, the kernel audit's
+profiler, the lock-down), all before the candidate's first call; on the cpu backend it costs a
+tenth of a second, and core.py starts no spare there. A persistent judge
+(supervisor.serve_loop) keeps a small number of spares (its depth, two by default) starting
+while evaluations run: each evaluation takes the oldest and starts one to replace it, so a
+spare has had about two evaluations to get ready. A spare is a fresh process that has never
+loaded candidate code: it gets its arena, its artifact and its buffers from the evaluation
+that takes it, exactly as one started then would. It is taken only by a request whose sandbox
+it was started with (the key: backend, sandbox mode, readable paths, limits).
 
-It never runs while anything is timed: an evaluation stops its spare where it is (SIGSTOP)
-before its timed calls and lets it go on afterwards (`pause`, `resume`), and so does the
+No spare runs while anything is timed: an evaluation stops them where they are (SIGSTOP)
+before its timed calls and lets them go on afterwards (`pause`, `resume`), and so does the
 yardstick op; a start-up stopped half-way holds no CPU and queues no device work. (Waiting
-for the spare to be ready instead cost an evaluation on the H200 seconds: a GPU accused's
-start-up was longer than the checks it overlapped.) A spare that is not taken is killed and
-its directory removed: when a request needs another key, and when the judge ends (`close`).
+for a spare to be ready instead cost an evaluation on the H200 seconds: a GPU accused's
+start-up was longer than the checks it overlapped.) Spares that are not taken are killed and
+their directories removed: when a request needs another key, and when the judge ends
+(`close`).
 """
 
 from __future__ import annotations
@@ -36,79 +38,112 @@ class Started:
     log: str
 
 
-# `0`: no spares (every evaluation starts its own accused, as a one-shot harness does).
+# `0`: no spares (every evaluation starts its own accused, as a one-shot harness does); a
+# number: how many to keep started ahead (DEFAULT_DEPTH otherwise).
 ENV = "KSEARCH_HARNESS_SPARE_ACCUSED"
-_enabled = False
+# Two: on the H200 an accused's start-up (mostly the kernel audit's profiler coming up) took
+# longer than a whole evaluation, so a spare started by the evaluation before the next one was
+# often not ready in time; one started two evaluations ahead is (docs/results/evaluation-speed).
+DEFAULT_DEPTH = 2
+MAX_DEPTH = 4
+_depth = 0
 _key: tuple | None = None
-_spare: Started | None = None
-_paused = False
+# Oldest first: the oldest has had longest to start.
+_spares: list[Started] = []
+# The spares `pause` stopped (by id), for `resume` to let go on.
+_paused: set[int] = set()
 
 
 def enable(on: bool = True) -> None:
-    """Only a persistent judge's worker keeps a spare (worker.child_loop): a one-shot harness
-    would start one that nobody takes."""
-    global _enabled
-    _enabled = on and os.environ.get(ENV, "").strip() != "0"
-    if not _enabled:
+    """Only a persistent judge's worker keeps spares (worker.child_loop): a one-shot harness
+    would start some that nobody takes."""
+    global _depth
+    _depth = _configured_depth() if on else 0
+    if not _depth:
         close()
+
+
+def _configured_depth() -> int:
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return DEFAULT_DEPTH
+    try:
+        return max(0, min(int(raw), MAX_DEPTH))
+    except ValueError:
+        return DEFAULT_DEPTH
 
 
 def enabled() -> bool:
-    return _enabled
+    return _depth > 0
 
 
 def take(key: tuple) -> Started | None:
-    """The spare when it was started for `key` and is still alive; None otherwise (a spare
-    for another key is discarded). The caller owns what it takes (process, directory, log)."""
-    global _spare, _key
-    if _spare is None:
+    """The oldest spare started for `key` that is still alive; None when there is none (spares
+    for another key are discarded, and so are dead ones). The caller owns what it takes
+    (process, directory, log)."""
+    global _key
+    if not _spares:
         return None
     resume()
-    if key != _key or _spare.process.dead or not _alive(_spare.process):
+    if key != _key:
         close()
         return None
-    got, _spare, _key = _spare, None, None
-    return got
+    while _spares:
+        got = _spares.pop(0)
+        if not got.process.dead and _alive(got.process):
+            return got
+        discard(got)
+    _key = None
+    return None
 
 
 def start(key: tuple, factory: Callable[[], Started]) -> None:
-    """Starts a spare for `key`, replacing any other; nothing when spares are off. A failure
-    to start one is not an error: the next evaluation starts its own."""
-    global _spare, _key
-    if not _enabled:
+    """Starts spares for `key` until the judge keeps its depth of them (replacing any for
+    another key); nothing when spares are off. A failure to start one is not an error: the
+    next evaluation starts its own."""
+    global _key
+    if not _depth:
         return
-    close()
-    try:
-        _spare = factory()
-    except Exception:  # noqa: BLE001 - a spare is an optimisation
-        _spare = None
-        return
+    if key != _key:
+        close()
     _key = key
+    while len(_spares) < _depth:
+        try:
+            _spares.append(factory())
+        except Exception:  # noqa: BLE001 - a spare is an optimisation
+            return
 
 
 def pause() -> None:
-    """Stops the spare (SIGSTOP, every thread) unless it is ready, and so stopped already:
-    nothing of its start-up runs until `resume`."""
-    global _paused
-    if _spare is None or _paused or _spare.process.stopped:
-        return
-    try:
-        _spare.process.stop()
-        _paused = True
-    except Exception:  # noqa: BLE001 - a spare that cannot be stopped is not kept
-        close()
+    """Stops every spare (SIGSTOP, every thread) that is not stopped already (a ready one
+    is): nothing of their start-up runs until `resume`."""
+    for spare in list(_spares):
+        if id(spare) in _paused or spare.process.stopped:
+            continue
+        try:
+            spare.process.stop()
+            _paused.add(id(spare))
+        except Exception:  # noqa: BLE001 - a spare that cannot be stopped is not kept
+            _drop(spare)
 
 
 def resume() -> None:
-    """Lets a spare `pause` stopped go on starting."""
-    global _paused
-    if _spare is None or not _paused:
-        return
-    _paused = False
-    try:
-        _spare.process.cont()
-    except Exception:  # noqa: BLE001
-        close()
+    """Lets the spares `pause` stopped go on starting."""
+    for spare in list(_spares):
+        if id(spare) not in _paused:
+            continue
+        _paused.discard(id(spare))
+        try:
+            spare.process.cont()
+        except Exception:  # noqa: BLE001
+            _drop(spare)
+    _paused.clear()
+
+
+def _drop(spare: Started) -> None:
+    _spares.remove(spare)
+    _paused.discard(id(spare))
+    discard(spare)
 
 
 def discard(spare: Started) -> None:
@@ -125,11 +160,12 @@ def discard(spare: Started) -> None:
 
 
 def close() -> None:
-    """Discards the spare, if any."""
-    global _spare, _key, _paused
-    if _spare is not None:
-        discard(_spare)
-    _spare, _key, _paused = None, None, False
+    """Discards every spare."""
+    global _key
+    while _spares:
+        discard(_spares.pop(0))
+    _paused.clear()
+    _key = None
 
 
 def _alive(process: Any) -> bool:

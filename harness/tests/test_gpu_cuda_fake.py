@@ -402,9 +402,10 @@ def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch, monkeypatch)
     spare_states = []
 
     def timing(self):
-        spare = spare_accused._spare
-        assert spare is not None
-        spare_states.append({s for s, _ in thread_states(spare.process.pid).values()})
+        spares = spare_accused._spares
+        assert len(spares) == spare_accused.DEFAULT_DEPTH
+        spare_states.append({s for spare in spares
+                             for s, _ in thread_states(spare.process.pid).values()})
         return untimed(self)
 
     monkeypatch.setattr(core.Evaluation, "timing", timing)

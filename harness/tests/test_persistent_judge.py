@@ -199,10 +199,11 @@ def test_kept_values_keep_device_copies_within_the_device_budget(monkeypatch):
         draw_cache.enable(False)
 
 
-def test_a_spare_is_stopped_while_something_is_timed_and_goes_on_afterwards():
-    """spare_accused.pause stops a spare that is still starting (the judge does not wait for
-    it), leaves a ready one (stopped already) as it is, and resume or take lets a paused one
-    go on."""
+def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monkeypatch):
+    """spare_accused keeps its depth of spares: `pause` stops those still starting (the judge
+    does not wait for them) and leaves ready ones (stopped already) as they are; `resume` or
+    `take` lets them go on; `take` hands out the oldest (it had longest to start) and skips dead
+    ones; a request for another sandbox discards them all."""
     from ksearch_harness import spare_accused
 
     class Process:
@@ -218,39 +219,63 @@ def test_a_spare_is_stopped_while_something_is_timed_and_goes_on_afterwards():
             self.stopped = False
 
         def _alive(self):
-            return True
+            return self.dead is None
 
         def kill(self):
             self.signals.append("KILL")
 
-    def spare(process):
+    made = []
+
+    def factory(stopped=False):
         def started():
             fd, log = tempfile.mkstemp()
             os.close(fd)
-            return spare_accused.Started(process, tempfile.mkdtemp(), log)
+            made.append(Process(stopped))
+            return spare_accused.Started(made[-1], tempfile.mkdtemp(), log)
         return started
 
+    monkeypatch.delenv(spare_accused.ENV, raising=False)
     spare_accused.enable()
     try:
-        starting = Process()
-        spare_accused.start(("k",), spare(starting))
+        spare_accused.start(("k",), factory())
+        assert len(made) == spare_accused.DEFAULT_DEPTH == 2  # filled to its depth
+        first, second = made
         spare_accused.pause()
         spare_accused.pause()  # once is enough
-        assert starting.signals == ["STOP"] and starting.stopped
+        assert first.signals == second.signals == ["STOP"]
         spare_accused.resume()
         spare_accused.resume()
-        assert starting.signals == ["STOP", "CONT"] and not starting.stopped
-        # Paused when taken: the evaluation that takes it gets it going.
+        assert first.signals == ["STOP", "CONT"] and not first.stopped
+        # Paused when taken: the evaluation that takes the oldest gets them going again.
         spare_accused.pause()
         got = spare_accused.take(("k",))
-        assert got is not None and got.process is starting and not starting.stopped
+        assert got is not None and got.process is first and not first.stopped
+        assert not second.stopped
         spare_accused.discard(got)
-        # A ready spare is stopped already: nothing to do, and nothing to undo.
-        ready = Process(stopped=True)
-        spare_accused.start(("k",), spare(ready))
+        # Refilled by the next start; a ready spare is stopped already: nothing to do.
+        spare_accused.start(("k",), factory(stopped=True))
+        third = made[-1]
         spare_accused.pause()
         spare_accused.resume()
-        assert ready.signals == []
+        assert third.signals == []
+        # A dead spare is skipped (and discarded); the next oldest is taken.
+        second.dead = "killed"
+        got = spare_accused.take(("k",))
+        assert got is not None and got.process is third and second.signals[-1] == "KILL"
+        spare_accused.discard(got)
+        # Another sandbox: nothing fits, and what was kept is discarded.
+        spare_accused.start(("k",), factory())
+        kept = made[-2:]
+        assert spare_accused.take(("other",)) is None
+        assert all(p.signals[-1] == "KILL" for p in kept)
+        # A depth of 0 turns them off; a number picks the depth.
+        monkeypatch.setenv(spare_accused.ENV, "0")
+        spare_accused.enable()
+        assert not spare_accused.enabled()
+        monkeypatch.setenv(spare_accused.ENV, "1")
+        spare_accused.enable()
+        spare_accused.start(("k",), factory())
+        assert len(spare_accused._spares) == 1
     finally:
         spare_accused.enable(False)
-    assert ready.signals == ["KILL"]  # an untaken spare is discarded with the judge's end
+    assert made[-1].signals[-1] == "KILL"  # untaken spares go with the judge's end
