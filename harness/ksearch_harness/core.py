@@ -732,14 +732,10 @@ class Evaluation:
         out.stage = "timing"
         # Nothing of the next evaluation's accused starting up while this one is timed: it is
         # stopped where it is and goes on afterwards.
-        spare_accused.pause()
-        try:
-            with phase("checks"):
-                timed_total = self.timing()
-                self.check_timer(timed_total)
-                self.check_floors()
-        finally:
-            spare_accused.resume()
+        with spare_accused.paused(), phase("checks"):
+            timed_total = self.timing()
+            self.check_timer(timed_total)
+            self.check_floors()
         out.data["score"] = self.score()
         out.data["score_interval"] = self.score_interval()
         if self.req.yardstick is not None:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 @dataclass
@@ -138,6 +139,16 @@ def resume() -> None:
         except Exception:  # noqa: BLE001
             _drop(spare)
     _paused.clear()
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """`pause` for the block's duration, then `resume`, however the block ends."""
+    pause()
+    try:
+        yield
+    finally:
+        resume()
 
 
 def _drop(spare: Started) -> None:

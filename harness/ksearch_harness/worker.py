@@ -38,11 +38,6 @@ def execute(req: Request, adapter=None, roofline_override=None) -> dict:
 def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
     out = ResultBuilder(req.op, req.nonce)
     try:
-        from . import spare_accused
-        if req.op == "yardstick":
-            # A spare accused an evaluation started does not start up while the yardstick is
-            # timed (spare_accused).
-            spare_accused.pause()
         from . import core
         from .machine import steady_heap
         steady_heap()
@@ -53,11 +48,11 @@ def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
         elif req.op == "check-task":
             core.check_task(req, out)
         elif req.op == "yardstick":
-            from . import yardstick
-            try:
+            from . import spare_accused, yardstick
+            # Spare accused processes an evaluation started do not start up while the
+            # yardstick is timed (spare_accused).
+            with spare_accused.paused():
                 yardstick.measure(req, out, adapter)
-            finally:
-                spare_accused.resume()
         else:
             raise TaskError(f"op `{req.op}` does not run in a worker")
     except HarnessError as e:

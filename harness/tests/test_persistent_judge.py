@@ -246,6 +246,9 @@ def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monk
         spare_accused.resume()
         spare_accused.resume()
         assert first.signals == ["STOP", "CONT"] and not first.stopped
+        with spare_accused.paused():  # as evaluations and yardsticks time their calls
+            assert first.stopped and second.stopped
+        assert not first.stopped and not second.stopped
         # Paused when taken: the evaluation that takes the oldest gets them going again.
         spare_accused.pause()
         got = spare_accused.take(("k",))
