@@ -55,7 +55,8 @@ def span_ns(intervals: list[tuple[int, int]]) -> int | None:
 
 class _TorchRecorder:
     """A Recorder on PyTorch's profiler. `seen` says what the last session recorded of every
-    kind (events per device type), for the error when it recorded no device activity."""
+    kind (events per device type) when it recorded no device activity, for the error; it is
+    not counted otherwise (the accused's reply, and so the judge's window, waits for it)."""
 
     def __init__(self) -> None:
         from torch.autograd import DeviceType
@@ -68,28 +69,23 @@ class _TorchRecorder:
         with self._profile(activities=[self._activity.CUDA]) as prof:
             value = fn()
             sync()
-        kinds: dict[str, int] = {}
-        intervals = _intervals(prof, self._cuda, kinds)
-        self.seen = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no events"
+        intervals = _intervals(prof, self._cuda)
+        self.seen = "" if intervals else _event_kinds(prof)
         return value, intervals
 
 
-def _torch_recorder() -> Recorder:
-    return _TorchRecorder()
+def _raw_events(prof: Any) -> Any:
+    """The profiler's raw (Kineto) results where this PyTorch has them, else None."""
+    return getattr(getattr(prof, "profiler", None), "kineto_results", None)
 
 
-def _intervals(prof: Any, cuda: Any, kinds: dict[str, int] | None = None
-               ) -> list[tuple[int, int]]:
+def _intervals(prof: Any, cuda: Any) -> list[tuple[int, int]]:
     """Device activities in nanoseconds: from the profiler's raw (Kineto) events where this
-    PyTorch has them, else from its parsed events (microseconds). `kinds` counts every event
-    by device type."""
-    kinds = {} if kinds is None else kinds
-    raw = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    PyTorch has them, else from its parsed events (microseconds)."""
+    raw = _raw_events(prof)
     if raw is not None:
         out = []
         for e in raw.events():
-            kind = str(e.device_type()).rsplit(".", 1)[-1]
-            kinds[kind] = kinds.get(kind, 0) + 1
             if e.device_type() != cuda:
                 continue
             if hasattr(e, "start_ns"):
@@ -98,12 +94,20 @@ def _intervals(prof: Any, cuda: Any, kinds: dict[str, int] | None = None
                 start, length = int(e.start_us()) * 1000, int(e.duration_us()) * 1000
             out.append((start, start + length))
         return out
-    events = list(prof.events())
-    for e in events:
-        kind = str(e.device_type).rsplit(".", 1)[-1]
-        kinds[kind] = kinds.get(kind, 0) + 1
     return [(int(e.time_range.start * 1000), int(e.time_range.end * 1000))
-            for e in events if e.device_type == cuda]
+            for e in prof.events() if e.device_type == cuda]
+
+
+def _event_kinds(prof: Any) -> str:
+    """What a session recorded, counted by device type ("6 CPU"), or "no events"."""
+    raw = _raw_events(prof)
+    types = ([e.device_type() for e in raw.events()] if raw is not None
+             else [e.device_type for e in prof.events()])
+    kinds: dict[str, int] = {}
+    for t in types:
+        kind = str(t).rsplit(".", 1)[-1]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no events"
 
 
 class KernelClock:
@@ -120,7 +124,7 @@ class KernelClock:
         """Checks the profiler on a test launch (twice: a first session can drop events)."""
         self.prepared = True
         try:
-            recorder = self._recorder or _torch_recorder()
+            recorder = self._recorder or _TorchRecorder()
         except Exception as e:  # noqa: BLE001 - no torch: no clock, said so
             self.why = f"PyTorch's profiler is not available ({type(e).__name__}: {e})"
             return

@@ -116,8 +116,8 @@ def start(key: tuple, factory: Callable[[], Started]) -> None:
 
 
 def pause() -> None:
-    """Stops every spare (SIGSTOP, every thread) that is not stopped already (a ready one
-    is): nothing of their start-up runs until `resume`."""
+    """Stops every spare (SIGSTOP, every thread) that is not stopped already, ready or still
+    starting: nothing of theirs runs until `resume`, which continues only those stopped here."""
     for spare in list(_spares):
         if id(spare) in _paused or spare.process.stopped:
             continue

@@ -200,8 +200,8 @@ def test_kept_values_keep_device_copies_within_the_device_budget(monkeypatch):
 
 
 def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monkeypatch):
-    """spare_accused keeps its depth of spares: `pause` stops those still starting (the judge
-    does not wait for them) and leaves ready ones (stopped already) as they are; `resume` or
+    """spare_accused keeps its depth of spares: `pause` stops them (the judge does not wait
+    for them to be ready) and leaves any stopped already as they are; `resume` or
     `take` lets them go on; `take` hands out the oldest (it had longest to start) and skips dead
     ones; a request for another sandbox discards them all."""
     from ksearch_harness import spare_accused
@@ -255,7 +255,7 @@ def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monk
         assert got is not None and got.process is first and not first.stopped
         assert not second.stopped
         spare_accused.discard(got)
-        # Refilled by the next start; a ready spare is stopped already: nothing to do.
+        # Refilled by the next start; a spare stopped by someone else is left as it is.
         spare_accused.start(("k",), factory(stopped=True))
         third = made[-1]
         spare_accused.pause()

@@ -272,10 +272,12 @@ impl OfflineProposer {
     fn prospects_from<'s>(&'s self, wm: &WorldModel, start: &Knobs) -> impl Fn(&Knobs) -> f64 + 's {
         // Knobs a stored setting leaves out are at their defaults, as in `neighbours`.
         let start = self.family.with_defaults(start);
-        let live: Vec<&CatalogAction> = self
+        // Each action's expected factor from `start`, computed once for every step rated.
+        let live: Vec<(&CatalogAction, f64)> = self
             .actions
             .iter()
             .filter(|a| !measured_not_to_pay(wm, &a.id))
+            .map(|a| (a, a.expected_factor_from(&start)))
             .collect();
         move |next: &Knobs| {
             let Some((name, to)) = next.iter().find(|(k, v)| start.get(*k) != Some(*v)) else {
@@ -296,13 +298,12 @@ impl OfflineProposer {
                 (i < j && j < t) || (t < j && j < i)
             };
             live.iter()
-                .filter_map(|a| {
+                .filter_map(|&(a, factor)| {
                     let target = a.knobs.get(name)?;
                     let rest_held = a
                         .knobs
                         .iter()
                         .all(|(k, v)| k == name || next.get(k) == Some(v));
-                    let factor = a.expected_factor_from(&start);
                     if target == to && rest_held {
                         Some(factor)
                     } else if toward(target) {
