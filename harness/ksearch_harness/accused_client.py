@@ -148,16 +148,16 @@ class TimedCall:
     window_ns: int  # the judge's clock around the round trip
     # What the accused says its figure was made of (cuda: `device_ns`, the events' time, and
     # `host_ns`, the call's own host time; the figure is the longer); the judge charges the
-    # candidate from them (adapters.cuda.charged_ns).
+    # candidate from them (adapters.charged_ns).
     parts: dict[str, int] | None = None
     # The judge's window bound (the window less a recent round trip): no less is charged.
     floor_ns: int = 0
 
-    def charged(self, allowance_ns: int | None) -> int:
-        """What counts, given the anchor's host time in the same repetition
-        (adapters.charged_ns); `counted_ns` where the parts or the allowance are missing."""
+    def charged(self, anchor: dict[str, int] | None) -> int:
+        """What counts, given the anchor's parts in the same repetition (adapters.charged_ns);
+        `counted_ns` where the parts or the anchor's are missing."""
         from .adapters import charged_ns
-        ns = charged_ns(self.parts, allowance_ns, self.floor_ns)
+        ns = charged_ns(self.parts, anchor, self.floor_ns)
         return self.counted_ns if ns is None else min(ns, max(self.window_ns, 1))
 
 

@@ -349,7 +349,7 @@ class Bench:
         a = self.adapter
         for r in range(warmup + reps):
             k = r % len(order) if order else 0
-            kernel_parts, allowance = None, None
+            kernel_parts, native_parts = None, None
             for name in order[k:] + order[:k]:
                 if name in results:
                     continue
@@ -363,10 +363,10 @@ class Bench:
                     if name == "kernel":
                         kernel_parts = parts
                     elif timings[name].native:
-                        allowance = parts.get("host_ns")
+                        native_parts = parts
             # The kernel is charged as an evaluation charges a candidate: its host time only
             # beyond the native's (the baseline's) in the same round.
-            charged = adapters.charged_ns(kernel_parts, allowance)
+            charged = adapters.charged_ns(kernel_parts, native_parts)
             if charged is not None and "kernel" not in results:
                 timings["kernel"].samples[-1] = charged
 
@@ -447,7 +447,8 @@ class _Timing:
         self._finish = finish
         self.samples: list[int] = []
         # A native of the request's backend, timed by its adapter as evaluations time the
-        # task's baseline: its host time is the kernel's allowance (adapters.charged_ns).
+        # task's baseline: its parts are what the kernel's charge is set against
+        # (adapters.charged_ns).
         self.native = native
 
     def finish(self) -> dict[str, Any]:

@@ -1426,7 +1426,7 @@ class Evaluation:
                 truth: dict[str, np.ndarray] = {}
                 busy: list[int] = []
                 prime_ns: dict[str, int] = {}
-                host_ns: dict[str, int | None] = {}
+                anchor_parts: dict[str, dict[str, int] | None] = {}
                 cand_timed = None
                 for c in order:
                     if c == "candidate":
@@ -1459,7 +1459,7 @@ class Evaluation:
                             ref_in = inputs.for_reference(shared=a.stages_reference_inputs)
                             a.expect_reference_inputs(ref_in, wl.params)
                         self._flush()
-                        times[c], raw, host_ns[c] = self._time_task_call(
+                        times[c], raw, anchor_parts[c] = self._time_task_call(
                             lambda: task.call_reference(ref_in, wl))
                         with self.phase("reference"):
                             truth = task.check_outputs(raw, wl, "reference")
@@ -1468,12 +1468,12 @@ class Evaluation:
                             base_in = inputs.for_reference(shared=a.stages_reference_inputs)
                             a.expect_reference_inputs(base_in, wl.params)
                         self._flush()
-                        times[c], _, host_ns[c] = self._time_task_call(
+                        times[c], _, anchor_parts[c] = self._time_task_call(
                             lambda: task.call_baseline(base_in, wl))
                 if cand_timed is not None:
                     # The candidate is charged its host time only beyond its anchor's in this
                     # repetition (adapters.charged_ns).
-                    times["candidate"] = cand_timed.charged(host_ns.get(self.anchor))
+                    times["candidate"] = cand_timed.charged(anchor_parts.get(self.anchor))
                 if "reference" not in contenders:
                     truth = self._untimed_reference(inputs, wl)
                 label = f"timed call {'warm-up ' if warming else ''}{index} of `{wl.name}`"
@@ -1498,15 +1498,16 @@ class Evaluation:
             self._log_slow("timing", wl, since)
         return total_all
 
-    def _time_task_call(self, fn: Any) -> tuple[int, Any, int | None]:
-        """A timed call of task code in the judge: its time, what it returned, and its own host
-        time where the backend reports one (the candidate's allowance: adapters.charged_ns)."""
+    def _time_task_call(self, fn: Any) -> tuple[int, Any, dict[str, int] | None]:
+        """A timed call of task code in the judge: its time, what it returned, and its parts
+        (device and host time) where the backend reports them (what the candidate's charge is
+        set against: adapters.charged_ns)."""
         a = self.adapter
         assert a is not None
         a.last_parts = None
         with self.phase("timed_calls"):
             ns, value = a.time_call(fn)
-        return ns, value, (a.last_parts or {}).get("host_ns")
+        return ns, value, a.last_parts
 
     @property
     def anchor(self) -> str:

@@ -119,10 +119,13 @@ class KernelClock:
         self.prepared = False
         self.available = False
         self.why = "not prepared"
+        # The test launch: the least device work a call can do (a round trip's, see measure).
+        self.touch: Callable[[], None] | None = None
 
     def prepare(self, sync: Callable[[], None], touch: Callable[[], None]) -> None:
         """Checks the profiler on a test launch (twice: a first session can drop events)."""
         self.prepared = True
+        self.touch = touch
         try:
             recorder = self._recorder or _TorchRecorder()
         except Exception as e:  # noqa: BLE001 - no torch: no clock, said so

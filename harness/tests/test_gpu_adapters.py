@@ -442,22 +442,38 @@ def test_timed_cuda_calls_hold_the_stream_while_the_host_enqueues(monkeypatch):
 
 def test_a_candidate_is_charged_host_time_only_beyond_its_anchors():
     """adapters.charged_ns: device time, or the host time beyond the anchor's in the same
-    repetition where longer, never below the judge's window bound; without parts or an
-    allowance the reported figure stands (TimedCall.charged)."""
+    repetition where longer, never below the judge's window bound less the anchor's host time
+    that its device time did not hide; without parts or the anchor's host time the reported
+    figure stands (TimedCall.charged)."""
     from ksearch_harness.accused_client import TimedCall
     from ksearch_harness.adapters import charged_ns
-    # The copy task on the H200: 12 us on the device, 40 us to enqueue, the baseline's clone
-    # 45 us to enqueue: the device time.
-    assert charged_ns({"device_ns": 12_000, "host_ns": 40_000}, 45_000) == 12_000
+    # The copy task on the H200 (cuda): 12 us on the device, 40 us to enqueue, the baseline's
+    # clone 45 us to enqueue: the device time.
+    clone = {"device_ns": 12_000, "host_ns": 45_000}
+    assert charged_ns({"device_ns": 12_000, "host_ns": 40_000}, clone) == 12_000
     # 2 ms of host work behind a 10 us launch: all but the anchor's 50 us.
-    assert charged_ns({"device_ns": 10_000, "host_ns": 2_000_000}, 50_000) == 1_950_000
-    assert charged_ns({"device_ns": 12_000, "host_ns": 40_000}, 45_000, floor_ns=30_000) == 30_000
-    assert charged_ns({"device_ns": 12_000}, 45_000) is None
+    assert charged_ns({"device_ns": 10_000, "host_ns": 2_000_000},
+                      {"device_ns": 10_000, "host_ns": 50_000}) == 1_950_000
+    # A device-bound anchor (its launch hidden behind 700 us on the device): the window bound
+    # stands whole, so a forged device time is charged the window less a round trip.
+    sdpa = {"device_ns": 700_000, "host_ns": 30_000}
+    assert charged_ns({"device_ns": 1_000, "host_ns": 20_000}, sdpa, floor_ns=650_000) == 650_000
+    # The mlx kernel clock: the profiler makes both copies' calls take 1.2 ms on the host; the
+    # window bound less the anchor's unhidden host time leaves the device time.
+    copy = {"device_ns": 10_000, "host_ns": 1_200_000}
+    assert charged_ns({"device_ns": 10_000, "host_ns": 1_190_000}, copy,
+                      floor_ns=1_150_000) == 10_000
+    # ... and a candidate that forges its device time is still charged the window's excess.
+    assert charged_ns({"device_ns": 10_000, "host_ns": 1_190_000}, copy,
+                      floor_ns=1_190_000 + 500_000) == 500_000
+    assert charged_ns({"device_ns": 12_000}, clone) is None
     assert charged_ns({"device_ns": 12_000, "host_ns": 40_000}, None) is None
+    assert charged_ns({"device_ns": 12_000, "host_ns": 40_000}, {"device_ns": 1}) is None
     t = TimedCall(counted_ns=40_000, reported_ns=40_000, window_ns=300_000,
                   parts={"device_ns": 12_000, "host_ns": 40_000}, floor_ns=5_000)
-    assert t.charged(45_000) == 12_000 and t.charged(None) == 40_000
-    assert TimedCall(counted_ns=40_000, reported_ns=40_000, window_ns=300_000).charged(1) == 40_000
+    assert t.charged(clone) == 12_000 and t.charged(None) == 40_000
+    assert TimedCall(counted_ns=40_000, reported_ns=40_000, window_ns=300_000
+                     ).charged({"host_ns": 1}) == 40_000
 
 
 def test_a_kept_read_only_set_shares_one_read_only_view_per_input():

@@ -328,11 +328,11 @@ def test_the_kernel_clock_times_calls_by_their_device_activity(fake_mx, monkeypa
 
 
 def test_a_timed_noop_on_the_kernel_clock_is_a_round_trip_not_an_error(fake_mx, monkeypatch):
-    """The judge times empty commands (noop) to learn what a round trip costs. They run no
-    device work, so the kernel clock records none: their device time is zero, not a ClockError
-    (which made every mlx evaluation on the kernel clock fail at its calibration on the H200,
-    docs/results/scores, mlx run 5). A candidate call that ran nothing on the device is still
-    an error."""
+    """The judge times empty commands (noop) to learn what a round trip costs. On the kernel
+    clock they launch its tiny test op; should the clock record nothing of it, their device
+    time is zero, not a ClockError (which made every mlx evaluation on the kernel clock fail at
+    its calibration on the H200, docs/results/scores, mlx run 5). A candidate call that ran
+    nothing on the device is still an error."""
     from ksearch_harness import accused, kernel_clock
     from ksearch_harness.adapters.mlx import MlxAdapter
 
@@ -349,9 +349,19 @@ def test_a_timed_noop_on_the_kernel_clock_is_a_round_trip_not_an_error(fake_mx, 
     one = accused.Accused("mlx")
     one.adapter = MlxAdapter(parse_request(raw, "evaluate"))
     assert one.adapter._device_clock() is not None  # prepared: the kernel clock is in use
-    activity.clear()  # from here on nothing runs on the device
+    clock = kernel_clock.CLOCK
+    touched = []
+    probe = clock.touch
+    clock.touch = lambda: touched.append(1) or probe()
+    activity.clear()  # from here on nothing is recorded on the device
     assert one.handle({"op": "noop", "timed": True}, []) == {"ns": 0}
     assert one.adapter.last_parts["device_ns"] == 0
+    # The round trip ran the clock's test op: the profiler's cost of a session with device
+    # activity is part of what a round trip costs on this clock.
+    assert touched == [1]
+    activity.append((5_000, 7_000))
+    assert one.handle({"op": "noop", "timed": True}, []) == {"ns": 2_000}
+    activity.clear()
 
     def candidate():
         return {}

@@ -46,16 +46,25 @@ class BuildFailed(Exception):
         self.info = info
 
 
-def charged_ns(parts: dict[str, int] | None, allowance_ns: int | None, floor_ns: int = 0
+def charged_ns(parts: dict[str, int] | None, anchor: dict[str, int] | None, floor_ns: int = 0
                ) -> int | None:
-    """What a candidate's timed call is charged, from its `parts` (device_ns, host_ns): its
-    device time, or its host time beyond `allowance_ns` (its anchor's host time in the same
-    repetition) where that is longer, and never less than `floor_ns` (the judge's window
-    bound). None without both parts or an allowance: the reported figure stands."""
-    if not parts or allowance_ns is None or "device_ns" not in parts or "host_ns" not in parts:
+    """What a candidate's timed call is charged, from its `parts` (device_ns, host_ns) and its
+    anchor's in the same repetition (`anchor`, timed by the judge): its device time, or its
+    host time beyond the anchor's where that is longer, and never less than `floor_ns` (the
+    judge's window around the call less a round trip: what keeps a forged figure from paying)
+    less the anchor's host time that did not overlap its device time. That part of the window
+    is the clock's and the launch path's cost of any call, which the anchor's figure does not
+    hold either: on the cuda backend, where a device-bound anchor's host time hides behind its
+    device time, it is zero; on the mlx kernel clock, where the profiler makes a 10 us copy's
+    call take over a millisecond on the host, it is most of the window. None without both
+    parts or the anchor's host time: the reported figure stands."""
+    if (not parts or not anchor or "device_ns" not in parts or "host_ns" not in parts
+            or "host_ns" not in anchor):
         return None
-    return max(int(parts["device_ns"]), int(parts["host_ns"]) - int(allowance_ns),
-               int(floor_ns), 1)
+    anchor_host = int(anchor["host_ns"])
+    unhidden = max(anchor_host - int(anchor.get("device_ns", 0)), 0)
+    return max(int(parts["device_ns"]), int(parts["host_ns"]) - anchor_host,
+               int(floor_ns) - unhidden, 1)
 
 
 class Adapter(abc.ABC):
