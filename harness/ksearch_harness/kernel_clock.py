@@ -7,9 +7,10 @@ way varied by a factor of 2-3 from one repetition to the next, and the copy cali
 0.27-0.30 where 1.00 is right (docs/results/scores, mlx run 3). This clock asks
 the driver instead: CUDA activity recorded by PyTorch's profiler (CUPTI, as the kernel audit
 records which kernels ran), and a call's device time is the span from the start of its first
-device activity to the end of its last. The host time of the call is reported beside it, so the
-judge charges a candidate as it does on the cuda backend (adapters.charged_ns): its device time,
-or its host time beyond its anchor's in the same repetition where that is longer.
+device activity to the end of its last. That figure is every contender's, the candidate's too:
+the host time of a call under the profiler (kept beside it as evidence) is inflated by the
+profiler, by amounts that differ from one process to another, so the judge charges a candidate
+its device time, bounded below by its window less a round trip (adapters/mlx.py, time_call).
 
 Where the profiler cannot run (no PyTorch, no CUPTI), the clock says why and the adapter keeps
 the wall clock. Which clock an evaluation used is in its result (`environment.mlx_clock`).

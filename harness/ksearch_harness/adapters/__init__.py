@@ -53,11 +53,10 @@ def charged_ns(parts: dict[str, int] | None, anchor: dict[str, int] | None, floo
     host time beyond the anchor's where that is longer, and never less than `floor_ns` (the
     judge's window around the call less a round trip: what keeps a forged figure from paying)
     less the anchor's host time that did not overlap its device time. That part of the window
-    is the clock's and the launch path's cost of any call, which the anchor's figure does not
-    hold either: on the cuda backend, where a device-bound anchor's host time hides behind its
-    device time, it is zero; on the mlx kernel clock, where the profiler makes a 10 us copy's
-    call take over a millisecond on the host, it is most of the window. None without both
-    parts or the anchor's host time: the reported figure stands."""
+    is the launch path's cost of any call, which the anchor's figure does not hold either: for
+    a device-bound anchor, whose host time hides behind its device time, it is zero. None
+    without both parts or the anchor's host time (the mlx kernel clock reports none: its host
+    times are the profiler's): the reported figure, bounded by the window, stands."""
     if (not parts or not anchor or "device_ns" not in parts or "host_ns" not in parts
             or "host_ns" not in anchor):
         return None
