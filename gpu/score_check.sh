@@ -18,9 +18,9 @@
 # "eval bench copy", run in that order): a call that cannot fit all three in its 600 s runs
 # them in two calls
 # (STEPS="eval", then STEPS="bench copy" with EVAL_JSON pointing at the first call's eval.json,
-# carried back as an untracked file, so the summary has both). KSEARCH_HARNESS_MLX_CLOCK=kernels
-# times mlx calls by their device activity (docs/backends.md, "A device clock for MLX"); the
-# summary says which clock each evaluation used. Results in $OUT: eval.json,
+# carried back as an untracked file, so the summary has both). mlx calls are timed by their
+# device activity (docs/backends.md, "A device clock for MLX"; KSEARCH_HARNESS_MLX_CLOCK=wall for
+# the wall clock); the summary says which clock each evaluation used. Results in $OUT: eval.json,
 # bench.json, copy.json (eval.json and copy.json as JSON lines), summary.txt, log.txt.
 set -uo pipefail
 

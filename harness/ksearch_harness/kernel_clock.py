@@ -12,10 +12,11 @@ the host time of a call under the profiler (kept beside it as evidence) is infla
 profiler, by amounts that differ from one process to another, so the judge charges a candidate
 its device time, bounded below by its window less a round trip (adapters/mlx.py, time_call).
 
-Where the profiler cannot run (no PyTorch, no CUPTI), the clock says why and the adapter keeps
-the wall clock. Which clock an evaluation used is in its result (`environment.mlx_clock`).
-`KSEARCH_HARNESS_MLX_CLOCK` picks it: `wall` (the default until the device measurements in
-docs/results/scores say otherwise) or `kernels`.
+Where MLX does not run on CUDA or the profiler cannot run (no PyTorch, no CUPTI), the clock
+says why and the adapter keeps the wall clock. Which clock an evaluation used is in its result
+(`environment.mlx_clock`). `KSEARCH_HARNESS_MLX_CLOCK` picks it: `kernels` (the default: on
+the H200 it reads the copy calibration at 1.00 and agrees with `ksearch bench`,
+docs/results/scores, mlx run 7) or `wall`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Callable
 
 CLOCK_ENV = "KSEARCH_HARNESS_MLX_CLOCK"
 CLOCKS = ("wall", "kernels")
-DEFAULT_CLOCK = "wall"
+DEFAULT_CLOCK = "kernels"
 
 # A recorder runs `fn`, then `sync`, and returns fn's value with the (start_ns, end_ns) of every
 # device activity recorded meanwhile, on one clock.

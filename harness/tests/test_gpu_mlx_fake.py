@@ -400,6 +400,30 @@ def test_without_a_working_profiler_the_kernel_clock_falls_back_to_the_wall_cloc
     assert "recorded no device activity" in clock["detail"]
 
 
+def test_the_kernel_clock_is_the_default_only_where_mlx_runs_on_cuda(fake_mx, monkeypatch):
+    """With no setting the kernel clock is chosen; where MLX does not run on an NVIDIA GPU
+    (Apple silicon, MLX's CPU backend) the profiler is not even started and the result says
+    the wall clock timed it and why."""
+    import types
+
+    from ksearch_harness import kernel_clock
+    from ksearch_harness.adapters.mlx import MlxAdapter
+    monkeypatch.delenv(kernel_clock.CLOCK_ENV, raising=False)
+    started = []
+    monkeypatch.setattr(kernel_clock, "CLOCK", kernel_clock.KernelClock(
+        lambda fn, sync: (started.append(1), fn(), [(0, 1)])[1:]))
+    raw = driver.softmax_request("/tmp/k.py", "/tmp/b", backend="mlx")
+    monkeypatch.setattr(fake_mx, "cuda", types.SimpleNamespace(is_available=lambda: False))
+    a = MlxAdapter(parse_request(raw, "evaluate"))
+    assert a._device_clock() is None and not started
+    clock = a.environment()["mlx_clock"]
+    assert clock["chosen"] == "kernels" and clock["used"] == "wall"
+    assert "does not run on an NVIDIA GPU" in clock["detail"]
+    monkeypatch.setattr(fake_mx, "cuda", types.SimpleNamespace(is_available=lambda: True))
+    assert a._device_clock() is not None and started
+    assert a.environment()["mlx_clock"]["used"] == "kernels"
+
+
 def test_a_judge_on_the_kernel_clock_refuses_candidate_times_taken_with_the_wall_clock(
         tmp_path, fake_mx, monkeypatch):
     """The judge's baseline on the kernel clock and the accused's candidate on the wall clock

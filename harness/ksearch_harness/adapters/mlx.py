@@ -319,15 +319,19 @@ class MlxAdapter(DeviceAdapter):
         judge; the accused prepares it before its lock-down); None: the wall clock."""
         if self._clock_name != "kernels":
             return None
-        clock = prepare_device_clock(self._mx())
+        mx = self._mx()
+        if machine_dialect(mx) != "cuda":
+            return None  # CUPTI records NVIDIA GPUs only
+        clock = prepare_device_clock(mx)
         return clock if clock.available else None
 
     def check_candidate_clock(self, parts: dict[str, int] | None) -> None:
         if self._device_clock() is not None and not (parts and "device_ns" in parts):
             raise TaskError(
-                "the judge times with the kernel clock (KSEARCH_HARNESS_MLX_CLOCK=kernels) but "
-                "the accused's timed call came without device activity: its profiler did not "
-                "start there; unset the setting to time both with the wall clock")
+                "the judge times with the kernel clock (KSEARCH_HARNESS_MLX_CLOCK=kernels, the "
+                "default) but the accused's timed call came without device activity: its "
+                "profiler did not start there; KSEARCH_HARNESS_MLX_CLOCK=wall times both with "
+                "the wall clock")
 
     def time_call(self, fn: Callable[[], Any]) -> tuple[int, Any]:
         mx = self._mx()
@@ -420,7 +424,9 @@ class MlxAdapter(DeviceAdapter):
                 clock = self._device_clock()
                 env["mlx_clock"] = {
                     "chosen": self._clock_name, "used": "kernels" if clock else "wall",
-                    "detail": (kernel_clock.CLOCK.why if self._clock_name == "kernels"
+                    "detail": (kernel_clock.CLOCK.why if clock or kernel_clock.CLOCK.prepared
+                               else "MLX does not run on an NVIDIA GPU here: the wall clock"
+                               if self._clock_name == "kernels"
                                else "wall clock around the call, mx.eval and mx.synchronize")}
                 mx = self._mx()
                 env["mlx_dialect"] = machine_dialect(mx)
