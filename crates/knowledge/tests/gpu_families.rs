@@ -156,6 +156,42 @@ fn pingpong_is_a_wgmma_schedule_for_two_warpgroups() {
 }
 
 #[test]
+fn pingpong_applied_under_two_blocks_per_sm_falls_back_to_one() {
+    // An offline run on the H200 applied ping-pong to a wgmma m64n64 parent whose min_blocks
+    // was 2: at 128 registers a thread the kernel spilled and scored a quarter of its parent.
+    // The family's rule makes the repair set min_blocks back to 1, and nothing else.
+    let cuda = gpu_family("cuda");
+    let k = |pairs: &[(&str, KnobValue)]| -> Knobs {
+        pairs.iter().map(|(n, v)| (n.to_string(), v.clone())).collect()
+    };
+    let (i, t) = (KnobValue::Int, KnobValue::Bool(true));
+    let parent = cuda.with_defaults(&k(&[
+        ("algo", KnobValue::Str("wgmma".into())),
+        ("block_m", i(64)),
+        ("block_n", i(64)),
+        ("warps", i(4)),
+        ("cp_async", t.clone()),
+        ("stages", i(2)),
+        ("min_blocks", i(2)),
+    ]));
+    assert!(cuda.validate(&parent).is_ok(), "one warpgroup may ask for two blocks per SM");
+    let pingpong = k(&[
+        ("pingpong", t.clone()),
+        ("block_m", i(128)),
+        ("warps", i(8)),
+        ("overlap", KnobValue::Bool(false)),
+        ("stages", i(3)),
+        ("block_n", i(128)),
+    ]);
+    let applied = cuda.apply(&parent, &pingpong).unwrap();
+    assert_eq!(applied["min_blocks"], i(1));
+    let mut expected = parent.clone();
+    expected.extend(pingpong);
+    expected.insert("min_blocks".into(), i(1));
+    assert_eq!(applied, expected);
+}
+
+#[test]
 fn the_named_variants_are_valid_and_start_from_naive() {
     let cuda = gpu_family("cuda");
     let mlx = gpu_family("mlx");
