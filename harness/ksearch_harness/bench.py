@@ -15,7 +15,8 @@ contender, each after a cache flush, in an order that rotates from round to roun
 per-call drift lands on all of them alike). Per contender the samples, their median and
 10th/90th percentiles are reported (ns).
 - kernel: the adapter's `time_call` (cuda: the longer of the device's time, CUDA events on the
-  harness stream behind a stream hold, and the host time of the call itself; mlx: wall clock
+  harness stream behind a stream hold, and the host time of the call itself; mlx: the span of
+  its recorded device activity where MLX runs on CUDA (kernel_clock.py), else the wall clock
   around the call, `mx.eval` and `mx.synchronize()`);
 - a native of the request's backend (sdpa on cuda, mlx on mlx): the same adapter's
   `time_call` after its flush, as an evaluation times the task's baseline (on cuda the same
