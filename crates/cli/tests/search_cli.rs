@@ -212,8 +212,12 @@ fn run_then_show_and_export_the_best_kernel() {
     let row = &listed.as_array().unwrap()[0];
     assert_eq!(row["id"], id.as_str());
     assert_eq!(row["status"], "finished");
+    // A winner is set against the seed; a run whose seed stayed its best (two quick rounds
+    // on a busy 2-core machine can end so) has nothing to set against it.
+    let seed_won = row["best_candidate"] == 1;
     assert!(
-        row["confirmed"].as_f64().is_some() && row["versus_seed"].as_f64().is_some(),
+        row["confirmed"].as_f64().is_some()
+            && (row["versus_seed"].as_f64().is_some() || seed_won && row["versus_seed"].is_null()),
         "{row}"
     );
     let shown = succeed_with_json(
