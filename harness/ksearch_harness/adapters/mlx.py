@@ -422,12 +422,14 @@ class MlxAdapter(DeviceAdapter):
         if self.request.op == "evaluate":
             try:
                 clock = self._device_clock()
-                env["mlx_clock"] = {
-                    "chosen": self._clock_name, "used": "kernels" if clock else "wall",
-                    "detail": (kernel_clock.CLOCK.why if clock or kernel_clock.CLOCK.prepared
-                               else "MLX does not run on an NVIDIA GPU here: the wall clock"
-                               if self._clock_name == "kernels"
-                               else "wall clock around the call, mx.eval and mx.synchronize")}
+                if self._clock_name != "kernels":
+                    detail = "wall clock around the call, mx.eval and mx.synchronize"
+                elif kernel_clock.CLOCK.prepared:
+                    detail = kernel_clock.CLOCK.why  # in use, or why it could not be
+                else:
+                    detail = "MLX does not run on an NVIDIA GPU here: the wall clock"
+                env["mlx_clock"] = {"chosen": self._clock_name,
+                                    "used": "kernels" if clock else "wall", "detail": detail}
                 mx = self._mx()
                 env["mlx_dialect"] = machine_dialect(mx)
                 info = getattr(mx, "device_info", None)
