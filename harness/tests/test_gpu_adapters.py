@@ -458,8 +458,8 @@ def test_a_candidate_is_charged_host_time_only_beyond_its_anchors():
     # stands whole, so a forged device time is charged the window less a round trip.
     sdpa = {"device_ns": 700_000, "host_ns": 30_000}
     assert charged_ns({"device_ns": 1_000, "host_ns": 20_000}, sdpa, floor_ns=650_000) == 650_000
-    # The mlx kernel clock: the profiler makes both copies' calls take 1.2 ms on the host; the
-    # window bound less the anchor's unhidden host time leaves the device time.
+    # A launch-bound anchor (1.2 ms on the host for 10 us on the device) and a candidate like
+    # it: the window bound less the anchor's unhidden host time leaves the device time.
     copy = {"device_ns": 10_000, "host_ns": 1_200_000}
     assert charged_ns({"device_ns": 10_000, "host_ns": 1_190_000}, copy,
                       floor_ns=1_150_000) == 10_000

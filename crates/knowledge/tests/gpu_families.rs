@@ -109,7 +109,10 @@ fn the_mlx_family_has_the_cuda_knobs_but_min_blocks() {
             .collect()
     };
     let (c, m) = (rules(&cuda), rules(&mlx));
-    assert!(cuda.rules().len() > c.len(), "the cuda family has a min_blocks rule");
+    assert!(
+        cuda.rules().len() > c.len(),
+        "the cuda family has a min_blocks rule"
+    );
     assert_eq!(m.len(), c.len() + 1);
     assert_eq!(&m[..c.len()], &c[..]);
     assert!(m[c.len()].contains("mlx-metal"), "{}", m[c.len()]);
@@ -162,7 +165,10 @@ fn pingpong_applied_under_two_blocks_per_sm_falls_back_to_one() {
     // The family's rule makes the repair set min_blocks back to 1, and nothing else.
     let cuda = gpu_family("cuda");
     let k = |pairs: &[(&str, KnobValue)]| -> Knobs {
-        pairs.iter().map(|(n, v)| (n.to_string(), v.clone())).collect()
+        pairs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.clone()))
+            .collect()
     };
     let (i, t) = (KnobValue::Int, KnobValue::Bool(true));
     let parent = cuda.with_defaults(&k(&[
@@ -174,7 +180,10 @@ fn pingpong_applied_under_two_blocks_per_sm_falls_back_to_one() {
         ("stages", i(2)),
         ("min_blocks", i(2)),
     ]));
-    assert!(cuda.validate(&parent).is_ok(), "one warpgroup may ask for two blocks per SM");
+    assert!(
+        cuda.validate(&parent).is_ok(),
+        "one warpgroup may ask for two blocks per SM"
+    );
     let pingpong = k(&[
         ("pingpong", t.clone()),
         ("block_m", i(128)),
