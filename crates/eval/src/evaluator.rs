@@ -26,7 +26,8 @@ pub struct EvaluatorConfig {
     pub backend: Option<String>,
     /// Directory containing the `ksearch_harness` package; `None`: the shipped harness.
     pub harness_dir: Option<PathBuf>,
-    /// Where build directories go; `None`: a temporary directory removed with the evaluator.
+    /// Where build directories go; `None`: a temporary directory removed with the evaluator
+    /// (or, if its process is killed, by the next evaluator: [`crate::scratch_dir`]).
     pub work_dir: Option<PathBuf>,
     /// Time the harness gets beyond the request's own timeout before its process group is
     /// killed: the harness enforces `timeout_s` itself and should report first.
@@ -199,13 +200,12 @@ impl Evaluator {
                 (d.clone(), None)
             }
             None => {
-                let tmp = tempfile::Builder::new()
-                    .prefix("ksearch-eval-")
-                    .tempdir()
-                    .map_err(|source| EvalError::Io {
+                let tmp = crate::scratch_dir::create(&std::env::temp_dir()).map_err(|source| {
+                    EvalError::Io {
                         path: std::env::temp_dir(),
                         source,
-                    })?;
+                    }
+                })?;
                 (tmp.path().to_path_buf(), Some(tmp))
             }
         };

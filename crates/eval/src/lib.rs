@@ -24,6 +24,7 @@ pub mod mamba_bench;
 pub mod protocol;
 pub mod report;
 pub mod request;
+pub mod scratch_dir;
 pub mod yardstick;
 
 pub use bench::{BenchRequest, BenchResult, BenchSettings, BenchWorkload, Measurement};
