@@ -482,6 +482,10 @@ const SEARCH_ARGS: &[&str] = &[
     "quick",
     "--seed",
     "42",
+    // The confirmation re-measures kernels the proposer already wrote (search_cli's tests
+    // cover it); here it would only repeat evaluations.
+    "--confirm-rounds",
+    "0",
     "--no-llm-cache",
     "--json",
 ];
