@@ -917,8 +917,28 @@ class Evaluation:
             else:
                 for name, buf in bench.inputs.items():
                     acc.upload(buf, inputs.stored[name])
+                staged = self._staged_inputs(bench, inputs)
                 for name, buf in bench.judge_inputs.items():
-                    self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
+                    if staged is not None:
+                        self.adapter.upload_kept(  # type: ignore[union-attr]
+                            buf, inputs.stored[name], staged[name])
+                    else:
+                        self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
+
+    def _staged_inputs(self, bench: Bench, inputs: Inputs) -> dict[str, Any] | None:
+        """The judge's own device arrays of an input set, for adapters whose staged inputs can
+        be reused (adapters.reuses_staged_inputs: MLX, whose arrays are immutable); kept with a
+        set the draw cache keeps, so later evaluations upload nothing for the judge's
+        reference and baseline. None for other adapters (they upload every repetition)."""
+        a = self.adapter
+        if a is None or not a.reuses_staged_inputs or not bench.judge_inputs:
+            return None
+        make = a.device_array  # type: ignore[attr-defined]
+        return draw_cache.device_copy(
+            inputs, lambda: {name: make(inputs.stored[name], buf.spec)
+                             for name, buf in bench.judge_inputs.items()},
+            sum(int(inputs.stored[name].nbytes) for name in bench.judge_inputs),
+            a.device_memory_bytes(), kind="judge")  # type: ignore[attr-defined]
 
     def _device_inputs(self, bench: Bench, inputs: Inputs) -> dict[str, Any] | None:
         """The judge's own device copy of an input set (storage bits), where every input of

@@ -20,8 +20,8 @@ evaluations draw about 13 GB of input sets, and an eighth (at most 8 GiB) left a
 to be drawn and their reference computed again in every evaluation
 (docs/results/evaluation-speed).
 
-A kept value may also keep a device copy (the judge's copy of a kept input set, the truth for
-checks on the device), within a budget of its own: `KSEARCH_HARNESS_DEVICE_CACHE_MB`, by
+A kept value may also keep device copies (the judge's copy of a kept input set, the truth for
+checks on the device, on MLX the judge's own arrays of a set), within a budget of its own: `KSEARCH_HARNESS_DEVICE_CACHE_MB`, by
 default a quarter of the device's memory, so a candidate keeps most of the device. Device
 copies of values that are not kept are made and dropped by their user as before.
 
@@ -55,9 +55,9 @@ _enabled = False
 _entries: dict[tuple, Any] = {}
 _bytes = 0
 _stats = {"hits": 0, "misses": 0, "refused": 0}
-# Kept values by identity, and the device copies kept for some of them.
+# Kept values by identity, and the device copies kept for some of them (by kind and identity).
 _kept_ids: set[int] = set()
-_device: dict[int, Any] = {}
+_device: dict[tuple[str, int], Any] = {}
 _device_bytes = 0
 
 
@@ -152,24 +152,26 @@ def device_budget_bytes(device_total_bytes: int) -> int:
 
 
 def device_copy(value: Any, make: Callable[[], Any], nbytes: int,
-                device_total_bytes: int) -> Any:
+                device_total_bytes: int, kind: str = "") -> Any:
     """The device copy of `value`: the one kept for it, or `make()`, kept when `value` is a
-    kept value and the device budget allows."""
+    kept value and the device budget allows. `kind` tells apart copies of one value made for
+    different uses (the accused's shared buffers, the judge's own arrays)."""
     global _device_bytes
+    key = (kind, id(value))
     if id(value) in _kept_ids:
-        dev = _device.get(id(value))
+        dev = _device.get(key)
         if dev is not None:
             return dev
     dev = make()
     if (id(value) in _kept_ids
             and _device_bytes + nbytes <= device_budget_bytes(device_total_bytes)):
-        _device[id(value)] = dev
+        _device[key] = dev
         _device_bytes += nbytes
     return dev
 
 
-def device_kept(value: Any) -> bool:
-    return id(value) in _device
+def device_kept(value: Any, kind: str = "") -> bool:
+    return (kind, id(value)) in _device
 
 
 def stats() -> dict[str, int]:

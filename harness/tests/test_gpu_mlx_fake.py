@@ -160,7 +160,10 @@ def _workload(name: str, dtype: str, n: int, held_out: bool = False) -> dict:
 def _evaluate(tmp_path: Path, source: str) -> dict:
     task = tmp_path / "task"
     task.mkdir(exist_ok=True)
-    (task / "reference.py").write_text(REFERENCE)
+    reference = task / "reference.py"
+    if not reference.exists() or reference.read_text() != REFERENCE:
+        # Written once: a task file rewritten would give the draw cache new keys.
+        reference.write_text(REFERENCE)
     cand = tmp_path / "candidate.py"
     cand.write_text(textwrap.dedent(source))
     req = {
@@ -210,6 +213,60 @@ def test_honest_candidate_passes_every_check(tmp_path, fake_mx, monkeypatch, cap
     # and each was checked after its call.
     assert sum(verified) >= 2 * 3 * len(timed)
     assert r["score"] is not None
+
+
+def test_a_kept_input_set_keeps_the_judges_mlx_arrays(tmp_path, fake_mx, monkeypatch):
+    """In a persistent judge (draw cache on) the judge's own MLX arrays of an input set, which
+    its timed reference and baseline calls read, are made with the set and reused by the
+    evaluations after it instead of being uploaded again in every repetition."""
+    from ksearch_harness import draw_cache
+    from ksearch_harness.adapters import mlx as mlx_adapter
+    made, uploaded, verified = [], [], []
+    real_make = mlx_adapter.MlxAdapter.device_array
+    real_upload = mlx_adapter.MlxAdapter.upload
+    real_verify = device.DeviceAdapter.verify_reference_inputs
+
+    def make(self, host, spec):
+        made.append(spec.name)
+        return real_make(self, host, spec)
+
+    def upload(self, buf, host):
+        uploaded.append(buf.spec.name)
+        real_upload(self, buf, host)
+
+    def verify(self):
+        verified.append(len(self._pending))
+        real_verify(self)
+
+    # This process is the judge; the accused, a child, has its own adapter.
+    monkeypatch.setattr(mlx_adapter.MlxAdapter, "device_array", make)
+    monkeypatch.setattr(mlx_adapter.MlxAdapter, "upload", upload)
+    monkeypatch.setattr(device.DeviceAdapter, "verify_reference_inputs", verify)
+    draw_cache.clear()
+    draw_cache.enable()
+    try:
+        first = _evaluate(tmp_path, HONEST)
+        made_first, verified_first = len(made), sum(verified)
+        kept_first = draw_cache.stats()["device_entries"]
+        second = _evaluate(tmp_path, HONEST)
+        kept = draw_cache.stats()["device_entries"]
+    finally:
+        draw_cache.enable(False)
+        draw_cache.clear()
+    assert first["status"] == second["status"] == "passed", (first["message"],
+                                                             second["message"])
+    # One input per set here, so an array made is a set staged. The second evaluation made
+    # arrays only for sets that were not kept before it: those the draw cache does not keep
+    # (the probes', as many as in the first) and any it drew for the first time.
+    made_second = len(made) - made_first
+    assert kept_first > 0
+    assert made_second <= (made_first - kept_first) + (kept - kept_first), (
+        made_first, made_second, kept_first, kept)
+    assert made_second < made_first
+    assert not uploaded, "the judge staged an input by uploading it"
+    # The timed reference and baseline calls of the second evaluation read the kept arrays
+    # (registered as uploads of the same host bytes) and were checked against them.
+    assert sum(verified) - verified_first >= 2 * 3 * 2
 
 
 @pytest.mark.parametrize("name,status,cls", [

@@ -140,6 +140,9 @@ class Adapter(abc.ABC):
     # Whether timed reference and baseline calls read device copies of the inputs that the
     # judge uploads with every input set (GPU backends; see adapters/device.py).
     stages_reference_inputs = False
+    # Whether the judge's staged inputs can be device arrays made once and reused (kept with an
+    # input set the draw cache keeps: `device_array`, `upload_kept`, `device_memory_bytes`).
+    reuses_staged_inputs = False
 
     def check_candidate_clock(self, parts: dict[str, int] | None) -> None:
         """Called with the parts of each of the candidate's timed calls (made in the accused):
