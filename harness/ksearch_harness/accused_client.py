@@ -32,7 +32,7 @@ import numpy as np
 
 from . import channel, sandbox
 from .arena import Arena, Layout, Placement
-from .machine import child_pids, thread_runtimes, thread_states
+from .machine import child_pids, physical_memory, thread_runtimes, thread_states
 from .protocol import (BuildError, CandidateRuntimeError, HarnessError, Incorrect, TaskError,
                        TensorSpec, Violation)
 
@@ -713,7 +713,7 @@ def accused_policy(backend: str, workdir: str, mode: str, readable_extra: tuple[
     device files, a unix socket (the CUDA driver makes one) and writes beneath their private
     /proc (the driver names its threads); the host's unix sockets are hidden from them."""
     import socket as _socket
-    ram = _physical_memory()
+    ram = physical_memory()
     gpu = backend in ("cuda", "mlx")
     return sandbox.Policy(
         workdir=workdir,
@@ -729,13 +729,6 @@ def accused_policy(backend: str, workdir: str, mode: str, readable_extra: tuple[
         hide=("/run", "/var/run") if gpu else (),
         reveal=tuple(dict.fromkeys(sandbox.interpreter_paths() + readable_extra)),
     )
-
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 16 << 30
 
 
 def _signal_name(sig: int) -> str:

@@ -21,9 +21,10 @@ to be drawn and their reference computed again in every evaluation
 (docs/results/evaluation-speed).
 
 A kept value may also keep device copies (the judge's copy of a kept input set, the truth for
-checks on the device, on MLX the judge's own arrays of a set), within a budget of its own: `KSEARCH_HARNESS_DEVICE_CACHE_MB`, by
-default a quarter of the device's memory, so a candidate keeps most of the device. Device
-copies of values that are not kept are made and dropped by their user as before.
+checks on the device, on MLX the judge's own arrays of a set), within a budget of its own:
+`KSEARCH_HARNESS_DEVICE_CACHE_MB`, by default a quarter of the device's memory, so a
+candidate keeps most of the device. Device copies of values that are not kept are made and
+dropped by their user as before.
 
 Kept arrays live outside the heap: each is copied into an anonymous memory map of its own and
 the original goes back to the allocator. Kept on the heap, they made it grow with every input
@@ -42,6 +43,8 @@ import os
 from typing import Any, Callable
 
 import numpy as np
+
+from .machine import physical_memory
 
 ENV = "KSEARCH_HARNESS_DRAW_CACHE_MB"
 DEFAULT_SHARE = 4
@@ -82,11 +85,7 @@ def budget_bytes() -> int:
     chosen = _mib_setting(ENV)
     if chosen is not None:
         return chosen
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        ram = 16 << 30
-    return min(DEFAULT_MAX_BYTES, ram // DEFAULT_SHARE)
+    return min(DEFAULT_MAX_BYTES, physical_memory() // DEFAULT_SHARE)
 
 
 def task_fingerprint(task: Any) -> str:

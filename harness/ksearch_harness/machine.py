@@ -37,6 +37,14 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def physical_memory() -> int:
+    """The machine's memory in bytes (16 GiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
+
+
 def cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -24,6 +24,7 @@ mlx is imported when the adapter needs the device, never at module import.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -37,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import dtypes, kernel_clock, static_checks
+from .. import dtypes, kernel_clock, machine, static_checks
 from ..protocol import Entry, Incorrect, Request, TaskError, TensorSpec
 from . import BuildFailed, BuildInfo
 from .device import (DeviceAdapter, LazyOutput, HostLater, mlx_dtype, mlx_from_host,
@@ -226,23 +227,21 @@ class MlxAdapter(DeviceAdapter):
             # buffer only has to read back as poison until the first call replaces it.
             buf.host, buf.array = np.array(host, copy=True), None
             return
-        buf.array, buf.host = mlx_from_host(host, buf.spec.dtype), None
-        self.note_upload(buf.spec, buf.array, host)
+        self.upload_kept(buf, host, self.device_array(host, buf.spec))
 
     def device_array(self, host: np.ndarray, spec: TensorSpec) -> Any:
         """An MLX array holding `host` (storage of `spec`'s dtype), for `upload_kept`."""
         return mlx_from_host(host, spec.dtype)
 
     def upload_kept(self, buf: MlxBuffer, host: np.ndarray, array: Any) -> None:
-        """As `upload`, with an array `device_array` made from the same bytes before. MLX arrays
+        """As `upload`, with an array made from the same bytes before (`device_array`). MLX arrays
         are immutable, so the one made for an input set the draw cache keeps serves every
         repetition that uses the set; only the judge's reference and baseline read it."""
         buf.array, buf.host = array, None
         self.note_upload(buf.spec, array, host)
 
-    def device_memory_bytes(self) -> int:
-        """The memory MLX reports for its device (the budget of kept device arrays is a share
-        of it); the machine's memory where it reports none (unified or managed memory)."""
+    @functools.cached_property
+    def _memory_bytes(self) -> int:
         mx = self._mx()
         for info in (getattr(mx, "device_info", None),
                      getattr(getattr(mx, "metal", None), "device_info", None)):
@@ -252,10 +251,13 @@ class MlxAdapter(DeviceAdapter):
                 size = 0
             if size > 0:
                 return size
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            return 0
+        return machine.physical_memory()
+
+    def device_memory_bytes(self) -> int:
+        """The memory MLX reports for its device (the budget of kept device arrays is a share
+        of it), asked once; the machine's memory where it reports none (unified or managed
+        memory)."""
+        return self._memory_bytes
 
     def to_host(self, buf: MlxBuffer) -> np.ndarray:
         storage = dtypes.get(buf.spec.dtype).storage
