@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// The file inside `templates/` that declares a family.
 pub const FAMILY_FILE: &str = "family.toml";
@@ -281,6 +282,10 @@ pub struct TemplateFamily {
     target: usize,
     backends: Vec<String>,
     env: Environment<'static>,
+    /// Every valid setting for the chosen target, enumerated on first use: the offline
+    /// proposer repairs and samples settings every round, and the rules (which may read the
+    /// target) do not change once the family is loaded.
+    valid: OnceLock<Vec<Knobs>>,
 }
 
 impl fmt::Debug for TemplateFamily {
@@ -479,6 +484,7 @@ impl TemplateFamily {
             target: 0,
             backends: raw.family.backends,
             env,
+            valid: OnceLock::new(),
         };
 
         for (i, c) in raw.constraint.into_iter().enumerate() {
@@ -682,6 +688,7 @@ impl TemplateFamily {
         match self.targets.iter().position(|t| t == target) {
             Some(i) => {
                 self.target = i;
+                self.valid = OnceLock::new();
                 Ok(self)
             }
             None => Err(TemplateError::UnknownTarget {
@@ -883,6 +890,15 @@ impl TemplateFamily {
     /// Every valid combination, in odometer order over the declared domains (the last knob
     /// varies fastest).
     pub fn enumerate(&self) -> Vec<Knobs> {
+        self.settings().to_vec()
+    }
+
+    /// As [`TemplateFamily::enumerate`], borrowed from the family's cache.
+    pub fn settings(&self) -> &[Knobs] {
+        self.valid.get_or_init(|| self.enumerate_fresh())
+    }
+
+    fn enumerate_fresh(&self) -> Vec<Knobs> {
         let Ok(checker) = self.checker() else {
             return Vec::new();
         };
@@ -940,10 +956,11 @@ impl TemplateFamily {
             }
             (differing, steps)
         };
-        self.enumerate()
-            .into_iter()
+        self.settings()
+            .iter()
             .filter(|c| changes.iter().all(|(k, v)| c.get(k) == Some(v)))
             .min_by_key(|c| distance(c))
+            .cloned()
             .ok_or_else(|| TemplateError::Unsatisfiable {
                 family: self.name.clone(),
                 fixed: format_knobs(changes),
