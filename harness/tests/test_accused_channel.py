@@ -6,6 +6,7 @@ and nothing of the accused is left running."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -21,14 +22,21 @@ TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture
-def fake(monkeypatch):
+def workdir():
+    """A fresh working directory for an accused, removed afterwards."""
+    work = tempfile.mkdtemp(prefix="ksearch-test-accused-")
+    yield work
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def fake(monkeypatch, workdir):
     def start(mode: str, timeout_s: float = 20.0) -> AccusedProcess:
         monkeypatch.setenv("FAKE_ACCUSED_MODE", mode)
         monkeypatch.setenv("KSEARCH_HARNESS_ACCUSED_ENV", "FAKE_ACCUSED_MODE")
         path = os.pathsep.join([str(TESTS)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
         monkeypatch.setenv("PYTHONPATH", path)
-        work = tempfile.mkdtemp(prefix="ksearch-test-accused-")
-        return AccusedProcess("cpu", workdir=work, log_fd=2,
+        return AccusedProcess("cpu", workdir=workdir, log_fd=2,
                               deadline=time.monotonic() + timeout_s, module="fake_accused")
     return start
 
@@ -101,10 +109,10 @@ def test_lingering_is_a_verdict_when_it_is_the_habit_not_a_blip():
 
 @pytest.mark.parametrize("extra, detail", [((), "not a GPU backend"),
                                            (("--no-kernel-audit",), "turned off")])
-def test_the_real_accused_says_whether_its_kernel_audit_is_on(extra, detail):
+def test_the_real_accused_says_whether_its_kernel_audit_is_on(extra, detail, workdir):
     """The accused program itself (not the fake): ready, and its kernel audit reported as the
     launch asked (off only when told, for diagnostics)."""
-    work = tempfile.mkdtemp(prefix="ksearch-test-accused-")
+    work = workdir
     os.chmod(work, 0o777)
     harness = str(TESTS.parent)
     proc = AccusedProcess("cpu", workdir=work, log_fd=2, deadline=time.monotonic() + 60,
