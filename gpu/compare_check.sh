@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Strategies at equal budget on the device (issue: baseline strategies and `ksearch compare`):
+# `ksearch compare --task attention --backend cuda` over the world model, evolve and best-of-n,
+# BUDGET evaluations each (default 20), proposer seeds 1..SEEDS (default 2), quick timing.
+# A comparison outlasts one device call, so the runs directory travels: this call resumes or
+# reads back every run already in RUNS_FROM (the `runs` folder an earlier call left in its
+# $OUT, carried back), runs what is missing until LIMIT_S (default 540) and then stops the
+# comparison with an interrupt, which leaves the unfinished run resumable. Call it again with
+# the runs it returned until it prints the table.
+#
+#   run(command="bash gpu/compare_check.sh", timeout_s=600, carry=["target/release/ksearch"])
+#   run(command="RUNS_FROM=.device-carry/compare-runs bash gpu/compare_check.sh",
+#       timeout_s=600, carry=["target/release/ksearch", ".device-carry/compare-runs"])
+#
+# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. Results in
+# $OUT: runs/ (the run stores), compare.json and compare.txt once every run finished, log.txt.
+# Measured comparisons: docs/results/compare.
+set -uo pipefail
+
+BUDGET=${BUDGET:-20}
+SEEDS=${SEEDS:-2}
+LIMIT_S=${LIMIT_S:-540}
+source "$(dirname "${BASH_SOURCE[0]}")/ksearch_env.sh" "compare-attention-cuda"
+RUNS=$OUT/runs
+mkdir -p "$RUNS"
+if [ -n "${RUNS_FROM:-}" ]; then
+    cp -r "$RUNS_FROM"/. "$RUNS"/ || { echo "cannot copy $RUNS_FROM" >&2; exit 2; }
+    echo "resuming from $(ls "$RUNS" | wc -l) runs in $RUNS_FROM"
+fi
+
+args=(compare --task attention --backend cuda --strategies world-model,evolve,best-of-n
+      --budget "$BUDGET" --seeds "$SEEDS" --runs-dir "$RUNS")
+started=$SECONDS
+timeout -s INT -k 30 "$LIMIT_S" "$KS" "${args[@]}" --json > "$OUT/compare.json"
+status=$?
+echo "compare exit code $status, $((SECONDS - started)) s"
+if [ "$status" -eq 0 ]; then
+    # Every run is finished now: the human table reads them back without running anything.
+    "$KS" "${args[@]}" > "$OUT/compare.txt"
+    cat "$OUT/compare.txt"
+else
+    rm -f "$OUT/compare.json"
+    echo "not finished: call again with RUNS_FROM set to the runs this call returned"
+fi
+ls "$RUNS"
