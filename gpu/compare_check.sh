@@ -3,17 +3,19 @@
 # `ksearch compare --task attention --backend cuda` over the world model, evolve and best-of-n,
 # BUDGET evaluations each (default 20), proposer seeds 1..SEEDS (default 2), quick timing.
 # A comparison outlasts one device call, so the runs directory travels: this call resumes or
-# reads back every run already in RUNS_FROM (the `runs` folder an earlier call left in its
-# $OUT, carried back), runs what is missing until LIMIT_S (default 540) and then stops the
-# comparison with an interrupt, which leaves the unfinished run resumable. Call it again with
-# the runs it returned until it prints the table.
+# reads back every run already in RUNS_FROM (runs.tgz, the run stores an earlier call left in
+# its $OUT, carried back; a tarball, since a run store nests deeper than a device call returns),
+# runs what is missing until LIMIT_S (default 540) and then stops the comparison with an
+# interrupt, which leaves the unfinished run resumable. Call it again with the runs it returned
+# until it prints the table.
 #
 #   run(command="bash gpu/compare_check.sh", timeout_s=600, carry=["target/release/ksearch"])
-#   run(command="RUNS_FROM=.device-carry/compare-runs bash gpu/compare_check.sh",
-#       timeout_s=600, carry=["target/release/ksearch", ".device-carry/compare-runs"])
+#   run(command="RUNS_FROM=.device-carry/runs.tgz bash gpu/compare_check.sh",
+#       timeout_s=600, carry=["target/release/ksearch", ".device-carry/runs.tgz"])
 #
 # Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. Results in
-# $OUT: runs/ (the run stores), compare.json and compare.txt once every run finished, log.txt.
+# $OUT: runs.tgz (the run stores), compare.json and compare.txt once every run finished,
+# log.txt.
 # Measured comparisons: docs/results/compare.
 set -uo pipefail
 
@@ -21,12 +23,14 @@ BUDGET=${BUDGET:-20}
 SEEDS=${SEEDS:-2}
 LIMIT_S=${LIMIT_S:-540}
 source "$(dirname "${BASH_SOURCE[0]}")/ksearch_env.sh" "compare-attention-cuda"
-RUNS=$OUT/runs
+RUNS=$WORK/runs
 mkdir -p "$RUNS"
 if [ -n "${RUNS_FROM:-}" ]; then
-    cp -r "$RUNS_FROM"/. "$RUNS"/ || { echo "cannot copy $RUNS_FROM" >&2; exit 2; }
+    tar xzf "$RUNS_FROM" -C "$RUNS" || { echo "cannot unpack $RUNS_FROM" >&2; exit 2; }
     echo "resuming from $(ls "$RUNS" | wc -l) runs in $RUNS_FROM"
 fi
+# Whatever happens below, the run stores go back with the call.
+trap 'tar czf "$OUT/runs.tgz" -C "$RUNS" .' EXIT
 
 args=(compare --task attention --backend cuda --strategies world-model,evolve,best-of-n
       --budget "$BUDGET" --seeds "$SEEDS" --runs-dir "$RUNS")
