@@ -20,6 +20,11 @@ Commands (`op`), each answered with {"seq": <the command's seq>, "ok": true, ...
 - `alloc` {slot, params, tensors: [{name, role, dtype, shape, offset, nbytes}]}: buffers for
   one workload (on the cpu they are the arena's pages; on GPUs device buffers).
 - `h2d` / `d2h` {slot, names}: copies between the arena and device buffers (GPU backends).
+  An input copied in is also kept as a device copy where the adapter can make one
+  (`keep_pristine`: mlx), for `unchanged`.
+- `unchanged` {slot, names}: for each input, how many of its bytes differ from its device copy
+  made at `h2d` (`changed`), or that there is no such copy (`unchecked`): the inputs check of a
+  backend whose memory the judge cannot read itself, answered without copying the inputs back.
 - `call` {slot, heap_byte, timed}: one call; `timed` answers its duration as measured here
   (perf_counter, or CUDA events on the cuda backend), which the judge bounds.
 - `prime` {slot}: an untimed call that brings device memory into its steady state (mlx).
@@ -68,6 +73,8 @@ class Accused:
             return self.alloc(msg, fds)
         if op in ("h2d", "d2h"):
             return self.copy(op, self.slot(msg), msg.get("names") or [])
+        if op == "unchanged":
+            return self.unchanged(self.slot(msg), msg.get("names") or [])
         if op == "call":
             return self.call(self.slot(msg), int(msg.get("heap_byte", 0)),
                              bool(msg.get("timed")), bool(msg.get("audit")))
@@ -180,6 +187,8 @@ class Accused:
                     raise CommandFailed("task", f"no tensor `{n}` in the slot")
                 if op == "h2d":
                     self.adapter.upload(buf, slot.views[n])
+                    if n in slot.inputs:
+                        slot.pristine[n] = self.adapter.keep_pristine(buf)
                 else:
                     np.copyto(slot.views[n], self.adapter.to_host(buf), casting="no")
             self.adapter.synchronize()
@@ -188,6 +197,20 @@ class Accused:
         except Exception as e:  # noqa: BLE001 - a sticky device error is the candidate's
             raise _failure(e) from None
         return {}
+
+    def unchanged(self, slot: "Slot", names: list[str]) -> dict[str, Any]:
+        changed: dict[str, int] = {}
+        unchecked: list[str] = []
+        try:
+            for n in names:
+                buf, kept = slot.inputs.get(n), slot.pristine.get(n)
+                if buf is None or kept is None:
+                    unchecked.append(n)
+                    continue
+                changed[n] = int(self.adapter.changed_bytes(buf, kept))
+        except Exception as e:  # noqa: BLE001 - a sticky device error is the candidate's
+            raise _failure(e) from None
+        return {"changed": changed, "unchecked": unchecked}
 
     def call(self, slot: "Slot", heap_byte: int, timed: bool, audit: bool) -> dict[str, Any]:
         assert slot.fn is not None
@@ -236,6 +259,7 @@ class Slot:
         self.inputs: dict[str, Any] = {}
         self.outputs: dict[str, Any] = {}
         self.views: dict[str, Any] = {}
+        self.pristine: dict[str, Any] = {}  # device copies of the inputs at their last h2d
         self.fn: Callable[[], None] | None = None
         self.shared: Any = None  # device_share.Mapping the judge shares, if any
 

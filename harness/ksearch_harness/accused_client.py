@@ -642,6 +642,23 @@ class AccusedAdapter:
             self.process.rpc("d2h", slot=buf.slot, names=[buf.spec.name])
         return parallel.copy(buf.view)
 
+    def inputs_changed(self, bufs: dict[str, RemoteBuffer]) -> dict[str, int]:
+        """Bytes changed per input since its upload, as the accused counts them against the
+        device copy it made then (Accused.unchanged): for GPU backends whose memory the judge
+        does not share. Inputs the accused kept no copy of are left out; the judge reads them
+        back. Like a read back (`d2h`), the count is the accused's report."""
+        names = [n for n, b in bufs.items() if b.dev is None]
+        if not self.on_device or not names:
+            return {}
+        slots = {b.slot for b in bufs.values()}
+        if len(slots) != 1:
+            return {}
+        reply = self.process.rpc("unchanged", slot=slots.pop(), names=names)
+        changed = reply.get("changed")
+        if not isinstance(changed, dict):
+            return {}
+        return {str(n): int(c) for n, c in changed.items() if n in bufs}
+
     def time_call(self, fn: RemoteCall) -> TimedCall:
         return self.process.timed("call", slot=fn.slot)
 

@@ -1080,22 +1080,32 @@ class Evaluation:
                          f"{evidence}: the work must be finished when the entry point returns")
 
     def _check_inputs(self, bench: Bench, inputs: Inputs, where: str) -> None:
+        """The inputs still hold their set: compared on the device where the judge shares the
+        accused's memory, counted by the accused against its own device copy where it keeps
+        one (AccusedAdapter.inputs_changed), read back and compared here otherwise."""
         acc = self.accused
         assert acc is not None
+        with self.phase("checks"):
+            counted = acc.inputs_changed(bench.inputs)
         for name, buf in bench.inputs.items():
+            changed = counted.get(name)
+            if changed == 0:
+                continue
             dev, kept = acc.device_view(buf), bench.pristine.get(name)
-            if dev is not None and kept is not None:
+            if changed is None and dev is not None and kept is not None:
                 import torch
                 with self.phase("checks"):
                     if torch.equal(dev, kept):
                         continue
-            now = acc.to_host(buf)
-            before = inputs.stored[name]
-            if not same_bytes(now, before):
+            if changed is None:
+                now = acc.to_host(buf)
+                before = inputs.stored[name]
+                if same_bytes(now, before):
+                    continue
                 changed = int(np.count_nonzero(now.reshape(-1).view(np.uint8)
                                                != before.reshape(-1).view(np.uint8)))
-                raise Violation("input_mutated", f"input `{name}` was modified by the candidate "
-                                f"({where}; {changed} byte(s) differ): inputs are read-only")
+            raise Violation("input_mutated", f"input `{name}` was modified by the candidate "
+                            f"({where}; {changed} byte(s) differ): inputs are read-only")
 
     @staticmethod
     def _changed(a: Snapshot, b: Snapshot) -> bool:

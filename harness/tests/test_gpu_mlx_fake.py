@@ -121,6 +121,17 @@ def scale(*, x, n):
         _cache[x.shape] = x * 2
     return _cache[x.shape]
 ''',
+    # Writes into its input's device memory (the stand-in's array holds it in `_a`), as a
+    # kernel that casts away its input's constness would.
+    "mutates_input": '''
+import mlx.core as mx
+
+
+def scale(*, x, n):
+    y = x * 2
+    x._a[0] = x._a[0] + 1
+    return y
+''',
     "metal_only": '''
 import mlx.core as mx
 
@@ -273,6 +284,7 @@ def test_a_kept_input_set_keeps_the_judges_mlx_arrays(tmp_path, fake_mx, monkeyp
     ("returns_a_list", "integrity_violation", "lazy_output"),
     ("wrong_dtype", "incorrect", None),
     ("caches_by_shape", "integrity_violation", "stale_output"),
+    ("mutates_input", "integrity_violation", "input_mutated"),
     ("metal_only", "build_error", None),
     ("raises_at_import", "build_error", None),
     ("no_entry", "build_error", None),
@@ -287,6 +299,36 @@ def test_broken_and_cheating_candidates(tmp_path, fake_mx, name, status, cls):
         assert "ZeroDivisionError" in r["message"] and "line 4" in r["message"]
     if name == "no_entry":
         assert "no function `scale`" in r["message"]
+    if name == "mutates_input":
+        assert "input `x` was modified" in r["message"] and "byte(s) differ" in r["message"]
+
+
+def test_inputs_are_checked_in_the_accused_without_reading_them_back(tmp_path, fake_mx,
+                                                                     monkeypatch):
+    """With MLX the judge cannot read the accused's memory: after each call the accused
+    compares every input with the device copy it made at upload and answers a count, so
+    the judge reads back outputs only. A candidate that writes into its input is still
+    caught (test_broken_and_cheating_candidates)."""
+    from ksearch_harness.accused_client import AccusedAdapter
+    reads: list[str] = []
+    counted: list[int] = []
+    real_read, real_count = AccusedAdapter.to_host, AccusedAdapter.inputs_changed
+
+    def read(self, buf):
+        reads.append(buf.role)
+        return real_read(self, buf)
+
+    def count(self, bufs):
+        got = real_count(self, bufs)
+        counted.append(len(got))
+        return got
+
+    monkeypatch.setattr(AccusedAdapter, "to_host", read)
+    monkeypatch.setattr(AccusedAdapter, "inputs_changed", count)
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", (r["status"], r["message"])
+    assert counted and all(n == 1 for n in counted), counted
+    assert reads and set(reads) == {"output"}, set(reads)
 
 
 def test_each_timed_call_follows_a_priming_call_on_the_previous_inputs(tmp_path, fake_mx,

@@ -244,12 +244,18 @@ def mlx_from_host(stored: np.ndarray, dtype_name: str):
     return arr
 
 
+def _bits(mx, arr):
+    """`arr` flattened and viewed as unsigned integers of its element's width."""
+    bits = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}[arr.dtype.size]
+    return mx.view(arr.reshape(-1), bits)
+
+
 def _device_copy(mx, arr):
     """A copy of `arr` computed on the device, bit for bit: added to zero as unsigned
     integers of the element's width."""
-    bits = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}[arr.dtype.size]
-    raw = mx.view(arr, bits)
-    return mx.view(raw + mx.array(0, dtype=bits), arr.dtype)
+    raw = _bits(mx, arr)
+    copy = mx.view(raw + mx.array(0, dtype=raw.dtype), arr.dtype)
+    return copy.reshape(arr.shape)
 
 
 def mlx_to_host(arr, storage: np.dtype) -> np.ndarray:
@@ -316,6 +322,15 @@ class DeviceAdapter(Adapter):
 
     # Implemented by the backend.
     def _fresh(self, stored: np.ndarray, spec: TensorSpec) -> Any:
+        raise NotImplementedError
+
+    def keep_pristine(self, buf: Any) -> Any:
+        """In the accused, after an input's upload: a device copy of it for `changed_bytes`,
+        or None where the backend makes none (the judge then reads the input back)."""
+        return None
+
+    def changed_bytes(self, buf: Any, pristine: Any) -> int:
+        """How many bytes of the input `buf` differ from `pristine` (keep_pristine)."""
         raise NotImplementedError
 
     def note_upload(self, spec: TensorSpec, device_obj: Any, host_arr: np.ndarray) -> None:

@@ -41,8 +41,8 @@ import numpy as np
 from .. import dtypes, kernel_clock, machine, static_checks
 from ..protocol import Entry, Incorrect, Request, TaskError, TensorSpec
 from . import BuildFailed, BuildInfo
-from .device import (DeviceAdapter, LazyOutput, HostLater, mlx_dtype, mlx_from_host,
-                     mlx_to_host, resolve_entry)
+from .device import (DeviceAdapter, LazyOutput, HostLater, _bits, _device_copy, mlx_dtype,
+                     mlx_from_host, mlx_to_host, resolve_entry)
 
 BUILDERS = ("cuda_kernel", "metal_kernel")
 KERNEL_HASH_CHARS = 12
@@ -266,6 +266,30 @@ class MlxAdapter(DeviceAdapter):
                 return np.zeros(buf.spec.shape, dtype=storage)
             return buf.host.copy()
         return mlx_to_host(buf.array, storage)
+
+    def keep_pristine(self, buf: MlxBuffer) -> Any:
+        """A bit-exact device copy of an uploaded input: comparing it with the input after a
+        call (`changed_bytes`) costs a pass over device memory, where reading the input back
+        to the judge cost a copy through managed memory, the arena and the judge's snapshot."""
+        if buf.array is None:
+            return None
+        mx = self._mx()
+        copy = _device_copy(mx, buf.array)
+        mx.eval(copy)
+        return copy
+
+    def changed_bytes(self, buf: MlxBuffer, pristine: Any) -> int:
+        mx = self._mx()
+        if buf.array is None:
+            return max(1, int(getattr(pristine, "nbytes", 1)))
+        now, then = _bits(mx, buf.array), _bits(mx, pristine)
+        if tuple(now.shape) == tuple(then.shape) and bool(mx.array_equal(now, then)):
+            return 0
+        # Changed: counted on the host, once (the evaluation ends with a violation).
+        a = np.array(now, copy=True).reshape(-1).view(np.uint8)
+        b = np.array(then, copy=True).reshape(-1).view(np.uint8)
+        n = min(a.size, b.size)
+        return int(np.count_nonzero(a[:n] != b[:n])) + abs(a.size - b.size)
 
     def _fresh(self, stored: np.ndarray, spec: TensorSpec) -> Any:
         return mlx_from_host(stored, spec.dtype)
