@@ -20,11 +20,12 @@ Commands (`op`), each answered with {"seq": <the command's seq>, "ok": true, ...
 - `alloc` {slot, params, tensors: [{name, role, dtype, shape, offset, nbytes}]}: buffers for
   one workload (on the cpu they are the arena's pages; on GPUs device buffers).
 - `h2d` / `d2h` {slot, names}: copies between the arena and device buffers (GPU backends).
-  An input copied in is also kept as a device copy where the adapter can make one
-  (`keep_pristine`: mlx), for `unchanged`.
-- `unchanged` {slot, names}: for each input, how many of its bytes differ from its device copy
-  made at `h2d` (`changed`), or that there is no such copy (`unchecked`): the inputs check of a
-  backend whose memory the judge cannot read itself, answered without copying the inputs back.
+  An input copied in, or an output copied out, is also kept as a device copy where the
+  adapter can make one (`keep_pristine`: mlx), for `unchanged`.
+- `unchanged` {slot, names}: for each tensor, how many of its bytes differ from its device copy
+  made at its last `h2d` or `d2h` (`changed`), or that there is no such copy (`unchecked`): the
+  inputs check and the deferred-work check of a backend whose memory the judge cannot read
+  itself, answered without copying the tensors back.
 - `call` {slot, heap_byte, timed}: one call; `timed` answers its duration as measured here
   (perf_counter, or CUDA events on the cuda backend), which the judge bounds.
 - `prime` {slot}: an untimed call that brings device memory into its steady state (mlx).
@@ -187,10 +188,14 @@ class Accused:
                     raise CommandFailed("task", f"no tensor `{n}` in the slot")
                 if op == "h2d":
                     self.adapter.upload(buf, slot.views[n])
-                    if n in slot.inputs:
-                        slot.pristine[n] = self.adapter.keep_pristine(buf)
                 else:
                     np.copyto(slot.views[n], self.adapter.to_host(buf), casting="no")
+                # An input is compared with what was copied in, an output with what was
+                # last copied out (a poisoned output has nothing to be compared with).
+                if (op == "h2d") == (n in slot.inputs):
+                    slot.pristine[n] = self.adapter.keep_pristine(buf)
+                elif n in slot.outputs:
+                    slot.pristine.pop(n, None)
             self.adapter.synchronize()
         except CommandFailed:
             raise
@@ -204,6 +209,8 @@ class Accused:
         try:
             for n in names:
                 buf, kept = slot.inputs.get(n), slot.pristine.get(n)
+                if buf is None:
+                    buf = slot.outputs.get(n)
                 if buf is None or kept is None:
                     unchecked.append(n)
                     continue
@@ -259,7 +266,7 @@ class Slot:
         self.inputs: dict[str, Any] = {}
         self.outputs: dict[str, Any] = {}
         self.views: dict[str, Any] = {}
-        self.pristine: dict[str, Any] = {}  # device copies of the inputs at their last h2d
+        self.pristine: dict[str, Any] = {}  # device copies for `unchanged` (Accused.copy)
         self.fn: Callable[[], None] | None = None
         self.shared: Any = None  # device_share.Mapping the judge shares, if any
 

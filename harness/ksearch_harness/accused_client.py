@@ -659,6 +659,21 @@ class AccusedAdapter:
             return {}
         return {str(n): int(c) for n, c in changed.items() if n in bufs}
 
+    def outputs_unchanged(self, bufs: dict[str, RemoteBuffer]) -> bool:
+        """Whether every output still holds what the accused last copied out of it, as it
+        counts against the device copy it made then (Accused.unchanged); False where it kept
+        none (the judge then reads the outputs again). The accused's report, as the copies
+        out are."""
+        if not self.on_device or not bufs or any(b.dev is not None for b in bufs.values()):
+            return False
+        slots = {b.slot for b in bufs.values()}
+        if len(slots) != 1:
+            return False
+        reply = self.process.rpc("unchanged", slot=slots.pop(), names=list(bufs))
+        changed = reply.get("changed")
+        return (isinstance(changed, dict) and not reply.get("unchecked")
+                and set(changed) == set(bufs) and not any(changed.values()))
+
     def time_call(self, fn: RemoteCall) -> TimedCall:
         return self.process.timed("call", slot=fn.slot)
 

@@ -329,6 +329,40 @@ def test_inputs_are_checked_in_the_accused_without_reading_them_back(tmp_path, f
     assert r["status"] == "passed", (r["status"], r["message"])
     assert counted and all(n == 1 for n in counted), counted
     assert reads and set(reads) == {"output"}, set(reads)
+    # The deferred-work check asks the accused too: one read of the outputs per call.
+    assert r["diagnostics"]["outputs_read_to_host"] == r["diagnostics"]["candidate_calls"]
+
+
+def test_the_accused_counts_changed_bytes_against_its_copies(fake_mx, tmp_path):
+    """Accused.unchanged: an input against its copy at upload, an output against its copy at
+    the last read; a poisoned output has nothing to be compared with."""
+    import mmap
+
+    from ksearch_harness import accused
+    from ksearch_harness.adapters.mlx import MlxAdapter
+    raw = driver.softmax_request("/tmp/k.py", "/tmp/b", backend="mlx")
+    one = accused.Accused("mlx")
+    one.adapter = MlxAdapter(parse_request(raw, "evaluate"))
+    one.arenas.append(mmap.mmap(-1, 1 << 12))
+    slot = accused.Slot({})
+    spec_x, spec_y = (device.TensorSpec(n, "f16", (8,)) for n in ("x", "y"))
+    slot.inputs["x"], slot.outputs["y"] = one.adapter.alloc(spec_x), one.adapter.alloc(spec_y)
+    slot.views["x"] = np.frombuffer(one.arenas[0], np.float16, 8, 0)
+    slot.views["y"] = np.frombuffer(one.arenas[0], np.float16, 8, 64)
+    slot.views["x"][:] = np.arange(8)
+    one.slots[0] = slot
+    ask = {"op": "unchanged", "slot": 0, "names": ["x", "y"]}
+    one.handle({"op": "h2d", "slot": 0, "names": ["x", "y"]}, [])
+    assert one.handle(ask, []) == {"changed": {"x": 0}, "unchecked": ["y"]}
+    slot.outputs["y"].array = slot.inputs["x"].array * 2  # what a call leaves
+    one.handle({"op": "d2h", "slot": 0, "names": ["y"]}, [])
+    assert np.array_equal(slot.views["y"], 2 * np.arange(8))
+    assert one.handle(ask, []) == {"changed": {"x": 0, "y": 0}, "unchecked": []}
+    slot.inputs["x"].array._a[3] = -3  # written behind MLX's back: the sign bit's byte
+    slot.outputs["y"].array._a[1:3] = -2  # 2.0 and 4.0: the sign bit's byte of each
+    assert one.handle(ask, []) == {"changed": {"x": 1, "y": 2}, "unchecked": []}
+    one.handle({"op": "h2d", "slot": 0, "names": ["y"]}, [])  # poisoned
+    assert one.handle(ask, [])["unchecked"] == ["y"]
 
 
 def test_each_timed_call_follows_a_priming_call_on_the_previous_inputs(tmp_path, fake_mx,
