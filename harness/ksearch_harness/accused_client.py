@@ -647,32 +647,28 @@ class AccusedAdapter:
         device copy it made then (Accused.unchanged): for GPU backends whose memory the judge
         does not share. Inputs the accused kept no copy of are left out; the judge reads them
         back. Like a read back (`d2h`), the count is the accused's report."""
-        names = [n for n, b in bufs.items() if b.dev is None]
-        if not self.on_device or not names:
-            return {}
-        slots = {b.slot for b in bufs.values()}
-        if len(slots) != 1:
-            return {}
-        reply = self.process.rpc("unchanged", slot=slots.pop(), names=names)
-        changed = reply.get("changed")
-        if not isinstance(changed, dict):
-            return {}
-        return {str(n): int(c) for n, c in changed.items() if n in bufs}
+        return self._unchanged(bufs)
 
     def outputs_unchanged(self, bufs: dict[str, RemoteBuffer]) -> bool:
         """Whether every output still holds what the accused last copied out of it, as it
         counts against the device copy it made then (Accused.unchanged); False where it kept
         none (the judge then reads the outputs again). The accused's report, as the copies
         out are."""
-        if not self.on_device or not bufs or any(b.dev is not None for b in bufs.values()):
-            return False
+        counted = self._unchanged(bufs)
+        return bool(bufs) and set(counted) == set(bufs) and not any(counted.values())
+
+    def _unchanged(self, bufs: dict[str, RemoteBuffer]) -> dict[str, int]:
+        """The accused's counts of changed bytes for the buffers of one slot that the judge
+        does not share; buffers it kept no device copy of are left out."""
+        names = [n for n, b in bufs.items() if b.dev is None]
         slots = {b.slot for b in bufs.values()}
-        if len(slots) != 1:
-            return False
-        reply = self.process.rpc("unchanged", slot=slots.pop(), names=list(bufs))
+        if not self.on_device or not names or len(slots) != 1:
+            return {}
+        reply = self.process.rpc("unchanged", slot=slots.pop(), names=names)
         changed = reply.get("changed")
-        return (isinstance(changed, dict) and not reply.get("unchecked")
-                and set(changed) == set(bufs) and not any(changed.values()))
+        if not isinstance(changed, dict):
+            return {}
+        return {str(n): int(c) for n, c in changed.items() if n in names}
 
     def time_call(self, fn: RemoteCall) -> TimedCall:
         return self.process.timed("call", slot=fn.slot)
