@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Strategies at equal budget on the device (issue: baseline strategies and `ksearch compare`):
 # `ksearch compare --task attention --backend cuda` over the world model, evolve and best-of-n,
-# BUDGET evaluations each (default 20), proposer seeds 1..SEEDS (default 2), quick timing.
+# BUDGET evaluations each (default 20), proposer seeds 1..SEEDS (default 2), quick timing,
+# CONFIRM_ROUNDS rounds of each run's final confirmation (default 2, as `ksearch run`). Every
+# call of one comparison must use the same three: a run is taken up only with equal settings.
 # A comparison outlasts one device call, so the runs directory travels: this call resumes or
 # reads back every run already in RUNS_FROM (runs.tgz, the run stores an earlier call left in
 # its $OUT, carried back; a tarball, since a run store nests deeper than a device call returns),
@@ -21,6 +23,7 @@ set -uo pipefail
 
 BUDGET=${BUDGET:-20}
 SEEDS=${SEEDS:-2}
+CONFIRM_ROUNDS=${CONFIRM_ROUNDS:-2}
 LIMIT_S=${LIMIT_S:-540}
 source "$(dirname "${BASH_SOURCE[0]}")/ksearch_env.sh" "compare-attention-cuda"
 RUNS=$WORK/runs
@@ -33,7 +36,7 @@ fi
 trap 'tar czf "$OUT/runs.tgz" -C "$RUNS" .' EXIT
 
 args=(compare --task attention --backend cuda --strategies world-model,evolve,best-of-n
-      --budget "$BUDGET" --seeds "$SEEDS" --runs-dir "$RUNS")
+      --budget "$BUDGET" --seeds "$SEEDS" --confirm-rounds "$CONFIRM_ROUNDS" --runs-dir "$RUNS")
 started=$SECONDS
 timeout -s INT -k 30 "$LIMIT_S" "$KS" "${args[@]}" --json > "$OUT/compare.json"
 status=$?
