@@ -115,7 +115,7 @@ def test_cxxfilt_demangles_kernel_names():
 def test_nvcc_command_builds_one_architecture_with_the_ptxas_report():
     cmd = cuda.nvcc_command("/opt/cuda/bin/nvcc", "sm_90a", "/b/k.cu", "/b/k.so", ["/w/lib"])
     assert cmd == ["/opt/cuda/bin/nvcc", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
-                   "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-L/w/lib", "/b/k.cu", "-o", "/b/k.so"]
+                   "--split-compile=0", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-L/w/lib", "/b/k.cu", "-o", "/b/k.so"]
 
 
 def _fake_nvcc(path: Path) -> str:

@@ -55,7 +55,11 @@ from . import BuildFailed, BuildInfo
 from .cpu import MAX_LOG, _first_error, _read_meta
 from .device import DeviceAdapter, resolve_entry, torch_from_host, torch_to_host, torch_upload
 
-NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC"]
+# `--split-compile=0`: nvcc optimises a candidate's kernels (each template instantiation is one)
+# on as many threads as the machine has CPUs. The machine code is the same as a one-thread
+# build's (docs/results/evaluation-speed compares the kernels' .text sections); only the build
+# is shorter, and the search waits for every build.
+NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--split-compile=0"]
 PTXAS_VERBOSE = ["-Xptxas", "-v"]
 DEFAULT_ARCH = "sm_90a"
 # KSEARCH_CUDA_ARCH is the documented override; ksearch passes only KSEARCH_HARNESS_* knobs
