@@ -11,6 +11,7 @@ fn id(s: &str) -> NodeId {
 
 struct Spec {
     title: &'static str,
+    knobs: &'static [(&'static str, i64)],
     difficulty: f64,
     score: f64,
     rating: f64,
@@ -21,6 +22,7 @@ struct Spec {
 fn spec(title: &'static str, difficulty: f64, score: f64) -> Spec {
     Spec {
         title,
+        knobs: &[],
         difficulty,
         score,
         rating: 5.0,
@@ -32,6 +34,10 @@ fn spec(title: &'static str, difficulty: f64, score: f64) -> Spec {
 impl Spec {
     fn rating(mut self, r: f64) -> Self {
         self.rating = r;
+        self
+    }
+    fn knobs(mut self, k: &'static [(&'static str, i64)]) -> Self {
+        self.knobs = k;
         self
     }
     fn expect(mut self, f: f64) -> Self {
@@ -47,6 +53,12 @@ impl Spec {
                 difficulty: Some(self.difficulty),
                 score: Some(Some(self.score)),
                 expected_vs_baseline_factor: self.expected.map(Some),
+                knobs: (!self.knobs.is_empty()).then(|| {
+                    self.knobs
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+                        .collect()
+                }),
                 ..ActionPatch::default()
             }),
             ..NodePatch::default()
@@ -341,4 +353,64 @@ fn calibrated_policy_is_deterministic() {
     }
     let reparsed = WorldModel::from_json(&wm.to_json().unwrap()).unwrap();
     assert_eq!(p.rank(&reparsed), first);
+}
+
+/// The same two ideas taken in the other order: root → A → B was measured, so B → A under
+/// root → B repeats it (the knob changes along both paths are equal).
+fn transposition_fixture() -> WorldModel {
+    let mut wm = empty();
+    let a = add(&mut wm, "root", spec("A", 2.0, 0.5).knobs(&[("a", 1)]));
+    solve(&mut wm, &a, 1.2, None);
+    let ab = add(&mut wm, "n1", spec("B after A", 2.0, 0.5).knobs(&[("b", 1)]));
+    solve(&mut wm, &ab, 1.5, None);
+    let b = add(&mut wm, "root", spec("B", 2.0, 0.5).knobs(&[("b", 1)]));
+    solve(&mut wm, &b, 1.3, None);
+    assert_eq!((a.as_str(), ab.as_str(), b.as_str()), ("n1", "n2", "n3"));
+    add(&mut wm, "n3", spec("A after B", 2.0, 0.9).knobs(&[("a", 1)])); // n4: repeats n2
+    add(&mut wm, "n3", spec("C after B", 2.0, 0.4).knobs(&[("c", 1)])); // n5
+    wm
+}
+
+#[test]
+fn an_action_that_repeats_a_closed_combination_waits_behind_new_ones() {
+    let wm = transposition_fixture();
+    let policy = CalibratedPolicy::default();
+    let ranked = policy.rank(&wm);
+    let n4 = ranked.iter().find(|c| c.node_id == id("n4")).unwrap();
+    assert!(!n4.eligible, "{n4}");
+    assert!(n4.summary.contains("repeats n2"), "{n4}");
+    // Its priority is the highest on the frontier; without the gate it is chosen.
+    assert_eq!(policy.choose(&wm), Some(id("n5")));
+    let off = CalibratedPolicy {
+        skip_transpositions: false,
+        ..CalibratedPolicy::default()
+    };
+    assert_eq!(off.choose(&wm), Some(id("n4")));
+}
+
+#[test]
+fn repeats_are_chosen_when_nothing_else_is_left() {
+    let mut wm = transposition_fixture();
+    let n5 = id("n5");
+    solve(&mut wm, &n5, 1.1, None);
+    // n5 (B then C) is closed now: the frontier holds n4 alone, a repeat, and it is taken.
+    assert_eq!(CalibratedPolicy::default().choose(&wm), Some(id("n4")));
+}
+
+#[test]
+fn the_same_knob_set_to_another_value_is_not_a_repeat() {
+    let mut wm = transposition_fixture();
+    // B then A=2 differs from A=1 then B.
+    add(&mut wm, "n3", spec("A2 after B", 2.0, 0.95).knobs(&[("a", 2)])); // n6
+    assert_eq!(CalibratedPolicy::default().choose(&wm), Some(id("n6")));
+}
+
+#[test]
+fn ideas_without_knobs_are_never_repeats() {
+    let mut wm = empty();
+    let a = add(&mut wm, "root", spec("A", 2.0, 0.5));
+    solve(&mut wm, &a, 1.2, None);
+    add(&mut wm, "root", spec("A again", 2.0, 0.9)); // free text, as an LLM writes it
+    add(&mut wm, "n1", spec("other", 2.0, 0.1));
+    assert_eq!(CalibratedPolicy::default().choose(&wm), Some(id("n2")));
 }

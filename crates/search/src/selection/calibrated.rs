@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::Value;
+
 use super::{soft_difficulty_gate, CandidateExplanation, SelectionPolicy};
 use crate::world_model::{Node, NodeId, WorldModel};
 
@@ -52,6 +54,8 @@ pub struct CalibratedPolicy {
     pub prior_strength: f64,
     /// Off: predictions are taken at face value (for ablations).
     pub use_calibration: bool,
+    /// Gate frontier actions that would repeat a closed node's setting (see [`transposition`]).
+    pub skip_transpositions: bool,
 }
 
 impl Default for CalibratedPolicy {
@@ -61,6 +65,7 @@ impl Default for CalibratedPolicy {
             max_difficulty: 5,
             prior_strength: 1.0,
             use_calibration: true,
+            skip_transpositions: true,
         }
     }
 }
@@ -161,6 +166,38 @@ impl Calibration {
     }
 }
 
+/// The knob changes of the actions on the way from the root to `id` (its own included), later
+/// actions overriding earlier ones; empty when no action on the way names a knob (an LLM
+/// proposer's ideas are free text).
+fn knob_changes(wm: &WorldModel, id: &NodeId) -> BTreeMap<String, Value> {
+    let mut path = wm.path_to_root(id).unwrap_or_default();
+    path.reverse();
+    let mut knobs = BTreeMap::new();
+    for node in path.iter().filter_map(|p| wm.node(p)) {
+        if let Some(a) = &node.action {
+            knobs.extend(a.knobs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+    }
+    knobs
+}
+
+/// A closed node that `candidate` would repeat: one whose actions, from the root, change the
+/// same knobs to the same values as the candidate's path and action do. Such a candidate is the
+/// same combination of ideas reached in another order (query blocks then causal skip, or
+/// causal skip then query blocks): a cycle spent on it measures a setting the tree has already
+/// measured, give or take the tuning steps of the cycles in between.
+pub(crate) fn transposition(wm: &WorldModel, candidate: &Node) -> Option<NodeId> {
+    let mine = knob_changes(wm, &candidate.id);
+    if mine.is_empty() || candidate.action.as_ref().is_none_or(|a| a.knobs.is_empty()) {
+        return None;
+    }
+    wm.nodes()
+        .iter()
+        .filter(|n| n.is_closed() && n.id != candidate.id)
+        .find(|n| knob_changes(wm, &n.id) == mine)
+        .map(|n| n.id.clone())
+}
+
 fn log_ratio(n: &Node) -> Option<f64> {
     let predicted = n.action.as_ref()?.expected_vs_baseline_factor?;
     let measured = n.solution()?.measured_factor();
@@ -199,10 +236,24 @@ impl SelectionPolicy for CalibratedPolicy {
             .iter()
             .filter_map(|n| n.open_action().map(|a| a.difficulty))
             .collect();
-        let gate = soft_difficulty_gate(&difficulties, self.max_difficulty.clamp(1, 5));
+        let mut gate = soft_difficulty_gate(&difficulties, self.max_difficulty.clamp(1, 5));
+        let repeats: Vec<Option<NodeId>> = cands
+            .iter()
+            .map(|n| match self.skip_transpositions {
+                true => transposition(wm, n),
+                false => None,
+            })
+            .collect();
+        // Soft, like the difficulty gate: when every candidate left repeats a closed node, the
+        // repeats are allowed rather than ending the search.
+        if gate.iter().zip(&repeats).any(|(g, r)| *g && r.is_none()) {
+            for (g, r) in gate.iter_mut().zip(&repeats) {
+                *g &= r.is_none();
+            }
+        }
 
         let mut ranked: Vec<(bool, f64, CandidateExplanation)> = Vec::new();
-        for (n, eligible) in cands.into_iter().zip(gate) {
+        for ((n, eligible), repeat) in cands.into_iter().zip(gate).zip(repeats) {
             let Some(a) = n.open_action() else { continue };
             let parent = n.parent.as_ref().and_then(|p| wm.node(p));
             let parent_score = parent
@@ -239,11 +290,14 @@ impl SelectionPolicy for CalibratedPolicy {
                 }
                 _ => "no prediction".to_owned(),
             };
-            let summary = format!(
+            let mut summary = format!(
                 "priority {:.2}, {prediction}, gain {gain:+.3}, parent quality {parent_quality:.2}, \
                  difficulty {}, failures {}, visits {}/{parent_visits}, explore {explore:+.3}",
                 a.score, a.difficulty, n.failures, n.visits
             );
+            if let Some(closed) = repeat {
+                summary.push_str(&format!(", repeats {closed}'s knob changes"));
+            }
             ranked.push((
                 eligible,
                 utility,
