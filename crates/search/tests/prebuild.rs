@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{harness_evaluator, workspace_root as root};
+use common::{eval_evaluator, harness_evaluator, harness_evaluator_on, workspace_root as root};
 use ksearch_search::engine::CandidateEvaluator;
 
 #[test]
@@ -36,4 +36,69 @@ fn a_gpu_candidate_is_built_ahead_and_a_cpu_one_is_not() {
     if nvcc {
         assert!(!cuda.prebuild("this is not CUDA"));
     }
+}
+
+/// Whether the harness's interpreter has nvcc (the cuda build needs it; CI installs it).
+fn harness_has_nvcc() -> bool {
+    let Some(python) = std::env::var_os("KSEARCH_TEST_PYTHON") else {
+        return false;
+    };
+    let found = std::process::Command::new(python)
+        .args([
+            "-c",
+            "from ksearch_harness.adapters.cuda import find_nvcc; print(find_nvcc() or '')",
+        ])
+        .env("PYTHONPATH", root().join("harness"))
+        .output()
+        .unwrap();
+    !String::from_utf8_lossy(&found.stdout).trim().is_empty()
+}
+
+#[test]
+fn a_build_written_ahead_in_the_background_is_finished_before_the_evaluator_goes() {
+    if !harness_has_nvcc() {
+        eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let seed = std::fs::read_to_string(root().join("tasks/copy/seed/copy.cu")).unwrap();
+    // A source no earlier run has built, so the build below is a real compile.
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let source = format!("{seed}\n// background build {nonce} {}\n", std::process::id());
+    let evaluator = std::sync::Arc::new(eval_evaluator());
+    {
+        let cuda = harness_evaluator_on(evaluator.clone(), "copy", "cuda", 7, "cu", work.path());
+        let started = std::time::Instant::now();
+        cuda.prebuild_in_background(&source);
+        cuda.prebuild_in_background(&source); // the same source once more: no second build
+        eprintln!("handed over in {:?}", started.elapsed());
+        // Dropped here with the compile in flight: the drop waits for it.
+    }
+    let task = ksearch_task::load_task(&root().join("tasks/copy")).unwrap();
+    let path = work.path().join(format!(
+        "{}.cu",
+        ksearch_store::SourceId::of(&source).as_str()
+    ));
+    assert!(path.is_file(), "the source was written for the build");
+    let req = ksearch_eval::EvalRequest::from_task(
+        &task,
+        "cuda",
+        &path,
+        ksearch_eval::WorkloadSet::Search,
+        7,
+        ksearch_eval::TimingPreset::Quick,
+    )
+    .unwrap();
+    // The same evaluator (its build directory) builds it again: the artefact is there.
+    let again = evaluator.build(&req).unwrap();
+    assert_eq!(again.status, ksearch_eval::Status::Passed, "{again:?}");
+    let build = again.build.expect("a build report");
+    assert_eq!(
+        build.extra.get("cached").and_then(|v| v.as_bool()),
+        Some(true),
+        "the background build finished and left its artefact: {build:?}"
+    );
 }

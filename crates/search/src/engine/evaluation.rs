@@ -1,6 +1,9 @@
 //! How the engine gets a candidate measured, without knowing the backend.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use serde_json::Value;
 
@@ -48,6 +51,14 @@ pub trait CandidateEvaluator: Sync {
         false
     }
 
+    /// [`Self::prebuild`] without waiting for it: the build goes on after this returns, and an
+    /// evaluation of the same source waits for it rather than compiling again. The engine's
+    /// round then ends with its evaluation, not with the slower of the builds it wrote ahead
+    /// (one of which never comes). By default it builds before returning.
+    fn prebuild_in_background(&self, source: &str) {
+        let _ = self.prebuild(source);
+    }
+
     /// Summarises a stored result (used when resuming and when building prompts).
     fn summarize(&self, result: &Value) -> OutcomeSummary;
 }
@@ -59,7 +70,9 @@ pub trait CandidateEvaluator: Sync {
 /// evaluation's drift says the machine changed; that evaluation is then repeated against the
 /// new yardstick. Every stored result carries the yardstick it was scored against.
 pub struct HarnessEvaluator {
-    evaluator: Evaluator,
+    evaluator: Arc<Evaluator>,
+    /// Builds started by `prebuild_in_background` and not yet waited for, by source file.
+    building: Mutex<BTreeMap<PathBuf, JoinHandle<bool>>>,
     yardstick: std::sync::Mutex<Option<Yardstick>>,
     task: Task,
     backend: String,
@@ -73,7 +86,7 @@ impl HarnessEvaluator {
     /// `sources_dir` receives the candidate files the harness compiles (the run store's
     /// `sources/` works: files there are named by content hash).
     pub fn new(
-        evaluator: Evaluator,
+        evaluator: impl Into<Arc<Evaluator>>,
         task: Task,
         backend: &str,
         secret_seed: u64,
@@ -82,7 +95,8 @@ impl HarnessEvaluator {
         extension: &str,
     ) -> Self {
         Self {
-            evaluator,
+            evaluator: evaluator.into(),
+            building: Mutex::new(BTreeMap::new()),
             yardstick: std::sync::Mutex::new(None),
             task,
             backend: backend.to_string(),
@@ -109,6 +123,59 @@ impl HarnessEvaluator {
                 .map_err(|e| EvalFailure(format!("{}: {e}", path.display())))?;
         }
         Ok(path)
+    }
+}
+
+impl HarnessEvaluator {
+    /// The build request of `source`, written to the sources directory; None where nothing
+    /// is built ahead (a cpu backend) or the request cannot be made.
+    fn prebuild_request(&self, source: &str) -> Option<EvalRequest> {
+        if !self.prebuilds() {
+            return None;
+        }
+        let path = self.write_source(source).ok()?;
+        EvalRequest::from_task(
+            &self.task,
+            &self.backend,
+            &path,
+            WorkloadSet::Search,
+            self.secret_seed,
+            self.preset,
+        )
+        .ok()
+    }
+
+    /// Waits for the background build of the source at `path`, if one is in flight.
+    fn wait_for_build(&self, path: &std::path::Path) {
+        let handle = self
+            .building
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(path);
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+fn built(evaluator: &Evaluator, req: &EvalRequest) -> bool {
+    match evaluator.build(req) {
+        Ok(r) => r.status == ksearch_eval::Status::Passed,
+        Err(e) => {
+            tracing::debug!("prebuild of a candidate that may come: {e}");
+            false
+        }
+    }
+}
+
+/// A run never ends with a compiler of its own still running: the builds written ahead that
+/// no evaluation waited for are waited for here.
+impl Drop for HarnessEvaluator {
+    fn drop(&mut self) {
+        let building = std::mem::take(self.building.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for (_, h) in building {
+            let _ = h.join();
+        }
     }
 }
 
@@ -161,33 +228,49 @@ impl CandidateEvaluator for HarnessEvaluator {
     }
 
     fn prebuild(&self, source: &str) -> bool {
-        if !self.prebuilds() {
-            return false;
-        }
-        let Ok(path) = self.write_source(source) else {
+        let Some(req) = self.prebuild_request(source) else {
             return false;
         };
-        let Ok(req) = EvalRequest::from_task(
-            &self.task,
-            &self.backend,
-            &path,
-            WorkloadSet::Search,
-            self.secret_seed,
-            self.preset,
-        ) else {
-            return false;
+        self.wait_for_build(&req.candidate.path);
+        built(&self.evaluator, &req)
+    }
+
+    fn prebuild_in_background(&self, source: &str) {
+        let Some(req) = self.prebuild_request(source) else {
+            return;
         };
-        match self.evaluator.build(&req) {
-            Ok(r) => r.status == ksearch_eval::Status::Passed,
-            Err(e) => {
-                tracing::debug!("prebuild of a candidate that may come: {e}");
-                false
+        let mut building = self.building.lock().unwrap_or_else(|p| p.into_inner());
+        // Builds that ended are let go of here, so the map holds only the ones in flight.
+        let ended: Vec<PathBuf> = building
+            .iter()
+            .filter(|(_, h)| h.is_finished())
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in ended {
+            if let Some(h) = building.remove(&p) {
+                let _ = h.join();
             }
+        }
+        if building.contains_key(&req.candidate.path) {
+            return;
+        }
+        let evaluator = Arc::clone(&self.evaluator);
+        let path = req.candidate.path.clone();
+        let spawned = std::thread::Builder::new()
+            .name("ksearch-prebuild".into())
+            .spawn(move || built(&evaluator, &req));
+        match spawned {
+            Ok(h) => {
+                building.insert(path, h);
+            }
+            Err(e) => tracing::debug!("no thread for a prebuild: {e}"),
         }
     }
 
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
         let path = self.write_source(source)?;
+        // A build of this source written ahead is still running: it is this build.
+        self.wait_for_build(&path);
         let (set, seed, preset) = match purpose {
             Purpose::Search => (WorkloadSet::Search, self.secret_seed, self.preset),
             Purpose::Acceptance => (

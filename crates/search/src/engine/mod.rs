@@ -1068,7 +1068,7 @@ impl<'a> Engine<'a> {
             let write_ahead = |written: &Proposal, id: i64| {
                 if ahead {
                     for source in self.sources_ahead(&req, written, id) {
-                        builds.spawn(move || self.evaluator.prebuild(&source));
+                        builds.spawn(move || self.evaluator.prebuild_in_background(&source));
                     }
                 }
             };

@@ -159,6 +159,12 @@ pub fn harness_evaluator(
     ext: &str,
     work: &std::path::Path,
 ) -> ksearch_search::engine::evaluation::HarnessEvaluator {
+    harness_evaluator_on(eval_evaluator(), task, backend, secret_seed, ext, work)
+}
+
+/// The harness's evaluator for tests: `KSEARCH_TEST_PYTHON`'s interpreter, else ksearch's own
+/// environment under the target directory.
+pub fn eval_evaluator() -> ksearch_eval::Evaluator {
     let python = std::env::var_os("KSEARCH_TEST_PYTHON").map(std::path::PathBuf::from);
     if python.is_none() && std::env::var_os("KSEARCH_CACHE_DIR").is_none() {
         std::env::set_var(
@@ -167,11 +173,22 @@ pub fn harness_evaluator(
         );
     }
     std::env::set_var("KSEARCH_ROOT", workspace_root());
-    let evaluator = ksearch_eval::Evaluator::new(ksearch_eval::EvaluatorConfig {
+    ksearch_eval::Evaluator::new(ksearch_eval::EvaluatorConfig {
         python,
         ..ksearch_eval::EvaluatorConfig::default()
     })
-    .unwrap_or_else(|e| panic!("no evaluation environment: {e}"));
+    .unwrap_or_else(|e| panic!("no evaluation environment: {e}"))
+}
+
+/// [`harness_evaluator`] over an evaluator the test keeps a handle of.
+pub fn harness_evaluator_on(
+    evaluator: impl Into<std::sync::Arc<ksearch_eval::Evaluator>>,
+    task: &str,
+    backend: &str,
+    secret_seed: u64,
+    ext: &str,
+    work: &std::path::Path,
+) -> ksearch_search::engine::evaluation::HarnessEvaluator {
     let task = ksearch_task::load_task(&workspace_root().join("tasks").join(task)).unwrap();
     ksearch_search::engine::evaluation::HarnessEvaluator::new(
         evaluator,
