@@ -115,7 +115,13 @@ def test_cxxfilt_demangles_kernel_names():
 def test_nvcc_command_builds_one_architecture_with_the_ptxas_report():
     cmd = cuda.nvcc_command("/opt/cuda/bin/nvcc", "sm_90a", "/b/k.cu", "/b/k.so", ["/w/lib"])
     assert cmd == ["/opt/cuda/bin/nvcc", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
-                   "--split-compile=0", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-L/w/lib", "/b/k.cu", "-o", "/b/k.so"]
+                   cuda.split_compile_flag(), "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-L/w/lib", "/b/k.cu", "-o", "/b/k.so"]
+
+
+def test_nvcc_optimises_on_a_quarter_of_the_cpus_and_at_least_two():
+    assert [cuda.split_compile_flag(n) for n in (1, 2, 8, 16, 64)] == [
+        "--split-compile=2", "--split-compile=2", "--split-compile=2", "--split-compile=4",
+        "--split-compile=16"]
 
 
 def _fake_nvcc(path: Path) -> str:

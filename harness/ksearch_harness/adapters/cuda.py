@@ -55,11 +55,19 @@ from . import BuildFailed, BuildInfo
 from .cpu import MAX_LOG, _first_error, _read_meta
 from .device import DeviceAdapter, resolve_entry, torch_from_host, torch_to_host, torch_upload
 
-# `--split-compile=0`: nvcc optimises a candidate's kernels (each template instantiation is one)
-# on as many threads as the machine has CPUs. The machine code is the same as a one-thread
-# build's (docs/results/evaluation-speed compares the kernels' .text sections); only the build
-# is shorter, and the search waits for every build.
-NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--split-compile=0"]
+NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC"]
+
+
+def split_compile_flag(cpus: int | None = None) -> str:
+    """nvcc optimises a candidate's kernels (each template instantiation is one) on several
+    threads: a quarter of the machine's CPUs, at least two. The machine code is the same as a
+    one-thread build's (docs/results/evaluation-speed compares the kernels' .text sections);
+    only the build is shorter, and the search waits for builds. Not all CPUs: builds written
+    ahead run while another candidate is timed, whose launches need a CPU that is free."""
+    n = cpus if cpus is not None else (os.cpu_count() or 2)
+    return f"--split-compile={max(2, n // 4)}"
+
+
 PTXAS_VERBOSE = ["-Xptxas", "-v"]
 DEFAULT_ARCH = "sm_90a"
 # KSEARCH_CUDA_ARCH is the documented override; ksearch passes only KSEARCH_HARNESS_* knobs
@@ -195,7 +203,8 @@ def nvcc_command(nvcc: str, arch: str, source: str, output: str,
     to build although the GPU it runs on has them. Only the one SASS is built; no PTX rides along
     because nothing here JIT-compiles for another chip."""
     virtual = "compute_" + arch.removeprefix("sm_")
-    return ([nvcc, *NVCC_FLAGS, f"-gencode=arch={virtual},code={arch}", *PTXAS_VERBOSE]
+    return ([nvcc, *NVCC_FLAGS, split_compile_flag(), f"-gencode=arch={virtual},code={arch}",
+             *PTXAS_VERBOSE]
             + [f"-L{d}" for d in (lib_dirs or [])] + [source, "-o", output])
 
 
@@ -424,7 +433,7 @@ class CudaAdapter(DeviceAdapter):
         self._nvcc, self._arch = nvcc, arch
         version = nvcc_version(nvcc)
         lib_dirs = cuda_lib_dirs(nvcc)
-        flags = NVCC_FLAGS + [f"-arch={arch}"] + PTXAS_VERBOSE
+        flags = NVCC_FLAGS + [split_compile_flag(), f"-arch={arch}"] + PTXAS_VERBOSE
         key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(),
                                          version.encode()])).hexdigest()[:20]
         os.makedirs(req.build_dir, exist_ok=True)
