@@ -67,7 +67,10 @@ fn a_build_written_ahead_in_the_background_is_finished_before_the_evaluator_goes
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let source = format!("{seed}\n// background build {nonce} {}\n", std::process::id());
+    let source = format!(
+        "{seed}\n// background build {nonce} {}\n",
+        std::process::id()
+    );
     let evaluator = std::sync::Arc::new(eval_evaluator());
     {
         let cuda = harness_evaluator_on(evaluator.clone(), "copy", "cuda", 7, "cu", work.path());

@@ -361,13 +361,25 @@ fn transposition_fixture() -> WorldModel {
     let mut wm = empty();
     let a = add(&mut wm, "root", spec("A", 2.0, 0.5).knobs(&[("a", 1)]));
     solve(&mut wm, &a, 1.2, None);
-    let ab = add(&mut wm, "n1", spec("B after A", 2.0, 0.5).knobs(&[("b", 1)]));
+    let ab = add(
+        &mut wm,
+        "n1",
+        spec("B after A", 2.0, 0.5).knobs(&[("b", 1)]),
+    );
     solve(&mut wm, &ab, 1.5, None);
     let b = add(&mut wm, "root", spec("B", 2.0, 0.5).knobs(&[("b", 1)]));
     solve(&mut wm, &b, 1.3, None);
     assert_eq!((a.as_str(), ab.as_str(), b.as_str()), ("n1", "n2", "n3"));
-    add(&mut wm, "n3", spec("A after B", 2.0, 0.9).knobs(&[("a", 1)])); // n4: repeats n2
-    add(&mut wm, "n3", spec("C after B", 2.0, 0.4).knobs(&[("c", 1)])); // n5
+    add(
+        &mut wm,
+        "n3",
+        spec("A after B", 2.0, 0.9).knobs(&[("a", 1)]),
+    ); // n4: repeats n2
+    add(
+        &mut wm,
+        "n3",
+        spec("C after B", 2.0, 0.4).knobs(&[("c", 1)]),
+    ); // n5
     wm
 }
 
@@ -401,7 +413,11 @@ fn repeats_are_chosen_when_nothing_else_is_left() {
 fn the_same_knob_set_to_another_value_is_not_a_repeat() {
     let mut wm = transposition_fixture();
     // B then A=2 differs from A=1 then B.
-    add(&mut wm, "n3", spec("A2 after B", 2.0, 0.95).knobs(&[("a", 2)])); // n6
+    add(
+        &mut wm,
+        "n3",
+        spec("A2 after B", 2.0, 0.95).knobs(&[("a", 2)]),
+    ); // n6
     assert_eq!(CalibratedPolicy::default().choose(&wm), Some(id("n6")));
 }
 
