@@ -16,21 +16,10 @@ fn a_gpu_candidate_is_built_ahead_and_a_cpu_one_is_not() {
     let cuda = harness_evaluator("copy", "cuda", 7, "cu", work.path());
     assert!(!cpu.prebuilds() && cuda.prebuilds());
     let seed = std::fs::read_to_string(root().join("tasks/copy/seed/copy.cu")).unwrap();
-    // The harness looks for nvcc on PATH, under $CUDA_HOME and in its interpreter's
-    // site-packages; ask it, with the interpreter the evaluator runs.
-    let Some(python) = std::env::var_os("KSEARCH_TEST_PYTHON") else {
+    let Some(nvcc) = harness_nvcc() else {
         eprintln!("KSEARCH_TEST_PYTHON unset: the cuda half is left out");
         return;
     };
-    let found = std::process::Command::new(python)
-        .args([
-            "-c",
-            "from ksearch_harness.adapters.cuda import find_nvcc; print(find_nvcc() or '')",
-        ])
-        .env("PYTHONPATH", root().join("harness"))
-        .output()
-        .unwrap();
-    let nvcc = !String::from_utf8_lossy(&found.stdout).trim().is_empty();
     assert_eq!(cuda.prebuild(&seed), nvcc, "nvcc found: {nvcc}");
     // Source that does not compile is not reported as built.
     if nvcc {
@@ -38,11 +27,11 @@ fn a_gpu_candidate_is_built_ahead_and_a_cpu_one_is_not() {
     }
 }
 
-/// Whether the harness's interpreter has nvcc (the cuda build needs it; CI installs it).
-fn harness_has_nvcc() -> bool {
-    let Some(python) = std::env::var_os("KSEARCH_TEST_PYTHON") else {
-        return false;
-    };
+/// Whether the harness finds nvcc (on PATH, under $CUDA_HOME or in its interpreter's
+/// site-packages), asked with the interpreter the evaluator runs; None when
+/// `KSEARCH_TEST_PYTHON` is unset (CI sets it and installs nvcc).
+fn harness_nvcc() -> Option<bool> {
+    let python = std::env::var_os("KSEARCH_TEST_PYTHON")?;
     let found = std::process::Command::new(python)
         .args([
             "-c",
@@ -51,12 +40,12 @@ fn harness_has_nvcc() -> bool {
         .env("PYTHONPATH", root().join("harness"))
         .output()
         .unwrap();
-    !String::from_utf8_lossy(&found.stdout).trim().is_empty()
+    Some(!String::from_utf8_lossy(&found.stdout).trim().is_empty())
 }
 
 #[test]
 fn a_build_written_ahead_in_the_background_is_finished_before_the_evaluator_goes() {
-    if !harness_has_nvcc() {
+    if harness_nvcc() != Some(true) {
         eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
         return;
     }
@@ -74,11 +63,9 @@ fn a_build_written_ahead_in_the_background_is_finished_before_the_evaluator_goes
     let evaluator = std::sync::Arc::new(eval_evaluator());
     {
         let cuda = harness_evaluator_on(evaluator.clone(), "copy", "cuda", 7, "cu", work.path());
-        let started = std::time::Instant::now();
         cuda.prebuild_in_background(&source);
         cuda.prebuild_in_background(&source); // the same source once more: no second build
-        eprintln!("handed over in {:?}", started.elapsed());
-        // Dropped here with the compile in flight: the drop waits for it.
+                                              // Dropped here with the compile in flight: the drop waits for it.
     }
     let task = ksearch_task::load_task(&root().join("tasks/copy")).unwrap();
     let path = work.path().join(format!(

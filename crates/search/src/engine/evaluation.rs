@@ -241,16 +241,7 @@ impl CandidateEvaluator for HarnessEvaluator {
         };
         let mut building = self.building.lock().unwrap_or_else(|p| p.into_inner());
         // Builds that ended are let go of here, so the map holds only the ones in flight.
-        let ended: Vec<PathBuf> = building
-            .iter()
-            .filter(|(_, h)| h.is_finished())
-            .map(|(p, _)| p.clone())
-            .collect();
-        for p in ended {
-            if let Some(h) = building.remove(&p) {
-                let _ = h.join();
-            }
-        }
+        building.retain(|_, h| !h.is_finished());
         if building.contains_key(&req.candidate.path) {
             return;
         }

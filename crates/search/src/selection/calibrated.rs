@@ -54,7 +54,7 @@ pub struct CalibratedPolicy {
     pub prior_strength: f64,
     /// Off: predictions are taken at face value (for ablations).
     pub use_calibration: bool,
-    /// Gate frontier actions that would repeat a closed node's setting (see [`transposition`]).
+    /// Gate frontier actions that would repeat a closed node's setting (see [`transpositions`]).
     pub skip_transpositions: bool,
 }
 
@@ -181,21 +181,31 @@ fn knob_changes(wm: &WorldModel, id: &NodeId) -> BTreeMap<String, Value> {
     knobs
 }
 
-/// A closed node that `candidate` would repeat: one whose actions, from the root, change the
-/// same knobs to the same values as the candidate's path and action do. Such a candidate is the
-/// same combination of ideas reached in another order (query blocks then causal skip, or
-/// causal skip then query blocks): a cycle spent on it measures a setting the tree has already
-/// measured, give or take the tuning steps of the cycles in between.
-pub(crate) fn transposition(wm: &WorldModel, candidate: &Node) -> Option<NodeId> {
-    let mine = knob_changes(wm, &candidate.id);
-    if mine.is_empty() || candidate.action.as_ref().is_none_or(|a| a.knobs.is_empty()) {
-        return None;
-    }
-    wm.nodes()
+/// For each of `cands`, a closed node it would repeat: one whose actions, from the root,
+/// change the same knobs to the same values as the candidate's path and action do. Such a
+/// candidate is the same combination of ideas reached in another order (query blocks then
+/// causal skip, or causal skip then query blocks): a cycle spent on it measures a setting the
+/// tree has already measured, give or take the tuning steps of the cycles in between.
+fn transpositions(wm: &WorldModel, cands: &[&Node]) -> Vec<Option<NodeId>> {
+    let closed: Vec<(&NodeId, BTreeMap<String, Value>)> = wm
+        .nodes()
         .iter()
-        .filter(|n| n.is_closed() && n.id != candidate.id)
-        .find(|n| knob_changes(wm, &n.id) == mine)
-        .map(|n| n.id.clone())
+        .filter(|n| n.is_closed())
+        .map(|n| (&n.id, knob_changes(wm, &n.id)))
+        .collect();
+    cands
+        .iter()
+        .map(|c| {
+            if c.action.as_ref().is_none_or(|a| a.knobs.is_empty()) {
+                return None;
+            }
+            let mine = knob_changes(wm, &c.id);
+            closed
+                .iter()
+                .find(|(id, knobs)| **id != c.id && *knobs == mine)
+                .map(|(id, _)| (*id).clone())
+        })
+        .collect()
 }
 
 fn log_ratio(n: &Node) -> Option<f64> {
@@ -237,13 +247,10 @@ impl SelectionPolicy for CalibratedPolicy {
             .filter_map(|n| n.open_action().map(|a| a.difficulty))
             .collect();
         let mut gate = soft_difficulty_gate(&difficulties, self.max_difficulty.clamp(1, 5));
-        let repeats: Vec<Option<NodeId>> = cands
-            .iter()
-            .map(|n| match self.skip_transpositions {
-                true => transposition(wm, n),
-                false => None,
-            })
-            .collect();
+        let repeats = match self.skip_transpositions {
+            true => transpositions(wm, &cands),
+            false => vec![None; cands.len()],
+        };
         // Soft, like the difficulty gate: when every candidate left repeats a closed node, the
         // repeats are allowed rather than ending the search.
         if gate.iter().zip(&repeats).any(|(g, r)| *g && r.is_none()) {
