@@ -2,14 +2,15 @@
 //!
 //! An evaluation holds each workload's median time and the machine's measured bandwidth and
 //! peak (the harness measures both before timing); the task's roofline model gives each
-//! workload's ideal bytes and FLOPs. [`ksearch_eval::bottleneck::diagnose`] turns those (and
-//! a profiler's counters, where one ran) into a class and advice.
+//! workload's ideal bytes and FLOPs; a cuda build's ptxas report gives the kernel's registers
+//! and spills. [`ksearch_eval::bottleneck::diagnose`] turns those (and a profiler's counters,
+//! where one ran) into a class and advice.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use ksearch_eval::bottleneck::{diagnose, Diagnosis, Metrics};
+use ksearch_eval::bottleneck::{diagnose, Counters, Diagnosis, Metrics};
 use ksearch_eval::EvalResult;
 use ksearch_task::Task;
 
@@ -44,6 +45,7 @@ pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Prof
     let bandwidth = figure("mem_bandwidth_gbs") * 1e9;
     let peak_flops = figure("peak_gflops") * 1e9;
     let model = task.workloads(backend).unwrap_or_default();
+    let build = build_counters(eval);
     let mut workloads = Vec::new();
     let (mut untimed, mut unmodelled) = (Vec::new(), Vec::new());
     for w in &eval.workloads {
@@ -62,7 +64,7 @@ pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Prof
             bandwidth,
             peak_flops,
             launch_ns: None,
-            counters: Default::default(),
+            counters: build.clone(),
         };
         workloads.push(WorkloadProfile {
             workload: w.name.clone(),
@@ -78,6 +80,13 @@ pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Prof
                 .into(),
         );
     }
+    if let Some(r) = build.registers {
+        notes.push(format!(
+            "build: {r} registers per thread (the kernel that uses most), {} bytes per thread \
+             spilled to local memory (ptxas)",
+            build.spill_bytes.unwrap_or(0)
+        ));
+    }
     notes.push(format!(
         "no profiler counters on the {backend} backend yet: the classes come from the roofline \
          model and the measured times"
@@ -89,6 +98,20 @@ pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Prof
         untimed,
         unmodelled,
         notes,
+    }
+}
+
+/// What the build reported of the kernel's resources, the same on every workload: ptxas's
+/// register count (the largest of the kernel's instances) and spilled bytes per thread on
+/// cuda; nothing where the build has no such report (cpu, mlx, an old run).
+fn build_counters(eval: &EvalResult) -> Counters {
+    let ptxas = eval.build.as_ref().and_then(|b| b.extra.get("ptxas"));
+    let field = |key: &str| ptxas.and_then(|p| p.get(key)).and_then(|v| v.as_u64());
+    Counters {
+        registers: field("max_registers").and_then(|r| u32::try_from(r).ok()),
+        // Spills mean something only beside the registers they came from.
+        spill_bytes: field("max_registers").and(field("spill_bytes")),
+        ..Counters::default()
     }
 }
 

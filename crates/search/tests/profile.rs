@@ -1,0 +1,67 @@
+//! `report::profile`: a kernel's per-workload profile, read from one of its evaluations.
+
+use ksearch_eval::EvalResult;
+use ksearch_search::report::profile::{profile_evaluation, render_profile};
+use serde_json::{json, Value};
+
+/// A passed evaluation of a kernel that timed the first of `task`'s workloads on `backend` at
+/// 1 ms, on an H200-like machine, whose build reported `build`.
+fn evaluation(task: &ksearch_task::Task, backend: &str, build: Value) -> EvalResult {
+    let first = &task.workloads(backend).unwrap()[0];
+    serde_json::from_value(json!({
+        "nonce": "n",
+        "status": "passed",
+        "build": build,
+        "environment": {"mem_bandwidth_gbs": 4800.0, "peak_gflops": 989000.0},
+        "workloads": [{"name": first.name, "correct": true, "candidate_median_ns": 1.0e6}],
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_cuda_builds_registers_and_spills_reach_every_workloads_advice() {
+    let task = ksearch_task::resolve("attention").unwrap();
+    let ptxas = json!({"compiler": "nvcc", "ptxas": {
+        "kernels": [], "max_registers": 255, "spill_bytes": 96, "gmem_bytes": 0, "warnings": []}});
+    let p = profile_evaluation(&task, "cuda", &evaluation(&task, "cuda", ptxas));
+    assert_eq!(p.workloads.len(), 1, "{p:?}");
+    let w = &p.workloads[0];
+    assert_eq!(w.metrics.counters.registers, Some(255));
+    assert_eq!(w.metrics.counters.spill_bytes, Some(96));
+    let advice = w.diagnosis.advice.join("\n");
+    assert!(
+        advice.contains("96 bytes per thread spill to local memory at 255 registers"),
+        "{advice}"
+    );
+    let text = render_profile(&p);
+    assert!(
+        text.contains("build: 255 registers per thread"),
+        "the table says what the build used: {text}"
+    );
+
+    // No spill: the registers are still reported, and no spill advice is given.
+    let clean = json!({"ptxas": {"max_registers": 128, "spill_bytes": 0}});
+    let p = profile_evaluation(&task, "cuda", &evaluation(&task, "cuda", clean));
+    assert_eq!(p.workloads[0].metrics.counters.registers, Some(128));
+    assert!(!p.workloads[0]
+        .diagnosis
+        .advice
+        .iter()
+        .any(|a| a.contains("spill")));
+}
+
+#[test]
+fn a_build_without_a_register_report_gives_no_register_counters() {
+    let task = ksearch_task::resolve("softmax").unwrap();
+    // A cpu build (gcc) has no ptxas report; a report without registers is not believed for
+    // its spills either.
+    for build in [
+        json!({"compiler": "gcc"}),
+        json!({"ptxas": {"spill_bytes": 64}}),
+    ] {
+        let p = profile_evaluation(&task, "cpu", &evaluation(&task, "cpu", build));
+        let c = &p.workloads[0].metrics.counters;
+        assert_eq!((c.registers, c.spill_bytes), (None, None), "{p:?}");
+        assert!(!render_profile(&p).contains("registers per thread"));
+    }
+}
