@@ -1,0 +1,123 @@
+"""Nsight Compute counters of a candidate's own kernels, reduced to what ksearch interprets.
+
+ksearch classifies a kernel against the hardware's speed of light (crates/eval/src/bottleneck.rs)
+from its time and the task's roofline model; counters, where a profiler ran, take precedence:
+DRAM and SM throughput as percent of peak, tensor-pipe activity, achieved occupancy and what
+limits it, registers per thread and the bytes moved from DRAM. This module owns the three pure
+steps around `ncu`, so that they are tested without a GPU:
+
+- `command` is the ncu command line that collects exactly those metrics for a process as a
+  raw CSV page, in base units (no thousands scaling), written to a log file;
+- `parse_raw_csv` reads that page into one record per profiled launch;
+- `reduce` combines the launches of the candidate's kernels into one set of counters (percentages
+  weighted by each launch's time, bytes summed, the largest register count, the occupancy
+  limiter of the longest launch).
+
+Which launches are the candidate's is the caller's to say (the kernel audit's names): inputs are
+made and checked by other kernels (PyTorch's fills and copies), which must not be counted.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from typing import Callable, Iterable
+
+# The counters ksearch reads, by the name of the field they fill (bottleneck::Counters).
+METRICS = {
+    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "compute_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "tensor_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "registers": "launch__registers_per_thread",
+    "dram_bytes": "dram__bytes.sum",
+}
+# A launch's duration: the weight of its percentages.
+TIME = "gpu__time_duration.sum"
+# Blocks per SM each resource allows; the smallest names what limits occupancy.
+LIMITS = {
+    "registers": "launch__occupancy_limit_registers",
+    "shared memory": "launch__occupancy_limit_shared_mem",
+    "warps": "launch__occupancy_limit_warps",
+    "blocks": "launch__occupancy_limit_blocks",
+}
+ALL_METRICS = (*METRICS.values(), TIME, *LIMITS.values())
+
+
+class NsightError(Exception):
+    """ncu's output is not the raw CSV page this module asked for."""
+
+
+def command(ncu: str, log_file: str, argv: list[str], kernel_regex: str | None = None) -> list[str]:
+    """The ncu command that profiles every launch of `argv` (its child processes included) for
+    `ALL_METRICS`, as a raw CSV page in base units, into `log_file` (the profiled process's own
+    output stays on its stdout/stderr, apart from the counters). `kernel_regex` limits the
+    launches profiled, by function name."""
+    cmd = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--target-processes", "all",
+           "--metrics", ",".join(ALL_METRICS), "--log-file", log_file]
+    if kernel_regex:
+        cmd += ["--kernel-name-base", "function", "--kernel-name", f"regex:{kernel_regex}"]
+    return cmd + list(argv)
+
+
+def _number(text: str) -> float | None:
+    """A CSV cell as a number: thousands separators dropped; `n/a` and empty cells are None."""
+    t = text.strip().replace(",", "")
+    if not t or t.lower() == "n/a":
+        return None
+    try:
+        return float(t)
+    except ValueError:
+        return None
+
+
+def parse_raw_csv(text: str) -> list[dict]:
+    """One record per profiled launch of ncu's raw page: `kernel` (its name) and each metric of
+    `ALL_METRICS` present, as a float or None. Lines before the header (ncu's `==PROF==` notes)
+    are skipped; the second row, the units, is not a launch."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
+    if start is None:
+        raise NsightError("no raw CSV header (a line starting with \"ID\") in ncu's output")
+    rows = list(csv.reader(io.StringIO("\n".join(line for line in lines[start:]
+                                                 if line.startswith('"')))))
+    header = rows[0]
+    if "Kernel Name" not in header:
+        raise NsightError("ncu's raw page has no `Kernel Name` column")
+    name_at = header.index("Kernel Name")
+    at = {m: header.index(m) for m in ALL_METRICS if m in header}
+    launches = []
+    for row in rows[1:]:
+        if len(row) != len(header) or not row[name_at]:
+            continue  # the units row, or a line cut short
+        launches.append({"kernel": row[name_at], **{m: _number(row[i]) for m, i in at.items()}})
+    return launches
+
+
+def reduce(launches: Iterable[dict], own: Callable[[str], bool]) -> dict:
+    """The counters of the launches whose kernel `own` accepts, as bottleneck::Counters fields
+    (absent where no launch had the metric): percentages as a time-weighted mean, `dram_bytes`
+    summed, `registers` the largest, `occupancy_limiter` the smallest limit of the longest
+    launch. Empty when no launch is the candidate's."""
+    mine = [l for l in launches if own(l["kernel"])]
+    if not mine:
+        return {}
+    out: dict = {"launches": len(mine)}
+    weight = [l.get(TIME) or 0.0 for l in mine]
+    if not any(weight):
+        weight = [1.0] * len(mine)
+    for field in ("dram_pct", "compute_pct", "tensor_pct", "occupancy_pct"):
+        pairs = [(l.get(METRICS[field]), w) for l, w in zip(mine, weight)]
+        pairs = [(v, w) for v, w in pairs if v is not None]
+        if pairs and sum(w for _, w in pairs) > 0:
+            out[field] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+    regs = [l.get(METRICS["registers"]) for l in mine]
+    if any(r is not None for r in regs):
+        out["registers"] = int(max(r for r in regs if r is not None))
+    moved = [l.get(METRICS["dram_bytes"]) for l in mine]
+    if any(b is not None for b in moved):
+        out["dram_bytes"] = sum(b for b in moved if b is not None)
+    longest = max(zip(mine, weight), key=lambda p: p[1])[0]
+    limits = [(longest.get(m), name) for name, m in LIMITS.items() if longest.get(m) is not None]
+    if limits:
+        out["occupancy_limiter"] = min(limits, key=lambda p: p[0])[1]
+    return out
