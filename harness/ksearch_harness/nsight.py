@@ -41,6 +41,12 @@ LIMITS = {
     "blocks": "launch__occupancy_limit_blocks",
 }
 ALL_METRICS = (*METRICS.values(), TIME, *LIMITS.values())
+# The units ncu's raw page gives in base units, where a scaled unit would mislead.
+BASE_UNITS = {
+    METRICS["dram_bytes"]: ("byte",),
+    TIME: ("ns", "nsecond"),
+    **{m: ("%",) for k, m in METRICS.items() if k.endswith("_pct")},
+}
 
 
 class NsightError(Exception):
@@ -74,21 +80,30 @@ def parse_raw_csv(text: str) -> list[dict]:
     """One record per profiled launch of ncu's raw page: `kernel` (its name) and each metric of
     `ALL_METRICS` present, as a float or None. Lines before the header (ncu's `==PROF==` notes)
     are skipped; the second row, the units, is not a launch."""
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
-    if start is None:
+    rows = list(csv.reader(io.StringIO("\n".join(
+        line for line in text.splitlines() if line.startswith('"')))))
+    if not any(row and row[0] == "ID" for row in rows):
         raise NsightError("no raw CSV header (a line starting with \"ID\") in ncu's output")
-    rows = list(csv.reader(io.StringIO("\n".join(line for line in lines[start:]
-                                                 if line.startswith('"')))))
-    header = rows[0]
-    if "Kernel Name" not in header:
-        raise NsightError("ncu's raw page has no `Kernel Name` column")
-    name_at = header.index("Kernel Name")
-    at = {m: header.index(m) for m in ALL_METRICS if m in header}
     launches = []
-    for row in rows[1:]:
-        if len(row) != len(header) or not row[name_at]:
-            continue  # the units row, or a line cut short
+    header: list[str] = []
+    for row in rows:
+        if row and row[0] == "ID":
+            # A header, perhaps not the first (one per page ncu printed): columns anew.
+            header = row
+            if "Kernel Name" not in header:
+                raise NsightError("ncu's raw page has no `Kernel Name` column")
+            name_at = header.index("Kernel Name")
+            at = {m: header.index(m) for m in ALL_METRICS if m in header}
+            continue
+        if not header or len(row) != len(header):
+            continue  # before a header, or a line cut short
+        if not row[name_at]:
+            # The units row: the figures must be in the base units the command asked for.
+            for m, i in at.items():
+                if row[i] not in BASE_UNITS.get(m, (row[i],)):
+                    raise NsightError(f"{m} is in {row[i]!r}, not in base units: was ncu run "
+                                      "with --print-units base?")
+            continue
         launches.append({"kernel": row[name_at], **{m: _number(row[i]) for m, i in at.items()}})
     return launches
 

@@ -124,6 +124,13 @@ def test_nvcc_optimises_on_a_quarter_of_the_cpus_and_at_least_two():
         "--split-compile=16"]
 
 
+def test_nvcc_counts_the_cpus_this_process_may_use(monkeypatch):
+    # A container limited to 8 of a 64-CPU host's CPUs: a quarter of 8.
+    monkeypatch.setattr(cuda.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(cuda.os, "cpu_count", lambda: 64)
+    assert cuda.split_compile_flag() == "--split-compile=2"
+
+
 def _fake_nvcc(path: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("#!/bin/sh\nexit 0\n")

@@ -73,3 +73,17 @@ def test_the_command_collects_every_metric_into_the_log_file():
     assert cmd[cmd.index("--page") + 1] == "raw" and "--csv" in cmd
     assert cmd[cmd.index("--kernel-name") + 1] == "regex:attn_.*"
     assert "--kernel-name" not in nsight.command("ncu", "l", ["a"])
+
+
+def test_scaled_units_are_refused_and_a_second_page_is_read_with_its_own_columns():
+    text = FIXTURE.read_text()
+    scaled = text.replace('"","","","","byte",', '"","","","","Mbyte",', 1)
+    with pytest.raises(nsight.NsightError, match="base units"):
+        nsight.parse_raw_csv(scaled)
+    # A second page whose columns come in another order.
+    second = ('"ID","Kernel Name","gpu__time_duration.sum","launch__registers_per_thread"\n'
+              '"","","ns","register/thread"\n"3","k2","1,000","32"\n')
+    ls = nsight.parse_raw_csv(text + "==PROF== Disconnected\n" + second)
+    assert len(ls) == 4
+    assert (ls[3]["kernel"], ls[3][nsight.TIME], ls[3][nsight.METRICS["registers"]]) == ("k2", 1000, 32)
+    assert nsight.METRICS["dram_bytes"] not in ls[3]

@@ -63,9 +63,17 @@ def split_compile_flag(cpus: int | None = None) -> str:
     threads: a quarter of the machine's CPUs, at least two. The machine code is the same as a
     one-thread build's (docs/results/evaluation-speed compares the kernels' .text sections);
     only the build is shorter, and the search waits for builds. Not all CPUs: builds written
-    ahead run while another candidate is timed, whose launches need a CPU that is free."""
-    n = cpus if cpus is not None else (os.cpu_count() or 2)
+    ahead run while another candidate is timed, whose launches need a CPU that is free. The
+    CPUs are those this process may run on (its affinity), not all the machine has."""
+    n = cpus if cpus is not None else _usable_cpus()
     return f"--split-compile={max(2, n // 4)}"
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 2
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 2
 
 
 PTXAS_VERBOSE = ["-Xptxas", "-v"]
