@@ -92,3 +92,30 @@ fn a_build_written_ahead_in_the_background_is_finished_before_the_evaluator_goes
         "the background build finished and left its artefact: {build:?}"
     );
 }
+
+#[test]
+fn an_evaluation_waits_for_its_own_build_written_ahead_from_a_relative_store() {
+    if harness_nvcc() != Some(true) {
+        eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
+        return;
+    }
+    // A run store given as a relative path (`--runs-dir runs`, the default) writes its
+    // sources under a relative directory; the builds written ahead are keyed by the
+    // request's canonical path, which the evaluation must look up.
+    let here = std::env::current_dir().unwrap();
+    let work = tempfile::tempdir_in(&here).unwrap();
+    let relative = work.path().strip_prefix(&here).unwrap().to_path_buf();
+    assert!(relative.is_relative());
+    let seed = std::fs::read_to_string(root().join("tasks/copy/seed/copy.cu")).unwrap();
+    let source = format!("{seed}\n// written ahead {}\n", std::process::id());
+    let cuda = harness_evaluator_on(eval_evaluator(), "copy", "cuda", 7, "cu", &relative);
+    cuda.prebuild_in_background(&source);
+    assert_eq!(cuda.pending_builds().len(), 1);
+    // Whatever the evaluation then does on a machine without a GPU, it took that build.
+    let _ = cuda.evaluate(&source, ksearch_search::engine::Purpose::Search);
+    assert_eq!(
+        cuda.pending_builds(),
+        Vec::<std::path::PathBuf>::new(),
+        "the evaluation waited for the build written ahead of it"
+    );
+}

@@ -21,8 +21,14 @@ fn evaluation(task: &ksearch_task::Task, backend: &str, build: Value) -> EvalRes
 #[test]
 fn a_cuda_builds_registers_and_spills_reach_every_workloads_advice() {
     let task = ksearch_task::resolve("attention").unwrap();
+    // Two template instances: the one that spills most sets the figure, not their sum.
+    let kernel = |regs: u32, store: u64, load: u64| {
+        json!({"mangled": "_Z1k", "registers": regs, "spill_store_bytes": store,
+               "spill_load_bytes": load})
+    };
     let ptxas = json!({"compiler": "nvcc", "ptxas": {
-        "kernels": [], "max_registers": 255, "spill_bytes": 96, "gmem_bytes": 0, "warnings": []}});
+        "kernels": [kernel(255, 48, 48), kernel(128, 16, 16)],
+        "max_registers": 255, "spill_bytes": 128, "gmem_bytes": 0, "warnings": []}});
     let p = profile_evaluation(&task, "cuda", &evaluation(&task, "cuda", ptxas));
     assert_eq!(p.workloads.len(), 1, "{p:?}");
     let w = &p.workloads[0];
@@ -39,7 +45,8 @@ fn a_cuda_builds_registers_and_spills_reach_every_workloads_advice() {
         "the table says what the build used: {text}"
     );
 
-    // No spill: the registers are still reported, and no spill advice is given.
+    // No spill: the registers are still reported, and no spill advice is given (a report
+    // without its kernels is read by its totals).
     let clean = json!({"ptxas": {"max_registers": 128, "spill_bytes": 0}});
     let p = profile_evaluation(&task, "cuda", &evaluation(&task, "cuda", clean));
     assert_eq!(p.workloads[0].metrics.counters.registers, Some(128));

@@ -145,7 +145,15 @@ impl HarnessEvaluator {
         .ok()
     }
 
-    /// Waits for the background build of the source at `path`, if one is in flight.
+    /// Builds started in the background that no evaluation, prebuild or drop has waited for
+    /// yet (finished or not), by the canonical path of their source.
+    pub fn pending_builds(&self) -> Vec<PathBuf> {
+        let building = self.building.lock().unwrap_or_else(|p| p.into_inner());
+        building.keys().cloned().collect()
+    }
+
+    /// Waits for the background build of the source at `path` (a request's canonical
+    /// candidate path), if one is in flight.
     fn wait_for_build(&self, path: &std::path::Path) {
         let handle = self
             .building
@@ -260,8 +268,6 @@ impl CandidateEvaluator for HarnessEvaluator {
 
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
         let path = self.write_source(source)?;
-        // A build of this source written ahead is still running: it is this build.
-        self.wait_for_build(&path);
         let (set, seed, preset) = match purpose {
             Purpose::Search => (WorkloadSet::Search, self.secret_seed, self.preset),
             Purpose::Acceptance => (
@@ -272,6 +278,10 @@ impl CandidateEvaluator for HarnessEvaluator {
         };
         let mut req = EvalRequest::from_task(&self.task, &self.backend, &path, set, seed, preset)
             .map_err(|e| EvalFailure(e.to_string()))?;
+        // A build of this source written ahead is still running: it is this build. Builds are
+        // keyed by the request's candidate path (canonical), not by the path written above,
+        // which is relative when the run store is.
+        self.wait_for_build(&req.candidate.path);
         if purpose == Purpose::Acceptance {
             // The knowledge packs' assertions add adversarial workloads (large logits, ragged
             // tails, extreme decays) that a winner must also pass; they are never searched on.

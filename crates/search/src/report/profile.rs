@@ -82,8 +82,8 @@ pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Prof
     }
     if let Some(r) = build.registers {
         notes.push(format!(
-            "build: {r} registers per thread (the kernel that uses most), {} bytes per thread \
-             spilled to local memory (ptxas)",
+            "build: {r} registers per thread and {} bytes per thread spilled to local memory, \
+             the most of any of its kernel instances (ptxas)",
             build.spill_bytes.unwrap_or(0)
         ));
     }
@@ -101,16 +101,37 @@ pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Prof
     }
 }
 
-/// What the build reported of the kernel's resources, the same on every workload: ptxas's
-/// register count (the largest of the kernel's instances) and spilled bytes per thread on
-/// cuda; nothing where the build has no such report (cpu, mlx, an old run).
+/// What the build reported of the kernel's resources, the same on every workload (which
+/// template instance a workload runs is not known here): on cuda, ptxas's largest register
+/// count and largest spill (stores and loads, bytes per thread) over the build's kernel
+/// instances; nothing where the build has no such report (cpu, mlx, an old run).
 fn build_counters(eval: &EvalResult) -> Counters {
-    let ptxas = eval.build.as_ref().and_then(|b| b.extra.get("ptxas"));
-    let field = |key: &str| ptxas.and_then(|p| p.get(key)).and_then(|v| v.as_u64());
+    let Some(ptxas) = eval.build.as_ref().and_then(|b| b.extra.get("ptxas")) else {
+        return Counters::default();
+    };
+    let int = |v: &serde_json::Value, key: &str| v.get(key).and_then(|x| x.as_u64());
+    let kernels = ptxas
+        .get("kernels")
+        .and_then(|k| k.as_array())
+        .filter(|k| !k.is_empty());
+    let (registers, spill) = match kernels {
+        Some(kernels) => (
+            kernels.iter().filter_map(|k| int(k, "registers")).max(),
+            kernels
+                .iter()
+                .map(|k| {
+                    int(k, "spill_store_bytes").unwrap_or(0)
+                        + int(k, "spill_load_bytes").unwrap_or(0)
+                })
+                .max(),
+        ),
+        // A report without its kernels: its totals (one kernel's, for a one-kernel build).
+        None => (int(ptxas, "max_registers"), int(ptxas, "spill_bytes")),
+    };
     Counters {
-        registers: field("max_registers").and_then(|r| u32::try_from(r).ok()),
+        registers: registers.and_then(|r| u32::try_from(r).ok()),
         // Spills mean something only beside the registers they came from.
-        spill_bytes: field("max_registers").and(field("spill_bytes")),
+        spill_bytes: registers.and(spill),
         ..Counters::default()
     }
 }
