@@ -41,11 +41,13 @@ LIMITS = {
     "blocks": "launch__occupancy_limit_blocks",
 }
 ALL_METRICS = (*METRICS.values(), TIME, *LIMITS.values())
+# The fields that are percentages of a peak (averaged over launches, weighted by time).
+PERCENTAGES = tuple(field for field in METRICS if field.endswith("_pct"))
 # The units ncu's raw page gives in base units, where a scaled unit would mislead.
 BASE_UNITS = {
     METRICS["dram_bytes"]: ("byte",),
     TIME: ("ns", "nsecond"),
-    **{m: ("%",) for k, m in METRICS.items() if k.endswith("_pct")},
+    **{METRICS[field]: ("%",) for field in PERCENTAGES},
 }
 
 
@@ -80,10 +82,8 @@ def parse_raw_csv(text: str) -> list[dict]:
     """One record per profiled launch of ncu's raw page: `kernel` (its name) and each metric of
     `ALL_METRICS` present, as a float or None. Lines before the header (ncu's `==PROF==` notes)
     are skipped; the second row, the units, is not a launch."""
-    rows = list(csv.reader(io.StringIO("\n".join(
-        line for line in text.splitlines() if line.startswith('"')))))
-    if not any(row and row[0] == "ID" for row in rows):
-        raise NsightError("no raw CSV header (a line starting with \"ID\") in ncu's output")
+    rows = csv.reader(io.StringIO("\n".join(
+        line for line in text.splitlines() if line.startswith('"'))))
     launches = []
     header: list[str] = []
     for row in rows:
@@ -100,11 +100,13 @@ def parse_raw_csv(text: str) -> list[dict]:
         if not row[name_at]:
             # The units row: the figures must be in the base units the command asked for.
             for m, i in at.items():
-                if row[i] not in BASE_UNITS.get(m, (row[i],)):
+                if m in BASE_UNITS and row[i] not in BASE_UNITS[m]:
                     raise NsightError(f"{m} is in {row[i]!r}, not in base units: was ncu run "
                                       "with --print-units base?")
             continue
         launches.append({"kernel": row[name_at], **{m: _number(row[i]) for m, i in at.items()}})
+    if not header:
+        raise NsightError("no raw CSV header (a line starting with \"ID\") in ncu's output")
     return launches
 
 
@@ -120,17 +122,17 @@ def reduce(launches: Iterable[dict], own: Callable[[str], bool]) -> dict:
     weight = [l.get(TIME) or 0.0 for l in mine]
     if not any(weight):
         weight = [1.0] * len(mine)
-    for field in ("dram_pct", "compute_pct", "tensor_pct", "occupancy_pct"):
-        pairs = [(l.get(METRICS[field]), w) for l, w in zip(mine, weight)]
-        pairs = [(v, w) for v, w in pairs if v is not None]
-        if pairs and sum(w for _, w in pairs) > 0:
+    for field in PERCENTAGES:
+        pairs = [(l[METRICS[field]], w) for l, w in zip(mine, weight)
+                 if l.get(METRICS[field]) is not None]
+        if sum(w for _, w in pairs) > 0:
             out[field] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
-    regs = [l.get(METRICS["registers"]) for l in mine]
-    if any(r is not None for r in regs):
-        out["registers"] = int(max(r for r in regs if r is not None))
-    moved = [l.get(METRICS["dram_bytes"]) for l in mine]
-    if any(b is not None for b in moved):
-        out["dram_bytes"] = sum(b for b in moved if b is not None)
+    regs = [l[METRICS["registers"]] for l in mine if l.get(METRICS["registers"]) is not None]
+    if regs:
+        out["registers"] = int(max(regs))
+    moved = [l[METRICS["dram_bytes"]] for l in mine if l.get(METRICS["dram_bytes"]) is not None]
+    if moved:
+        out["dram_bytes"] = sum(moved)
     longest = max(zip(mine, weight), key=lambda p: p[1])[0]
     limits = [(longest.get(m), name) for name, m in LIMITS.items() if longest.get(m) is not None]
     if limits:

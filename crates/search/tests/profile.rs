@@ -45,9 +45,8 @@ fn a_cuda_builds_registers_and_spills_reach_every_workloads_advice() {
         "the table says what the build used: {text}"
     );
 
-    // No spill: the registers are still reported, and no spill advice is given (a report
-    // without its kernels is read by its totals).
-    let clean = json!({"ptxas": {"max_registers": 128, "spill_bytes": 0}});
+    // No spill: the registers are still reported, and no spill advice is given.
+    let clean = json!({"ptxas": {"kernels": [kernel(128, 0, 0)]}});
     let p = profile_evaluation(&task, "cuda", &evaluation(&task, "cuda", clean));
     assert_eq!(p.workloads[0].metrics.counters.registers, Some(128));
     assert!(!p.workloads[0]
@@ -60,11 +59,11 @@ fn a_cuda_builds_registers_and_spills_reach_every_workloads_advice() {
 #[test]
 fn a_build_without_a_register_report_gives_no_register_counters() {
     let task = ksearch_task::resolve("softmax").unwrap();
-    // A cpu build (gcc) has no ptxas report; a report without registers is not believed for
+    // A cpu build (gcc) has no ptxas report; a kernel without registers is not believed for
     // its spills either.
     for build in [
         json!({"compiler": "gcc"}),
-        json!({"ptxas": {"spill_bytes": 64}}),
+        json!({"ptxas": {"kernels": [{"spill_store_bytes": 64}]}}),
     ] {
         let p = profile_evaluation(&task, "cpu", &evaluation(&task, "cpu", build));
         let c = &p.workloads[0].metrics.counters;

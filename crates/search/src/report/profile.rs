@@ -104,30 +104,23 @@ pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Prof
 /// What the build reported of the kernel's resources, the same on every workload (which
 /// template instance a workload runs is not known here): on cuda, ptxas's largest register
 /// count and largest spill (stores and loads, bytes per thread) over the build's kernel
-/// instances; nothing where the build has no such report (cpu, mlx, an old run).
+/// instances (`ptxas.kernels`, which every report of the harness lists); nothing where the
+/// build has no such report (cpu, mlx).
 fn build_counters(eval: &EvalResult) -> Counters {
-    let Some(ptxas) = eval.build.as_ref().and_then(|b| b.extra.get("ptxas")) else {
-        return Counters::default();
-    };
-    let int = |v: &serde_json::Value, key: &str| v.get(key).and_then(|x| x.as_u64());
-    let kernels = ptxas
-        .get("kernels")
+    let kernels = eval
+        .build
+        .as_ref()
+        .and_then(|b| b.extra.get("ptxas"))
+        .and_then(|p| p.get("kernels"))
         .and_then(|k| k.as_array())
-        .filter(|k| !k.is_empty());
-    let (registers, spill) = match kernels {
-        Some(kernels) => (
-            kernels.iter().filter_map(|k| int(k, "registers")).max(),
-            kernels
-                .iter()
-                .map(|k| {
-                    int(k, "spill_store_bytes").unwrap_or(0)
-                        + int(k, "spill_load_bytes").unwrap_or(0)
-                })
-                .max(),
-        ),
-        // A report without its kernels: its totals (one kernel's, for a one-kernel build).
-        None => (int(ptxas, "max_registers"), int(ptxas, "spill_bytes")),
-    };
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let int = |k: &serde_json::Value, key: &str| k.get(key).and_then(|x| x.as_u64());
+    let registers = kernels.iter().filter_map(|k| int(k, "registers")).max();
+    let spill = kernels
+        .iter()
+        .map(|k| int(k, "spill_store_bytes").unwrap_or(0) + int(k, "spill_load_bytes").unwrap_or(0))
+        .max();
     Counters {
         registers: registers.and_then(|r| u32::try_from(r).ok()),
         // Spills mean something only beside the registers they came from.
