@@ -32,7 +32,7 @@ import numpy as np
 
 from . import channel, sandbox
 from .arena import Arena, Layout, Placement
-from .machine import child_pids, physical_memory, thread_runtimes, thread_states
+from .machine import child_pids, physical_memory, process_cpu_ns, thread_states
 from .protocol import (BuildError, CandidateRuntimeError, HarnessError, Incorrect, TaskError,
                        TensorSpec, Violation)
 
@@ -47,10 +47,11 @@ COMMAND_TIMEOUT_S = 120.0
 STOP_WAIT_S = 1.0
 # Lingering work: CPU time the accused's threads use within the settle window after a call
 # returned, beyond this share of the window, in at least LINGER_MIN_CALLS calls and at least
-# LINGER_FRACTION of the calls watched so far. An honest single-threaded kernel was seen to
-# show such CPU time after 2 of some hundred calls (the interpreter's own work after its
-# reply, on a busy 2-core machine); work that helps the timed calls' median has to linger
-# after a good part of them, and one that lingers after every call is caught at its second.
+# LINGER_FRACTION of the calls watched so far. The accused's interpreter does a little work
+# after its reply (it returns to its receive loop), so one call is no verdict; work that helps
+# the timed calls' median has to linger after a good part of them, and one that lingers after
+# every call is caught at its second. CPU time is read from the process's CPU clock
+# (machine.process_cpu_ns), which is exact for a thread that is running when it is read.
 LINGER_SHARE = 0.25
 LINGER_MIN_CALLS = 2
 LINGER_FRACTION = 0.25
@@ -474,14 +475,14 @@ class AccusedProcess:
     def settle(self, seconds: float) -> Linger:
         """Watches the accused for `seconds` after a call returned, then stops it. CPU time
         its threads spend meanwhile, or a child process, is counted; see `linger_verdict`."""
-        before = thread_runtimes(self.pid)
+        before = process_cpu_ns(self.pid)
         t0 = time.perf_counter_ns()
         time.sleep(seconds)
-        after = thread_runtimes(self.pid)
+        after = process_cpu_ns(self.pid)
         window = time.perf_counter_ns() - t0
         children = child_pids(self.pid)
         self.stop()
-        cpu = sum(max(0, ns - before.get(tid, 0)) for tid, ns in after.items())
+        cpu = max(0, after - before) if before is not None and after is not None else 0
         linger = Linger(cpu, window, children)
         self.settled_calls += 1
         if linger.lingering:

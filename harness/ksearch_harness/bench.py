@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import PROTOCOL_VERSION, adapters, core, dtypes, protocol
+from . import PROTOCOL_VERSION, adapters, core, dtypes, machine, protocol
 from .adapters import BuildFailed
 from .protocol import (BuildError, CandidateRuntimeError, HarnessError, Request, TaskError,
                        Workload)
@@ -492,7 +492,8 @@ def serve(result_fd: int) -> int:
         os.makedirs(req.build_dir, exist_ok=True)
         log_path = os.path.join(req.build_dir, "harness-bench.log")
         protocol.redirect_output(log_path)
-        result = Bench(req, settings).run()
+        with machine.collector_paused():
+            result = Bench(req, settings).run()
     except HarnessError as e:
         result = protocol.error_result(OP, nonce, e)
     except Exception as e:  # noqa: BLE001 - a result must always be sent

@@ -1,16 +1,20 @@
 """Facts about the machine and process: CPU model, measured bandwidth and peak, threads of this
-process, and the glibc heap-perturbation switch."""
+process, other processes' CPU time, and the switches that keep the heap and the cycle collector
+out of timed work."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import gc
 import os
 import platform
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 try:
     import numpy as np
@@ -205,15 +209,19 @@ def thread_states(pid: int | str = "self") -> dict[int, tuple[str, int]]:
     return out
 
 
-def thread_runtimes(pid: int | str = "self") -> dict[int, int]:
-    """tid -> nanoseconds spent on a CPU (schedstat) for every thread of `pid`."""
-    out: dict[int, int] = {}
-    for tid, text in _task_files(pid, "schedstat"):
-        try:
-            out[tid] = int(text.split()[0])
-        except (IndexError, ValueError):
-            continue
-    return out
+def process_cpu_ns(pid: int) -> int | None:
+    """Nanoseconds every thread of process `pid` has spent on a CPU, exited threads included,
+    from the kernel's CPU clock of that process; None when the process is gone.
+
+    /proc's schedstat is not used: it holds a running thread's total as of its last scheduler
+    tick, so a thread still on a CPU when it is read shows up to a tick (4 ms at HZ=250) less
+    than it spent, and that time appears in the next reading as if it had been spent there.
+    Reading the clock brings the running thread's total up to date first."""
+    clock = ((~pid) << 3) | 2  # CPUCLOCK_SCHED of a process (linux/posix-timers.h)
+    try:
+        return time.clock_gettime_ns(clock)
+    except OSError:
+        return None
 
 
 def child_pids(pid: int | str) -> list[int]:
@@ -266,6 +274,22 @@ def steady_heap() -> bool:
     mmap_ok = bool(fn(_M_MMAP_THRESHOLD, STEADY_HEAP_BYTES // 2)
                    or fn(_M_MMAP_THRESHOLD, 32 << 20))
     return bool(fn(_M_TRIM_THRESHOLD, STEADY_HEAP_BYTES)) and mmap_ok
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Turns Python's cycle collector off for the duration. A collection runs whenever enough
+    objects were allocated, wherever that happens; a full one takes milliseconds once numpy
+    (or torch) is imported, and inside a timed window it would be charged to whichever call
+    was running, or after a call to the accused's lingering work. Everything timed here frees
+    its objects by reference counting; cycles left meanwhile are collected afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def set_heap_perturb(byte: int) -> bool:

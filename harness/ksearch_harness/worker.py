@@ -39,10 +39,11 @@ def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
     out = ResultBuilder(req.op, req.nonce)
     try:
         from . import core
-        from .machine import steady_heap
+        from .machine import collector_paused, steady_heap
         steady_heap()
         if req.op == "evaluate":
-            core.evaluate(req, out, adapter, roofline_override)
+            with collector_paused():
+                core.evaluate(req, out, adapter, roofline_override)
         elif req.op == "build":
             core.build(req, out, adapter)
         elif req.op == "check-task":
@@ -51,7 +52,7 @@ def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
             from . import spare_accused, yardstick
             # Spare accused processes an evaluation started do not start up while the
             # yardstick is timed (spare_accused).
-            with spare_accused.paused():
+            with spare_accused.paused(), collector_paused():
                 yardstick.measure(req, out, adapter)
         else:
             raise TaskError(f"op `{req.op}` does not run in a worker")

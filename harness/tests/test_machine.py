@@ -43,3 +43,48 @@ def test_a_failed_measurement_is_not_remembered(tmp_path, monkeypatch, bw, peak)
     monkeypatch.setenv("KSEARCH_HARNESS_MACHINE_CACHE", str(tmp_path))
     machine.remember_roofline("k", bw, peak)
     assert machine.remembered_roofline("k", lambda: (2e9, 3e9)) == (2e9, 3e9)
+
+
+def test_process_cpu_time_is_exact_for_a_thread_still_running():
+    """A child spins, says so through a pipe, then blocks: what it spent is all counted by the
+    time the parent reads the clock, so nothing of the spin appears later as if spent after."""
+    import subprocess
+    import sys
+    import time as clock
+    from ksearch_harness.machine import process_cpu_ns
+    code = ("import sys, time\n"
+            "t = time.process_time()\n"
+            "while time.process_time() - t < 0.05: pass\n"
+            "sys.stdout.write('x'); sys.stdout.flush()\n"
+            "sys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.read(1) == b"x"
+        before = process_cpu_ns(child.pid)
+        clock.sleep(0.02)
+        after = process_cpu_ns(child.pid)
+        assert before is not None and before >= 50_000_000
+        # The child only returns to its blocking read; schedstat would show up to a scheduler
+        # tick (milliseconds) more here.
+        assert after - before < 1_000_000
+    finally:
+        child.kill()
+        child.wait()
+    assert process_cpu_ns(child.pid) is None
+
+
+def test_the_collector_is_paused_inside_and_restored_after():
+    import gc
+    from ksearch_harness.machine import collector_paused
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with collector_paused():
+            raise RuntimeError("a failed evaluation")
+    assert gc.isenabled()
