@@ -1,4 +1,4 @@
-"""Command line: ``python -m ksearch_harness {evaluate,build,probe,check-task,yardstick}
+"""Command line: ``python -m ksearch_harness {evaluate,build,probe,check-task,yardstick,profile}
 --result-fd N``: the request arrives on stdin; the one result line goes to fd N (see
 supervisor.py). ``python -m ksearch_harness serve --result-fd N``: the persistent judge, one
 request per line on stdin and one result line each on fd N (supervisor.serve_loop)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import PROTOCOL_VERSION
 
-OPS = ("evaluate", "build", "probe", "check-task", "yardstick")
+OPS = ("evaluate", "build", "probe", "check-task", "yardstick", "profile")
 STATUSES = (
     "passed", "build_error", "static_check_failed", "incorrect", "integrity_violation",
     "runtime_error", "timeout", "task_error",
@@ -311,9 +311,9 @@ def parse_request(obj: dict, op: str) -> Request:
         raise TaskError(f"op: request says `{req_op}` but the harness was started for `{op}`")
     nonce = f.get("nonce", str, check=lambda v: None if v else "must not be empty")
 
-    needs_task = op in ("evaluate", "check-task", "yardstick")
-    needs_candidate = op in ("evaluate", "build")
-    needs_workloads = op in ("evaluate", "check-task", "yardstick")
+    needs_task = op in ("evaluate", "check-task", "yardstick", "profile")
+    needs_candidate = op in ("evaluate", "build", "profile")
+    needs_workloads = op in ("evaluate", "check-task", "yardstick", "profile")
 
     secret_seed = f.get("secret_seed", int, ... if needs_workloads else 0,
                         check=lambda v: None if 0 <= v < 2**128 else "must be in [0, 2^128)")
@@ -324,7 +324,7 @@ def parse_request(obj: dict, op: str) -> Request:
 
     task = None
     if needs_task or f.has("task"):
-        task = _parse_task(f.sub("task"), require_entry=(op == "evaluate"),
+        task = _parse_task(f.sub("task"), require_entry=(op in ("evaluate", "profile")),
                            require_reference=needs_task)
     candidate = None
     if needs_candidate:

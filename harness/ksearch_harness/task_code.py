@@ -21,7 +21,7 @@ from . import dtypes, parallel
 from .protocol import Dist, Task, TaskError, TensorSpec, Workload
 
 # Purposes of derived seeds; each stream is independent of the others.
-TRIAL, PROBE, TIMING, WARMUP, ORDER, PRIME, AUDIT = range(7)
+TRIAL, PROBE, TIMING, WARMUP, ORDER, PRIME, AUDIT, PROFILE = range(8)
 
 # Generated inputs with more elements than this are drawn in blocks of this many elements, each
 # from its own generator (see _draw_blocked), so that the blocks can be filled in parallel and

@@ -48,6 +48,9 @@ def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
             core.build(req, out, adapter)
         elif req.op == "check-task":
             core.check_task(req, out)
+        elif req.op == "profile":
+            from . import profiler
+            profiler.profile(req, out, adapter)
         elif req.op == "yardstick":
             from . import spare_accused, yardstick
             # Spare accused processes an evaluation started do not start up while the

@@ -1,0 +1,130 @@
+"""The profile op (profiler.py, profiled.py) without a GPU: a stand-in for ncu that starts its
+target as ncu would (inside the accused's sandbox) and then writes a raw page recorded on the
+H200 where ncu writes its counters. What is tested is everything around the profiler: the job,
+the input set, the candidate's call in the sandbox, reading and reducing the page, held-out
+workloads left out, and each way it can fail becoming a line in the result."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import driver
+from ksearch_harness import nsight, profiler, scratch
+from ksearch_harness.protocol import parse_request
+from ksearch_harness.worker import execute
+
+PAGE = driver.FIXTURES / "nsight" / "h200-torch-randn-and-matmul-raw.csv"
+
+STAND_IN = """#!{python}
+import os, shutil, subprocess, sys
+args = sys.argv[1:]
+at = args.index("--log-file")
+log, rest = args[at + 1], args[at + 2:]
+if rest[:1] == ["--kernel-name-base"]:
+    rest = rest[4:]
+rc = subprocess.call(rest)
+if {write_page}:
+    shutil.copyfile({page!r}, log)
+sys.exit(rc)
+"""
+
+
+def _stand_in(tmp_path: Path, write_page: bool = True) -> str:
+    """An executable that behaves as ncu does towards its target and its log file; its
+    directory is world-readable, as the sandbox's uid must reach it."""
+    d = tmp_path / "ncu-stand-in"
+    d.mkdir()
+    page = d / "page.csv"
+    page.write_bytes(PAGE.read_bytes())
+    exe = d / "ncu"
+    exe.write_text(STAND_IN.format(python=sys.executable, write_page=write_page, page=str(page)))
+    for p in (d, page, exe):
+        p.chmod(p.stat().st_mode | stat.S_IRWXU | stat.S_IROTH | stat.S_IXOTH | stat.S_IRGRP
+                | stat.S_IXGRP)
+    return str(exe)
+
+
+def _profile(tmp_path: Path, candidate: Path, **overrides) -> dict:
+    req = parse_request(driver.softmax_request(candidate, tmp_path / "build", op="profile",
+                                               **overrides), "profile")
+    return execute(req)
+
+
+def _profile_dirs() -> set[str]:
+    base = scratch.parent() or tempfile.gettempdir()
+    return {p for p in os.listdir(base) if p.startswith("ksearch-profile-")}
+
+
+def test_each_shown_workload_is_profiled_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path))
+    before = _profile_dirs()
+    res = _profile(tmp_path, driver.HONEST / "naive.c")
+    assert res["status"] == "passed", res["message"]
+    prof = res["profile"]
+    assert prof["available"] and prof["profiler"].endswith("ncu")
+    # Held-out workloads are not profiled: their shapes stay out of the search's advice.
+    names = [w["name"] for w in prof["workloads"]]
+    assert names == [driver.workload(r, c)["name"] for r, c in driver.SHOWN]
+    # A C build lists no GPU kernels, so every launch of the page counts.
+    want = nsight.reduce(nsight.parse_raw_csv(PAGE.read_text()), lambda _k: True)
+    for w in prof["workloads"]:
+        assert "error" not in w, w
+        assert w["calls"] == 1  # the candidate ran, in the sandbox, under the stand-in
+        assert w["launches"] == want["launches"]
+        assert w["counters"] == {k: v for k, v in want.items() if k != "launches"}
+        assert w["seconds"] > 0
+    # Nothing of a profiled workload's directory is left behind.
+    assert _profile_dirs() == before
+
+
+def test_a_candidate_that_crashes_gets_no_counters(tmp_path, monkeypatch):
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path))
+    res = _profile(tmp_path, driver.CHEATS / "segfault.c")
+    assert res["status"] == "passed", res["message"]
+    for w in res["profile"]["workloads"]:
+        assert "counters" not in w
+        assert w["error"].startswith("the candidate's process failed"), w
+
+
+def test_a_profiler_that_writes_nothing_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path, write_page=False))
+    res = _profile(tmp_path, driver.HONEST / "naive.c")
+    for w in res["profile"]["workloads"]:
+        assert w["calls"] == 1
+        assert w["error"].startswith("the profiler wrote no counters"), w
+
+
+def test_without_a_profiler_the_result_says_why(tmp_path, monkeypatch):
+    monkeypatch.delenv(profiler.NCU_ENV, raising=False)
+    res = _profile(tmp_path, driver.HONEST / "naive.c")
+    assert res["status"] == "passed", res["message"]
+    prof = res["profile"]
+    assert prof["available"] is False and prof["workloads"] == []
+    assert "cpu backend" in prof["detail"]
+
+
+@pytest.mark.parametrize("name", ["missing", "not-executable", "a-directory"])
+def test_a_named_profiler_must_be_an_executable_file(tmp_path, monkeypatch, name):
+    (tmp_path / "not-executable").write_text("#!/bin/sh\n")
+    (tmp_path / "a-directory").mkdir()
+    value = str(tmp_path / name)
+    monkeypatch.setenv(profiler.NCU_ENV, value)
+    found, why = profiler.find_ncu("cuda")
+    assert found is None and value in why
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path))
+    assert profiler.find_ncu("cpu")[0] == os.environ[profiler.NCU_ENV]
+
+
+def test_a_build_failure_is_the_result(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.c"
+    bad.write_text("this is not C\n")
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path))
+    res = _profile(tmp_path, bad)
+    assert res["status"] == "build_error"
+    assert "profile" not in res
