@@ -45,13 +45,11 @@ from .task_code import PROFILE, TaskCode, derive_seed
 
 # The environment variable that names the profiler (any backend; else ncu on PATH or in the
 # CUDA toolkit, for the GPU backends).
-NCU_ENV = "KSEARCH_NCU"
+NCU_ENV = "KSEARCH_HARNESS_NCU"
 DEFAULT_NCU = "/usr/local/cuda/bin/ncu"
 # Calls of the candidate per workload under the profiler: the first call's launches are
 # profiled like any other (ncu replays each launch on its own), so one is enough.
 CALLS = 1
-# At least this long for one workload: ncu replays each launch once per pass of its metrics.
-MIN_TIMEOUT_S = 120.0
 PAGE = "counters.csv"
 JOB = "job.json"
 INPUTS = "inputs.npz"
@@ -93,6 +91,10 @@ def profile(req: Request, out: ResultBuilder, adapter: Adapter | None = None) ->
     if ncu is None:
         return
     out.stage = "profile"
+    # Each workload may take an equal share of the request's time (the profiler replays each
+    # launch once per pass of its metrics; ksearch allows for that in the request's timeout).
+    shown = sum(1 for wl in req.workloads if not wl.held_out)
+    seconds = req.timeout_s / max(shown, 1)
     for wi, wl in enumerate(req.workloads):
         if wl.held_out:
             continue  # what the search is shown only; held-out shapes stay out of its advice
@@ -101,11 +103,11 @@ def profile(req: Request, out: ResultBuilder, adapter: Adapter | None = None) ->
             raise TaskError(f"workloads[{wi}]: missing from the request")
         inputs = task.make_inputs(wl, derive_seed(req.secret_seed, PROFILE, wi), wi)
         report["workloads"].append(_profile_workload(req, ncu, info.artifact, raw[wi], inputs,
-                                                     own))
+                                                     own, seconds))
 
 
 def _profile_workload(req: Request, ncu: str, artifact: str, workload: dict[str, Any],
-                      inputs: Any, own: set[str]) -> dict[str, Any]:
+                      inputs: Any, own: set[str], seconds: float) -> dict[str, Any]:
     """One workload under the profiler, in a working directory removed afterwards."""
     name = str(workload.get("name", ""))
     started = time.monotonic()
@@ -131,12 +133,11 @@ def _profile_workload(req: Request, ncu: str, artifact: str, workload: dict[str,
                   os.path.join(workdir, JOB)]
         regex = "^(?:" + "|".join(sorted(map(_regex_escape, own))) + ")" if own else None
         argv = nsight.command(ncu, page, target, regex)
-        rc, output, timed_out = _run_confined(req, argv, workdir, ncu, inputs)
+        rc, output, timed_out = _run_confined(req, argv, workdir, ncu, inputs, seconds)
         entry["seconds"] = round(time.monotonic() - started, 3)
         last = _last_json_line(output)
         if timed_out:
-            entry["error"] = (f"the profiler did not finish within "
-                              f"{max(req.timeout_s, MIN_TIMEOUT_S):.0f} s")
+            entry["error"] = f"the profiler did not finish within {seconds:.0f} s"
             return entry
         entry["calls"] = last.get("calls", 0)
         if "calls" not in last:
@@ -167,10 +168,11 @@ def _profile_workload(req: Request, ncu: str, artifact: str, workload: dict[str,
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_confined(req: Request, argv: list[str], workdir: str, ncu: str,
-                  inputs: Any) -> tuple[int | None, str, bool]:
-    """Runs `argv` in the accused's sandbox with exec and fork allowed; returns its exit
-    status, its output (stdout and stderr) and whether it was killed on the timeout."""
+def _run_confined(req: Request, argv: list[str], workdir: str, ncu: str, inputs: Any,
+                  timeout: float) -> tuple[int | None, str, bool]:
+    """Runs `argv` in the accused's sandbox with exec and fork allowed, for at most `timeout`
+    seconds; returns its exit status, its output (stdout and stderr) and whether it was
+    killed on the timeout."""
     harness_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # The profiler's own directory, for a machine where it sits below a directory closed to
     # the sandbox's uid (sandbox.Policy.reveal).
@@ -183,7 +185,6 @@ def _run_confined(req: Request, argv: list[str], workdir: str, ncu: str,
     env = accused_environment(workdir)
     env["PATH"] = os.pathsep.join([os.path.dirname(ncu), os.defpath])
     log = os.path.join(workdir, "output.log")
-    timeout = max(req.timeout_s, MIN_TIMEOUT_S)
     timed_out = False
     with open(log, "wb") as fh:
         try:

@@ -22,20 +22,21 @@ from ksearch_harness.worker import execute
 PAGE = driver.FIXTURES / "nsight" / "h200-torch-randn-and-matmul-raw.csv"
 
 STAND_IN = """#!{python}
-import os, shutil, subprocess, sys
+import os, shutil, subprocess, sys, time
 args = sys.argv[1:]
 at = args.index("--log-file")
 log, rest = args[at + 1], args[at + 2:]
 if rest[:1] == ["--kernel-name-base"]:
     rest = rest[4:]
 rc = subprocess.call(rest)
+time.sleep({sleep})
 if {write_page}:
     shutil.copyfile({page!r}, log)
 sys.exit(rc)
 """
 
 
-def _stand_in(tmp_path: Path, write_page: bool = True) -> str:
+def _stand_in(tmp_path: Path, write_page: bool = True, sleep: float = 0.0) -> str:
     """An executable that behaves as ncu does towards its target and its log file; its
     directory is world-readable, as the sandbox's uid must reach it."""
     d = tmp_path / "ncu-stand-in"
@@ -43,7 +44,8 @@ def _stand_in(tmp_path: Path, write_page: bool = True) -> str:
     page = d / "page.csv"
     page.write_bytes(PAGE.read_bytes())
     exe = d / "ncu"
-    exe.write_text(STAND_IN.format(python=sys.executable, write_page=write_page, page=str(page)))
+    exe.write_text(STAND_IN.format(python=sys.executable, write_page=write_page, page=str(page),
+                                   sleep=sleep))
     for p in (d, page, exe):
         p.chmod(p.stat().st_mode | stat.S_IRWXU | stat.S_IROTH | stat.S_IXOTH | stat.S_IRGRP
                 | stat.S_IXGRP)
@@ -98,6 +100,16 @@ def test_a_profiler_that_writes_nothing_is_reported(tmp_path, monkeypatch):
     for w in res["profile"]["workloads"]:
         assert w["calls"] == 1
         assert w["error"].startswith("the profiler wrote no counters"), w
+
+
+def test_a_profiler_past_its_share_of_the_time_is_stopped(tmp_path, monkeypatch):
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path, sleep=30))
+    # Two shown workloads share the request's 3 s.
+    res = _profile(tmp_path, driver.HONEST / "naive.c", timeout_s=3)
+    assert res["status"] == "passed", res["message"]
+    for w in res["profile"]["workloads"]:
+        assert w["error"] == "the profiler did not finish within 2 s", w
+        assert w["seconds"] < 10
 
 
 def test_without_a_profiler_the_result_says_why(tmp_path, monkeypatch):
