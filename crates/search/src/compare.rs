@@ -15,7 +15,9 @@
 //! turn with the seed: the speedup over the seed within one confirmation, the figure that
 //! compares across runs). The target of the 90/95/99% marks is the best confirmed score over
 //! all runs (each run's search best where no confirmation was made): search scores are maxima
-//! over noisy measurements and run high, so the marks are reached early rather than late.
+//! over noisy measurements and run high, so the marks are reached early rather than late. A
+//! confirmation too imprecise to read as one figure (`report::headline::precise`) sets the
+//! target only where no run has a precise one.
 
 use std::path::Path;
 
@@ -59,6 +61,9 @@ pub struct RunRecord {
     pub best: Option<f64>,
     /// The winner's confirmed speedup over the seed (both re-measured in one confirmation).
     pub best_vs_seed: Option<f64>,
+    /// Whether `best` is a confirmation precise enough to read as one figure (its interval
+    /// within `report::headline::PRECISE_SPAN`): only such runs set the target.
+    pub best_precise: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -246,7 +251,8 @@ pub fn record(
     let confirmed = outcome.confirmation.as_ref().and_then(|c| {
         let w = c.of(winner?.candidate_id)?;
         let seed = c.seed().and_then(|s| s.score).filter(|s| *s > 0.0);
-        Some((w.score?, seed.map(|s| w.score.unwrap_or(0.0) / s)))
+        let precise = w.interval.is_some_and(crate::report::headline::precise);
+        Some((w.score?, seed.map(|s| w.score.unwrap_or(0.0) / s), precise))
     });
     Ok(RunRecord {
         strategy,
@@ -256,6 +262,7 @@ pub fn record(
         failures,
         best: confirmed.map(|c| c.0).or(winner.map(|w| w.score)),
         best_vs_seed: confirmed.and_then(|c| c.1),
+        best_precise: confirmed.is_some_and(|c| c.2),
     })
 }
 
@@ -301,13 +308,20 @@ impl Spread {
     }
 }
 
-/// The best any run found: the target of the marks.
+/// The best any run found: the target of the marks. Runs whose best is a precise
+/// confirmation set it; a confirmation whose interval spans more than a factor of
+/// `report::headline::PRECISE_SPAN` (a busy machine) is one lucky draw that would put the
+/// marks out of every other run's reach, so it counts only where no run has a precise one.
 pub fn target(records: &[RunRecord]) -> Option<f64> {
-    records
-        .iter()
-        .filter_map(|r| r.best)
-        .filter(|b| b.is_finite() && *b > 0.0)
-        .max_by(f64::total_cmp)
+    let best = |precise_only: bool| {
+        records
+            .iter()
+            .filter(|r| r.best_precise || !precise_only)
+            .filter_map(|r| r.best)
+            .filter(|b| b.is_finite() && *b > 0.0)
+            .max_by(f64::total_cmp)
+    };
+    best(true).or_else(|| best(false))
 }
 
 /// The evaluations `curve` needed to reach `level` (1-based), if it did.
@@ -427,7 +441,20 @@ mod tests {
             failures: curve.windows(2).filter(|w| w[0] == w[1]).count() as u32,
             best: Some(best),
             best_vs_seed: Some(best / 0.5),
+            best_precise: true,
         }
+    }
+
+    #[test]
+    fn an_imprecise_confirmation_sets_the_target_only_where_no_run_has_a_precise_one() {
+        let wm = Strategy::WorldModel;
+        let lucky = RunRecord {
+            best_precise: false,
+            ..rec(Strategy::Evolve, &[1.0, 3.0], 3.0)
+        };
+        let records = [rec(wm, &[1.0, 2.0], 2.0), lucky.clone()];
+        assert_eq!(target(&records), Some(2.0));
+        assert_eq!(target(&[lucky]), Some(3.0));
     }
 
     #[test]

@@ -88,7 +88,14 @@ pub fn lines(outcome: &RunOutcome) -> Vec<String> {
 const AGREEMENT: f64 = 0.10;
 /// A confirmed interval wider than this factor says the machine was too busy for a precise
 /// figure.
-const PRECISE_SPAN: f64 = 2.0;
+pub const PRECISE_SPAN: f64 = 2.0;
+
+/// Whether a confirmed interval is precise enough to read as one figure: positive, and its
+/// top within [`PRECISE_SPAN`] of its bottom.
+pub fn precise(interval: [f64; 2]) -> bool {
+    let [lo, hi] = interval;
+    lo > 0.0 && hi / lo <= PRECISE_SPAN
+}
 
 /// A caution when the run's two measurements of the winner against the seed do not support
 /// each other: the confirmation's ratio and the re-check's (`best` and `seed`, the two
@@ -117,7 +124,7 @@ pub fn disagreement(outcome: &RunOutcome, best: f64, seed: f64) -> Option<String
         }
     }
     if let Some([lo, hi]) = w.interval {
-        if lo <= 0.0 || hi / lo > PRECISE_SPAN {
+        if !precise([lo, hi]) {
             why.push(format!(
                 "the confirmed interval spans {}",
                 if lo > 0.0 {
