@@ -169,6 +169,12 @@ pub struct SearchOptions {
     #[arg(long, value_name = "FRACTION", value_parser = positive_fraction)]
     pub stop_at_sol: Option<f64>,
 
+    /// Leave what bounds each kernel (its bottleneck class, advice and speed-of-light share)
+    /// out of prompts, the world model's signals and the offline proposer's choices: the
+    /// ablation of profiler-guided search. Scores are the same.
+    #[arg(long, conflicts_with = "stop_at_sol")]
+    pub no_profile_signals: bool,
+
     #[command(flatten)]
     pub evolve: EvolveOptions,
 }
@@ -295,7 +301,8 @@ impl SearchOptions {
             cycle_cap, max_difficulty, max_wall_time, max_tokens, max_cost, timing, no_recheck,
             confirm_rounds, max_proposer_failures, model, base_url, api_key_env, command,
             transcript, replay_mode, replay_delay, context, hardware, price_table, llm_timeout,
-            llm_concurrency, max_output_tokens, temperature, no_llm_cache, no_lint, stop_at_sol)
+            llm_concurrency, max_output_tokens, temperature, no_llm_cache, no_lint, stop_at_sol,
+            no_profile_signals)
     }
 }
 

@@ -25,7 +25,7 @@ use ksearch_llm::{
 use ksearch_store::{RunConfig, RunLock, RunStore, StoreError};
 use ksearch_task::{Task, TaskError};
 
-use crate::engine::evaluation::HarnessEvaluator;
+use crate::engine::evaluation::{HarnessEvaluator, ProfileSignals};
 use crate::engine::{Engine, EngineConfig, EngineError, ProgressSink, RunOutcome};
 use crate::evolve::EvolveSettingsError;
 use crate::proposer::llm::{LlmProposer, LlmSettings};
@@ -303,7 +303,11 @@ pub fn set_up(
         opts.timing,
         store.dir().join("work"),
         &spec.language,
-    );
+    )
+    .with_profile_signals(match opts.no_profile_signals {
+        true => ProfileSignals::Off,
+        false => ProfileSignals::On,
+    });
     let brief = TaskBrief {
         name: task.name().to_string(),
         kind: task.kind().to_string(),

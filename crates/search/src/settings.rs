@@ -199,6 +199,10 @@ pub struct RunSettings {
     /// Stop when the best kernel reaches this fraction of the speed of light everywhere.
     #[serde(default)]
     pub stop_at_sol: Option<f64>,
+    /// Leave what bounds each kernel out of the search's decisions (an ablation; see
+    /// `engine::evaluation::ProfileSignals`).
+    #[serde(default)]
+    pub no_profile_signals: bool,
 }
 
 fn default_confirm_rounds() -> u32 {

@@ -80,6 +80,19 @@ pub struct HarnessEvaluator {
     preset: TimingPreset,
     sources_dir: PathBuf,
     extension: String,
+    signals: ProfileSignals,
+}
+
+/// Whether the search sees what bounds each kernel: its bottleneck class, the advice that goes
+/// with it and its share of the speed of light, in prompts, the world model's signals, the
+/// offline proposer's weights and `--stop-at-sol`. Off only in the ablation that measures what
+/// they are worth (`--no-profile-signals`); scores, stores and `ksearch profile` are the same
+/// either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProfileSignals {
+    #[default]
+    On,
+    Off,
 }
 
 impl HarnessEvaluator {
@@ -104,7 +117,14 @@ impl HarnessEvaluator {
             preset,
             sources_dir,
             extension: extension.to_string(),
+            signals: ProfileSignals::On,
         }
+    }
+
+    /// Summaries with or without what bounds each kernel (see [`ProfileSignals`]).
+    pub fn with_profile_signals(mut self, signals: ProfileSignals) -> Self {
+        self.signals = signals;
+        self
     }
 
     fn write_source(&self, source: &str) -> Result<PathBuf, EvalFailure> {
@@ -318,14 +338,14 @@ impl CandidateEvaluator for HarnessEvaluator {
             value["yardstick"] = y.to_value();
         }
         Ok(Evaluation {
-            summary: summarize_result(&result, &self.task, &self.backend),
+            summary: summarize_result(&result, &self.task, &self.backend, self.signals),
             result: value,
         })
     }
 
     fn summarize(&self, result: &Value) -> OutcomeSummary {
         match serde_json::from_value::<EvalResult>(result.clone()) {
-            Ok(r) => summarize_result(&r, &self.task, &self.backend),
+            Ok(r) => summarize_result(&r, &self.task, &self.backend, self.signals),
             Err(e) => OutcomeSummary {
                 status: "unreadable".into(),
                 message: format!("stored result does not parse: {e}"),
@@ -337,22 +357,27 @@ impl CandidateEvaluator for HarnessEvaluator {
 
 /// The search's view of a harness result of a kernel for `task` on `backend`: status,
 /// score, per-workload lines with each timed workload's bottleneck class, and what bounds the
-/// kernel where it is furthest from the speed of light (crate::report::profile).
+/// kernel where it is furthest from the speed of light (crate::report::profile); without the
+/// classes, the advice and the speed of light when `signals` is off.
 pub fn summarize_result(
     r: &EvalResult,
     task: &ksearch_task::Task,
     backend: &str,
+    signals: ProfileSignals,
 ) -> OutcomeSummary {
     let passed = r.passed();
     let profile = crate::report::profile::profile_evaluation(task, backend, r);
+    let diagnosed: &[crate::report::profile::WorkloadProfile] = match signals {
+        ProfileSignals::On => profile.workloads.as_slice(),
+        ProfileSignals::Off => &[],
+    };
     let class_of = |name: &str| {
-        profile
-            .workloads
+        diagnosed
             .iter()
             .find(|w| w.workload == name)
             .map(|w| &w.diagnosis)
     };
-    let furthest = profile.workloads.iter().filter(|_| passed).min_by(|a, b| {
+    let furthest = diagnosed.iter().filter(|_| passed).min_by(|a, b| {
         a.diagnosis
             .speed_of_light
             .total_cmp(&b.diagnosis.speed_of_light)
@@ -447,8 +472,7 @@ pub fn summarize_result(
         workloads,
         bottleneck,
         bottleneck_class,
-        speed_of_light: profile
-            .workloads
+        speed_of_light: diagnosed
             .iter()
             .filter(|_| passed)
             .map(|w| w.diagnosis.speed_of_light)
@@ -488,7 +512,7 @@ mod tests {
 
     #[test]
     fn a_summary_names_each_workloads_bottleneck_and_the_furthest_from_the_speed_of_light() {
-        let s = summarize_result(&result(true), &softmax(), "cpu");
+        let s = summarize_result(&result(true), &softmax(), "cpu", ProfileSignals::On);
         assert!(
             s.workloads[0].ends_with("memory-bound (memory 90%, compute 3%)"),
             "{:?}",
@@ -510,7 +534,7 @@ mod tests {
         );
         assert_eq!(s.bottleneck_class, Some(Bottleneck::Latency));
         // A failed kernel gets no bottleneck: there is nothing to speed up yet.
-        let failed = summarize_result(&result(false), &softmax(), "cpu");
+        let failed = summarize_result(&result(false), &softmax(), "cpu", ProfileSignals::On);
         assert_eq!((failed.bottleneck, failed.speed_of_light), (None, None));
         assert_eq!(failed.bottleneck_class, None);
         // The slowest share is what --stop-at-sol compares.
@@ -518,6 +542,28 @@ mod tests {
         assert!(
             (sol - 8.0 * 512.0 * 4096.0 / 18.21e9 * 1e9 / 4.0e6).abs() < 1e-9,
             "{sol}"
+        );
+    }
+
+    #[test]
+    fn without_profile_signals_a_summary_keeps_the_times_and_drops_what_bounds_the_kernel() {
+        let on = summarize_result(&result(true), &softmax(), "cpu", ProfileSignals::On);
+        let off = summarize_result(&result(true), &softmax(), "cpu", ProfileSignals::Off);
+        assert_eq!((off.bottleneck, off.bottleneck_class), (None, None));
+        assert_eq!(off.speed_of_light, None);
+        assert_eq!((off.score, off.latency_ms), (on.score, on.latency_ms));
+        assert_eq!(off.workloads.len(), on.workloads.len());
+        for (off, on) in off.workloads.iter().zip(&on.workloads) {
+            assert!(
+                on.starts_with(off.as_str()),
+                "{off:?} is not a prefix of {on:?}"
+            );
+            assert!(!off.contains("-bound"), "{off:?}");
+        }
+        assert!(
+            off.workloads[0].contains("ms, 3.00x vs baseline"),
+            "{:?}",
+            off.workloads
         );
     }
 }
