@@ -7,6 +7,7 @@ workloads left out, and each way it can fail becoming a line in the result."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -36,11 +37,18 @@ sys.exit(rc)
 """
 
 
-def _stand_in(tmp_path: Path, write_page: bool = True, sleep: float = 0.0) -> str:
-    """An executable that behaves as ncu does towards its target and its log file; its
-    directory is world-readable, as the sandbox's uid must reach it."""
-    d = tmp_path / "ncu-stand-in"
-    d.mkdir()
+@pytest.fixture
+def stand_in_dir():
+    """A directory the sandbox's uid reaches without a revealed path (pytest's own are closed
+    to it, and a machine without mount namespaces cannot reveal one)."""
+    d = Path(tempfile.mkdtemp(prefix="ksearch-ncu-stand-in-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _stand_in(d: Path, write_page: bool = True, sleep: float = 0.0) -> str:
+    """An executable in `d` that behaves as ncu does towards its target and its log file."""
     page = d / "page.csv"
     page.write_bytes(PAGE.read_bytes())
     exe = d / "ncu"
@@ -63,8 +71,8 @@ def _profile_dirs() -> set[str]:
     return {p for p in os.listdir(base) if p.startswith("ksearch-profile-")}
 
 
-def test_each_shown_workload_is_profiled_and_read_back(tmp_path, monkeypatch):
-    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path))
+def test_each_shown_workload_is_profiled_and_read_back(tmp_path, monkeypatch, stand_in_dir):
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(stand_in_dir))
     before = _profile_dirs()
     res = _profile(tmp_path, driver.HONEST / "naive.c")
     assert res["status"] == "passed", res["message"]
@@ -85,8 +93,8 @@ def test_each_shown_workload_is_profiled_and_read_back(tmp_path, monkeypatch):
     assert _profile_dirs() == before
 
 
-def test_a_candidate_that_crashes_gets_no_counters(tmp_path, monkeypatch):
-    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path))
+def test_a_candidate_that_crashes_gets_no_counters(tmp_path, monkeypatch, stand_in_dir):
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(stand_in_dir))
     res = _profile(tmp_path, driver.CHEATS / "segfault.c")
     assert res["status"] == "passed", res["message"]
     for w in res["profile"]["workloads"]:
@@ -94,16 +102,16 @@ def test_a_candidate_that_crashes_gets_no_counters(tmp_path, monkeypatch):
         assert w["error"].startswith("the candidate's process failed"), w
 
 
-def test_a_profiler_that_writes_nothing_is_reported(tmp_path, monkeypatch):
-    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path, write_page=False))
+def test_a_profiler_that_writes_nothing_is_reported(tmp_path, monkeypatch, stand_in_dir):
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(stand_in_dir, write_page=False))
     res = _profile(tmp_path, driver.HONEST / "naive.c")
     for w in res["profile"]["workloads"]:
         assert w["calls"] == 1
         assert w["error"].startswith("the profiler wrote no counters"), w
 
 
-def test_a_profiler_past_its_share_of_the_time_is_stopped(tmp_path, monkeypatch):
-    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path, sleep=30))
+def test_a_profiler_past_its_share_of_the_time_is_stopped(tmp_path, monkeypatch, stand_in_dir):
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(stand_in_dir, sleep=30))
     # Two shown workloads share the request's 3 s.
     res = _profile(tmp_path, driver.HONEST / "naive.c", timeout_s=3)
     assert res["status"] == "passed", res["message"]
@@ -122,21 +130,21 @@ def test_without_a_profiler_the_result_says_why(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["missing", "not-executable", "a-directory"])
-def test_a_named_profiler_must_be_an_executable_file(tmp_path, monkeypatch, name):
+def test_a_named_profiler_must_be_an_executable_file(tmp_path, monkeypatch, stand_in_dir, name):
     (tmp_path / "not-executable").write_text("#!/bin/sh\n")
     (tmp_path / "a-directory").mkdir()
     value = str(tmp_path / name)
     monkeypatch.setenv(profiler.NCU_ENV, value)
     found, why = profiler.find_ncu("cuda")
     assert found is None and value in why
-    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path))
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(stand_in_dir))
     assert profiler.find_ncu("cpu")[0] == os.environ[profiler.NCU_ENV]
 
 
-def test_a_build_failure_is_the_result(tmp_path, monkeypatch):
+def test_a_build_failure_is_the_result(tmp_path, monkeypatch, stand_in_dir):
     bad = tmp_path / "bad.c"
     bad.write_text("this is not C\n")
-    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(tmp_path))
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(stand_in_dir))
     res = _profile(tmp_path, bad)
     assert res["status"] == "build_error"
     assert "profile" not in res

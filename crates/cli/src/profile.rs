@@ -44,17 +44,39 @@ pub struct ProfileArgs {
     #[command(flatten)]
     sandbox: crate::sandbox_arg::SandboxArg,
 
+    /// Also run the kernel under the backend's profiler (Nsight Compute on the GPU backends)
+    /// once per shown workload and read its counters into the analysis: seconds per workload.
+    #[arg(long)]
+    counters: bool,
+
     /// Print the profile as JSON.
     #[arg(long)]
     json: bool,
 }
 
+/// Seconds one workload may take under the profiler, which replays each launch once per pass
+/// of its metrics.
+const PROFILE_SECONDS_PER_WORKLOAD: u64 = 120;
+
 pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
-    let profile = match (&args.run, &args.kernel, &args.task) {
+    let evaluator_for = |backend: &str| {
+        Evaluator::new(EvaluatorConfig {
+            sandbox: args.sandbox.mode,
+            backend: Some(backend.to_string()),
+            ..EvaluatorConfig::default()
+        })
+        .context("cannot set up the evaluation environment (try `ksearch doctor`)")
+    };
+    let (task, backend, kernel, mut eval) = match (&args.run, &args.kernel, &args.task) {
         (Some(run), _, _) => {
             let store = RunStore::open_ref(&args.runs_dir, run).context("cannot open the run")?;
             let best = report::best_evaluation(&store).context("no best kernel to profile")?;
-            profile::profile_evaluation(&best.kernel.task, &best.kernel.backend, &best.eval)
+            (
+                best.kernel.task,
+                best.kernel.backend,
+                best.kernel.path,
+                best.eval,
+            )
         }
         (None, Some(file), Some(task)) => {
             let task = ksearch_task::resolve(task).context("cannot load the task")?;
@@ -68,12 +90,6 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
             if !file.is_file() {
                 bail!("kernel file not found: {}", file.display());
             }
-            let evaluator = Evaluator::new(EvaluatorConfig {
-                sandbox: args.sandbox.mode,
-                backend: Some(backend.clone()),
-                ..EvaluatorConfig::default()
-            })
-            .context("cannot set up the evaluation environment (try `ksearch doctor`)")?;
             let mut req = EvalRequest::from_task(
                 &task,
                 &backend,
@@ -91,7 +107,7 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
                     backend
                 );
             }
-            let result = evaluator.evaluate(&req)?;
+            let result = evaluator_for(&backend)?.evaluate(&req)?;
             if !result.passed() {
                 bail!(
                     "the kernel did not pass ({}): {}",
@@ -99,10 +115,41 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
                     result.message.lines().next().unwrap_or("")
                 );
             }
-            profile::profile_evaluation(&task, &backend, &result)
+            (task, backend, file.clone(), result)
         }
         _ => bail!("give --run RUN, or --kernel FILE with --task TASK"),
     };
+    if args.counters {
+        let mut req = EvalRequest::from_task(
+            &task,
+            &backend,
+            &kernel,
+            WorkloadSet::Search,
+            fresh_secret_seed()?,
+            args.timing,
+        )?;
+        let workloads = u64::try_from(req.workloads.len()).unwrap_or(u64::MAX);
+        req.timeout = Duration::from_secs(PROFILE_SECONDS_PER_WORKLOAD.saturating_mul(workloads));
+        if !quiet {
+            eprintln!(
+                "ksearch: profiling {} on {workloads} workloads of {}/{backend}",
+                kernel.display(),
+                task.name()
+            );
+        }
+        let profiled = evaluator_for(&backend)?.profile(&req)?;
+        match profiled.extra.get("profile") {
+            Some(section) => {
+                eval.extra.insert("profile".into(), section.clone());
+            }
+            None => bail!(
+                "the kernel could not be profiled ({}): {}",
+                profiled.status,
+                profiled.message.lines().next().unwrap_or("")
+            ),
+        }
+    }
+    let profile = profile::profile_evaluation(&task, &backend, &eval);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&profile)?);
     } else {

@@ -887,21 +887,21 @@ fn a_report_of_2000_candidates_is_small_and_opens_in_the_browser_within_2_s() {
     }
 }
 
+/// `ksearch profile` of the softmax seed, evaluated with quick timing, as JSON.
+const PROFILE_SOFTMAX_SEED: [&str; 8] = [
+    "profile",
+    "--kernel",
+    "tasks/softmax/seed/naive.c",
+    "--task",
+    "softmax",
+    "--timing",
+    "quick",
+    "--json",
+];
+
 #[test]
 fn profile_classifies_each_timed_workload_of_a_kernel_against_the_roofline() {
-    let out = ksearch()
-        .args([
-            "profile",
-            "--kernel",
-            "tasks/softmax/seed/naive.c",
-            "--task",
-            "softmax",
-            "--timing",
-            "quick",
-            "--json",
-        ])
-        .output()
-        .unwrap();
+    let out = ksearch().args(PROFILE_SOFTMAX_SEED).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -929,4 +929,76 @@ fn profile_classifies_each_timed_workload_of_a_kernel_against_the_roofline() {
     // Without a kernel or a run there is nothing to profile: a usage error.
     let none = ksearch().arg("profile").output().unwrap();
     assert_eq!(none.status.code(), Some(2));
+}
+
+/// A stand-in for Nsight Compute: it starts its target as ncu does (after its options, up to
+/// `--log-file PATH` and an optional kernel filter) and writes a page recorded on the H200
+/// where ncu writes its counters.
+const NCU_STAND_IN: &str = r#"#!/bin/sh
+log=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --log-file) log="$2"; shift 2; break ;;
+        *) shift ;;
+    esac
+done
+if [ "$1" = "--kernel-name-base" ]; then shift 4; fi
+"$@"
+rc=$?
+cp "$(dirname "$0")/page.csv" "$log"
+exit $rc
+"#;
+
+#[test]
+fn profile_with_counters_reads_the_profilers_page_into_each_workloads_analysis() {
+    use std::os::unix::fs::PermissionsExt;
+    // The sandbox's uid runs the stand-in and reads its page: a directory open to it, which
+    // needs no revealed path (a machine without mount namespaces cannot reveal one).
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().to_path_buf();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::copy(
+        root.join("harness/tests/fixtures/nsight/h200-torch-randn-and-matmul-raw.csv"),
+        bin.join("page.csv"),
+    )
+    .unwrap();
+    let ncu = bin.join("ncu");
+    std::fs::write(&ncu, NCU_STAND_IN).unwrap();
+    for (path, mode) in [(&bin, 0o755), (&ncu, 0o755), (&bin.join("page.csv"), 0o644)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let counters = || {
+        let mut cmd = ksearch();
+        cmd.args(PROFILE_SOFTMAX_SEED).arg("--counters");
+        cmd
+    };
+    let p = succeed_with_json(counters().env("KSEARCH_HARNESS_NCU", &ncu));
+    let timed = p["workloads"].as_array().unwrap();
+    assert_eq!(timed.len(), 3, "{p}");
+    for w in timed {
+        let c = &w["metrics"]["counters"];
+        // The page's two matmul launches and its fill, weighted by their times.
+        let dram = c["dram_pct"].as_f64().unwrap();
+        assert!(dram > 0.0 && dram < 100.0, "{w}");
+        assert_eq!(
+            c["registers"], 168,
+            "the page's largest register count: {w}"
+        );
+    }
+    let notes = p["notes"].to_string();
+    assert!(
+        notes.contains(&format!("from {} on", ncu.display())),
+        "{notes}"
+    );
+
+    // Without a profiler the profile still comes, from the times, and says why.
+    let p = succeed_with_json(counters().env("KSEARCH_HARNESS_NCU", dir.path().join("none")));
+    assert_eq!(
+        p["workloads"][0]["metrics"]["counters"]["dram_pct"],
+        Value::Null
+    );
+    assert!(
+        p["notes"].to_string().contains("is not an executable file"),
+        "{p}"
+    );
 }

@@ -428,6 +428,16 @@ impl Evaluator {
         Ok(again)
     }
 
+    /// Hardware counters of the candidate's kernels on each of `req`'s shown workloads (the
+    /// `profile` op: the candidate run under Nsight Compute in the accused's sandbox; the
+    /// result's `profile` section, harness/README.md). Advice for the search, not a score.
+    /// Holds the device's timing lock: a profiler replays each launch many times.
+    pub fn profile(&self, req: &EvalRequest) -> Result<EvalResult> {
+        let lock = device_lock(&req.device_key());
+        let _timing = lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.run_op("profile", req)
+    }
+
     /// Compile only (pre-compilation while another candidate is timed). On a device other
     /// than the host CPU it runs concurrently with anything; for the cpu backend, whose
     /// kernels are timed on the cores a compiler would use, it waits for the timing lock.

@@ -309,10 +309,16 @@ fn output_is_kept_as_a_bounded_tail() {
     assert!(r.harness_output.contains("earlier bytes dropped"));
 }
 
-#[test]
-fn timed_evaluations_never_overlap_and_builds_overlap_them_only_off_the_cpu() {
-    let f = fixture(vec![]);
-    let req = f.request("sleep 0.8");
+/// When an evaluation of `req` and a second op, started `delay_ms` later on another thread,
+/// ran (the fake harness's clock, seconds): `(evaluation, second)`, after checking that the
+/// second was `op`.
+fn evaluation_and(
+    f: &Fixture,
+    req: &EvalRequest,
+    delay_ms: u64,
+    op: &str,
+    second: impl FnOnce(&Evaluator, &EvalRequest) -> ksearch_eval::EvalResult + Send,
+) -> ((f64, f64), (f64, f64)) {
     let interval = |r: &ksearch_eval::EvalResult| {
         let e = &r.extra["echo"];
         (
@@ -321,30 +327,36 @@ fn timed_evaluations_never_overlap_and_builds_overlap_them_only_off_the_cpu() {
         )
     };
     let (a, b) = std::thread::scope(|s| {
-        let a = s.spawn(|| f.evaluator.evaluate(&req).unwrap());
-        let b = s.spawn(|| f.evaluator.evaluate(&req).unwrap());
+        let a = s.spawn(|| f.evaluator.evaluate(req).unwrap());
+        let b = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            second(&f.evaluator, req)
+        });
         (a.join().unwrap(), b.join().unwrap())
     });
-    let (a, b) = (interval(&a), interval(&b));
+    assert_eq!(b.extra["echo"]["op"], op);
+    (interval(&a), interval(&b))
+}
+
+fn on_gpu(mut req: EvalRequest, device: &str) -> EvalRequest {
+    req.backend = "cuda".into();
+    req.device = Some(device.into());
+    req
+}
+
+#[test]
+fn timed_evaluations_never_overlap_and_builds_overlap_them_only_off_the_cpu() {
+    let f = fixture(vec![]);
+    let req = f.request("sleep 0.8");
+    let (a, b) = evaluation_and(&f, &req, 0, "evaluate", |e, r| e.evaluate(r).unwrap());
     assert!(
         a.1 <= b.0 || b.1 <= a.0,
         "timed runs overlapped: {a:?} {b:?}"
     );
 
     // On a GPU, compiling while another candidate is timed costs the timing nothing.
-    let mut req = f.request("sleep 2");
-    req.backend = "cuda".into();
-    req.device = Some("cuda:test-overlap".into());
-    let (a, b) = std::thread::scope(|s| {
-        let a = s.spawn(|| f.evaluator.evaluate(&req).unwrap());
-        let b = s.spawn(|| {
-            std::thread::sleep(Duration::from_millis(300));
-            f.evaluator.build(&req).unwrap()
-        });
-        (a.join().unwrap(), b.join().unwrap())
-    });
-    assert_eq!(b.extra["echo"]["op"], "build");
-    let (a, b) = (interval(&a), interval(&b));
+    let req = on_gpu(f.request("sleep 2"), "cuda:test-overlap");
+    let (a, b) = evaluation_and(&f, &req, 300, "build", |e, r| e.build(r).unwrap());
     assert!(
         a.0 < b.1 && b.0 < a.1,
         "a gpu build waited for a timed run: {a:?} {b:?}"
@@ -352,19 +364,21 @@ fn timed_evaluations_never_overlap_and_builds_overlap_them_only_off_the_cpu() {
 
     // On the cpu a compiler would share the cores with the timed kernel: builds wait.
     let req = f.request("sleep 0.8");
-    let (a, b) = std::thread::scope(|s| {
-        let a = s.spawn(|| f.evaluator.evaluate(&req).unwrap());
-        let b = s.spawn(|| {
-            std::thread::sleep(Duration::from_millis(200));
-            f.evaluator.build(&req).unwrap()
-        });
-        (a.join().unwrap(), b.join().unwrap())
-    });
-    assert_eq!(b.extra["echo"]["op"], "build");
-    let (a, b) = (interval(&a), interval(&b));
+    let (a, b) = evaluation_and(&f, &req, 200, "build", |e, r| e.build(r).unwrap());
     assert!(
         a.1 <= b.0 || b.1 <= a.0,
         "a cpu build ran during a timed run: {a:?} {b:?}"
+    );
+}
+
+#[test]
+fn a_profile_waits_for_the_timed_run_on_its_device() {
+    let f = fixture(vec![]);
+    let req = on_gpu(f.request("sleep 0.8"), "cuda:test-profile");
+    let (a, b) = evaluation_and(&f, &req, 200, "profile", |e, r| e.profile(r).unwrap());
+    assert!(
+        a.1 <= b.0 || b.1 <= a.0,
+        "a profile replayed kernels during a timed run: {a:?} {b:?}"
     );
 }
 

@@ -71,3 +71,61 @@ fn a_build_without_a_register_report_gives_no_register_counters() {
         assert!(!render_profile(&p).contains("registers per thread"));
     }
 }
+
+#[test]
+fn a_profilers_counters_take_the_builds_place_where_it_has_them() {
+    let task = ksearch_task::resolve("attention").unwrap();
+    let first = task.workloads("cuda").unwrap()[0].name.clone();
+    let build = json!({"ptxas": {"kernels": [{"mangled": "_Z1k", "registers": 255,
+                                               "spill_store_bytes": 32, "spill_load_bytes": 32}]}});
+    let mut eval = evaluation(&task, "cuda", build);
+    eval.extra.insert(
+        "profile".into(),
+        json!({"profiler": "/usr/local/cuda/bin/ncu", "available": true, "detail": "",
+               "workloads": [
+                   {"name": first, "seconds": 4.2, "calls": 1, "launches": 2,
+                    "counters": {"dram_pct": 41.0, "compute_pct": 30.0, "tensor_pct": 12.5,
+                                 "occupancy_pct": 14.6, "occupancy_limiter": "registers",
+                                 "registers": 168, "dram_bytes": 1.1e8}},
+                   {"name": "elsewhere", "error": "the profiler wrote no counters"}]}),
+    );
+    let p = profile_evaluation(&task, "cuda", &eval);
+    let c = &p.workloads[0].metrics.counters;
+    assert_eq!(c.dram_pct, Some(41.0));
+    assert_eq!(c.tensor_pct, Some(12.5));
+    assert_eq!(c.occupancy_limiter.as_deref(), Some("registers"));
+    // The profiler's register count replaces ptxas's; the spill, which it does not report,
+    // stays the build's.
+    assert_eq!((c.registers, c.spill_bytes), (Some(168), Some(64)));
+    let text = render_profile(&p);
+    assert!(
+        text.contains(&format!("from /usr/local/cuda/bin/ncu on {first}")),
+        "{text}"
+    );
+    assert!(
+        text.contains("elsewhere: no counters: the profiler wrote no counters"),
+        "{text}"
+    );
+
+    // No profiler could run: the counters are the build's, and the note says why.
+    let mut eval = evaluation(&task, "cuda", json!({"compiler": "nvcc"}));
+    eval.extra.insert(
+        "profile".into(),
+        json!({"profiler": null, "available": false, "workloads": [],
+               "detail": "Nsight Compute (ncu) is not installed"}),
+    );
+    let p = profile_evaluation(&task, "cuda", &eval);
+    assert_eq!(p.workloads[0].metrics.counters.dram_pct, None);
+    assert!(
+        render_profile(&p).contains("no profiler counters (Nsight Compute (ncu) is not installed)"),
+        "{}",
+        render_profile(&p)
+    );
+    // An evaluation without the section: no profiler ran for it.
+    let p = profile_evaluation(
+        &task,
+        "cuda",
+        &evaluation(&task, "cuda", json!({"compiler": "nvcc"})),
+    );
+    assert!(render_profile(&p).contains("no profiler ran for this evaluation"));
+}

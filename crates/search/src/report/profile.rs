@@ -46,6 +46,7 @@ pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Prof
     let peak_flops = figure("peak_gflops") * 1e9;
     let model = task.workloads(backend).unwrap_or_default();
     let build = build_counters(eval);
+    let profiled = ProfilerSection::of(eval);
     let mut workloads = Vec::new();
     let (mut untimed, mut unmodelled) = (Vec::new(), Vec::new());
     for w in &eval.workloads {
@@ -64,7 +65,7 @@ pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Prof
             bandwidth,
             peak_flops,
             launch_ns: None,
-            counters: build.clone(),
+            counters: merged(&build, profiled.counters_of(&w.name)),
         };
         workloads.push(WorkloadProfile {
             workload: w.name.clone(),
@@ -87,10 +88,7 @@ pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Prof
             build.spill_bytes.unwrap_or(0)
         ));
     }
-    notes.push(format!(
-        "no profiler counters on the {backend} backend yet: the classes come from the roofline \
-         model and the measured times"
-    ));
+    notes.extend(profiled.notes());
     Profile {
         task: task.name().to_string(),
         backend: backend.to_string(),
@@ -98,6 +96,112 @@ pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Prof
         untimed,
         unmodelled,
         notes,
+    }
+}
+
+/// The harness's `profile` section of an evaluation (its `profile` op, whose result the search
+/// attaches to the evaluations it profiled): per workload the profiler's counters of the
+/// kernel's own launches, or why there are none.
+#[derive(Debug, Default)]
+struct ProfilerSection {
+    /// Whether the evaluation carries a profile section at all.
+    present: bool,
+    profiler: Option<String>,
+    /// Why no profiler ran (none installed, the cpu backend, ...).
+    unavailable: Option<String>,
+    counters: Vec<(String, Counters)>,
+    failures: Vec<(String, String)>,
+}
+
+impl ProfilerSection {
+    fn of(eval: &EvalResult) -> Self {
+        let Some(section) = eval.extra.get("profile") else {
+            return Self::default();
+        };
+        let text = |v: &serde_json::Value, key: &str| {
+            v.get(key).and_then(|x| x.as_str()).map(str::to_string)
+        };
+        let mut out = Self {
+            present: true,
+            profiler: text(section, "profiler"),
+            ..Self::default()
+        };
+        if section.get("available").and_then(|a| a.as_bool()) != Some(true) {
+            out.unavailable = Some(text(section, "detail").unwrap_or_default());
+        }
+        let workloads = section.get("workloads").and_then(|w| w.as_array());
+        for w in workloads.map(Vec::as_slice).unwrap_or_default() {
+            let Some(name) = text(w, "name") else {
+                continue;
+            };
+            let counters = w
+                .get("counters")
+                .and_then(|c| serde_json::from_value::<Counters>(c.clone()).ok());
+            match (counters, text(w, "error")) {
+                (_, Some(error)) => out.failures.push((name, error)),
+                (Some(c), None) => out.counters.push((name, c)),
+                (None, None) => out
+                    .failures
+                    .push((name, "the profiler's counters do not read".into())),
+            }
+        }
+        out
+    }
+
+    fn counters_of(&self, workload: &str) -> Option<&Counters> {
+        self.counters
+            .iter()
+            .find(|(name, _)| name == workload)
+            .map(|(_, c)| c)
+    }
+
+    fn notes(&self) -> Vec<String> {
+        let plain = "the classes come from the roofline model and the measured times";
+        if !self.present {
+            return vec![format!("no profiler ran for this evaluation: {plain}")];
+        }
+        if let Some(why) = &self.unavailable {
+            return vec![format!("no profiler counters ({why}): {plain}")];
+        }
+        let mut notes = Vec::new();
+        if !self.counters.is_empty() {
+            let names: Vec<&str> = self.counters.iter().map(|(n, _)| n.as_str()).collect();
+            notes.push(format!(
+                "counters of the kernel's own launches from {} on {}",
+                self.profiler.as_deref().unwrap_or("the profiler"),
+                names.join(", ")
+            ));
+        }
+        for (name, error) in &self.failures {
+            notes.push(format!("{name}: no counters: {error}"));
+        }
+        notes
+    }
+}
+
+/// The profiler's counters over the build's: a figure the profiler measured replaces the
+/// build's; the build's registers and spills stay where the profiler has none.
+fn merged(build: &Counters, profiled: Option<&Counters>) -> Counters {
+    let Some(p) = profiled else {
+        return build.clone();
+    };
+    Counters {
+        dram_pct: p.dram_pct.or(build.dram_pct),
+        compute_pct: p.compute_pct.or(build.compute_pct),
+        tensor_pct: p.tensor_pct.or(build.tensor_pct),
+        occupancy_pct: p.occupancy_pct.or(build.occupancy_pct),
+        occupancy_limiter: p
+            .occupancy_limiter
+            .clone()
+            .or_else(|| build.occupancy_limiter.clone()),
+        registers: p.registers.or(build.registers),
+        spill_bytes: p.spill_bytes.or(build.spill_bytes),
+        stalls: if p.stalls.is_empty() {
+            build.stalls.clone()
+        } else {
+            p.stalls.clone()
+        },
+        dram_bytes: p.dram_bytes.or(build.dram_bytes),
     }
 }
 
