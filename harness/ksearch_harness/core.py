@@ -711,9 +711,7 @@ class Evaluation:
         self.audit_kernels = self.accused.on_device and audit["active"]
         if self.accused.on_device:
             out.data["kernel_audit"] = {**audit, "kernels": self.kernels_seen}
-        self.own_kernels = {kernel_base(k.get("name") or k.get("mangled") or "")
-                            for k in ((info.extra.get("ptxas") or {}).get("kernels") or [])}
-        self.own_kernels.discard("")
+        self.own_kernels = own_kernels(info)
 
         for wl in req.workloads:
             self.results[wl.name] = {"name": wl.name, "held_out": wl.held_out}
@@ -1871,6 +1869,15 @@ DEFAULT_ALLOWED_KERNELS: dict[str, tuple[str, ...]] = {
     "mlx": (r"^Memcpy ", r"^Memset "),
 }
 _KERNEL_BASE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:<|\()")
+
+
+def own_kernels(info: BuildInfo) -> set[str]:
+    """The base names of the kernels a build compiled (its ptxas report's list; empty where the
+    build has none, as on cpu and mlx)."""
+    names = {kernel_base(k.get("name") or k.get("mangled") or "")
+             for k in ((info.extra.get("ptxas") or {}).get("kernels") or [])}
+    names.discard("")
+    return names
 
 
 def kernel_base(name: str) -> str:

@@ -39,7 +39,8 @@ import numpy as np
 from . import adapters, kernel_clock, nsight, sandbox, scratch
 from .accused_client import ADDRESS_SPACE_ROOM, accused_environment, accused_policy
 from .adapters import Adapter
-from .core import build_and_record, kernel_base, read_candidate, run_static_checks
+from .core import (build_and_record, kernel_base, own_kernels, read_candidate,
+                   run_static_checks)
 from .protocol import Request, ResultBuilder, TaskError
 from .task_code import PROFILE, TaskCode, derive_seed
 
@@ -81,9 +82,7 @@ def profile(req: Request, out: ResultBuilder, adapter: Adapter | None = None) ->
     out.stage = "build"
     adapter = adapter or adapters.create(req)
     info = build_and_record(adapter, source, out)
-    own = {kernel_base(k.get("name") or k.get("mangled") or "")
-           for k in ((info.extra.get("ptxas") or {}).get("kernels") or [])}
-    own.discard("")
+    own = own_kernels(info)
     ncu, why = find_ncu(req.backend)
     report: dict[str, Any] = {"profiler": ncu, "available": ncu is not None, "detail": why,
                               "own_kernels": sorted(own), "workloads": []}
