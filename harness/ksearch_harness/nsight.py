@@ -11,7 +11,7 @@ steps around `ncu`, so that they are tested without a GPU:
 - `parse_raw_csv` reads that page into one record per profiled launch;
 - `reduce` combines the launches of the candidate's kernels into one set of counters (percentages
   weighted by each launch's time, bytes summed, the largest register count, the occupancy
-  limiter of the longest launch).
+  limiter of the longest launch, the top stall reasons with their share of stall cycles).
 
 Which launches are the candidate's is the caller's to say (the kernel audit's names): inputs are
 made and checked by other kernels (PyTorch's fills and copies), which must not be counted.
@@ -40,7 +40,17 @@ LIMITS = {
     "warps": "launch__occupancy_limit_warps",
     "blocks": "launch__occupancy_limit_blocks",
 }
-ALL_METRICS = (*METRICS.values(), TIME, *LIMITS.values())
+# Why warps wait: per reason, the cycles a warp spends stalled on it per instruction issued
+# (ncu's warp state statistics). "selected", the warp issuing, is not a stall.
+STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "gmma", "imc_miss",
+                 "lg_throttle", "long_scoreboard", "math_pipe_throttle", "membar", "mio_throttle",
+                 "misc", "no_instruction", "not_selected", "short_scoreboard", "sleeping",
+                 "tex_throttle", "wait")
+STALLS = {reason.replace("_", " "): f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+          for reason in STALL_REASONS}
+# How many stall reasons a reduction keeps, largest first.
+TOP_STALLS = 3
+ALL_METRICS = (*METRICS.values(), TIME, *LIMITS.values(), *STALLS.values())
 # The fields that are percentages of a peak (averaged over launches, weighted by time).
 PERCENTAGES = tuple(field for field in METRICS if field.endswith("_pct"))
 # The units ncu's raw page gives in base units, where a scaled unit would mislead.
@@ -114,7 +124,7 @@ def reduce(launches: Iterable[dict], own: Callable[[str], bool]) -> dict:
     """The counters of the launches whose kernel `own` accepts, as bottleneck::Counters fields
     (absent where no launch had the metric): percentages as a time-weighted mean, `dram_bytes`
     summed, `registers` the largest, `occupancy_limiter` the smallest limit of the longest
-    launch. Empty when no launch is the candidate's."""
+    launch, `stalls` the top reasons why warps waited (see `_stall_shares`). Empty when no launch is the candidate's."""
     mine = [l for l in launches if own(l["kernel"])]
     if not mine:
         return {}
@@ -137,4 +147,23 @@ def reduce(launches: Iterable[dict], own: Callable[[str], bool]) -> dict:
     limits = [(longest.get(m), name) for name, m in LIMITS.items() if longest.get(m) is not None]
     if limits:
         out["occupancy_limiter"] = min(limits, key=lambda p: p[0])[1]
+    stalls = _stall_shares(mine, weight)
+    if stalls:
+        out["stalls"] = stalls
     return out
+
+
+def _stall_shares(launches: list[dict], weight: list[float]) -> list[list]:
+    """The `TOP_STALLS` largest stall reasons of `launches` as [reason, percent of all stall
+    cycles], largest first: each reason's cycles per issued instruction averaged over the
+    launches (weighted by time), as a share of their sum. Empty without stall metrics."""
+    cycles = {}
+    for reason, m in STALLS.items():
+        pairs = [(l[m], w) for l, w in zip(launches, weight) if l.get(m) is not None]
+        if sum(w for _, w in pairs) > 0:
+            cycles[reason] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+    total = sum(cycles.values())
+    if total <= 0:
+        return []
+    ranked = sorted(cycles.items(), key=lambda p: -p[1])[:TOP_STALLS]
+    return [[reason, 100.0 * c / total] for reason, c in ranked if c > 0]

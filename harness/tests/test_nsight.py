@@ -87,3 +87,26 @@ def test_scaled_units_are_refused_and_a_second_page_is_read_with_its_own_columns
     assert len(ls) == 4
     assert (ls[3]["kernel"], ls[3][nsight.TIME], ls[3][nsight.METRICS["registers"]]) == ("k2", 1000, 32)
     assert nsight.METRICS["dram_bytes"] not in ls[3]
+
+
+STALLS = Path(__file__).parent / "fixtures" / "nsight" / "h200-torch-matmul-stalls-raw.csv"
+
+
+def test_the_top_stall_reasons_are_shares_of_all_stall_cycles():
+    # The same cuBLAS matmul, profiled for the warp-state metrics (ncu 2025.3.1 on the H200): a
+    # warp waits 6.02 cycles per issued instruction at barriers, 3.79 on the wgmma pipe and
+    # 3.38 on long scoreboard, of 18.38 cycles of stalls in all.
+    c = nsight.reduce(nsight.parse_raw_csv(STALLS.read_text()), lambda k: k.startswith("nvjet"))
+    assert [name for name, _ in c["stalls"]] == ["barrier", "gmma", "long scoreboard"]
+    assert [share for _, share in c["stalls"]] == pytest.approx([32.75, 20.62, 18.39], abs=0.01)
+
+
+def test_stall_shares_are_weighted_by_time_and_absent_without_stall_metrics():
+    def launch(time, long_scoreboard, barrier):
+        return {"kernel": "k", nsight.TIME: time,
+                nsight.STALLS["long scoreboard"]: long_scoreboard, nsight.STALLS["barrier"]: barrier}
+    # The long launch waits on memory, the short one at barriers: memory leads.
+    c = nsight.reduce([launch(9.0, 4.0, 0.0), launch(1.0, 0.0, 4.0)], lambda k: True)
+    assert c["stalls"] == [["long scoreboard", pytest.approx(90.0)], ["barrier", pytest.approx(10.0)]]
+    assert "stalls" not in nsight.reduce([{"kernel": "k", nsight.TIME: 1.0}], lambda k: True)
+    assert "stalls" not in nsight.reduce([launch(1.0, 0.0, 0.0)], lambda k: True)
