@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Strategies at equal budget on the device (issue: baseline strategies and `ksearch compare`):
-# `ksearch compare --task attention --backend cuda` over the world model, evolve and best-of-n,
-# BUDGET evaluations each (default 20), proposer seeds 1..SEEDS (default 2), quick timing,
-# CONFIRM_ROUNDS rounds of each run's final confirmation (default 2, as `ksearch run`). Every
-# call of one comparison must use the same three: a run is taken up only with equal settings.
+# `ksearch compare --task attention --backend cuda` over STRATEGIES (default the world model,
+# evolve and best-of-n), BUDGET evaluations each (default 20), proposer seeds 1..SEEDS (default
+# 2), quick timing, CONFIRM_ROUNDS rounds of each run's final confirmation (default 2, as
+# `ksearch run`), and FLAGS, more run flags (e.g. `--no-profile-signals`, the ablation of
+# profiler-guided search). Every call of one comparison must use the same settings: a run is
+# taken up only with equal settings.
 # A comparison outlasts one device call, so the runs directory travels: this call resumes or
 # reads back every run already in RUNS_FROM (runs.tgz, the run stores an earlier call left in
 # its $OUT, carried back; a tarball, since a run store nests deeper than a device call returns),
@@ -21,6 +23,8 @@
 # Measured comparisons: docs/results/compare.
 set -uo pipefail
 
+STRATEGIES=${STRATEGIES:-world-model,evolve,best-of-n}
+FLAGS=${FLAGS:-}
 BUDGET=${BUDGET:-20}
 SEEDS=${SEEDS:-2}
 CONFIRM_ROUNDS=${CONFIRM_ROUNDS:-2}
@@ -35,8 +39,10 @@ fi
 # Whatever happens below, the run stores go back with the call.
 trap 'tar czf "$OUT/runs.tgz" -C "$RUNS" .' EXIT
 
-args=(compare --task attention --backend cuda --strategies world-model,evolve,best-of-n
-      --budget "$BUDGET" --seeds "$SEEDS" --confirm-rounds "$CONFIRM_ROUNDS" --runs-dir "$RUNS")
+# shellcheck disable=SC2206 # FLAGS is a list of flags
+args=(compare --task attention --backend cuda --strategies "$STRATEGIES"
+      --budget "$BUDGET" --seeds "$SEEDS" --confirm-rounds "$CONFIRM_ROUNDS" --runs-dir "$RUNS"
+      $FLAGS)
 started=$SECONDS
 timeout -s INT -k 30 "$LIMIT_S" "$KS" "${args[@]}" --json > "$OUT/compare.json"
 status=$?

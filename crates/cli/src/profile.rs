@@ -54,10 +54,6 @@ pub struct ProfileArgs {
     json: bool,
 }
 
-/// Seconds one workload may take under the profiler, which replays each launch once per pass
-/// of its metrics.
-const PROFILE_SECONDS_PER_WORKLOAD: u64 = 120;
-
 pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
     let evaluator_for = |backend: &str| {
         Evaluator::new(EvaluatorConfig {
@@ -128,8 +124,8 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
             fresh_secret_seed()?,
             args.timing,
         )?;
-        let workloads = u64::try_from(req.workloads.len()).unwrap_or(u64::MAX);
-        req.timeout = Duration::from_secs(PROFILE_SECONDS_PER_WORKLOAD.saturating_mul(workloads));
+        let workloads = req.workloads.len();
+        req.timeout = Evaluator::profile_timeout(workloads);
         if !quiet {
             eprintln!(
                 "ksearch: profiling {} on {workloads} workloads of {}/{backend}",

@@ -428,6 +428,14 @@ impl Evaluator {
         Ok(again)
     }
 
+    /// The time limit of a `profile` of `workloads` workloads: a profiler replays each launch
+    /// once per pass of its metrics.
+    pub fn profile_timeout(workloads: usize) -> Duration {
+        const SECONDS_PER_WORKLOAD: u64 = 120;
+        let n = u64::try_from(workloads.max(1)).unwrap_or(u64::MAX);
+        Duration::from_secs(SECONDS_PER_WORKLOAD.saturating_mul(n))
+    }
+
     /// Hardware counters of the candidate's kernels on each of `req`'s shown workloads (the
     /// `profile` op: the candidate run under Nsight Compute in the accused's sandbox; the
     /// result's `profile` section, harness/README.md). Advice for the search, not a score.

@@ -28,6 +28,9 @@
 //!   its own timing `seconds` where that was not recorded.
 //! - the first try of an evaluation repeated because the machine was changing counts like any
 //!   harness run where its result keeps its times (`unsteady_first`).
+//! - **profiler**: the wall time of the profiles of new bests (`profile.spent_seconds` of a
+//!   stored result, engine::evaluation): Nsight Compute replaying the kernel, counted as
+//!   harness time, not device work, since it measures nothing the scores use.
 //! - **proposer**: the LLM calls' recorded latencies (absent for the offline proposer, whose
 //!   time is in *other*).
 //! - **other** = the wall minus all of the above: the search's own work, compiles outside an
@@ -83,6 +86,7 @@ pub const HARNESS_START_EXIT: &str = "harness start/exit";
 pub const HARNESS_NO_PHASE: &str = "harness, no phase";
 pub const HARNESS_NO_PHASE_DATA: &str = "harness, no phase data";
 pub const PROPOSER: &str = "proposer (LLM calls)";
+pub const PROFILER: &str = "profiler";
 pub const OTHER: &str = "other";
 
 /// What kind of time a part is.
@@ -136,6 +140,8 @@ pub struct EvaluationCounts {
     /// Unsteady results kept as measured because repeats had stopped paying on the machine
     /// (`unsteady_kept`).
     pub unsteady_kept: u64,
+    /// Stored results profiled as a new best (`profile.spent_seconds`).
+    pub profiled: u64,
 }
 
 impl EvaluationCounts {
@@ -206,6 +212,10 @@ impl TimeAccount {
                 acc.counts.reused += 1;
             } else if acc.add(&e.result) {
                 acc.counts.stored += 1;
+                if let Some(s) = seconds(&e.result["profile"]["spent_seconds"]) {
+                    acc.counts.profiled += 1;
+                    acc.profile_seconds += s;
+                }
             }
         }
         for ev in events {
@@ -247,6 +257,9 @@ impl TimeAccount {
         }
         if acc.yardsticks > 0 {
             parts.push(part(YARDSTICK, acc.yardstick_seconds, TimeKind::Device));
+        }
+        if acc.counts.profiled > 0 {
+            parts.push(part(PROFILER, acc.profile_seconds, TimeKind::Harness));
         }
         if usage.calls > 0 {
             parts.push(part(
@@ -307,6 +320,7 @@ struct Accumulator {
     yardstick_keys: HashSet<String>,
     yardsticks: u64,
     yardstick_seconds: f64,
+    profile_seconds: f64,
 }
 
 impl Accumulator {

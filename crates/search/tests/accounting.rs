@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use ksearch_search::accounting::{
     TimeAccount, TimeKind, WallEnd, HARNESS_NO_PHASE, HARNESS_NO_PHASE_DATA, HARNESS_START_EXIT,
-    OTHER, PROPOSER, YARDSTICK,
+    OTHER, PROFILER, PROPOSER, YARDSTICK,
 };
 use ksearch_store::{CandidateKind, Exchange, NewCandidate, RunConfig, RunStore, DB_FILE};
 
@@ -76,11 +76,13 @@ fn phases_yardsticks_proposer_and_other_add_up_to_the_wall() {
     // Measured twice (the first attempt drifted): its processes took 4 s in all.
     let yard_2 = json!({"version": 1, "workloads": {"w": {"reference": {"median_ns": 6.0}}},
                         "seconds": 2.0, "spent_seconds": 4.0, "attempts": 2});
-    // A: 4.0 s of phases (3.5 s named, 0.5 s unclaimed) in a 5.0 s harness process.
+    // A: 4.0 s of phases (3.5 s named, 0.5 s unclaimed) in a 5.0 s harness process; a new
+    // best, profiled in 2 s.
     let a = json!({"nonce": "a", "status": "passed", "wall_seconds": 5.0,
                    "diagnostics": {"phase_seconds":
                        {"build": 1.0, "timed_calls": 2.0, "settle": 0.5, "total": 4.0}},
-                   "yardstick": yard_1});
+                   "yardstick": yard_1,
+                   "profile": {"available": true, "workloads": [], "spent_seconds": 2.0}});
     // B: scored against the same yardstick, which counts once; unsteady, kept as measured.
     let b = json!({"nonce": "b", "status": "passed", "wall_seconds": 4.0,
                    "diagnostics": {"phase_seconds":
@@ -167,9 +169,10 @@ fn phases_yardsticks_proposer_and_other_add_up_to_the_wall() {
             e.reused,
             e.lint_rejected,
             e.unsteady_repeats,
-            e.unsteady_kept
+            e.unsteady_kept,
+            e.profiled
         ),
-        (2, 4, 1, 1, 1, 1)
+        (2, 4, 1, 1, 1, 1, 1)
     );
     assert_eq!(
         e.in_events.iter().collect::<Vec<_>>(),
@@ -182,13 +185,16 @@ fn phases_yardsticks_proposer_and_other_add_up_to_the_wall() {
     // Phases: build 1, timed_calls 2 + 1 + 2, settle 0.5, candidate 1.5, flush 0.5, inputs 1.
     // Start/exit: (5 - 4) + (4 - 3) + (2 - 1.5) + (3 - 2.4) = 3.1. No phase: (4 - 3.5) + 0 +
     // (1.5 - 1) + (2.4 - 2) = 1.4. Phases 9.5 + 3.1 + 1.4, yardsticks 3 + 4 = 7 (all of the
-    // second's attempts), proposer 4: 25 s accounted, 35 s other.
+    // second's attempts), proposer 4, the profile of A 2 (not device work: it measures
+    // nothing the scores use; the copy of A's result reused by another row is not counted
+    // again): 27 s accounted, 33 s other.
     let expected = [
-        (OTHER, 35.0, TimeKind::Other),
+        (OTHER, 33.0, TimeKind::Other),
         (YARDSTICK, 7.0, TimeKind::Device),
         ("timed_calls", 5.0, TimeKind::Device),
         (PROPOSER, 4.0, TimeKind::Proposer),
         (HARNESS_START_EXIT, 3.1, TimeKind::Harness),
+        (PROFILER, 2.0, TimeKind::Harness),
         ("candidate", 1.5, TimeKind::Device),
         (HARNESS_NO_PHASE, 1.4, TimeKind::Harness),
         ("build", 1.0, TimeKind::Harness),

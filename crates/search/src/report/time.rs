@@ -54,6 +54,19 @@ pub fn render_time(t: &TimeAccount) -> String {
         let plural = if t.yardsticks == 1 { "" } else { "s" };
         notes.push(format!("{} yardstick{plural} measured", t.yardsticks));
     }
+    if e.profiled > 0 {
+        let plural = if e.profiled == 1 { "" } else { "s" };
+        let spent = t
+            .parts
+            .iter()
+            .find(|p| p.name == crate::accounting::PROFILER)
+            .map(|p| p.seconds)
+            .unwrap_or(0.0);
+        notes.push(format!(
+            "{} new best{plural} profiled in {spent:.1} s",
+            e.profiled
+        ));
+    }
     if e.reused + e.lint_rejected > 0 {
         notes.push(format!(
             "{} reused and {} lint-rejected results ran no harness",
@@ -156,6 +169,7 @@ mod tests {
             part("inputs", 11.3, TimeKind::Harness),
             part("load", 7.6, TimeKind::Harness),
             part("reference", 7.4, TimeKind::Device),
+            part("profiler", 5.2, TimeKind::Harness),
         ];
         let t = TimeAccount {
             wall_seconds: Some(250.266),
@@ -168,6 +182,7 @@ mod tests {
                 lint_rejected: 1,
                 unsteady_repeats: 11,
                 unsteady_kept: 4,
+                profiled: 3,
             },
             evaluations_per_hour: Some(35.0 * 3600.0 / 250.266),
             yardsticks: 12,
