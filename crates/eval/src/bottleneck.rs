@@ -6,7 +6,14 @@
 //! of light: memory-bound, compute-bound, latency-bound (neither roof is near: stalls,
 //! occupancy, serial work) or launch-bound (the call costs about what an empty one does). The
 //! advice says which numbers led there, so a proposer (or a person) can act on it without
-//! reading raw counters. This is the one place that interpretation is made; prompts, the
+//! reading raw counters.
+//!
+//! Two questions, two sources: how far the kernel is from its speed of light comes from the
+//! model (useful bytes and FLOPs over the time), so the search's headroom and `--stop-at-sol`
+//! never credit work the workload does not need; what it is bound by comes from the counters
+//! where they exist (what the hardware was busy with), else from the model.
+//!
+//! This is the one place that interpretation is made; prompts, the
 //! world model's signals and `ksearch profile` print its result.
 
 use serde::{Deserialize, Serialize};
@@ -93,12 +100,23 @@ impl Bottleneck {
 pub struct Diagnosis {
     pub class: Bottleneck,
     /// Fraction of the speed of light reached: the larger of the memory and compute roofs'
-    /// shares (from counters where a profiler ran, else from the roofline model).
+    /// shares. How far the kernel is from the best its workload allows, so it comes from
+    /// useful work (the roofline model), never from how busy the hardware was: a kernel that
+    /// keeps the SM busy with work the workload does not need is not near its speed of light.
     pub speed_of_light: f64,
-    /// Memory roof's share: ideal bytes at peak bandwidth over the time (or DRAM counter).
+    /// Memory roof's share: the workload's ideal bytes at peak bandwidth over the time (the
+    /// DRAM counter where the model has no bytes or bandwidth).
     pub memory: f64,
-    /// Compute roof's share: ideal FLOPs at peak over the time (or compute counter).
+    /// Compute roof's share: the workload's ideal FLOPs at peak over the time (the compute
+    /// counter where the model has no FLOPs or peak).
     pub compute: f64,
+    /// How busy the profiler found DRAM and the SM (fraction of peak); `None` without counters.
+    /// Where known they decide the class: a kernel is bound by what it saturates, whether or
+    /// not that work is useful.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dram_busy: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_busy: Option<f64>,
     /// The workload's arithmetic intensity, FLOP per byte, and the machine's ridge point.
     pub intensity: f64,
     pub ridge: f64,
@@ -131,17 +149,20 @@ pub fn diagnose(m: &Metrics) -> Diagnosis {
         }
     };
     let c = &m.counters;
-    // Counters measure what the kernel did; the model, what the workload needs. Where both
-    // exist the counter decides (a kernel that moves twice the ideal bytes is still bound by
-    // the bandwidth it saturates).
-    let memory = c
-        .dram_pct
-        .map(|p| (p / 100.0).clamp(0.0, 1.0))
-        .unwrap_or_else(|| share(m.bytes, m.bandwidth));
-    let compute = c
-        .compute_pct
-        .map(|p| (p / 100.0).clamp(0.0, 1.0))
-        .unwrap_or_else(|| share(m.flops, m.peak_flops));
+    let busy = |pct: Option<f64>| pct.map(|p| (p / 100.0).clamp(0.0, 1.0));
+    let (dram_busy, sm_busy) = (busy(c.dram_pct), busy(c.compute_pct));
+    // The model says how much of each roof the workload's useful work reaches (the speed of
+    // light); the counters, how busy the hardware was (the class). Where the model knows
+    // nothing, the counters stand in for it.
+    let model = |work: f64, rate: f64| (work > 0.0 && rate > 0.0).then(|| share(work, rate));
+    let memory = model(m.bytes, m.bandwidth).or(dram_busy).unwrap_or(0.0);
+    let compute = model(m.flops, m.peak_flops).or(sm_busy).unwrap_or(0.0);
+    // What each roof's unit was busy with, as the class sees it: the counter, or the useful
+    // share where that is higher (a profiler's peaks are the datasheet's, the model's are
+    // measured, so useful work can read higher than the counter).
+    let busier = |counter: Option<f64>, useful: f64| counter.map_or(useful, |b| b.max(useful));
+    let (memory_busy, compute_busy) = (busier(dram_busy, memory), busier(sm_busy, compute));
+    let measured = dram_busy.is_some() || sm_busy.is_some();
     let intensity = if m.bytes > 0.0 {
         m.flops / m.bytes
     } else {
@@ -171,26 +192,61 @@ pub fn diagnose(m: &Metrics) -> Diagnosis {
             l / 1e3
         ));
         Bottleneck::Launch
-    } else if speed_of_light >= BOUND_AT && memory >= compute {
-        advice.push(format!(
-            "memory traffic at {} of the bandwidth roof while compute is at {}: \
-             memory-bound; the remaining {:.2}x is in moving fewer bytes (reuse in registers or \
-             shared memory, narrower types, fused passes) or in reaching peak bandwidth \
-             (wider, coalesced loads, enough loads in flight)",
-            pct(memory),
-            pct(compute),
-            1.0 / memory.max(1e-9)
-        ));
+    } else if memory_busy.max(compute_busy) >= BOUND_AT && memory_busy >= compute_busy {
+        if measured {
+            advice.push(format!(
+                "DRAM busy {} of the time while the SM is at {}: memory-bound; the workload's \
+                 ideal bytes reach {} of the bandwidth roof, {:.2}x from its speed of light: \
+                 move fewer bytes (reuse in registers or shared memory, narrower types, fused \
+                 passes)",
+                pct(dram_busy.unwrap_or(memory)),
+                pct(sm_busy.unwrap_or(compute)),
+                pct(memory),
+                1.0 / speed_of_light.max(1e-9)
+            ));
+        } else {
+            advice.push(format!(
+                "memory traffic at {} of the bandwidth roof while compute is at {}: \
+                 memory-bound; the remaining {:.2}x is in moving fewer bytes (reuse in \
+                 registers or shared memory, narrower types, fused passes) or in reaching peak \
+                 bandwidth (wider, coalesced loads, enough loads in flight)",
+                pct(memory),
+                pct(compute),
+                1.0 / memory.max(1e-9)
+            ));
+        }
         Bottleneck::Memory
-    } else if speed_of_light >= BOUND_AT {
-        advice.push(format!(
-            "compute at {} of peak while memory traffic is at {}: compute-bound; the \
-             remaining {:.2}x is in the instruction mix (tensor cores or SIMD lanes, FMA, \
-             cheaper transcendental functions) and in fewer wasted operations",
-            pct(compute),
-            pct(memory),
-            1.0 / compute.max(1e-9)
-        ));
+    } else if memory_busy.max(compute_busy) >= BOUND_AT {
+        if measured {
+            advice.push(format!(
+                "SM busy {} of the time while DRAM is at {}: compute-bound; the workload's \
+                 FLOPs reach {} of peak, {:.2}x from its speed of light: the instruction mix \
+                 (tensor cores or SIMD lanes, FMA, cheaper transcendental functions) and fewer \
+                 wasted operations",
+                pct(sm_busy.unwrap_or(compute)),
+                pct(dram_busy.unwrap_or(memory)),
+                pct(compute),
+                1.0 / speed_of_light.max(1e-9)
+            ));
+            if compute < 0.5 * compute_busy {
+                advice.push(format!(
+                    "most of the SM's work is not the workload's arithmetic ({} busy for {} of \
+                     the FLOP roof): index math, type conversions, transcendental functions or \
+                     work done twice",
+                    pct(compute_busy),
+                    pct(compute)
+                ));
+            }
+        } else {
+            advice.push(format!(
+                "compute at {} of peak while memory traffic is at {}: compute-bound; the \
+                 remaining {:.2}x is in the instruction mix (tensor cores or SIMD lanes, FMA, \
+                 cheaper transcendental functions) and in fewer wasted operations",
+                pct(compute),
+                pct(memory),
+                1.0 / compute.max(1e-9)
+            ));
+        }
         if let Some(t) = c.tensor_pct.filter(|t| *t < 50.0) {
             advice.push(format!(
                 "the tensor pipe is busy {t:.0}% of the time: move the main products onto it"
@@ -198,10 +254,19 @@ pub fn diagnose(m: &Metrics) -> Diagnosis {
         }
         Bottleneck::Compute
     } else {
+        let measured_busy = if measured {
+            format!(
+                "; measured, DRAM is busy {} of the time and the SM {}",
+                pct(dram_busy.unwrap_or(memory)),
+                pct(sm_busy.unwrap_or(compute))
+            )
+        } else {
+            String::new()
+        };
         advice.push(format!(
             "{} of the speed of light (memory {}, compute {}): neither roof is near, the kernel \
              waits; this workload ({:.2} FLOP/byte against a ridge of {:.1}) would be {roof}-bound \
-             at best, {:.1}x from here",
+             at best, {:.1}x from here{measured_busy}",
             pct(speed_of_light),
             pct(memory),
             pct(compute),
@@ -256,6 +321,8 @@ pub fn diagnose(m: &Metrics) -> Diagnosis {
         speed_of_light,
         memory,
         compute,
+        dram_busy,
+        sm_busy,
         intensity,
         ridge,
         advice,
@@ -307,10 +374,19 @@ mod tests {
             stalls: vec![("long scoreboard".into(), 31.0)],
             ..Counters::default()
         };
-        let m = h200(880_000.0, 1.34e8, 5.5e14, c);
+        let m = h200(880_000.0, 1.34e8, 5.5e11, c);
         let d = diagnose(&m);
         assert_eq!(d.class, Bottleneck::Compute);
-        assert_eq!(d.compute, 0.71);
+        // The SM is 71% busy; the workload's FLOPs reach 5.5e11 / 9.9e14 / 0.88 ms = 63% of
+        // peak, which is how far it is from its speed of light.
+        assert_eq!(d.sm_busy, Some(0.71));
+        assert!((d.compute - 0.6313).abs() < 1e-3, "{d:?}");
+        assert_eq!(d.speed_of_light, d.compute);
+        assert!(
+            d.advice[0].starts_with("SM busy 71% of the time while DRAM is at 12%"),
+            "{:?}",
+            d.advice
+        );
         assert!(
             d.advice
                 .iter()
@@ -339,9 +415,14 @@ mod tests {
         };
         let d = diagnose(&h200(120_000.0, 2.0e8, 1.0e9, c));
         assert_eq!(d.class, Bottleneck::Latency);
-        assert!((d.speed_of_light - 0.22).abs() < 1e-9);
+        // 2e8 ideal bytes in 120 µs at 4.8 TB/s: 35% of the bandwidth roof (some of it from
+        // L2: DRAM itself is 22% busy).
+        assert!((d.speed_of_light - 2.0e8 / 4.8e12 / 120e-6).abs() < 1e-9);
         assert!(
-            d.advice[0].contains("memory-bound at best, 4.5x from here"),
+            d.advice[0].contains(
+                "memory-bound at best, 2.9x from here; measured, DRAM is busy 22% of the time \
+                 and the SM 9%"
+            ),
             "{:?}",
             d.advice
         );
@@ -366,6 +447,74 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("moves 3.0x the ideal bytes"), "{text}");
+    }
+
+    #[test]
+    fn a_busy_sm_doing_little_of_the_workloads_work_is_compute_bound_far_from_its_speed_of_light() {
+        // Recorded on the H200 (ncu 2025.3.1): the Mamba selective scan at D2048 L512, 86.5 µs;
+        // the SM 63% busy, DRAM 1.3%, while the task's 8.6 MB and 0.15 GFLOP would take 2.2 µs
+        // at the measured 3.84 TB/s.
+        let m = Metrics {
+            time_ns: 86_512.0,
+            bytes: 8_568_832.0,
+            flops: 150_994_944.0,
+            bandwidth: 3.842_697e12,
+            peak_flops: 7.321_331e14,
+            launch_ns: None,
+            counters: Counters {
+                dram_pct: Some(1.25),
+                compute_pct: Some(63.39),
+                tensor_pct: Some(2.31),
+                occupancy_pct: Some(22.92),
+                occupancy_limiter: Some("registers".into()),
+                ..Counters::default()
+            },
+        };
+        let d = diagnose(&m);
+        assert_eq!(d.class, Bottleneck::Compute);
+        assert!((d.speed_of_light - 0.0258).abs() < 1e-3, "{d:?}");
+        assert!(d.headroom() > 30.0);
+        let text = d.advice.join("\n");
+        assert!(
+            text.contains("most of the SM's work is not the workload's arithmetic (63% busy"),
+            "{text}"
+        );
+        // Without the counters the same time is far from both roofs: latency-bound.
+        let plain = diagnose(&Metrics {
+            counters: Counters::default(),
+            ..m
+        });
+        assert_eq!(plain.class, Bottleneck::Latency);
+        assert_eq!(plain.speed_of_light, d.speed_of_light);
+    }
+
+    #[test]
+    fn useful_work_near_a_measured_roof_is_bound_by_it_whatever_the_counter_says() {
+        // Recorded on the H200: the ping-pong attention kernel at B1 H32 L4096 D128 causal,
+        // 286 µs. ncu's SM throughput is 58% of the datasheet peak; the workload's FLOPs reach
+        // 66% of the peak the machine measured. The kernel is compute-bound.
+        let m = Metrics {
+            time_ns: 285_920.0,
+            bytes: 134_217_728.0,
+            flops: 137_438_953_472.0,
+            bandwidth: 3.842_697e12,
+            peak_flops: 7.321_331e14,
+            launch_ns: None,
+            counters: Counters {
+                dram_pct: Some(19.72),
+                compute_pct: Some(58.26),
+                tensor_pct: Some(59.45),
+                ..Counters::default()
+            },
+        };
+        let d = diagnose(&m);
+        assert_eq!(d.class, Bottleneck::Compute);
+        assert!((d.speed_of_light - 0.6566).abs() < 1e-3, "{d:?}");
+        assert!(
+            d.advice[0].starts_with("SM busy 58% of the time while DRAM is at 20%"),
+            "{:?}",
+            d.advice
+        );
     }
 
     #[test]

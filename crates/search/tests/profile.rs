@@ -1,5 +1,6 @@
 //! `report::profile`: a kernel's per-workload profile, read from one of its evaluations.
 
+use ksearch_eval::bottleneck::Bottleneck;
 use ksearch_eval::EvalResult;
 use ksearch_search::report::profile::{profile_evaluation, render_profile};
 use serde_json::{json, Value};
@@ -128,4 +129,94 @@ fn a_profilers_counters_take_the_builds_place_where_it_has_them() {
         &evaluation(&task, "cuda", json!({"compiler": "nvcc"})),
     );
     assert!(render_profile(&p).contains("no profiler ran for this evaluation"));
+}
+
+/// A stored evaluation recorded on the H200 by a search that profiled its new bests
+/// (`tests/fixtures/profiles`, cut to the fields a profile reads).
+fn recorded(name: &str) -> EvalResult {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/profiles")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn recorded_h200_profiles_are_classified_from_their_counters() {
+    let task = ksearch_task::resolve("attention").unwrap();
+    let without_profile = |mut r: EvalResult| {
+        r.extra.remove("profile");
+        r
+    };
+
+    // The naive seed (255 registers, spilling), profiled on its causal bf16 workload: the SM
+    // 23% busy, DRAM idle, warps waiting on memory.
+    let seed = recorded("h200-attention-naive-seed.json");
+    let p = profile_evaluation(&task, "cuda", &seed);
+    let w = p
+        .workloads
+        .iter()
+        .find(|w| w.workload == "b4h32l1024d128-bf16-causal")
+        .unwrap();
+    assert_eq!(w.diagnosis.class, Bottleneck::Latency);
+    assert_eq!(w.diagnosis.sm_busy, Some(0.2349));
+    let advice = w.diagnosis.advice.join("\n");
+    // The table lists what the profiler measured, for the one workload it ran on.
+    let text = render_profile(&p);
+    let measured = text
+        .split("measured by the profiler")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no measured table: {text}"));
+    let row = measured
+        .lines()
+        .find(|l| l.starts_with("b4h32l1024d128-bf16-causal"))
+        .unwrap_or_else(|| panic!("no row: {text}"));
+    for cell in ["23%", "11% (registers)", "long scoreboard (78%)"] {
+        assert!(row.contains(cell), "{cell:?} not in {row:?}");
+    }
+    assert_eq!(measured.matches("b1h32l4096d128-bf16 ").count(), 0);
+    for said in [
+        "measured, DRAM is busy 0% of the time and the SM 23%",
+        "achieved occupancy is 11%, limited by registers",
+        "264 bytes per thread spill to local memory at 255 registers per thread",
+        "the top stall reason is long scoreboard (78% of stalls)",
+    ] {
+        assert!(advice.contains(said), "{said:?} not in {advice}");
+    }
+
+    // The wgmma kernel, profiled on the d64 workload: 57% busy, just under the line.
+    let best = recorded("h200-attention-wgmma.json");
+    let p = profile_evaluation(&task, "cuda", &best);
+    let w = p
+        .workloads
+        .iter()
+        .find(|w| w.workload == "b1h32l4096d64-f16-causal")
+        .unwrap();
+    assert_eq!(w.diagnosis.class, Bottleneck::Latency);
+    assert_eq!(w.metrics.counters.tensor_pct, Some(38.17));
+    assert!(w
+        .diagnosis
+        .advice
+        .iter()
+        .any(|a| a.contains("the top stall reason is wait (29% of stalls)")));
+    // Its bf16 workload is compute-bound by the model alone (62% of the FLOP roof).
+    let bf16 = p
+        .workloads
+        .iter()
+        .find(|w| w.workload == "b1h32l4096d128-bf16")
+        .unwrap();
+    assert_eq!(bf16.diagnosis.class, Bottleneck::Compute);
+
+    // Counters change what the kernel is said to be bound by, never how far it is from its
+    // speed of light: the search's headroom and --stop-at-sol do not move when a profile comes.
+    for r in [seed, best] {
+        let with = profile_evaluation(&task, "cuda", &r);
+        let plain = profile_evaluation(&task, "cuda", &without_profile(r));
+        let sol = |p: &ksearch_search::report::profile::Profile| {
+            p.workloads
+                .iter()
+                .map(|w| (w.workload.clone(), w.diagnosis.speed_of_light))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sol(&with), sol(&plain));
+    }
 }

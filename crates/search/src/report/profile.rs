@@ -233,26 +233,36 @@ fn build_counters(eval: &EvalResult) -> Counters {
     }
 }
 
-/// The profile as a table, one row per workload, then each workload's advice.
+/// The profile as a table, one row per workload (and, where a profiler measured any, a table
+/// of what it measured), then each workload's advice.
 pub fn render_profile(p: &Profile) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "profile: task {}, backend {}", p.task, p.backend);
+    let name_of = |w: &WorkloadProfile| {
+        if w.held_out {
+            format!("{} (held out)", w.workload)
+        } else {
+            w.workload.clone()
+        }
+    };
+    let width = p
+        .workloads
+        .iter()
+        .map(|w| name_of(w).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("workload".len());
     let _ = writeln!(
         out,
-        "{:<16} {:>10} {:>9} {:>10} {:>8} {:>8} {:>8}  class",
+        "{:<width$} {:>10} {:>9} {:>10} {:>8} {:>8} {:>8}  class",
         "workload", "time", "FLOP/B", "ridge", "memory", "compute", "of SoL"
     );
     for w in &p.workloads {
         let d = &w.diagnosis;
-        let name = if w.held_out {
-            format!("{} (held out)", w.workload)
-        } else {
-            w.workload.clone()
-        };
         let _ = writeln!(
             out,
-            "{:<16} {:>10} {:>9.2} {:>10.1} {:>7.0}% {:>7.0}% {:>7.0}%  {}",
-            name,
+            "{:<width$} {:>10} {:>9.2} {:>10.1} {:>7.0}% {:>7.0}% {:>7.0}%  {}",
+            name_of(w),
             ksearch_eval::report::format_ns(w.metrics.time_ns),
             d.intensity,
             d.ridge,
@@ -261,6 +271,44 @@ pub fn render_profile(p: &Profile) -> String {
             d.speed_of_light * 100.0,
             d.class.as_str()
         );
+    }
+    let measured: Vec<&WorkloadProfile> = p
+        .workloads
+        .iter()
+        .filter(|w| w.diagnosis.dram_busy.is_some() || w.diagnosis.sm_busy.is_some())
+        .collect();
+    if !measured.is_empty() {
+        let percent = |x: Option<f64>| match x {
+            Some(v) => format!("{v:.0}%"),
+            None => "-".into(),
+        };
+        let _ = writeln!(
+            out,
+            "\nmeasured by the profiler (percent of peak):\n{:<width$} {:>9} {:>8} {:>8} {:>18}  \
+             top stall",
+            "workload", "DRAM busy", "SM busy", "tensor", "occupancy"
+        );
+        for w in measured {
+            let (d, c) = (&w.diagnosis, &w.metrics.counters);
+            let occupancy = match (c.occupancy_pct, &c.occupancy_limiter) {
+                (Some(o), Some(l)) => format!("{o:.0}% ({l})"),
+                (o, _) => percent(o),
+            };
+            let stall = c
+                .stalls
+                .first()
+                .map(|(why, share)| format!("{why} ({share:.0}%)"))
+                .unwrap_or_else(|| "-".into());
+            let _ = writeln!(
+                out,
+                "{:<width$} {:>9} {:>8} {:>8} {:>18}  {stall}",
+                name_of(w),
+                percent(d.dram_busy.map(|x| x * 100.0)),
+                percent(d.sm_busy.map(|x| x * 100.0)),
+                percent(c.tensor_pct),
+                occupancy,
+            );
+        }
     }
     for w in &p.workloads {
         let _ = writeln!(out, "\n{}:", w.workload);
