@@ -64,11 +64,48 @@ def find_ncu(backend: str) -> tuple[str | None, str]:
             return named, ""
         return None, f"{NCU_ENV}={named} is not an executable file"
     if backend == "cpu":
-        return None, "the cpu backend has no hardware counters here (only timings)"
+        return None, cpu_counters_absent()
     found = shutil.which("ncu") or (DEFAULT_NCU if os.access(DEFAULT_NCU, os.X_OK) else None)
     if found is None:
         return None, "Nsight Compute (ncu) is not installed: neither on PATH nor at " + DEFAULT_NCU
     return found, ""
+
+
+def cpu_counters_absent() -> str:
+    """Why a cpu kernel's profile has no hardware counters, for its result: the candidate's
+    sandbox blocks perf_event_open (kernel attack surface), so counters could only be read by
+    the judge from outside, which ksearch does not do; and whether this machine has any (the
+    judge's own perf_event_open of an instruction counter)."""
+    why = ("the cpu backend reads no hardware counters (perf_event_open stays blocked in the "
+           "candidate's sandbox): the classes come from the timings")
+    missing = perf_event_missing()
+    if missing:
+        why += f"; this machine exposes none either (perf_event_open: {missing})"
+    return why
+
+
+def perf_event_missing() -> str | None:
+    """None when this process may count its own user-space instructions with perf_event_open,
+    else the error's name (ENOENT: no PMU, as in most VMs; EACCES: perf_event_paranoid)."""
+    number = sandbox.syscall_number("perf_event_open")
+    if number is None:
+        return "no system call number for this architecture"
+    import ctypes
+    import errno
+    import struct
+    # struct perf_event_attr (PERF_ATTR_SIZE_VER5 = 112 bytes): type PERF_TYPE_HARDWARE, size,
+    # config PERF_COUNT_HW_INSTRUCTIONS; flags disabled | exclude_kernel | exclude_hv.
+    attr = bytearray(112)
+    struct.pack_into("=IIQ", attr, 0, 0, len(attr), 1)
+    struct.pack_into("=Q", attr, 40, 1 | 1 << 5 | 1 << 6)
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = (ctypes.c_char * len(attr)).from_buffer(attr)
+    fd = libc.syscall(ctypes.c_long(number), buf, 0, -1, -1, ctypes.c_ulong(0))
+    if fd >= 0:
+        os.close(fd)
+        return None
+    code = ctypes.get_errno()
+    return errno.errorcode.get(code, str(code))
 
 
 def profile(req: Request, out: ResultBuilder, adapter: Adapter | None = None) -> None:

@@ -331,6 +331,13 @@ def _machine() -> str:
     return os.uname().machine
 
 
+def syscall_number(name: str) -> int | None:
+    """The number of system call `name` on this machine's architecture (among those the filter
+    knows), or None."""
+    arch = _ARCHES.get(_machine())
+    return None if arch is None else arch.nr.get(name)
+
+
 def _status_field(name: str) -> str:
     """A field of /proc/self/status, '' when absent (how the kernel reports what it applied)."""
     try:

@@ -126,7 +126,18 @@ def test_without_a_profiler_the_result_says_why(tmp_path, monkeypatch):
     assert res["status"] == "passed", res["message"]
     prof = res["profile"]
     assert prof["available"] is False and prof["workloads"] == []
-    assert "cpu backend" in prof["detail"]
+    assert "cpu backend reads no hardware counters" in prof["detail"]
+    # Whether this machine has counters at all is asked, and said where it has none.
+    missing = profiler.perf_event_missing()
+    assert (f"perf_event_open: {missing}" in prof["detail"]) == (missing is not None)
+
+
+def test_a_machine_without_counters_is_told_apart(monkeypatch):
+    monkeypatch.setattr(profiler, "perf_event_missing", lambda: "ENOENT")
+    assert profiler.cpu_counters_absent().endswith(
+        "this machine exposes none either (perf_event_open: ENOENT)")
+    monkeypatch.setattr(profiler, "perf_event_missing", lambda: None)
+    assert "exposes none" not in profiler.cpu_counters_absent()
 
 
 @pytest.mark.parametrize("name", ["missing", "not-executable", "a-directory"])
