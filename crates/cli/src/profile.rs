@@ -63,7 +63,8 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
         })
         .context("cannot set up the evaluation environment (try `ksearch doctor`)")
     };
-    let (task, backend, kernel, mut eval) = match (&args.run, &args.kernel, &args.task) {
+    // The evaluator that evaluated the kernel, kept for its profile (one set-up, not two).
+    let (task, backend, kernel, mut eval, evaluator) = match (&args.run, &args.kernel, &args.task) {
         (Some(run), _, _) => {
             let store = RunStore::open_ref(&args.runs_dir, run).context("cannot open the run")?;
             let best = report::best_evaluation(&store).context("no best kernel to profile")?;
@@ -72,6 +73,7 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
                 best.kernel.backend,
                 best.kernel.path,
                 best.eval,
+                None,
             )
         }
         (None, Some(file), Some(task)) => {
@@ -103,7 +105,8 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
                     backend
                 );
             }
-            let result = evaluator_for(&backend)?.evaluate(&req)?;
+            let evaluator = evaluator_for(&backend)?;
+            let result = evaluator.evaluate(&req)?;
             if !result.passed() {
                 bail!(
                     "the kernel did not pass ({}): {}",
@@ -111,7 +114,7 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
                     result.message.lines().next().unwrap_or("")
                 );
             }
-            (task, backend, file.clone(), result)
+            (task, backend, file.clone(), result, Some(evaluator))
         }
         _ => bail!("give --run RUN, or --kernel FILE with --task TASK"),
     };
@@ -133,7 +136,11 @@ pub fn run(args: &ProfileArgs, quiet: bool) -> Result<u8> {
                 task.name()
             );
         }
-        let profiled = evaluator_for(&backend)?.profile(&req)?;
+        let evaluator = match evaluator {
+            Some(e) => e,
+            None => evaluator_for(&backend)?,
+        };
+        let profiled = evaluator.profile(&req)?;
         match profiled.extra.get("profile") {
             Some(section) => {
                 eval.extra.insert("profile".into(), section.clone());

@@ -2,7 +2,9 @@
 
 use ksearch_eval::bottleneck::Bottleneck;
 use ksearch_eval::EvalResult;
-use ksearch_search::report::profile::{profile_evaluation, render_profile};
+use ksearch_search::report::profile::{
+    profile_evaluation, render_profile, Profile, WorkloadProfile,
+};
 use serde_json::{json, Value};
 
 /// A passed evaluation of a kernel that timed the first of `task`'s workloads on `backend` at
@@ -140,6 +142,14 @@ fn recorded(name: &str) -> EvalResult {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// The profile of `workload` in `p`.
+fn workload_named<'a>(p: &'a Profile, workload: &str) -> &'a WorkloadProfile {
+    p.workloads
+        .iter()
+        .find(|w| w.workload == workload)
+        .unwrap_or_else(|| panic!("no {workload} in {p:?}"))
+}
+
 #[test]
 fn recorded_h200_profiles_are_classified_from_their_counters() {
     let task = ksearch_task::resolve("attention").unwrap();
@@ -152,14 +162,18 @@ fn recorded_h200_profiles_are_classified_from_their_counters() {
     // 23% busy, DRAM idle, warps waiting on memory.
     let seed = recorded("h200-attention-naive-seed.json");
     let p = profile_evaluation(&task, "cuda", &seed);
-    let w = p
-        .workloads
-        .iter()
-        .find(|w| w.workload == "b4h32l1024d128-bf16-causal")
-        .unwrap();
+    let w = workload_named(&p, "b4h32l1024d128-bf16-causal");
     assert_eq!(w.diagnosis.class, Bottleneck::Latency);
     assert_eq!(w.diagnosis.sm_busy, Some(0.2349));
     let advice = w.diagnosis.advice.join("\n");
+    for said in [
+        "measured, DRAM is busy 0% of the time and the SM 23%",
+        "achieved occupancy is 11%, limited by registers",
+        "264 bytes per thread spill to local memory at 255 registers per thread",
+        "the top stall reason is long scoreboard (78% of stalls)",
+    ] {
+        assert!(advice.contains(said), "{said:?} not in {advice}");
+    }
     // The table lists what the profiler measured, for the one workload it ran on.
     let text = render_profile(&p);
     let measured = text
@@ -174,23 +188,11 @@ fn recorded_h200_profiles_are_classified_from_their_counters() {
         assert!(row.contains(cell), "{cell:?} not in {row:?}");
     }
     assert_eq!(measured.matches("b1h32l4096d128-bf16 ").count(), 0);
-    for said in [
-        "measured, DRAM is busy 0% of the time and the SM 23%",
-        "achieved occupancy is 11%, limited by registers",
-        "264 bytes per thread spill to local memory at 255 registers per thread",
-        "the top stall reason is long scoreboard (78% of stalls)",
-    ] {
-        assert!(advice.contains(said), "{said:?} not in {advice}");
-    }
 
     // The wgmma kernel, profiled on the d64 workload: 57% busy, just under the line.
     let best = recorded("h200-attention-wgmma.json");
     let p = profile_evaluation(&task, "cuda", &best);
-    let w = p
-        .workloads
-        .iter()
-        .find(|w| w.workload == "b1h32l4096d64-f16-causal")
-        .unwrap();
+    let w = workload_named(&p, "b1h32l4096d64-f16-causal");
     assert_eq!(w.diagnosis.class, Bottleneck::Latency);
     assert_eq!(w.metrics.counters.tensor_pct, Some(38.17));
     assert!(w
@@ -199,11 +201,7 @@ fn recorded_h200_profiles_are_classified_from_their_counters() {
         .iter()
         .any(|a| a.contains("the top stall reason is wait (29% of stalls)")));
     // Its bf16 workload is compute-bound by the model alone (62% of the FLOP roof).
-    let bf16 = p
-        .workloads
-        .iter()
-        .find(|w| w.workload == "b1h32l4096d128-bf16")
-        .unwrap();
+    let bf16 = workload_named(&p, "b1h32l4096d128-bf16");
     assert_eq!(bf16.diagnosis.class, Bottleneck::Compute);
 
     // Counters change what the kernel is said to be bound by, never how far it is from its
@@ -211,7 +209,7 @@ fn recorded_h200_profiles_are_classified_from_their_counters() {
     for r in [seed, best] {
         let with = profile_evaluation(&task, "cuda", &r);
         let plain = profile_evaluation(&task, "cuda", &without_profile(r));
-        let sol = |p: &ksearch_search::report::profile::Profile| {
+        let sol = |p: &Profile| {
             p.workloads
                 .iter()
                 .map(|w| (w.workload.clone(), w.diagnosis.speed_of_light))

@@ -362,16 +362,10 @@ impl NewBestProfiling {
             return None;
         }
         let profile = crate::report::profile::profile_evaluation(task, backend, result);
-        profile
-            .workloads
-            .into_iter()
-            .filter(|w| !w.held_out)
-            .min_by(|a, b| {
-                a.diagnosis
-                    .speed_of_light
-                    .total_cmp(&b.diagnosis.speed_of_light)
-            })
-            .map(|w| w.workload)
+        crate::report::profile::furthest_from_light(
+            profile.workloads.iter().filter(|w| !w.held_out),
+        )
+        .map(|w| w.workload.clone())
     }
 }
 
@@ -452,7 +446,7 @@ impl CandidateEvaluator for HarnessEvaluator {
             .evaluator
             .build(&req)
             .map_err(|e| EvalFailure(e.to_string()))?;
-        let (result, yardstick) = if matches!(
+        let (mut result, yardstick) = if matches!(
             built.status.as_str(),
             "build_error" | "static_check_failed" | "task_error" | "timeout"
         ) {
@@ -460,7 +454,6 @@ impl CandidateEvaluator for HarnessEvaluator {
         } else {
             self.evaluate_against_yardstick(&mut req)?
         };
-        let mut result = result;
         if purpose == Purpose::Search {
             self.profile_new_best(&path, &mut result);
         }
@@ -508,11 +501,7 @@ pub fn summarize_result(
             .find(|w| w.workload == name)
             .map(|w| &w.diagnosis)
     };
-    let furthest = diagnosed.iter().filter(|_| passed).min_by(|a, b| {
-        a.diagnosis
-            .speed_of_light
-            .total_cmp(&b.diagnosis.speed_of_light)
-    });
+    let furthest = crate::report::profile::furthest_from_light(diagnosed.iter().filter(|_| passed));
     let bottleneck_class = furthest.map(|w| w.diagnosis.class);
     let bottleneck = furthest.and_then(|w| {
         let first = w.diagnosis.advice.first()?;
@@ -603,11 +592,7 @@ pub fn summarize_result(
         workloads,
         bottleneck,
         bottleneck_class,
-        speed_of_light: diagnosed
-            .iter()
-            .filter(|_| passed)
-            .map(|w| w.diagnosis.speed_of_light)
-            .min_by(f64::total_cmp),
+        speed_of_light: furthest.map(|w| w.diagnosis.speed_of_light),
     }
 }
 

@@ -38,6 +38,18 @@ pub struct Profile {
     pub notes: Vec<String>,
 }
 
+/// The workload of `workloads` furthest from its speed of light (the smallest share): where
+/// the search's advice, its headroom and the profile of a new best look.
+pub fn furthest_from_light<'a>(
+    workloads: impl IntoIterator<Item = &'a WorkloadProfile>,
+) -> Option<&'a WorkloadProfile> {
+    workloads.into_iter().min_by(|a, b| {
+        a.diagnosis
+            .speed_of_light
+            .total_cmp(&b.diagnosis.speed_of_light)
+    })
+}
+
 /// The profile of `eval`, an evaluation of a kernel for `task` on `backend`.
 pub fn profile_evaluation(task: &Task, backend: &str, eval: &EvalResult) -> Profile {
     let env = eval.environment.clone().unwrap_or_default();
