@@ -46,7 +46,8 @@ STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "gmma
                  "lg_throttle", "long_scoreboard", "math_pipe_throttle", "membar", "mio_throttle",
                  "misc", "no_instruction", "not_selected", "short_scoreboard", "sleeping",
                  "tex_throttle", "wait")
-STALLS = {reason.replace("_", " "): f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+STALLS = {reason.replace("_", " "):
+          f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
           for reason in STALL_REASONS}
 # How many stall reasons a reduction keeps, largest first.
 TOP_STALLS = 3
@@ -124,7 +125,8 @@ def reduce(launches: Iterable[dict], own: Callable[[str], bool]) -> dict:
     """The counters of the launches whose kernel `own` accepts, as bottleneck::Counters fields
     (absent where no launch had the metric): percentages as a time-weighted mean, `dram_bytes`
     summed, `registers` the largest, `occupancy_limiter` the smallest limit of the longest
-    launch, `stalls` the top reasons why warps waited (see `_stall_shares`). Empty when no launch is the candidate's."""
+    launch, `stalls` the top reasons why warps waited (see `_stall_shares`). Empty when no
+    launch is the candidate's."""
     mine = [l for l in launches if own(l["kernel"])]
     if not mine:
         return {}
@@ -133,10 +135,9 @@ def reduce(launches: Iterable[dict], own: Callable[[str], bool]) -> dict:
     if not any(weight):
         weight = [1.0] * len(mine)
     for field in PERCENTAGES:
-        pairs = [(l[METRICS[field]], w) for l, w in zip(mine, weight)
-                 if l.get(METRICS[field]) is not None]
-        if sum(w for _, w in pairs) > 0:
-            out[field] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+        mean = _weighted_mean(mine, weight, METRICS[field])
+        if mean is not None:
+            out[field] = mean
     regs = [l[METRICS["registers"]] for l in mine if l.get(METRICS["registers"]) is not None]
     if regs:
         out["registers"] = int(max(regs))
@@ -153,15 +154,20 @@ def reduce(launches: Iterable[dict], own: Callable[[str], bool]) -> dict:
     return out
 
 
+def _weighted_mean(launches: list[dict], weight: list[float], metric: str) -> float | None:
+    """`metric` averaged over the launches that have it, weighted by `weight` (their times);
+    None where none has it with a positive weight."""
+    pairs = [(l[metric], w) for l, w in zip(launches, weight) if l.get(metric) is not None]
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total > 0 else None
+
+
 def _stall_shares(launches: list[dict], weight: list[float]) -> list[list]:
     """The `TOP_STALLS` largest stall reasons of `launches` as [reason, percent of all stall
     cycles], largest first: each reason's cycles per issued instruction averaged over the
     launches (weighted by time), as a share of their sum. Empty without stall metrics."""
-    cycles = {}
-    for reason, m in STALLS.items():
-        pairs = [(l[m], w) for l, w in zip(launches, weight) if l.get(m) is not None]
-        if sum(w for _, w in pairs) > 0:
-            cycles[reason] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+    means = ((reason, _weighted_mean(launches, weight, m)) for reason, m in STALLS.items())
+    cycles = {reason: mean for reason, mean in means if mean is not None}
     total = sum(cycles.values())
     if total <= 0:
         return []

@@ -24,10 +24,13 @@ sandbox), the result says why and has no counters: the search goes on with timin
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import errno
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -90,9 +93,6 @@ def perf_event_missing() -> str | None:
     number = sandbox.syscall_number("perf_event_open")
     if number is None:
         return "no system call number for this architecture"
-    import ctypes
-    import errno
-    import struct
     # struct perf_event_attr (PERF_ATTR_SIZE_VER5 = 112 bytes): type PERF_TYPE_HARDWARE, size,
     # config PERF_COUNT_HW_INSTRUCTIONS; flags disabled | exclude_kernel | exclude_hv.
     attr = bytearray(112)
