@@ -878,6 +878,27 @@ class Evaluation:
             kept.cache_key = key
             return kept
 
+    def _perturbed(self, last: Inputs, wl: Workload, seed: int, wi: int) -> Inputs | None:
+        """The near-duplicate of `last` for `seed` (TaskCode.perturb), kept like a drawn set when
+        `last` is kept: it depends on that set and the seed only, so later evaluations of this
+        process neither copy and redraw it nor compute its reference outputs again."""
+        with self.phase("inputs"):
+            parent = getattr(last, "cache_key", None)
+            key = None if parent is None else parent + ("probe", seed)
+            if key is not None:
+                kept = draw_cache.get(("inputs",) + key)
+                if kept is not None:
+                    return kept
+            probe = self.task.perturb(last, wl, seed, wi)
+            if probe is None or key is None:
+                return probe
+            kept = draw_cache.put(("inputs",) + key, probe.stored,
+                                  lambda copies: Inputs(copies, probe.specs))
+            if kept is None:
+                return probe
+            kept.cache_key = key
+            return kept
+
     def _reference(self, inputs: Inputs, wl: Workload) -> dict[str, np.ndarray]:
         """The reference's outputs for `inputs` (the host reference), kept with the input set
         when it came from `_make_inputs`."""
@@ -1325,8 +1346,7 @@ class Evaluation:
                 where = f"workload `{wl.name}`, near-duplicate input set {k}"
                 seed = derive_seed(req.secret_seed, PROBE, wi, k)
                 assert last is not None
-                with self.phase("inputs"):
-                    probe = task.perturb(last, wl, seed, wi)
+                probe = self._perturbed(last, wl, seed, wi)
                 if probe is None:
                     break
                 probe_seeds.append(seed)

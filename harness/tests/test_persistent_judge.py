@@ -110,6 +110,49 @@ def test_one_worker_serves_requests_until_one_times_out():
     assert not left, left
 
 
+def test_a_later_evaluation_draws_no_near_duplicate_and_computes_no_truth_again(tmp_path,
+                                                                                monkeypatch):
+    """The near-duplicate input sets (TaskCode.perturb) depend on their parent set and seed
+    only: a judge keeps them with their reference outputs like the drawn sets, so its next
+    evaluation of the run neither copies and perturbs a set nor calls the reference again,
+    and finds the same errors."""
+    from ksearch_harness import draw_cache, sanity_cache, worker
+    from ksearch_harness.protocol import parse_request
+    from ksearch_harness.task_code import TaskCode
+
+    calls = {"perturb": 0, "reference": 0}
+
+    def counted(name):
+        real = getattr(TaskCode, name)
+
+        def wrapper(self, *args, **kwargs):
+            calls[name] += 1
+            return real(self, *args, **kwargs)
+        return wrapper
+
+    for name in calls:
+        monkeypatch.setattr(TaskCode, name, counted(name))
+    # As ksearch runs it: the task's sanity check (which draws and computes on its own) is
+    # remembered after the first evaluation.
+    monkeypatch.setenv(sanity_cache.ENV, str(tmp_path / "sanity"))
+    req = parse_request(driver.softmax_request(driver.HONEST / "naive.c", tmp_path), "evaluate")
+    draw_cache.clear()
+    draw_cache.enable()
+    try:
+        first = worker.execute(req)
+        drawn = dict(calls)
+        second = worker.execute(req)
+    finally:
+        draw_cache.clear()
+        draw_cache.enable(False)
+    assert first["status"] == second["status"] == "passed", (first["message"],
+                                                            second["message"])
+    assert drawn["perturb"] > 0 and drawn["reference"] > drawn["perturb"], drawn
+    assert calls == drawn, (drawn, calls)
+    errors = [(w["name"], w["max_abs_err"]) for w in first["workloads"]]
+    assert [(w["name"], w["max_abs_err"]) for w in second["workloads"]] == errors
+
+
 def test_a_worker_whose_device_context_is_lost_ends_after_its_answer():
     """worker._forget_device says whether the judge's own device context died (a sticky CUDA
     error marks the adapter dead), so child_loop ends and the next request gets a new worker."""
