@@ -1,6 +1,7 @@
 //! The knowledge packs' assertions reach the real harness as extra acceptance workloads: a
 //! softmax that skips the max subtraction passes every workload a proposer can see, and the
-//! re-check of a winner rejects it on the large-logits workload.
+//! re-check of a winner rejects it on the large-logits workload. A session's acceptance
+//! evaluations share one fresh seed, so the next one finds its input sets drawn.
 //!
 //! Needs Python 3 with numpy, like the CLI tests: `KSEARCH_TEST_PYTHON`, else the managed
 //! environment cached under `target/` (`KSEARCH_CACHE_DIR`).
@@ -77,4 +78,22 @@ fn the_large_logits_assertion_rejects_a_softmax_without_max_subtraction() {
         "{failed:?}\n{:#}",
         acceptance.result
     );
+
+    // The seed's re-check after the winner's: the same fresh seed (not the search's), so the
+    // same input sets, which the judge kept from the first.
+    let seed = std::fs::read_to_string(common::workspace_root().join("tasks/softmax/seed/naive.c"))
+        .unwrap();
+    let again = eval.evaluate(&seed, Purpose::Acceptance).unwrap();
+    assert!(again.summary.passed, "{:#}", again.result);
+    let secret = |r: &serde_json::Value| r["seeds"]["secret_seed"].as_u64().unwrap();
+    assert_eq!(secret(&again.result), secret(&acceptance.result));
+    assert_ne!(secret(&again.result), 1234);
+    let hits = |r: &serde_json::Value| r["diagnostics"]["draw_cache"]["hits"].as_u64();
+    if again.result["environment"]["judge"]["persistent"] == true {
+        assert!(
+            hits(&again.result) > hits(&acceptance.result),
+            "{:#}",
+            again.result
+        );
+    }
 }

@@ -77,6 +77,9 @@ pub struct HarnessEvaluator {
     task: Task,
     backend: String,
     secret_seed: u64,
+    /// The seed of every acceptance evaluation of this session, drawn fresh at the first (see
+    /// [`HarnessEvaluator::acceptance_seed`]).
+    acceptance_seed: Mutex<Option<u64>>,
     preset: TimingPreset,
     sources_dir: PathBuf,
     extension: String,
@@ -124,6 +127,7 @@ impl HarnessEvaluator {
             task,
             backend: backend.to_string(),
             secret_seed,
+            acceptance_seed: Mutex::new(None),
             preset,
             sources_dir,
             extension: extension.to_string(),
@@ -338,6 +342,26 @@ impl HarnessEvaluator {
     }
 }
 
+impl HarnessEvaluator {
+    /// The secret seed of this session's acceptance evaluations (the winner's re-check, the
+    /// seed's, a runner-up's): fresh, unlike the search's, so a winner is checked on inputs no
+    /// candidate was searched on, and drawn once, so they all see the same input sets. The
+    /// judge then draws those sets and computes their reference outputs once, and the seed's
+    /// re-check, the baseline of "x faster than the seed", runs on the winner's inputs.
+    fn acceptance_seed(&self) -> Result<u64, EvalFailure> {
+        let mut seed = self
+            .acceptance_seed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = *seed {
+            return Ok(s);
+        }
+        let fresh = ksearch_eval::fresh_secret_seed().map_err(|e| EvalFailure(e.to_string()))?;
+        *seed = Some(fresh);
+        Ok(fresh)
+    }
+}
+
 impl NewBestProfiling {
     /// The shown workload to profile `result` (on `backend`, a GPU's) on, where it is a passing
     /// new best of a run that sees profile signals and a profiler may run here: the one
@@ -413,7 +437,7 @@ impl CandidateEvaluator for HarnessEvaluator {
             Purpose::Search => (WorkloadSet::Search, self.secret_seed, self.preset),
             Purpose::Acceptance => (
                 WorkloadSet::Acceptance,
-                ksearch_eval::fresh_secret_seed().map_err(|e| EvalFailure(e.to_string()))?,
+                self.acceptance_seed()?,
                 TimingPreset::Standard,
             ),
         };
