@@ -43,8 +43,9 @@ def test_space_defaults_and_constraints(cuda):
     valid = cuda.enumerate()
     # sequential: threads x state_lanes x exp2 x fuse, less 512 threads with fewer than 8
     # lanes; chunked: threads x (items, vec) pairs with vec | items x exp2 x fuse, less
-    # 512 threads x 16 items (both spill); tiled: threads x channels x exp2 x fuse.
-    assert len(valid) == (5 * 5 - 3) * 4 + (5 * 14 - 4) * 4 + 5 * 2 * 4
+    # 512 threads x 16 items (both spill); tiled: threads x channels x exp2 x fuse x fold x
+    # prefetch.
+    assert len(valid) == (5 * 5 - 3) * 4 + (5 * 14 - 4) * 4 + 5 * 2 * 4 * 2 * 2
     d = cuda.resolve({})
     assert d["algo"] == "sequential" and d["exp2"] is False and d["fuse_epilogue"] is False
     for bad, msg in [({"items": 8}, "only apply to the chunked"),
@@ -53,6 +54,8 @@ def test_space_defaults_and_constraints(cuda):
                      ({"threads": 512, "state_lanes": 4}, "128 registers"),
                      ({"algo": "chunked", "threads": 512, "items": 16}, "128 registers"),
                      ({"channels": 16}, "channels only applies"),
+                     ({"fold": "tree"}, "fold and prefetch only apply to the tiled"),
+                     ({"algo": "chunked", "prefetch": True}, "fold and prefetch only apply"),
                      ({"threads": 100}, r"`threads` = 100 is outside its domain \[32, 64"),
                      ({"exp2": 1}, r"`exp2` = 1 is outside its domain \[false, true\]"),
                      ({"warps": 4}, "family `selective-scan-cuda` has no knob `warps`")]:
@@ -119,6 +122,10 @@ def test_knobs_change_the_code_they_name(cuda):
     seq = cuda.render({})
     assert "__shfl" not in seq and "__syncthreads" not in seq
     assert "__shfl_xor_sync" in cuda.render({"state_lanes": 16})
+    tiled = cuda.render({"algo": "tiled"})
+    assert "off <<= 1" not in tiled and "fetch_states" not in tiled
+    assert "off <<= 1" in cuda.render({"algo": "tiled", "fold": "tree"})
+    assert "fetch_states(" in cuda.render({"algo": "tiled", "prefetch": True})
     # The decode kernel is only for the mlx module.
     assert "decode_body" not in seq
     assert "decode_body" in Family("selective-scan", "mlx").render({})

@@ -1,5 +1,5 @@
 // Selective scan (Mamba-1 forward), family "selective-scan-cuda" (cuda backend).
-// Knobs: algo="sequential" channels=32 exp2=false fuse_epilogue=false items=1 state_lanes=1 threads=128 vec=1
+// Knobs: algo="sequential" channels=32 exp2=false fold="serial" fuse_epilogue=false items=1 prefetch=false state_lanes=1 threads=128 vec=1
 // u, delta, z, y: [batch, dim, L]; B, C: [batch, N, L] (f16 or bf16); A: [dim, N], D and
 // delta_bias: [dim] (f32). State and arithmetic in f32. The device code (namespace ksm) is the
 // same as in the mlx family's mx.fast.cuda_kernel; what follows it is the cuda host side.
@@ -8,7 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-// Mamba-1 selective scan, algo="sequential" channels=32 exp2=false fuse_epilogue=false items=1 state_lanes=1 threads=128 vec=1
+// Mamba-1 selective scan, algo="sequential" channels=32 exp2=false fold="serial" fuse_epilogue=false items=1 prefetch=false state_lanes=1 threads=128 vec=1
 // f16/bf16 inputs and outputs, f32 arithmetic and state.
 namespace ksm {
 

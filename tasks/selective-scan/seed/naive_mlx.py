@@ -1,6 +1,6 @@
 """Selective scan (Mamba-1 forward) for the mlx backend: family selective-scan-mlx, target mlx-cuda.
 
-Knobs: algo="sequential" channels=32 exp2=false fuse_epilogue=false items=1 state_lanes=1 threads=128 vec=1
+Knobs: algo="sequential" channels=32 exp2=false fold="serial" fuse_epilogue=false items=1 prefetch=false state_lanes=1 threads=128 vec=1
 selective_scan: the task's entry; u, delta, z: [batch, dim, L], B, C: [batch, N, L] (f16 or
 bf16), A: [dim, N], D, delta_bias: [dim] (f32); returns y [batch, dim, L] in u's dtype.
 selective_scan_state: the same scan for a model, channel-last ([batch, L, dim], B and C
@@ -14,7 +14,7 @@ import mlx.core as mx
 
 # Device code: the same as the cuda backend's (namespace ksm), given to MLX as the header.
 HEADER = r"""
-// Mamba-1 selective scan, algo="sequential" channels=32 exp2=false fuse_epilogue=false items=1 state_lanes=1 threads=128 vec=1
+// Mamba-1 selective scan, algo="sequential" channels=32 exp2=false fold="serial" fuse_epilogue=false items=1 prefetch=false state_lanes=1 threads=128 vec=1
 // f16/bf16 inputs and outputs, f32 arithmetic and state.
 namespace ksm {
 
