@@ -2,16 +2,20 @@
 GPU machine (PyTorch with CUDA, nvcc; MLX with CUDA for --backend mlx).
 
     python kernel_bench.py --backend cuda --json out.json [--variants s0_sequential,chunked_fused]
+    python kernel_bench.py --backend cuda --layouts task,channel-last --variants tiled_c16_t512
     python kernel_bench.py --backend mlx --json out.json
 
 cuda: every named variant (variants.toml) is rendered, built with nvcc for sm_90a (-Xptxas -v:
-registers, spills) and called through ctypes on PyTorch tensors, the task's layout
-[batch, dim, L]; mlx: the rendered module is imported and both its task entry and its
+registers, spills) and called through ctypes on PyTorch tensors, in the task's layout
+[batch, dim, L] and, with --layouts task,channel-last, also in mlx-lm's [batch, L, dim] (B and
+C [batch, L, N]) through an entry this tool appends to the unit, which launches the same kernels
+on channel-last strides; mlx: the rendered module is imported and both its task entry and its
 channel-last, stateful entry (what the model calls) are run. Each variant is checked against
-the float64 scan on the GPU (the task's tolerance: 2e-3 of max|y|) on mamba-370m's shapes, the
-held-out lengths and both decay regimes, then timed at L in --lengths: cuda with CUDA events
-after an L2 flush (median of --reps), mlx with --reps calls in one evaluation. Each time is set
-against the memory floor (the bytes the task's roofline counts over the measured bandwidth)."""
+the float64 scan on the GPU (the task's tolerance: 2e-3 of max|y|; a NaN or an unwritten
+output is wrong) on mamba-370m's shapes, the held-out lengths and both decay regimes, then
+timed at L in --lengths: cuda with CUDA events after an L2 flush (median of --reps, with the
+quartiles), mlx with --reps calls in one evaluation. Each time is set against the memory floor
+(the bytes the task's roofline counts over the measured bandwidth)."""
 
 from __future__ import annotations
 
@@ -108,7 +112,9 @@ def rel_err(got, want):
 
     got = got.double()
     scale = want.abs().max()
-    bad = (got - want).abs() > TOL * scale + TOL * want.abs()
+    # Written as "not within", so that a NaN (an unwritten output keeps the NaN it was filled
+    # with) counts as wrong: every comparison with NaN is false.
+    bad = ~((got - want).abs() <= TOL * scale + TOL * want.abs())
     return float(((got - want).abs().max() / scale).item()), int(bad.sum().item())
 
 
@@ -139,6 +145,45 @@ def nvcc_build(nvcc: str, src: Path, out: Path) -> dict:
     return info
 
 
+# The cuda family's entry points take the task's layout; this one, appended to a rendered unit,
+# launches the same kernels on mlx-lm's channel-last strides (ksm::set_layout(p, true)).
+CHANNEL_LAST_ENTRY = r"""
+extern "C" int selective_scan_channel_last_f16(
+    const void* u, const void* delta, const void* A, const void* B, const void* C, const void* D,
+    const void* z, const void* delta_bias, void* y, int64_t batch, int64_t dim, int64_t L,
+    int64_t N, int64_t has_z, int64_t softplus, void* stream) {
+  if (batch < 1 || dim < 1 || L < 1 || N < 1 || N > 64) return (int)cudaErrorInvalidValue;
+  ksm::ScanArgs<__half> p;
+  p.u = (const __half*)u; p.delta = (const __half*)delta; p.A = (const float*)A;
+  p.B = (const __half*)B; p.C = (const __half*)C; p.D = (const float*)D;
+  p.z = (const __half*)z; p.delta_bias = (const float*)delta_bias; p.y = (__half*)y;
+  p.h0 = nullptr; p.h_last = nullptr;
+  p.batch = batch; p.dim = dim; p.L = L; p.N = N;
+  p.has_z = has_z != 0; p.softplus = softplus != 0;
+  ksm::set_layout(p, true);
+  const ksm::Launch l = ksm::scan_launch(batch, dim);
+  const dim3 grid(l.grid_x, l.grid_y);
+  cudaStream_t s = (cudaStream_t)stream;
+  if (N <= 16) {
+    ksm_scan_kernel<__half, 16><<<grid, l.block, 0, s>>>(p);
+  } else {
+    ksm_scan_kernel<__half, 64><<<grid, l.block, 0, s>>>(p);
+  }
+EPILOGUE
+  return (int)cudaGetLastError();
+}
+"""
+EPILOGUE_LAUNCH = """  const int64_t total = batch * dim * L;
+  ksm_epilogue_kernel<__half><<<(unsigned int)((total + 255) / 256), 256, 0, s>>>(p);"""
+LAYOUTS = ("task", "channel-last")
+CHANNEL_LAST = ("u", "delta", "z", "B", "C")  # [b, x, L] -> [b, L, x]
+
+
+def with_channel_last_entry(source: str, knobs: dict) -> str:
+    epilogue = "" if knobs.get("fuse_epilogue") else EPILOGUE_LAUNCH
+    return source + CHANNEL_LAST_ENTRY.replace("EPILOGUE", epilogue)
+
+
 def run_cuda(args, variants):
     import ctypes
 
@@ -149,7 +194,7 @@ def run_cuda(args, variants):
     srcs = {}
     for (name, knobs), source in zip(variants.items(), fam.render_many(list(variants.values()))):
         srcs[name] = work / f"{name}.cu"
-        srcs[name].write_text(source)
+        srcs[name].write_text(with_channel_last_entry(source, knobs))
     with concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
         builds = dict(zip(srcs, pool.map(lambda n: nvcc_build(args.nvcc, srcs[n], work / f"{n}.so"),
                                          srcs)))
@@ -180,54 +225,72 @@ def run_cuda(args, variants):
             log(f"{name}: build failed")
             continue
         lib = ctypes.CDLL(str(work / f"{name}.so"))
-        fn = lib.selective_scan_f16
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 6 + [ctypes.c_void_p]
+        entries = {"task": lib.selective_scan_f16,
+                   "channel-last": lib.selective_scan_channel_last_f16}
+        for fn in entries.values():
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 6 + [ctypes.c_void_p]
 
-        def call(t, p, y):
+        def call(layout, t, p, y):
             ptr = lambda k: ctypes.c_void_p(t[k].data_ptr())
-            return fn(ptr("u"), ptr("delta"), ptr("A"), ptr("B"), ptr("C"), ptr("D"), ptr("z"),
-                      ptr("delta_bias"), ctypes.c_void_p(y.data_ptr()), p["batch"], p["dim"],
-                      p["L"], p["N"], p["has_z"], p["softplus"],
-                      ctypes.c_void_p(stream.cuda_stream))
+            return entries[layout](
+                ptr("u"), ptr("delta"), ptr("A"), ptr("B"), ptr("C"), ptr("D"), ptr("z"),
+                ptr("delta_bias"), ctypes.c_void_p(y.data_ptr()), p["batch"], p["dim"],
+                p["L"], p["N"], p["has_z"], p["softplus"], ctypes.c_void_p(stream.cuda_stream))
 
-        def device_inputs(inp):
-            return {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in inp.items()}
+        def device_inputs(inp, layout):
+            t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in inp.items()}
+            if layout == "channel-last":
+                t.update({k: t[k].transpose(1, 2).contiguous() for k in CHANNEL_LAST})
+            # The copies ran on the current stream, the kernel runs on `stream`.
+            torch.cuda.synchronize()
+            return t
+
+        def task_layout(y, layout):
+            return y if layout == "task" else y.transpose(1, 2)
 
         ok = True
-        for (case, (inp, p)), want in zip(checks, truths):
-            t = device_inputs(inp)
-            y = torch.full(inp["u"].shape, float("nan"), dtype=torch.float16, device=dev)
-            with torch.cuda.stream(stream):
-                rc = call(t, p, y)
-            stream.synchronize()
-            err, bad = rel_err(y, want)
-            row["checks"].append({"case": list(case), "rc": rc, "max_rel_err": err, "bad": bad})
-            ok = ok and rc == 0 and bad == 0
+        for layout in args.layouts:
+            for (case, (inp, p)), want in zip(checks, truths):
+                t = device_inputs(inp, layout)
+                y = torch.full(t["u"].shape, float("nan"), dtype=torch.float16, device=dev)
+                with torch.cuda.stream(stream):
+                    rc = call(layout, t, p, y)
+                stream.synchronize()
+                err, bad = rel_err(task_layout(y, layout), want)
+                row["checks"].append({"case": list(case), "layout": layout, "rc": rc,
+                                      "max_rel_err": err, "bad": bad})
+                ok = ok and rc == 0 and bad == 0
         row["correct"] = ok
         log(f"{name}: {'correct' if ok else 'WRONG'}; regs {builds[name]['registers']}, "
             f"spills {builds[name]['spill_bytes']} B")
-        for L in args.lengths:
-            inp, p = host_inputs(1, 2048, L, 16, seed=L)
-            t = device_inputs(inp)
-            y = torch.empty(inp["u"].shape, dtype=torch.float16, device=dev)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            samples = []
-            for i in range(args.reps + 2):
-                flush.zero_()
-                torch.cuda.synchronize()
-                with torch.cuda.stream(stream):
-                    start.record(stream)
-                    call(t, p, y)
-                    end.record(stream)
-                end.synchronize()
-                if i >= 2:
-                    samples.append(start.elapsed_time(end) * 1e3)
-            us = statistics.median(samples)
-            floor = floor_bytes(p) / bandwidth * 1e6
-            row["timings"][str(L)] = {"us": us, "floor_us": floor, "fraction_of_floor": floor / us}
-        log(f"{name}: " + ", ".join(f"L={L} {row['timings'][str(L)]['us']:.1f} us"
-                                    for L in args.lengths))
+        for layout in args.layouts:
+            timings = row["timings"] if layout == "task" else row.setdefault(
+                "timings_channel_last", {})
+            for L in args.lengths:
+                inp, p = host_inputs(1, 2048, L, 16, seed=L)
+                t = device_inputs(inp, layout)
+                y = torch.empty(t["u"].shape, dtype=torch.float16, device=dev)
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                samples = []
+                for i in range(args.reps + 2):
+                    flush.zero_()
+                    torch.cuda.synchronize()
+                    with torch.cuda.stream(stream):
+                        start.record(stream)
+                        call(layout, t, p, y)
+                        end.record(stream)
+                    end.synchronize()
+                    if i >= 2:
+                        samples.append(start.elapsed_time(end) * 1e3)
+                us = statistics.median(samples)
+                q1, _, q3 = statistics.quantiles(samples, n=4) if len(samples) > 1 else (us,) * 3
+                floor = floor_bytes(p) / bandwidth * 1e6
+                timings[str(L)] = {"us": us, "us_quartiles": [q1, q3], "floor_us": floor,
+                                   "fraction_of_floor": floor / us}
+            log(f"{name} ({layout}): " + ", ".join(f"L={L} {timings[str(L)]['us']:.1f} us"
+                                                   for L in args.lengths))
     # The task's timed reference and baseline at one length, for scale.
     inp, p = host_inputs(1, 2048, 512, 16, seed=1)
     t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in inp.items()}
@@ -316,11 +379,17 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="all", help="comma-separated names of variants.toml")
     ap.add_argument("--lengths", default="1,512,1024,2048,4096")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--layouts", default="task",
+                    help="cuda: comma-separated layouts to check and time: task, channel-last")
     ap.add_argument("--checks", choices=sorted(CHECKS), default="full")
     ap.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]
+    args.layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    unknown = sorted(set(args.layouts) - set(LAYOUTS))
+    if unknown or not args.layouts:
+        ap.error(f"--layouts: {', '.join(unknown) or 'none given'}; known: {', '.join(LAYOUTS)}")
     named = Family("selective-scan", args.backend).variants(HERE / "variants.toml")
     names = list(named) if args.variants == "all" else args.variants.split(",")
     variants = {n: named[n] for n in names}
