@@ -41,6 +41,8 @@ struct FakeEvaluator {
     delay: std::time::Duration,
     /// How long the first takes instead, when set (a judge's cold start).
     first_delay: Option<std::time::Duration>,
+    /// Each evaluation's source and when it ended, in the order they ended.
+    ended: Mutex<Vec<(String, std::time::Instant)>>,
 }
 
 impl FakeEvaluator {
@@ -53,6 +55,7 @@ impl FakeEvaluator {
             interrupt_on: None,
             delay: std::time::Duration::ZERO,
             first_delay: None,
+            ended: Mutex::new(Vec::new()),
         }
     }
 }
@@ -97,6 +100,10 @@ impl CandidateEvaluator for FakeEvaluator {
             }
             None => json!({"status": "incorrect", "message": "wrong answer"}),
         };
+        self.ended
+            .lock()
+            .unwrap()
+            .push((source.to_string(), std::time::Instant::now()));
         Ok(Evaluation {
             summary: self.summarize(&result),
             result,
@@ -893,10 +900,24 @@ fn progress_reads_as_one_line() {
     assert!(none.summary().starts_with("best - | "));
 }
 
-/// Records what each request carried, for the best-of-n test.
+/// Records what each request carried and when it came, for the best-of-n tests; each answer
+/// takes `delay`, as a model's would.
 struct SamplingProposer {
     seen: Mutex<Vec<(u32, String, bool, usize)>>,
+    asked: Mutex<Vec<(u32, std::time::Instant)>>,
     calls_to_plan: AtomicUsize,
+    delay: std::time::Duration,
+}
+
+impl SamplingProposer {
+    fn new(delay: std::time::Duration) -> Self {
+        Self {
+            seen: Mutex::new(Vec::new()),
+            asked: Mutex::new(Vec::new()),
+            calls_to_plan: AtomicUsize::new(0),
+            delay,
+        }
+    }
 }
 
 impl Proposer for SamplingProposer {
@@ -911,6 +932,11 @@ impl Proposer for SamplingProposer {
         Ok(None)
     }
     fn write_code(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
+        self.asked
+            .lock()
+            .unwrap()
+            .push((req.round, std::time::Instant::now()));
+        std::thread::sleep(self.delay);
         self.seen.lock().unwrap().push((
             req.round,
             req.action.title.clone(),
@@ -942,10 +968,7 @@ impl Proposer for SamplingProposer {
 #[test]
 fn best_of_n_spends_every_round_on_an_independent_sample_and_keeps_the_best() {
     let dir = tempfile::tempdir().unwrap();
-    let proposer = SamplingProposer {
-        seen: Mutex::new(Vec::new()),
-        calls_to_plan: AtomicUsize::new(0),
-    };
+    let proposer = SamplingProposer::new(std::time::Duration::ZERO);
     let eval = FakeEvaluator::new(None);
     let config = EngineConfig {
         strategy: ksearch_search::settings::Strategy::BestOfN,
@@ -972,8 +995,10 @@ fn best_of_n_spends_every_round_on_an_independent_sample_and_keeps_the_best() {
         "the seed and five samples pass, one fails"
     );
     // Six requests, one per round, each from the specification alone: no base, no earlier
-    // attempt, no history; nothing planned or refined.
-    let seen = proposer.seen.lock().unwrap().clone();
+    // attempt, no history; nothing planned or refined. (A round's request may come before the
+    // round before it is written: they are asked for side by side.)
+    let mut seen = proposer.seen.lock().unwrap().clone();
+    seen.sort_by_key(|s| s.0);
     assert_eq!(seen.len(), 6);
     for (i, (round, title, alone, history)) in seen.iter().enumerate() {
         assert_eq!(*round, i as u32 + 1);
@@ -986,6 +1011,63 @@ fn best_of_n_spends_every_round_on_an_independent_sample_and_keeps_the_best() {
     let wm = final_wm(&store);
     let root = wm.node(wm.root_id()).unwrap();
     assert_eq!((root.attempts, root.failures), (6, 1));
+}
+
+/// Best-of-n with a proposer that takes time: round r + 1 is asked for while round r is
+/// evaluated, so each request after the first comes before the previous round's evaluation
+/// ends, and every round evaluates the sample written for it.
+#[test]
+fn best_of_n_asks_for_the_next_round_while_this_one_is_evaluated() {
+    let dir = tempfile::tempdir().unwrap();
+    let proposer = SamplingProposer::new(std::time::Duration::from_millis(30));
+    let eval = FakeEvaluator {
+        delay: std::time::Duration::from_millis(200),
+        ..FakeEvaluator::new(None)
+    };
+    let config = EngineConfig {
+        strategy: ksearch_search::settings::Strategy::BestOfN,
+        ..cfg(4, 0)
+    };
+    let engine = new_engine(config, store(dir.path()), &proposer, &eval);
+    let out = engine.run(Some("score=1.0;seed")).unwrap();
+    assert_eq!(out.rounds_used, 4);
+    let asked = proposer.asked.lock().unwrap().clone();
+    let mut rounds: Vec<u32> = asked.iter().map(|a| a.0).collect();
+    rounds.sort();
+    assert_eq!(
+        rounds,
+        [1, 2, 3, 4],
+        "one request per round, none past the budget"
+    );
+    let ended = eval.ended.lock().unwrap().clone();
+    let end_of = |round: u32| {
+        ended
+            .iter()
+            .find(|(src, _)| src.ends_with(&format!(";r{round}")))
+            .map(|(_, t)| *t)
+            .unwrap_or_else(|| panic!("round {round} was not evaluated: {ended:?}"))
+    };
+    for &(round, at) in asked.iter().filter(|a| a.0 > 1) {
+        assert!(
+            at < end_of(round - 1),
+            "round {round} was asked for after round {} ended",
+            round - 1
+        );
+    }
+    // Each round's candidate is recorded once, for its round, in round order.
+    let store = engine.into_store();
+    let attempts: Vec<(i64, u32)> = store
+        .candidates()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.kind == CandidateKind::Attempt)
+        .map(|c| (c.id, c.round))
+        .collect();
+    assert_eq!(
+        attempts.iter().map(|a| a.1).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    assert!(attempts.windows(2).all(|w| w[0].0 < w[1].0));
 }
 
 /// Writes evolve children: a child scores its parent's score + 0.1 (its source names the

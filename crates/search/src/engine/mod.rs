@@ -1064,7 +1064,11 @@ impl<'a> Engine<'a> {
             && self.cfg.samples <= 1
             && self.proposer.writes_ahead()
             && self.evaluator.prebuilds();
-        let outcomes = std::thread::scope(|builds| {
+        // Best-of-n's next round asks for what this one asked (the specification alone), so a
+        // proposer whose calls take time (an LLM) is asked for it while this round is
+        // evaluated (docs/search.md, "What overlaps, and what waits").
+        let next_round = independent && !self.proposer.writes_ahead() && round < self.cfg.rounds;
+        let (outcomes, written_ahead) = std::thread::scope(|builds| {
             let write_ahead = |written: &Proposal, id: i64| {
                 if ahead {
                     for source in self.sources_ahead(&req, written, id) {
@@ -1072,15 +1076,34 @@ impl<'a> Engine<'a> {
                     }
                 }
             };
-            self.each_sample(|sample| {
+            let next = next_round.then(|| builds.spawn(|| self.write_next_round(&req)));
+            let outcomes = self.each_sample(|sample| {
                 let req = CodeRequest {
                     sample,
                     ..req.clone()
                 };
                 let existing = existing.iter().find(|c| c.sample == sample).cloned();
                 self.run_sample(&req, existing, &cycle, independent, &write_ahead)
-            })
-        })?;
+            });
+            let written = next.and_then(|h| h.join().ok()).unwrap_or_default();
+            (outcomes, written)
+        });
+        let outcomes = outcomes?;
+        // Recorded after this round's own candidates, so candidate ids follow the rounds; the
+        // next round finds them as a resumed round finds its recorded samples.
+        for (sample, proposal) in written_ahead {
+            self.record_candidate(
+                &proposal,
+                None,
+                Some(cycle.node.as_str()),
+                round + 1,
+                cycle.index,
+                attempt + 1,
+                sample,
+                CandidateKind::Attempt,
+            )
+            .map_err(RoundStop::Error)?;
+        }
 
         // Process in sample order so the decisions do not depend on which thread finished first.
         let c = state.cycle.as_mut().expect("checked above");
@@ -1238,6 +1261,58 @@ impl<'a> Engine<'a> {
                         )))
                     })
                 })
+                .collect()
+        })
+    }
+
+    /// Best-of-n: the next round's samples, asked for while `req`'s round is evaluated (each
+    /// in a thread of its own, as a round's samples are) and compiled as they come on a GPU
+    /// backend. Samples that round already has (a resumed run) are not asked for again; a
+    /// call that fails is left to that round, which asks again and records the failure.
+    fn write_next_round(&self, req: &CodeRequest<'_>) -> Vec<(u32, Proposal)> {
+        let round = req.round + 1;
+        let recorded: Vec<u32> = match self.store().candidates() {
+            Ok(all) => all
+                .into_iter()
+                .filter(|c| c.kind == CandidateKind::Attempt && c.round == round)
+                .map(|c| c.sample)
+                .collect(),
+            Err(e) => {
+                tracing::warn!("round {round} is not written ahead: {e}");
+                return Vec::new();
+            }
+        };
+        std::thread::scope(|s| {
+            let calls: Vec<_> = (0..self.cfg.samples.max(1))
+                .filter(|sample| !recorded.contains(sample))
+                .map(|sample| {
+                    s.spawn(move || {
+                        let next = CodeRequest {
+                            round,
+                            attempt: req.attempt + 1,
+                            sample,
+                            ..req.clone()
+                        };
+                        match self.proposer.sample(&next) {
+                            Ok(p) => {
+                                if self.evaluator.prebuilds() {
+                                    self.evaluator.prebuild_in_background(&p.source);
+                                }
+                                Some((sample, p))
+                            }
+                            Err(e) => {
+                                tracing::debug!(
+                                    "round {round}, sample {sample} not written ahead: {e}"
+                                );
+                                None
+                            }
+                        }
+                    })
+                })
+                .collect();
+            calls
+                .into_iter()
+                .filter_map(|h| h.join().ok().flatten())
                 .collect()
         })
     }
