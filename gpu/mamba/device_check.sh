@@ -4,13 +4,14 @@
 # .device-carry/mlx1 and .device-carry/mlx2 exist). The harness steps take the task's resolved
 # workloads from a ksearch binary (`ksearch tasks --workloads`): build it with
 # `cargo build --release -p ksearch-cli && strip target/release/ksearch` and carry it (or set
-# KSEARCH_BIN). Results land in $OUT (at most 8 files).
+# KSEARCH_BIN). Results land in $OUT (at most 9 files).
 #
 #   call 1, carry [".device-carry/mlx1", "target/release/ksearch"]:   bash gpu/mamba/device_check.sh 1
 #     stashes the first MLX half; cuda backend: every named variant built with nvcc (ptxas
 #     report), checked against the float64 scan and timed (kernel_cuda.json); compute-sanitizer
 #     memcheck and racecheck on small shapes (sanitizer.log); the seed and picks through the real
-#     harness, held-out workloads and decay regimes included (eval_cuda.json).
+#     harness, held-out workloads and decay regimes included (eval_cuda.json); the tiled variants
+#     in the task's and mlx-lm's channel-last layout (kernel_cuda_tiled.json).
 #   call 2, right after, carry [".device-carry/mlx2", "target/release/ksearch"]:
 #     bash gpu/mamba/device_check.sh 2
 #     assembles MLX; the whole-model bench: logits check against stock mlx-lm, prefill tok/s at
@@ -54,6 +55,10 @@ if [ "$step" = 1 ]; then
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
   run 150 "cuda variants: build, check, time" \
     python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --json "$OUT/kernel_cuda.json"
+  run 120 "tiled variants in both layouts" \
+    python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --layouts task,channel-last \
+    --lengths 512,1024,2048,4096 --json "$OUT/kernel_cuda_tiled.json" \
+    --variants tiled_c16_t512,tiled_c16_t512_tree,tiled_c16_t512_tree_pf,tiled_c16_t256,tiled_c16_t256_tree_pf
   run 150 "harness: cuda seed and picks" env PYTHONPATH=harness \
     python3 gpu/mamba/device_eval.py --backend cuda --process \
     --variants chunked_fused,s6_vec,seq_lanes16_fused --json "$OUT/eval_cuda.json"
