@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import dtypes, parallel
+from .. import cache_flush, dtypes, parallel
 from ..protocol import Entry, Request, TaskError, TensorSpec
 from . import Adapter, BuildFailed, BuildInfo
 
@@ -57,7 +57,6 @@ class CpuAdapter(Adapter):
         self._fn: Any = None
         self._lib: Any = None
         self._entry: Entry | None = None
-        self._flush: np.ndarray | None = None
         self._compiler: list[str] = []
 
     # -- build ---------------------------------------------------------------------------
@@ -173,11 +172,8 @@ class CpuAdapter(Adapter):
         return lambda: fn(*args)
 
     def flush_cache(self) -> None:
-        if self._flush is None:
-            n = max(1, self.request.timing.flush_bytes // 8)
-            self._flush = np.zeros(n, dtype=np.float64)
-        # A read and a write of every line: dirty lines of earlier calls get evicted too.
-        np.add(self._flush, 1.0, out=self._flush)
+        # On every CPU the candidate may run on, not only the judge's (cache_flush.py).
+        cache_flush.flusher(self.request.timing.flush_bytes).flush()
 
     def environment(self) -> dict[str, Any]:
         if not self._compiler:
