@@ -3,11 +3,8 @@
 A buffer larger than the last-level cache, read and written by the judge, evicts the shared
 cache and the private caches (L1, L2) of the core the judge's thread happens to run on, but
 not those of the other cores. The candidate runs in another process that the scheduler puts on
-any core: where that is another core than the flush's, its inputs are still in that core's L2
-from its previous call. On the 2-core CPU machine that made one kernel's calls 1.6 times as
-fast in some evaluations as in others (and the reference, timed in the judge, slower when the
-candidate was faster), so scores jumped between two levels from one evaluation to the next
-(docs/results/scores, CPU).
+any core: where that is another core than the flush's, its inputs can still be in that core's
+L2 from its previous call, and the call is timed warm.
 
 So the flush is split over one worker thread per CPU of the judge's affinity mask (which the
 accused inherits), each pinned to its CPU and writing its share of the buffer, at least
