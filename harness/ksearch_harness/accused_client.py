@@ -702,7 +702,10 @@ _PASSED = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", 
 def accused_environment(workdir: str) -> dict[str, str]:
     """The accused's environment: what a kernel needs to load and run, nothing of the judge's.
     Honest thread pools sleep when idle (passive OpenMP), so an idle pool never reads as
-    lingering work; numpy in the accused keeps to one thread."""
+    lingering work; numpy in the accused keeps to one thread. OpenMP threads are bound to
+    cores: a pool woken for each timed call after the judge's work in between (tens of
+    milliseconds) was otherwise placed on the waking thread's core and ran the call at one
+    thread's speed in most evaluations and at two threads' in a few (docs/results/scores)."""
     env = {k: os.environ[k] for k in _PASSED if k in os.environ}
     harness_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     paths = [harness_dir] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -711,6 +714,7 @@ def accused_environment(workdir: str) -> dict[str, str]:
         "HOME": workdir, "TMPDIR": workdir,
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
         "OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "0",
+        "OMP_PROC_BIND": "true", "OMP_PLACES": "cores",
         "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
     })
     # More variables by name, for a machine whose kernels need them (the MLX_* or CUDA_*

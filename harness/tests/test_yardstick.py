@@ -192,6 +192,17 @@ def test_an_openmp_candidate_does_not_move_the_baseline():
         assert beside_openmp < 2.0 * max(serial, serial_again), (name, medians[name])
 
 
+def test_an_openmp_candidate_runs_with_its_threads_bound_to_cores():
+    """The accused binds OpenMP threads to cores (accused_client.accused_environment): a team
+    woken for each timed call was otherwise put on the waking thread's core in most
+    evaluations (docs/results/scores). The candidate writes NaN unless the runtime reports a
+    binding and places."""
+    with tempfile.TemporaryDirectory() as d:
+        req = driver.softmax_request(driver.HONEST / "openmp_bound.c", d)
+        res = driver.run_harness("evaluate", req).result
+    assert res["status"] == "passed", res["message"]
+
+
 def test_block_medians():
     assert intervals.block_medians([1, 2, 3, 4, 5, 6], 3) == [1.5, 3.5, 5.5]
     assert intervals.block_medians([1, 2], 3) == [1.0, 2.0]
