@@ -867,16 +867,7 @@ class Evaluation:
             if self._task_key is None:
                 self._task_key = draw_cache.task_fingerprint(self.req.task)
             key = (self._task_key, repr(wl), seed, wi)
-            kept = draw_cache.get(("inputs",) + key)
-            if kept is not None:
-                return kept
-            inputs = self.task.make_inputs(wl, seed, wi)
-            kept = draw_cache.put(("inputs",) + key, inputs.stored,
-                                  lambda copies: Inputs(copies, inputs.specs))
-            if kept is None:
-                return inputs
-            kept.cache_key = key
-            return kept
+            return self._kept_inputs(key, lambda: self.task.make_inputs(wl, seed, wi))
 
     def _perturbed(self, last: Inputs, wl: Workload, seed: int, wi: int) -> Inputs | None:
         """The near-duplicate of `last` for `seed` (TaskCode.perturb), kept like a drawn set when
@@ -884,20 +875,28 @@ class Evaluation:
         process neither copy and redraw it nor compute its reference outputs again."""
         with self.phase("inputs"):
             parent = getattr(last, "cache_key", None)
-            key = None if parent is None else parent + ("probe", seed)
-            if key is not None:
-                kept = draw_cache.get(("inputs",) + key)
-                if kept is not None:
-                    return kept
-            probe = self.task.perturb(last, wl, seed, wi)
-            if probe is None or key is None:
-                return probe
-            kept = draw_cache.put(("inputs",) + key, probe.stored,
-                                  lambda copies: Inputs(copies, probe.specs))
-            if kept is None:
-                return probe
-            kept.cache_key = key
+            if parent is None:
+                return self.task.perturb(last, wl, seed, wi)
+            return self._kept_inputs(parent + ("probe", seed),
+                                     lambda: self.task.perturb(last, wl, seed, wi))
+
+    @staticmethod
+    def _kept_inputs(key: tuple, draw: Any) -> Any:
+        """The input set kept under `key` (draw_cache), else `draw()`'s, kept when the cache
+        admits it; a kept set carries its key (`cache_key`), under which its truths are kept
+        too. `draw()` may answer None (no set), which is not kept."""
+        kept = draw_cache.get(("inputs",) + key)
+        if kept is not None:
             return kept
+        inputs = draw()
+        if inputs is None:
+            return None
+        kept = draw_cache.put(("inputs",) + key, inputs.stored,
+                              lambda copies: Inputs(copies, inputs.specs))
+        if kept is None:
+            return inputs
+        kept.cache_key = key
+        return kept
 
     def _reference(self, inputs: Inputs, wl: Workload) -> dict[str, np.ndarray]:
         """The reference's outputs for `inputs` (the host reference), kept with the input set
