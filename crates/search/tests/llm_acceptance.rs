@@ -1,6 +1,6 @@
 //! The knowledge packs' assertions reach the real harness as extra acceptance workloads: a
 //! softmax that skips the max subtraction passes every workload a proposer can see, and the
-//! re-check of a winner rejects it on the large-logits workload. A session's acceptance
+//! re-check of a winner rejects it on the large-logits workload. An evaluator's acceptance
 //! evaluations share one fresh seed, so the next one finds its input sets drawn.
 //!
 //! Needs Python 3 with numpy, like the CLI tests: `KSEARCH_TEST_PYTHON`, else the managed

@@ -77,8 +77,8 @@ pub struct HarnessEvaluator {
     task: Task,
     backend: String,
     secret_seed: u64,
-    /// The seed of every acceptance evaluation of this session, drawn fresh at the first (see
-    /// [`HarnessEvaluator::acceptance_seed`]).
+    /// The seed of every acceptance evaluation this evaluator makes, drawn fresh at the first
+    /// (see [`HarnessEvaluator::acceptance_seed`]).
     acceptance_seed: Mutex<Option<u64>>,
     preset: TimingPreset,
     sources_dir: PathBuf,
@@ -343,7 +343,7 @@ impl HarnessEvaluator {
 }
 
 impl HarnessEvaluator {
-    /// The secret seed of this session's acceptance evaluations (the winner's re-check, the
+    /// The secret seed of this evaluator's acceptance evaluations (the winner's re-check, the
     /// seed's, a runner-up's): fresh, unlike the search's, so a winner is checked on inputs no
     /// candidate was searched on, and drawn once, so they all see the same input sets. The
     /// judge then draws those sets and computes their reference outputs once, and the seed's
