@@ -6,9 +6,18 @@ request per line on stdin and one result line each on fd N (supervisor.serve_loo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from .protocol import OPS
+# Before anything imports numpy: the judge's BLAS runs on one thread. A pool of BLAS workers
+# keeps spinning for a while after each call (OpenBLAS: about a tenth of a second), on the cores
+# a cpu candidate's threads are timed on next, and a pool that did sleep wakes late, so the
+# reference (the cpu anchor) read at two levels and bound OpenMP candidates had heavy tails
+# (docs/results/scores). One thread is slower on large products, but the same every time.
+for _name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_name] = "1"
+
+from .protocol import OPS  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -201,6 +204,29 @@ def test_an_openmp_candidate_runs_with_its_threads_bound_to_cores():
         req = driver.softmax_request(driver.HONEST / "openmp_bound.c", d)
         res = driver.run_harness("evaluate", req).result
     assert res["status"] == "passed", res["message"]
+
+
+def test_the_judge_starts_numpy_without_a_blas_pool():
+    """The harness's entry point sets numpy's BLAS to one thread before numpy loads, so no BLAS
+    worker spins on a core a cpu candidate is timed on (__main__). OpenBLAS starts its workers
+    when numpy loads: the process's thread count right after the import tells."""
+    count = ("import os, numpy; "
+             "print(len(os.listdir('/proc/self/task')))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")}
+    env["PYTHONPATH"] = str(driver.HARNESS_DIR)
+
+    def threads(prelude: str) -> int:
+        out = subprocess.run([sys.executable, "-c", prelude + count], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        return int(out.strip())
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc to count threads with")
+    assert threads("import ksearch_harness.__main__; ") == 1
+    if len(os.sched_getaffinity(0)) >= 2:
+        # The count tells: without the entry point numpy starts a pool here.
+        assert threads("") > 1
 
 
 def test_block_medians():
