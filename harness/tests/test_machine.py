@@ -88,3 +88,15 @@ def test_the_collector_is_paused_inside_and_restored_after():
         with collector_paused():
             raise RuntimeError("a failed evaluation")
     assert gc.isenabled()
+
+
+def test_the_peak_is_one_cores_product_rate_times_the_cores(monkeypatch):
+    """The judge's BLAS runs on one thread, so the measured product rate is one core's; the
+    machine's peak, which floors divide, counts every core a kernel may use."""
+    clock = iter(range(0, 10**12, 10**6))  # every timed step takes exactly 1 ms
+
+    monkeypatch.setattr(machine.time, "perf_counter_ns", lambda: next(clock))
+    monkeypatch.setattr(machine, "cores", lambda: 6)
+    bandwidth, peak = machine.measure_roofline_fresh()
+    assert bandwidth == pytest.approx(2 * (32 << 20) / 1e-3)
+    assert peak == pytest.approx(6 * 2 * 1024 ** 3 / 1e-3)
