@@ -16,8 +16,8 @@ use ksearch_search::engine::{
 };
 use ksearch_search::evolve::EvolveSettings;
 use ksearch_search::proposer::{
-    CodeRequest, CycleReport, MutationRequest, OutcomeSummary, Proposal, Proposer, ProposerError,
-    TaskBrief,
+    BottleneckReads, CodeRequest, CycleReport, MutationRequest, OutcomeSummary, Proposal, Proposer,
+    ProposerError, TaskBrief,
 };
 use ksearch_search::selection::KSearchPolicy;
 use ksearch_search::world_model::{ActionPatch, Edit, NodePatch, NodeState, WorldModel};
@@ -131,6 +131,9 @@ type Script = dyn Fn(&str, u32, u32) -> Result<String, ProposerError> + Send + S
 struct ScriptedProposer {
     script: Box<Script>,
     refines: Mutex<Vec<String>>,
+    /// The bottleneck of each refined cycle's best, as `refine` saw it.
+    refined_bottlenecks: Mutex<Vec<Option<String>>>,
+    reads: BottleneckReads,
 }
 
 impl ScriptedProposer {
@@ -140,7 +143,14 @@ impl ScriptedProposer {
         Self {
             script: Box::new(script),
             refines: Mutex::new(Vec::new()),
+            refined_bottlenecks: Mutex::new(Vec::new()),
+            reads: BottleneckReads::EveryAttempt,
         }
+    }
+
+    fn reading_bottlenecks(mut self, reads: BottleneckReads) -> Self {
+        self.reads = reads;
+        self
     }
 }
 
@@ -180,8 +190,15 @@ impl Proposer for ScriptedProposer {
             note: String::new(),
         })
     }
+    fn reads_bottlenecks(&self) -> BottleneckReads {
+        self.reads
+    }
     fn refine(&self, _: &WorldModel, r: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
         self.refines.lock().unwrap().push(r.node_id.to_string());
+        self.refined_bottlenecks
+            .lock()
+            .unwrap()
+            .push(r.best.and_then(|b| b.outcome.bottleneck.clone()));
         Ok(None)
     }
     fn too_hard(&self, _: &WorldModel, _: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
@@ -1491,4 +1508,116 @@ fn a_proposer_that_writes_ahead_has_the_next_rounds_candidate_built_before_it_is
             "{log:?}"
         );
     }
+}
+
+/// A [`FakeEvaluator`] that profiles: every passing evaluation above the best it was offered
+/// gets a `profile` section naming its score, which its summary reads as the bottleneck.
+struct ProfilingEvaluator {
+    inner: FakeEvaluator,
+    best: Mutex<Option<f64>>,
+    /// The sources profiled, in order.
+    profiled: Mutex<Vec<String>>,
+}
+
+impl CandidateEvaluator for ProfilingEvaluator {
+    fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
+        self.inner.evaluate(source, purpose)
+    }
+
+    fn profile_new_best(&self, source: &str, evaluation: &Evaluation) -> Option<Evaluation> {
+        let score = evaluation
+            .summary
+            .score
+            .filter(|_| evaluation.summary.passed)?;
+        let mut best = self.best.lock().unwrap();
+        if best.is_some_and(|b| score <= b) {
+            return None;
+        }
+        *best = Some(score);
+        self.profiled.lock().unwrap().push(source.to_string());
+        let mut result = evaluation.result.clone();
+        result["profile"] = json!({"bound": format!("profiled at {score}")});
+        Some(Evaluation {
+            summary: self.summarize(&result),
+            result,
+        })
+    }
+
+    fn summarize(&self, result: &Value) -> OutcomeSummary {
+        OutcomeSummary {
+            bottleneck: result["profile"]["bound"].as_str().map(String::from),
+            ..self.inner.summarize(result)
+        }
+    }
+}
+
+/// What a two-cycle run profiled (the scores' sources), what its refines saw as the cycle
+/// bests' bottlenecks, and its store.
+fn profiled_run(
+    reads: BottleneckReads,
+    tmp: &std::path::Path,
+) -> (Vec<String>, Vec<Option<String>>, RunStore) {
+    // Every attempt beats the last; cycles of three attempts, two cycles.
+    let proposer = ScriptedProposer::new(|_, round, _| Ok(format!("score={}", 1 + round)))
+        .reading_bottlenecks(reads);
+    let eval = ProfilingEvaluator {
+        inner: FakeEvaluator::new(None),
+        best: Mutex::new(None),
+        profiled: Mutex::new(Vec::new()),
+    };
+    let engine = new_engine(cfg(6, 3), store(tmp), &proposer, &eval);
+    engine.run(Some("score=1;seed")).unwrap();
+    let store = engine.into_store();
+    let profiled = eval.profiled.into_inner().unwrap();
+    let heads = profiled
+        .iter()
+        .map(|s| s.split(';').next().unwrap().to_string())
+        .collect();
+    (
+        heads,
+        proposer.refined_bottlenecks.into_inner().unwrap(),
+        store,
+    )
+}
+
+#[test]
+fn a_proposer_that_reads_bottlenecks_at_cycle_end_gets_only_cycle_bests_profiled() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (profiled, refined, store) = profiled_run(BottleneckReads::AtCycleEnd, tmp.path());
+    // Not the seed, nor the attempts their own cycle beat: each cycle's best, at its end.
+    assert_eq!(profiled, ["score=4", "score=7"]);
+    assert_eq!(
+        refined,
+        [
+            Some("profiled at 4".to_string()),
+            Some("profiled at 7".to_string())
+        ]
+    );
+    // The profile is added to the stored evaluation, which stays one evaluation.
+    let rows = store.evaluations().unwrap();
+    let with_profile: Vec<f64> = rows
+        .iter()
+        .filter(|e| !e.result["profile"].is_null())
+        .filter_map(|e| e.score)
+        .collect();
+    assert_eq!(with_profile, [4.0, 7.0]);
+    let evaluated: std::collections::BTreeSet<i64> = rows.iter().map(|e| e.candidate_id).collect();
+    assert_eq!(evaluated.len(), rows.len(), "no evaluation recorded twice");
+}
+
+#[test]
+fn a_proposer_that_reads_every_attempt_gets_each_new_best_profiled_when_evaluated() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (profiled, refined, _) = profiled_run(BottleneckReads::EveryAttempt, tmp.path());
+    assert_eq!(
+        profiled,
+        ["score=1", "score=2", "score=3", "score=4", "score=5", "score=6", "score=7"]
+    );
+    assert_eq!(
+        refined,
+        [
+            Some("profiled at 4".to_string()),
+            Some("profiled at 7".to_string())
+        ]
+    );
 }

@@ -35,6 +35,8 @@ pub enum StoreError {
     SourceCorrupt { path: PathBuf, actual: String },
     #[error("candidate {0} does not exist")]
     CandidateNotFound(i64),
+    #[error("evaluation {0} does not exist")]
+    EvaluationNotFound(i64),
     #[error("invalid value: {0}")]
     Invalid(String),
     #[error("{} is being written by {} (a `ksearch run` or `ksearch resume`): wait for it to finish, or stop it first", dir.display(), holder.map_or_else(|| "another process".to_string(), |p| format!("process {p}")))]

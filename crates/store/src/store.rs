@@ -430,6 +430,41 @@ impl RunStore {
         Ok(id)
     }
 
+    /// Sets one top-level section of a stored evaluation's result, learnt after it was recorded
+    /// (a profile of the kernel taken when its cycle ended), leaving its status, score and
+    /// every other section as they are.
+    pub fn amend_evaluation(
+        &self,
+        evaluation_id: i64,
+        section: &str,
+        value: &Value,
+    ) -> Result<(), StoreError> {
+        if section.is_empty() {
+            return Err(StoreError::Invalid(
+                "evaluation section name is empty".into(),
+            ));
+        }
+        let tx = write_tx(&self.conn)?;
+        let raw: Option<String> = tx
+            .prepare_cached("SELECT result_json FROM evaluations WHERE id = ?1")?
+            .query_row([evaluation_id], |r| r.get(0))
+            .optional()?;
+        let Some(raw) = raw else {
+            return Err(StoreError::EvaluationNotFound(evaluation_id));
+        };
+        let mut result: Value = serde_json::from_str(&raw)?;
+        let Some(fields) = result.as_object_mut() else {
+            return Err(StoreError::Invalid(format!(
+                "evaluation {evaluation_id}'s result is not an object"
+            )));
+        };
+        fields.insert(section.to_string(), value.clone());
+        tx.prepare_cached("UPDATE evaluations SET result_json = ?2 WHERE id = ?1")?
+            .execute(params![evaluation_id, serde_json::to_string(&result)?])?;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// The latest evaluation of a candidate (a candidate re-evaluated after a resume has more
     /// than one; the last word counts).
     pub fn evaluation_for(&self, candidate_id: i64) -> Result<Option<EvaluationRow>, StoreError> {

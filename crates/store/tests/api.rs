@@ -798,6 +798,50 @@ fn pragmas_are_set() {
 }
 
 #[test]
+fn an_evaluation_amended_with_a_section_keeps_everything_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = new_store(tmp.path());
+    let c1 = candidate(&store, "one", None);
+    let result = json!({"status": "passed", "score": 1.5, "workloads": [{"name": "w"}]});
+    let e1 = store
+        .record_evaluation(c1, "passed", Some(1.5), &result)
+        .unwrap();
+    let profile = json!({"available": true, "spent_seconds": 4.2});
+    store.amend_evaluation(e1, "profile", &profile).unwrap();
+
+    let got = store.evaluation_for(c1).unwrap().unwrap();
+    assert_eq!(
+        (got.id, got.status.as_str(), got.score),
+        (e1, "passed", Some(1.5))
+    );
+    let mut expected = result.clone();
+    expected["profile"] = profile;
+    assert_eq!(got.result, expected);
+    // Still one evaluation: an amendment is not a measurement.
+    assert_eq!(store.evaluations().unwrap().len(), 1);
+
+    // A second amendment of the same section replaces it.
+    store.amend_evaluation(e1, "profile", &json!(null)).unwrap();
+    assert_eq!(
+        store.evaluation_for(c1).unwrap().unwrap().result["profile"],
+        json!(null)
+    );
+
+    assert!(matches!(
+        store.amend_evaluation(e1 + 7, "profile", &json!({})),
+        Err(StoreError::EvaluationNotFound(id)) if id == e1 + 7
+    ));
+    let c2 = candidate(&store, "two", None);
+    let e2 = store
+        .record_evaluation(c2, "passed", Some(1.0), &json!([1, 2]))
+        .unwrap();
+    assert!(matches!(
+        store.amend_evaluation(e2, "profile", &json!({})),
+        Err(StoreError::Invalid(_))
+    ));
+}
+
+#[test]
 fn evaluated_sources_and_the_first_evaluation_of_a_source() {
     let tmp = tempfile::tempdir().unwrap();
     let store = new_store(tmp.path());

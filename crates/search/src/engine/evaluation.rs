@@ -38,6 +38,15 @@ pub struct EvalFailure(pub String);
 pub trait CandidateEvaluator: Sync {
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure>;
 
+    /// `evaluation` of `source` (a search evaluation) with a profile of the kernel attached
+    /// and its summary read again, when it is a passing new best worth profiling here (the
+    /// evaluator keeps the best it was offered); `None` when nothing was profiled. The engine
+    /// offers each search candidate's first evaluation, or, for a proposer that reads what
+    /// bounds a kernel only when its cycle ends, each cycle's best.
+    fn profile_new_best(&self, _source: &str, _evaluation: &Evaluation) -> Option<Evaluation> {
+        None
+    }
+
     /// Whether `prebuild` can overlap the device's work here (a GPU backend: builds run
     /// outside its timing lock); where it cannot, nothing is worth writing ahead for it.
     fn prebuilds(&self) -> bool {
@@ -265,27 +274,25 @@ impl HarnessEvaluator {
 
 impl HarnessEvaluator {
     /// Profiles `result`'s kernel when it is a new best of a GPU run that sees profile
-    /// signals, and attaches the harness's `profile` section to it (with `spent_seconds`, the
-    /// profile's wall time, which `ksearch show` accounts): the search's summaries then
-    /// classify that workload by the profiler's counters rather than by its time alone.
+    /// signals, and returns the harness's `profile` section for it (with `spent_seconds`, the
+    /// profile's wall time, which `ksearch show` accounts): attached to the result, it makes
+    /// the search's summaries classify that workload by the profiler's counters rather than by
+    /// its time alone.
     ///
     /// Profiling is slow (a profiler replays each launch once per pass of its metrics), so only
     /// what the search builds on is profiled, a new best, and only on its shown workload
     /// furthest from the speed of light, where the advice matters most. Once the profiler says
     /// it cannot run here (none installed, counters not permitted), no profile is tried again;
     /// a failed profile leaves the result as it was measured, with the failure in its section.
-    fn profile_new_best(&self, source: &std::path::Path, result: &mut EvalResult) {
+    fn new_best_profile(&self, source: &std::path::Path, result: &EvalResult) -> Option<Value> {
         if !ksearch_eval::is_gpu_backend(&self.backend) {
-            return; // no hardware counters of a cpu kernel (the harness's profile op says so)
+            return None; // no hardware counters of a cpu kernel (the harness's profile op says so)
         }
         let furthest = self
             .profiling
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .workload_to_profile(&self.task, &self.backend, self.signals, result);
-        let Some(furthest) = furthest else {
-            return;
-        };
+            .workload_to_profile(&self.task, &self.backend, self.signals, result)?;
         let req = EvalRequest::from_task(
             &self.task,
             &self.backend,
@@ -298,7 +305,7 @@ impl HarnessEvaluator {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!("no profile of the new best: {e}");
-                return;
+                return None;
             }
         };
         req.workloads.retain(|w| w.name == furthest);
@@ -338,7 +345,7 @@ impl HarnessEvaluator {
                 .unwrap_or_else(|p| p.into_inner())
                 .unavailable = Some(why);
         }
-        result.extra.insert("profile".into(), section);
+        Some(section)
     }
 }
 
@@ -470,7 +477,7 @@ impl CandidateEvaluator for HarnessEvaluator {
             .evaluator
             .build(&req)
             .map_err(|e| EvalFailure(e.to_string()))?;
-        let (mut result, yardstick) = if matches!(
+        let (result, yardstick) = if matches!(
             built.status.as_str(),
             "build_error" | "static_check_failed" | "task_error" | "timeout"
         ) {
@@ -478,14 +485,30 @@ impl CandidateEvaluator for HarnessEvaluator {
         } else {
             self.evaluate_against_yardstick(&mut req)?
         };
-        if purpose == Purpose::Search {
-            self.profile_new_best(&path, &mut result);
-        }
         let mut value = serde_json::to_value(&result).map_err(|e| EvalFailure(e.to_string()))?;
         if let Some(y) = yardstick {
             value["yardstick"] = y.to_value();
         }
         Ok(Evaluation {
+            summary: summarize_result(&result, &self.task, &self.backend, self.signals),
+            result: value,
+        })
+    }
+
+    fn profile_new_best(&self, source: &str, evaluation: &Evaluation) -> Option<Evaluation> {
+        let mut result = serde_json::from_value::<EvalResult>(evaluation.result.clone()).ok()?;
+        let path = match self.write_source(source) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("no profile of the new best: {e}");
+                return None;
+            }
+        };
+        let section = self.new_best_profile(&path, &result)?;
+        let mut value = evaluation.result.clone();
+        value["profile"] = section.clone();
+        result.extra.insert("profile".into(), section);
+        Some(Evaluation {
             summary: summarize_result(&result, &self.task, &self.backend, self.signals),
             result: value,
         })

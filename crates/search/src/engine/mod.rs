@@ -37,8 +37,8 @@ use ksearch_store::{CandidateKind, CandidateRow, NewCandidate, RunStore, SourceI
 
 use crate::evolve::{EvolveSettings, Population};
 use crate::proposer::{
-    AttemptView, CodeRequest, CycleAttempt, CycleReport, OutcomeSummary, Proposal, Proposer,
-    ProposerError, Step, TaskBrief,
+    AttemptView, BottleneckReads, CodeRequest, CycleAttempt, CycleReport, OutcomeSummary, Proposal,
+    Proposer, ProposerError, Step, TaskBrief,
 };
 use crate::selection::SelectionPolicy;
 use crate::world_model::{
@@ -1525,7 +1525,12 @@ impl<'a> Engine<'a> {
                 return Ok(summary);
             }
         }
-        let eval = self.evaluate_timed(source, purpose)?;
+        let mut eval = self.evaluate_timed(source, purpose)?;
+        if purpose == Purpose::Search && !self.profiles_at_cycle_end() {
+            if let Some(profiled) = self.evaluator.profile_new_best(source, &eval) {
+                eval = profiled;
+            }
+        }
         self.store().record_evaluation(
             id,
             &eval.summary.status,
@@ -1533,6 +1538,39 @@ impl<'a> Engine<'a> {
             &eval.result,
         )?;
         Ok(eval.summary)
+    }
+
+    /// Whether new bests are profiled when their cycle ends rather than when evaluated: for a
+    /// proposer that reads bottlenecks only then, a new best that a later attempt of the same
+    /// cycle beats would be profiled for nothing. Best-of-n and evolve have no cycle ends to
+    /// wait for.
+    fn profiles_at_cycle_end(&self) -> bool {
+        !self.sampling() && self.proposer.reads_bottlenecks() == BottleneckReads::AtCycleEnd
+    }
+
+    /// The cycle's best kernel (candidate `id`) profiled where it is the run's new best (see
+    /// [`Self::profiles_at_cycle_end`]), the profile added to its stored evaluation, so the
+    /// views read after this one see what bounds it.
+    fn profile_cycle_best(&self, id: i64) -> Result<(), EngineError> {
+        let (source, row) = {
+            let store = self.store();
+            let Some(c) = store.candidate(id)? else {
+                return Ok(());
+            };
+            let Some(row) = store.evaluation_for(id)? else {
+                return Ok(());
+            };
+            (store.source(&c.source_id)?, row)
+        };
+        let stored = Evaluation {
+            summary: self.summarize_stored(&row.result),
+            result: row.result,
+        };
+        if let Some(profiled) = self.evaluator.profile_new_best(&source, &stored) {
+            self.store()
+                .amend_evaluation(row.id, "profile", &profiled.result["profile"])?;
+        }
+        Ok(())
     }
 
     fn previous_evaluation(&self, source: &str) -> Result<Option<Value>, EngineError> {
@@ -1647,6 +1685,9 @@ impl<'a> Engine<'a> {
             return Ok(());
         };
         let round = state.rounds_used;
+        if let Some((best_id, _)) = c.best.filter(|_| self.profiles_at_cycle_end()) {
+            self.profile_cycle_best(best_id)?;
+        }
         let base = c.base.map(|i| self.attempt_view(i)).transpose()?.flatten();
         let last = c.last.map(|i| self.attempt_view(i)).transpose()?.flatten();
         if let Some((best_id, score)) = c.best {

@@ -216,6 +216,15 @@ pub struct ProposerUsage {
     pub cost_usd: f64,
 }
 
+/// When a proposer reads what bounds a kernel ([`Proposer::reads_bottlenecks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BottleneckReads {
+    /// Each attempt's outcome, as the next attempt is written.
+    EveryAttempt,
+    /// The cycle's best only, in `refine`.
+    AtCycleEnd,
+}
+
 /// Writes world-model ideas and kernels. Implementations are shared across the sample threads
 /// of one attempt, so they take `&self` and must be `Sync`.
 pub trait Proposer: Send + Sync {
@@ -239,6 +248,13 @@ pub trait Proposer: Send + Sync {
     /// answer while the current candidate is timed (the offline proposer).
     fn writes_ahead(&self) -> bool {
         false
+    }
+
+    /// When this proposer reads what bounds a kernel (an outcome's `bottleneck` and its class):
+    /// after every attempt (a model shown each attempt's outcome) or only in `refine`, once a
+    /// cycle ends (the offline proposer). The engine profiles new bests when they are read.
+    fn reads_bottlenecks(&self) -> BottleneckReads {
+        BottleneckReads::EveryAttempt
     }
 
     /// One independent candidate for the best-of-n strategy: `req` is a spec-action request on

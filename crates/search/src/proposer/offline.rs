@@ -21,8 +21,8 @@ use ksearch_knowledge::templates::{format_knobs, KnobValue, Knobs, TemplateFamil
 use ksearch_knowledge::{Action as CatalogAction, Catalog};
 
 use super::{
-    AttemptView, CodeRequest, CycleReport, Mutation, MutationRequest, Proposal, Proposer,
-    ProposerError, Step, TaskBrief,
+    AttemptView, BottleneckReads, CodeRequest, CycleReport, Mutation, MutationRequest, Proposal,
+    Proposer, ProposerError, Step, TaskBrief,
 };
 use crate::world_model::{
     ActionPatch, Edit, ImpactPatch, ImpactsPatch, NodeId, NodePatch, NodeState, PatchOp,
@@ -479,6 +479,12 @@ fn knobs_to_value(k: &Knobs) -> Value {
 impl Proposer for OfflineProposer {
     fn writes_ahead(&self) -> bool {
         true
+    }
+
+    /// Only `refine` weighs follow-ups by the cycle's best kernel's bottleneck; attempts
+    /// within a cycle are knob settings that do not depend on it.
+    fn reads_bottlenecks(&self) -> BottleneckReads {
+        BottleneckReads::AtCycleEnd
     }
 
     fn name(&self) -> &str {
