@@ -1555,9 +1555,10 @@ impl CandidateEvaluator for ProfilingEvaluator {
 /// bests' bottlenecks, and its store.
 fn profiled_run(
     reads: BottleneckReads,
+    rounds: u32,
     tmp: &std::path::Path,
 ) -> (Vec<String>, Vec<Option<String>>, RunStore) {
-    // Every attempt beats the last; cycles of three attempts, two cycles.
+    // Every attempt beats the last; cycles of three attempts.
     let proposer = ScriptedProposer::new(|_, round, _| Ok(format!("score={}", 1 + round)))
         .reading_bottlenecks(reads);
     let eval = ProfilingEvaluator {
@@ -1565,7 +1566,7 @@ fn profiled_run(
         best: Mutex::new(None),
         profiled: Mutex::new(Vec::new()),
     };
-    let engine = new_engine(cfg(6, 3), store(tmp), &proposer, &eval);
+    let engine = new_engine(cfg(rounds, 3), store(tmp), &proposer, &eval);
     engine.run(Some("score=1;seed")).unwrap();
     let store = engine.into_store();
     let profiled = eval.profiled.into_inner().unwrap();
@@ -1583,7 +1584,7 @@ fn profiled_run(
 #[test]
 fn a_proposer_that_reads_bottlenecks_at_cycle_end_gets_only_cycle_bests_profiled() {
     let tmp = tempfile::tempdir().unwrap();
-    let (profiled, refined, store) = profiled_run(BottleneckReads::AtCycleEnd, tmp.path());
+    let (profiled, refined, store) = profiled_run(BottleneckReads::AtCycleEnd, 6, tmp.path());
     // Not the seed, nor the attempts their own cycle beat: each cycle's best, at its end.
     assert_eq!(profiled, ["score=4", "score=7"]);
     assert_eq!(
@@ -1603,12 +1604,18 @@ fn a_proposer_that_reads_bottlenecks_at_cycle_end_gets_only_cycle_bests_profiled
     assert_eq!(with_profile, [4.0, 7.0]);
     let evaluated: std::collections::BTreeSet<i64> = rows.iter().map(|e| e.candidate_id).collect();
     assert_eq!(evaluated.len(), rows.len(), "no evaluation recorded twice");
+
+    // A cycle that the round budget cuts short is closed unprofiled: no round reads it.
+    let tmp = tempfile::tempdir().unwrap();
+    let (profiled, refined, _) = profiled_run(BottleneckReads::AtCycleEnd, 5, tmp.path());
+    assert_eq!(profiled, ["score=4"]);
+    assert_eq!(refined, [Some("profiled at 4".to_string()), None]);
 }
 
 #[test]
 fn a_proposer_that_reads_every_attempt_gets_each_new_best_profiled_when_evaluated() {
     let tmp = tempfile::tempdir().unwrap();
-    let (profiled, refined, _) = profiled_run(BottleneckReads::EveryAttempt, tmp.path());
+    let (profiled, refined, _) = profiled_run(BottleneckReads::EveryAttempt, 6, tmp.path());
     assert_eq!(
         profiled,
         ["score=1", "score=2", "score=3", "score=4", "score=5", "score=6", "score=7"]

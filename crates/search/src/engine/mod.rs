@@ -488,8 +488,9 @@ impl<'a> Engine<'a> {
             }
             if let Some(reason) = self.budget_reached(&state) {
                 if state.cycle.is_some() && reason.starts_with("rounds") && !self.sampling() {
-                    // The round budget cut a cycle short: close it so its best is attached.
-                    self.end_cycle(&mut state)?;
+                    // The round budget cut a cycle short: close it so its best is attached
+                    // (unprofiled: no later round of this session reads what bounds it).
+                    self.end_cycle(&mut state, CycleEnd::Last)?;
                     self.checkpoint(&state)?;
                 }
                 break reason;
@@ -527,7 +528,7 @@ impl<'a> Engine<'a> {
                     .as_ref()
                     .is_some_and(|c| self.cycle_should_end(c));
             if cycle_done {
-                self.end_cycle(&mut state)?;
+                self.end_cycle(&mut state, CycleEnd::Continuing)?;
             }
             self.checkpoint(&state)?;
         };
@@ -1680,12 +1681,15 @@ impl<'a> Engine<'a> {
         Ok(best.map(|b| b.0))
     }
 
-    fn end_cycle(&self, state: &mut EngineState) -> Result<(), EngineError> {
+    fn end_cycle(&self, state: &mut EngineState, end: CycleEnd) -> Result<(), EngineError> {
         let Some(c) = state.cycle.take() else {
             return Ok(());
         };
         let round = state.rounds_used;
-        if let Some((best_id, _)) = c.best.filter(|_| self.profiles_at_cycle_end()) {
+        if let Some((best_id, _)) = c
+            .best
+            .filter(|_| end == CycleEnd::Continuing && self.profiles_at_cycle_end())
+        {
             self.profile_cycle_best(best_id)?;
         }
         let base = c.base.map(|i| self.attempt_view(i)).transpose()?.flatten();
@@ -1921,6 +1925,13 @@ impl<'a> Engine<'a> {
 }
 
 /// The world model's trace of one evaluation.
+/// Whether the search goes on after a cycle ends, or the session's round budget ended it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CycleEnd {
+    Continuing,
+    Last,
+}
+
 fn trace_of(o: &OutcomeSummary) -> Trace {
     Trace {
         status: o.status.clone(),
