@@ -28,6 +28,7 @@ import importlib
 import importlib.util
 import json
 import math
+import statistics
 import sys
 import tempfile
 import types
@@ -223,10 +224,25 @@ class TaskEntryScan:
         return y, h_last
 
 
+# Interleaved passes over the scans when tuning, and how close to the fastest median a scan
+# listed earlier may be and still be picked: picks by one noisy measurement per scan changed
+# from run to run (docs/results/mamba-gpu), so a scan must beat those listed before it by more
+# than the measurements move for the pick to change.
+TUNE_ROUNDS = 3
+PICK_MARGIN = 0.03
+
+
+def pick_steady(medians: dict[str, float], margin: float = PICK_MARGIN) -> str:
+    """The first of `medians` (in their order) within `margin` of the fastest."""
+    fastest = min(medians.values())
+    return next(n for n, t in medians.items() if t <= fastest * (1 + margin))
+
+
 class TunedScan:
-    """Several scans, each call going to the one measured fastest for the nearest tuned length
-    (a cache keyed by shape, filled by `tune` before any traced forward, since timing cannot
-    happen inside one). Untuned, every call goes to the first scan."""
+    """Several scans, each call going to the one picked for the nearest tuned length (a cache
+    keyed by shape, filled by `tune` before any traced forward, since timing cannot happen
+    inside one): the first listed whose median time is within PICK_MARGIN of the fastest.
+    Untuned, every call goes to the first scan."""
 
     name = "tuned"
 
@@ -242,25 +258,35 @@ class TunedScan:
         nearest = min(self.picks, key=lambda k: (abs(math.log(k) - math.log(max(T, 1))), k))
         return self.picks[nearest]
 
-    def tune(self, lengths, time_one: Callable[[Any, int], float]) -> dict[str, Any]:
-        """Times every scan at every length (time_one(scan, T) -> seconds per call) and keeps
-        the fastest per length; returns the table (microseconds) and the picks."""
+    def tune(self, lengths, time_one: Callable[[Any, int], float],
+             rounds: int = TUNE_ROUNDS) -> dict[str, Any]:
+        """Times every scan at every length (time_one(scan, T) -> seconds per call) in
+        `rounds` interleaved passes, each starting at the next scan, and picks per length by
+        the medians (pick_steady); returns the medians (microseconds), each scan's range, and
+        the picks."""
         table: dict[str, dict[str, float]] = {}
+        ranges: dict[str, dict[str, list[float]]] = {}
         errors: dict[str, str] = {}
+        names = list(self.scans)
         for T in sorted(set(int(t) for t in lengths)):
-            times = {}
-            for name, scan in self.scans.items():
-                if name in errors:
-                    continue
-                try:
-                    times[name] = time_one(scan, T)
-                except Exception as e:  # a setting that does not build or run here drops out
-                    errors[name] = f"{type(e).__name__}: {e}"[:1000]
-            if not times:
+            samples: dict[str, list[float]] = {}
+            for r in range(max(1, rounds)):
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    if name in errors:
+                        continue
+                    try:
+                        samples.setdefault(name, []).append(time_one(self.scans[name], T))
+                    except Exception as e:  # a setting that does not build or run here drops out
+                        errors[name] = f"{type(e).__name__}: {e}"[:1000]
+                        samples.pop(name, None)
+            if not samples:
                 raise RuntimeError(f"no scan ran at T = {T}: {errors}")
-            table[str(T)] = {name: t * 1e6 for name, t in times.items()}
-            self.picks[T] = min(times, key=times.get)
-        report = {"us_per_call": table, "picks": {str(k): v for k, v in self.picks.items()}}
+            medians = {n: statistics.median(samples[n]) for n in names if n in samples}
+            table[str(T)] = {n: t * 1e6 for n, t in medians.items()}
+            ranges[str(T)] = {n: [min(v) * 1e6, max(v) * 1e6] for n, v in samples.items()}
+            self.picks[T] = pick_steady(medians)
+        report = {"us_per_call": table, "us_per_call_range": ranges, "rounds": max(1, rounds),
+                  "picks": {str(k): v for k, v in self.picks.items()}}
         if errors:
             report["errors"] = errors
         return report

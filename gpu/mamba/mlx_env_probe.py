@@ -12,8 +12,12 @@ records it).
     python mlx_env_probe.py --json probe.json            # table on stderr, JSON to the file
     python mlx_env_probe.py --print-best                 # also: KEY=VALUE lines of the best
 
-The first setting is MLX's defaults (no variables), so "best" is never worse than them by the
-measurement.
+Each setting is measured `--rounds` times, the rounds interleaved (each starts one setting
+later), and compared by its median. The first setting is MLX's defaults (no variables); a
+setting listed later is picked only where its median is more than PICK_MARGIN under those of
+every setting before it (`best`): one measurement per setting named a different setting in
+every bench run (docs/results/mamba-gpu), so the pick now needs a difference larger than the
+measurements' movement, and "best" is never worse than the defaults by the medians.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +41,10 @@ SETTINGS: list[tuple[str, dict[str, str]]] = [
     ("graph-5", {"MLX_MAX_OPS_PER_BUFFER": "5"}),
 ]
 KEYS = sorted({k for _, env in SETTINGS for k in env})
+# The measured figures of a child, summarised over rounds.
+FIGURES = ("compiled_us_per_op", "eager_us_per_op")
+# How far under the fastest median a setting listed earlier may be and still be picked.
+PICK_MARGIN = 0.03
 
 
 def child(ops: int, reps: int) -> int:
@@ -68,9 +77,32 @@ def measure(label: str, env: dict[str, str], ops: int, reps: int, timeout: float
     return row
 
 
-def best(rows: list[dict]) -> dict | None:
+def summarize(label: str, env: dict[str, str], rounds: list[dict]) -> dict:
+    """One setting's row: the median of each figure over its rounds, their ranges, and the
+    rounds themselves; an error when any round failed or lacks a figure (never picked)."""
+    row: dict = {"label": label, "env": env, "rounds": rounds}
+    failed = [r for r in rounds if "error" in r]
+    if failed:
+        row["error"] = failed[0]["error"]
+        return row
+    for key in FIGURES:
+        values = [r.get(key) for r in rounds]
+        if not rounds or not all(isinstance(v, (int, float)) for v in values):
+            row["error"] = f"incomplete measurement: {rounds}"
+            return row
+        row[key] = statistics.median(values)
+        row[key.replace("_per_op", "_range")] = [min(values), max(values)]
+    return row
+
+
+def best(rows: list[dict], margin: float = PICK_MARGIN) -> dict | None:
+    """The first row (in SETTINGS order) whose compiled cost is within `margin` of the
+    cheapest; None when no setting was measured."""
     ok = [r for r in rows if "error" not in r and "compiled_us_per_op" in r]
-    return min(ok, key=lambda r: r["compiled_us_per_op"]) if ok else None
+    if not ok:
+        return None
+    cheapest = min(r["compiled_us_per_op"] for r in ok)
+    return next(r for r in ok if r["compiled_us_per_op"] <= cheapest * (1 + margin))
 
 
 def main(argv=None) -> int:
@@ -78,34 +110,44 @@ def main(argv=None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--ops", type=int, default=200)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--timeout", type=float, default=60.0, help="per setting (s)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="measurements of each setting, interleaved (default 3)")
+    ap.add_argument("--timeout", type=float, default=60.0, help="per measurement (s)")
     ap.add_argument("--only", help="comma-separated labels to measure (default: all)")
     ap.add_argument("--json", type=Path, help="write the rows and the pick here")
     ap.add_argument("--print-best", action="store_true",
                     help="print the best setting's variables as KEY=VALUE lines on stdout")
     args = ap.parse_args(argv)
-    if args.ops < 1 or args.reps < 1:
-        ap.error("--ops and --reps must be at least 1")
+    if args.ops < 1 or args.reps < 1 or args.rounds < 1:
+        ap.error("--ops, --reps and --rounds must be at least 1")
     if args.child:
         return child(args.ops, args.reps)
     wanted = set(args.only.split(",")) if args.only else None
     settings = [s for s in SETTINGS if wanted is None or s[0] in wanted]
     if not settings:
         ap.error(f"--only names no setting (known: {', '.join(s[0] for s in SETTINGS)})")
-    rows = []
-    for label, env in settings:
-        row = measure(label, env, args.ops, args.reps, args.timeout)
-        rows.append(row)
-        if "error" not in row and not all(isinstance(row.get(k), (int, float))
-                                          for k in ("compiled_us_per_op", "eager_us_per_op")):
-            row["error"] = f"incomplete measurement: {row}"
-        shown = (f"compiled {row['compiled_us_per_op']:.2f} us/op, eager "
-                 f"{row['eager_us_per_op']:.2f} us/op" if "error" not in row else row["error"])
-        print(f"[mlx_env_probe] {label:<10} {shown}", file=sys.stderr)
+    measured: dict[str, list[dict]] = {label: [] for label, _ in settings}
+    failed: set[str] = set()
+    for r in range(args.rounds):
+        k = r % len(settings)
+        for label, env in settings[k:] + settings[:k]:
+            if label in failed:
+                continue  # a setting that failed once is not picked; spare its time
+            one = measure(label, env, args.ops, args.reps, args.timeout)
+            measured[label].append(one)
+            failed.update([label] if "error" in one else [])
+    rows = [summarize(label, env, measured[label]) for label, env in settings]
+    for row in rows:
+        shown = (f"compiled {row['compiled_us_per_op']:.2f} us/op "
+                 f"({row['compiled_us_range'][0]:.2f}-{row['compiled_us_range'][1]:.2f}), "
+                 f"eager {row['eager_us_per_op']:.2f} us/op" if "error" not in row
+                 else row["error"])
+        print(f"[mlx_env_probe] {row['label']:<10} {shown}", file=sys.stderr)
     pick = best(rows)
     # `controls`: the variables the settings vary, which a caller must clear before applying
     # the pick (the children ran without the caller's values of them).
-    result = {"ops": args.ops, "reps": args.reps, "rows": rows, "controls": KEYS,
+    result = {"ops": args.ops, "reps": args.reps, "rounds": args.rounds, "rows": rows,
+              "margin": PICK_MARGIN, "controls": KEYS,
               "best": pick["label"] if pick else None}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

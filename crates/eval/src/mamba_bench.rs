@@ -24,7 +24,8 @@ const CHECK_FAILED: i32 = 3;
 /// this ksearch renders, installed or not.
 const BIN_VAR: &str = "KSEARCH_BIN";
 /// The longest the MLX settings probe may take, whatever the bench's own timeout.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(300);
+// Three interleaved rounds of five settings, each a fresh process that starts MLX.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What can stop the Mamba bench before it has a report to show.
 #[derive(Debug, thiserror::Error)]
@@ -292,7 +293,7 @@ impl MambaBench {
     }
 
     /// Runs mlx_env_probe.py, which measures MLX's cost per primitive under each launch setting
-    /// in a fresh process, and returns its pick (within `timeout`, at most 300 s).
+    /// in a fresh process, and returns its pick (within `timeout`, at most 600 s).
     pub fn probe_mlx_settings(&self, timeout: Duration, show_output: bool) -> Result<ProbePick> {
         let probe = self.script.with_file_name("mlx_env_probe.py");
         let dir = temp_dir()?;

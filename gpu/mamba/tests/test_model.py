@@ -304,3 +304,30 @@ def test_tuned_scan_dispatches_to_the_fastest_per_length():
     calls.clear()
     for T, want in [(1, "a"), (600, "a"), (1500, "b"), (4096, "b")]:
         assert tuned(x(T), *[None] * 7) == want, T
+
+
+def test_tuning_interleaves_passes_and_picks_by_medians_with_a_margin():
+    order = []
+    # "a" and "b" alike but for one slow and one fast draw; "c" fails to run; "d" is slow.
+    draws = {"a": iter([1.00, 1.30, 1.01]), "b": iter([0.90, 1.02, 0.99]),
+             "d": iter([3.0, 3.1, 2.9])}
+
+    def time_one(name, T):
+        order.append(name)
+        if name == "c":
+            raise RuntimeError("no build here")
+        return next(draws[name])
+
+    tuned = mm.TunedScan({n: n for n in "abcd"})
+    report = tuned.tune([512], time_one, rounds=3)
+    # Each pass starts one scan later; a scan that failed is not timed again.
+    assert order == ["a", "b", "c", "d", "b", "d", "a", "d", "a", "b"]
+    assert report["us_per_call"]["512"] == {"a": 1.01e6, "b": 0.99e6, "d": 3.0e6}
+    assert report["us_per_call_range"]["512"]["a"] == [1.0e6, 1.3e6]
+    assert "c" in report["errors"] and report["rounds"] == 3
+    # b's median is 2% under a's: inside the margin, so the earlier-listed a is kept; one
+    # draw per scan (b's 0.90 against a's 1.00) would have picked b.
+    assert report["picks"] == {"512": "a"}
+    assert mm.pick_steady({"a": 1.0, "b": 0.9}) == "b"
+    assert mm.pick_steady({"a": 1.0, "b": 0.98, "c": 0.5}) == "c"
+    assert mm.pick_steady({"a": 1.02, "b": 1.0}, margin=0.0) == "b"
