@@ -1924,7 +1924,6 @@ impl<'a> Engine<'a> {
     }
 }
 
-/// The world model's trace of one evaluation.
 /// Whether the search goes on after a cycle ends, or the session's round budget ended it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CycleEnd {
@@ -1932,6 +1931,7 @@ enum CycleEnd {
     Last,
 }
 
+/// The world model's trace of one evaluation.
 fn trace_of(o: &OutcomeSummary) -> Trace {
     Trace {
         status: o.status.clone(),
