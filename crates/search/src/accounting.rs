@@ -31,10 +31,14 @@
 //! - **profiler**: the wall time of the profiles of new bests (`profile.spent_seconds` of a
 //!   stored result, engine::evaluation): Nsight Compute replaying the kernel, counted as
 //!   harness time, not device work, since it measures nothing the scores use.
+//! - **build requests** and **builds written ahead, waited for**: the `build` request the
+//!   search makes before each evaluation (a compile on the cpu, in the timing lock; on a GPU
+//!   usually a cache hit) and its wait for a build it started ahead of time that was still
+//!   running (`build_request` of a result: `seconds`, `waited_seconds`, engine::evaluation).
+//!   Where sample threads overlap, such a wait can overlap another sample's evaluation.
 //! - **proposer**: the LLM calls' recorded latencies (absent for the offline proposer, whose
 //!   time is in *other*).
-//! - **other** = the wall minus all of the above: the search's own work, compiles outside an
-//!   evaluation, what older stores did not record (discarded yardstick attempts, first tries
+//! - **other** = the wall minus all of the above: the search's own work, what older stores did not record (discarded yardstick attempts, first tries
 //!   of repeated evaluations), the offline proposer, waiting.
 //! - **device work** = the phases [`DEVICE_PHASES`] plus the yardsticks: the phases in which
 //!   the device (the CPU, for the cpu backend) runs the candidate's, the reference's or the
@@ -87,6 +91,8 @@ pub const HARNESS_NO_PHASE: &str = "harness, no phase";
 pub const HARNESS_NO_PHASE_DATA: &str = "harness, no phase data";
 pub const PROPOSER: &str = "proposer (LLM calls)";
 pub const PROFILER: &str = "profiler";
+pub const BUILD_REQUESTS: &str = "build requests";
+pub const BUILD_WAITS: &str = "builds written ahead, waited for";
 pub const OTHER: &str = "other";
 
 /// What kind of time a part is.
@@ -261,6 +267,12 @@ impl TimeAccount {
         if acc.counts.profiled > 0 {
             parts.push(part(PROFILER, acc.profile_seconds, TimeKind::Harness));
         }
+        parts.push(part(
+            BUILD_REQUESTS,
+            acc.build_request_seconds,
+            TimeKind::Harness,
+        ));
+        parts.push(part(BUILD_WAITS, acc.build_wait_seconds, TimeKind::Harness));
         if usage.calls > 0 {
             parts.push(part(
                 PROPOSER,
@@ -321,6 +333,8 @@ struct Accumulator {
     yardsticks: u64,
     yardstick_seconds: f64,
     profile_seconds: f64,
+    build_request_seconds: f64,
+    build_wait_seconds: f64,
 }
 
 impl Accumulator {
@@ -342,6 +356,9 @@ impl Accumulator {
             self.counts.unsteady_kept += 1;
         }
         self.add_harness_time(result);
+        let build = &result["build_request"];
+        self.build_request_seconds += seconds(&build["seconds"]).unwrap_or(0.0);
+        self.build_wait_seconds += seconds(&build["waited_seconds"]).unwrap_or(0.0);
         let yardstick = &result["yardstick"];
         // All attempts' processes where recorded, else the timing of the one kept.
         let spent = seconds(&yardstick["spent_seconds"])

@@ -4,8 +4,8 @@
 use serde_json::{json, Value};
 
 use ksearch_search::accounting::{
-    TimeAccount, TimeKind, WallEnd, HARNESS_NO_PHASE, HARNESS_NO_PHASE_DATA, HARNESS_START_EXIT,
-    OTHER, PROFILER, PROPOSER, YARDSTICK,
+    TimeAccount, TimeKind, WallEnd, BUILD_REQUESTS, BUILD_WAITS, HARNESS_NO_PHASE,
+    HARNESS_NO_PHASE_DATA, HARNESS_START_EXIT, OTHER, PROFILER, PROPOSER, YARDSTICK,
 };
 use ksearch_store::{CandidateKind, Exchange, NewCandidate, RunConfig, RunStore, DB_FILE};
 
@@ -77,12 +77,14 @@ fn phases_yardsticks_proposer_and_other_add_up_to_the_wall() {
     let yard_2 = json!({"version": 1, "workloads": {"w": {"reference": {"median_ns": 6.0}}},
                         "seconds": 2.0, "spent_seconds": 4.0, "attempts": 2});
     // A: 4.0 s of phases (3.5 s named, 0.5 s unclaimed) in a 5.0 s harness process; a new
-    // best, profiled in 2 s.
+    // best, profiled in 2 s; its build request took 0.75 s after a 1.25 s wait for the build
+    // written ahead of it.
     let a = json!({"nonce": "a", "status": "passed", "wall_seconds": 5.0,
                    "diagnostics": {"phase_seconds":
                        {"build": 1.0, "timed_calls": 2.0, "settle": 0.5, "total": 4.0}},
                    "yardstick": yard_1,
-                   "profile": {"available": true, "workloads": [], "spent_seconds": 2.0}});
+                   "profile": {"available": true, "workloads": [], "spent_seconds": 2.0},
+                   "build_request": {"seconds": 0.75, "waited_seconds": 1.25}});
     // B: scored against the same yardstick, which counts once; unsteady, kept as measured.
     let b = json!({"nonce": "b", "status": "passed", "wall_seconds": 4.0,
                    "diagnostics": {"phase_seconds":
@@ -92,7 +94,7 @@ fn phases_yardsticks_proposer_and_other_add_up_to_the_wall() {
     // whose harness run took 3 s (2.4 s of phases, 2 s of them named).
     let c = json!({"nonce": "c", "status": "passed", "wall_seconds": 2.0,
                    "diagnostics": {"phase_seconds": {"timed_calls": 1.0, "total": 1.5}},
-                   "yardstick": yard_2,
+                   "yardstick": yard_2, "build_request": {"seconds": 0.5, "waited_seconds": 0},
                    "unsteady_first": {"score": 0.5, "wall_seconds": 3.0, "diagnostics":
                        {"phase_seconds": {"timed_calls": 2.0, "total": 2.4}}}});
 
@@ -187,9 +189,9 @@ fn phases_yardsticks_proposer_and_other_add_up_to_the_wall() {
     // (1.5 - 1) + (2.4 - 2) = 1.4. Phases 9.5 + 3.1 + 1.4, yardsticks 3 + 4 = 7 (all of the
     // second's attempts), proposer 4, the profile of A 2 (not device work: it measures
     // nothing the scores use; the copy of A's result reused by another row is not counted
-    // again): 27 s accounted, 33 s other.
+    // again), build requests 0.75 + 0.5 and the wait 1.25: 29.5 s accounted, 30.5 s other.
     let expected = [
-        (OTHER, 33.0, TimeKind::Other),
+        (OTHER, 30.5, TimeKind::Other),
         (YARDSTICK, 7.0, TimeKind::Device),
         ("timed_calls", 5.0, TimeKind::Device),
         (PROPOSER, 4.0, TimeKind::Proposer),
@@ -197,6 +199,8 @@ fn phases_yardsticks_proposer_and_other_add_up_to_the_wall() {
         (PROFILER, 2.0, TimeKind::Harness),
         ("candidate", 1.5, TimeKind::Device),
         (HARNESS_NO_PHASE, 1.4, TimeKind::Harness),
+        (BUILD_REQUESTS, 1.25, TimeKind::Harness),
+        (BUILD_WAITS, 1.25, TimeKind::Harness),
         ("build", 1.0, TimeKind::Harness),
         ("inputs", 1.0, TimeKind::Harness),
         ("flush", 0.5, TimeKind::Device),

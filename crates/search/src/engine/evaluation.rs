@@ -453,7 +453,9 @@ impl CandidateEvaluator for HarnessEvaluator {
         // A build of this source written ahead is still running: it is this build. Builds are
         // keyed by the request's candidate path (canonical), not by the path written above,
         // which is relative when the run store is.
+        let waiting = std::time::Instant::now();
         self.wait_for_build(&req.candidate.path);
+        let waited = waiting.elapsed().as_secs_f64();
         if purpose == Purpose::Acceptance {
             // The knowledge packs' assertions add adversarial workloads (large logits, ragged
             // tails, extreme decays) that a winner must also pass; they are never searched on.
@@ -473,10 +475,12 @@ impl CandidateEvaluator for HarnessEvaluator {
         // share the cores with the timed kernel (Evaluator::build). The evaluation reuses the
         // artefact (the build directory is keyed by source). A candidate that does not build
         // ends here.
+        let building = std::time::Instant::now();
         let built = self
             .evaluator
             .build(&req)
             .map_err(|e| EvalFailure(e.to_string()))?;
+        let build_seconds = building.elapsed().as_secs_f64();
         let (result, yardstick) = if matches!(
             built.status.as_str(),
             "build_error" | "static_check_failed" | "task_error" | "timeout"
@@ -489,6 +493,10 @@ impl CandidateEvaluator for HarnessEvaluator {
         if let Some(y) = yardstick {
             value["yardstick"] = y.to_value();
         }
+        // The search's own compile before the evaluation, which no harness result times
+        // (crate::accounting).
+        value["build_request"] =
+            serde_json::json!({"seconds": build_seconds, "waited_seconds": waited});
         Ok(Evaluation {
             summary: summarize_result(&result, &self.task, &self.backend, self.signals),
             result: value,
