@@ -1584,14 +1584,16 @@ fn profiled_run(
 #[test]
 fn a_proposer_that_reads_bottlenecks_at_cycle_end_gets_only_cycle_bests_profiled() {
     let tmp = tempfile::tempdir().unwrap();
-    let (profiled, refined, store) = profiled_run(BottleneckReads::AtCycleEnd, 6, tmp.path());
-    // Not the seed, nor the attempts their own cycle beat: each cycle's best, at its end.
+    let (profiled, refined, store) = profiled_run(BottleneckReads::AtCycleEnd, 7, tmp.path());
+    // Not the seed, nor the attempts their own cycle beat: each cycle's best, at its end; the
+    // third cycle, cut short by the round budget, unprofiled.
     assert_eq!(profiled, ["score=4", "score=7"]);
     assert_eq!(
         refined,
         [
             Some("profiled at 4".to_string()),
-            Some("profiled at 7".to_string())
+            Some("profiled at 7".to_string()),
+            None
         ]
     );
     // The profile is added to the stored evaluation, which stays one evaluation.
@@ -1605,26 +1607,30 @@ fn a_proposer_that_reads_bottlenecks_at_cycle_end_gets_only_cycle_bests_profiled
     let evaluated: std::collections::BTreeSet<i64> = rows.iter().map(|e| e.candidate_id).collect();
     assert_eq!(evaluated.len(), rows.len(), "no evaluation recorded twice");
 
-    // A cycle that the round budget cuts short is closed unprofiled: no round reads it.
-    let tmp = tempfile::tempdir().unwrap();
-    let (profiled, refined, _) = profiled_run(BottleneckReads::AtCycleEnd, 5, tmp.path());
-    assert_eq!(profiled, ["score=4"]);
-    assert_eq!(refined, [Some("profiled at 4".to_string()), None]);
+    // A cycle that the round budget cuts short, or that ends as it runs out, is closed
+    // unprofiled: no round reads it.
+    for rounds in [5, 6] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (profiled, refined, _) = profiled_run(BottleneckReads::AtCycleEnd, rounds, tmp.path());
+        assert_eq!(profiled, ["score=4"], "{rounds} rounds");
+        assert_eq!(refined, [Some("profiled at 4".to_string()), None]);
+    }
 }
 
 #[test]
 fn a_proposer_that_reads_every_attempt_gets_each_new_best_profiled_when_evaluated() {
     let tmp = tempfile::tempdir().unwrap();
-    let (profiled, refined, _) = profiled_run(BottleneckReads::EveryAttempt, 6, tmp.path());
+    let (profiled, refined, _) = profiled_run(BottleneckReads::EveryAttempt, 7, tmp.path());
     assert_eq!(
         profiled,
-        ["score=1", "score=2", "score=3", "score=4", "score=5", "score=6", "score=7"]
+        ["score=1", "score=2", "score=3", "score=4", "score=5", "score=6", "score=7", "score=8"]
     );
     assert_eq!(
         refined,
         [
             Some("profiled at 4".to_string()),
-            Some("profiled at 7".to_string())
+            Some("profiled at 7".to_string()),
+            Some("profiled at 8".to_string())
         ]
     );
 }

@@ -528,7 +528,12 @@ impl<'a> Engine<'a> {
                     .as_ref()
                     .is_some_and(|c| self.cycle_should_end(c));
             if cycle_done {
-                self.end_cycle(&mut state, CycleEnd::Continuing)?;
+                // A cycle that ends as a budget runs out is the session's last.
+                let end = match self.budget_reached(&state) {
+                    Some(_) => CycleEnd::Last,
+                    None => CycleEnd::Continuing,
+                };
+                self.end_cycle(&mut state, end)?;
             }
             self.checkpoint(&state)?;
         };
@@ -1924,7 +1929,7 @@ impl<'a> Engine<'a> {
     }
 }
 
-/// Whether the search goes on after a cycle ends, or the session's round budget ended it.
+/// Whether the search goes on after a cycle ends, or a budget of the session ended with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CycleEnd {
     Continuing,
