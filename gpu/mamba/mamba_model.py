@@ -38,6 +38,8 @@ from typing import Any, Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from steady_pick import ROUNDS, pick_steady, rotations
+
 HERE = Path(__file__).resolve().parent
 
 # mamba-370m (state-spaces/mamba-370m; the HF config of mamba-370m-hf).
@@ -224,25 +226,11 @@ class TaskEntryScan:
         return y, h_last
 
 
-# Interleaved passes over the scans when tuning, and how close to the fastest median a scan
-# listed earlier may be and still be picked: picks by one noisy measurement per scan changed
-# from run to run (docs/results/mamba-gpu), so a scan must beat those listed before it by more
-# than the measurements move for the pick to change.
-TUNE_ROUNDS = 3
-PICK_MARGIN = 0.03
-
-
-def pick_steady(medians: dict[str, float], margin: float = PICK_MARGIN) -> str:
-    """The first of `medians` (in their order) within `margin` of the fastest."""
-    fastest = min(medians.values())
-    return next(n for n, t in medians.items() if t <= fastest * (1 + margin))
-
-
 class TunedScan:
     """Several scans, each call going to the one picked for the nearest tuned length (a cache
     keyed by shape, filled by `tune` before any traced forward, since timing cannot happen
-    inside one): the first listed whose median time is within PICK_MARGIN of the fastest.
-    Untuned, every call goes to the first scan."""
+    inside one): the first listed whose median time is within PICK_MARGIN of the fastest
+    (steady_pick). Untuned, every call goes to the first scan."""
 
     name = "tuned"
 
@@ -259,7 +247,7 @@ class TunedScan:
         return self.picks[nearest]
 
     def tune(self, lengths, time_one: Callable[[Any, int], float],
-             rounds: int = TUNE_ROUNDS) -> dict[str, Any]:
+             rounds: int = ROUNDS) -> dict[str, Any]:
         """Times every scan at every length (time_one(scan, T) -> seconds per call) in
         `rounds` interleaved passes, each starting at the next scan, and picks per length by
         the medians (pick_steady); returns the medians (microseconds), each scan's range, and
@@ -270,8 +258,8 @@ class TunedScan:
         names = list(self.scans)
         for T in sorted(set(int(t) for t in lengths)):
             samples: dict[str, list[float]] = {}
-            for r in range(max(1, rounds)):
-                for name in names[r % len(names):] + names[:r % len(names)]:
+            for order in rotations(names, rounds):
+                for name in order:
                     if name in errors:
                         continue
                     try:

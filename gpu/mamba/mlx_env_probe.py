@@ -13,11 +13,10 @@ records it).
     python mlx_env_probe.py --print-best                 # also: KEY=VALUE lines of the best
 
 Each setting is measured `--rounds` times, the rounds interleaved (each starts one setting
-later), and compared by its median. The first setting is MLX's defaults (no variables); a
-setting listed later is picked only where its median is more than PICK_MARGIN under those of
-every setting before it (`best`): one measurement per setting named a different setting in
-every bench run (docs/results/mamba-gpu), so the pick now needs a difference larger than the
-measurements' movement, and "best" is never worse than the defaults by the medians.
+later), and compared by its median. The first setting is MLX's defaults (no variables); the
+pick is the first setting whose median is within PICK_MARGIN of the cheapest (`best`,
+steady_pick), so the defaults stay unless another setting is cheaper by more than that, and
+"best" is never worse than the defaults by more than it.
 """
 
 from __future__ import annotations
@@ -29,6 +28,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from steady_pick import PICK_MARGIN, ROUNDS, pick_steady, rotations
 
 HERE = Path(__file__).resolve().parent
 
@@ -43,8 +44,6 @@ SETTINGS: list[tuple[str, dict[str, str]]] = [
 KEYS = sorted({k for _, env in SETTINGS for k in env})
 # The measured figures of a child, summarised over rounds.
 FIGURES = ("compiled_us_per_op", "eager_us_per_op")
-# How far under the fastest median a setting listed earlier may be and still be picked.
-PICK_MARGIN = 0.03
 
 
 def child(ops: int, reps: int) -> int:
@@ -98,11 +97,10 @@ def summarize(label: str, env: dict[str, str], rounds: list[dict]) -> dict:
 def best(rows: list[dict], margin: float = PICK_MARGIN) -> dict | None:
     """The first row (in SETTINGS order) whose compiled cost is within `margin` of the
     cheapest; None when no setting was measured."""
-    ok = [r for r in rows if "error" not in r and "compiled_us_per_op" in r]
+    ok = {r["label"]: r for r in rows if "error" not in r and "compiled_us_per_op" in r}
     if not ok:
         return None
-    cheapest = min(r["compiled_us_per_op"] for r in ok)
-    return next(r for r in ok if r["compiled_us_per_op"] <= cheapest * (1 + margin))
+    return ok[pick_steady({k: r["compiled_us_per_op"] for k, r in ok.items()}, margin)]
 
 
 def main(argv=None) -> int:
@@ -110,8 +108,8 @@ def main(argv=None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--ops", type=int, default=200)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="measurements of each setting, interleaved (default 3)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS,
+                    help=f"measurements of each setting, interleaved (default {ROUNDS})")
     ap.add_argument("--timeout", type=float, default=60.0, help="per measurement (s)")
     ap.add_argument("--only", help="comma-separated labels to measure (default: all)")
     ap.add_argument("--json", type=Path, help="write the rows and the pick here")
@@ -128,9 +126,8 @@ def main(argv=None) -> int:
         ap.error(f"--only names no setting (known: {', '.join(s[0] for s in SETTINGS)})")
     measured: dict[str, list[dict]] = {label: [] for label, _ in settings}
     failed: set[str] = set()
-    for r in range(args.rounds):
-        k = r % len(settings)
-        for label, env in settings[k:] + settings[:k]:
+    for order in rotations(settings, args.rounds):
+        for label, env in order:
             if label in failed:
                 continue  # a setting that failed once is not picked; spare its time
             one = measure(label, env, args.ops, args.reps, args.timeout)

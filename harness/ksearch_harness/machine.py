@@ -66,9 +66,9 @@ def static_environment() -> dict:
 @functools.lru_cache(maxsize=None)
 def measure_roofline() -> tuple[float, float]:
     """(memory bandwidth in bytes/s, peak FLOP/s) of this machine: best of a few copies of a
-    32 MiB array (a read and a write per byte) and of float32 matmuls on one core, times the
-    cores (measure_roofline_fresh). Both are lower bounds on
-    what the hardware can do; core.py applies slack factors for that. Measured once per
+    32 MiB array (a read and a write per byte), a lower bound on what the hardware can do, and
+    of float32 matmuls on one core times the cores (measure_roofline_fresh), which BLAS reaches
+    only in part; core.py applies slack factors for both. Measured once per
     process and, where ksearch gives the harness a cache (KSEARCH_HARNESS_MACHINE_CACHE), once
     per machine (remembered_roofline), so every evaluation uses the same floors."""
     return remembered_roofline(roofline_key(), measure_roofline_fresh)

@@ -38,15 +38,16 @@ macro_rules! chosen_files {
 }
 
 /// What `ksearch bench mamba` runs: bench.py and the modules it imports at run time (the model,
-/// its kernels and its named family settings), the MLX settings probe, and the client through
-/// which it asks the running ksearch for the selective-scan family's renders (gpu/ in a
-/// checkout, beside the others here).
+/// its kernels and its named family settings), the MLX settings probe, the pick rule both
+/// share (steady_pick.py), and the client through which it asks the running ksearch for the
+/// selective-scan family's renders (gpu/ in a checkout, beside the others here).
 static MAMBA_BENCH: Dir<'_> = chosen_files!("gpu/mamba":
     "bench.py",
     "mamba_model.py",
     "model_kernels.py",
     "variants.toml",
-    "mlx_env_probe.py";
+    "mlx_env_probe.py",
+    "steady_pick.py";
     "ksearch_render.py" = "gpu/ksearch_render.py"
 );
 
@@ -262,6 +263,7 @@ mod tests {
                 "mamba_model.py",
                 "mlx_env_probe.py",
                 "model_kernels.py",
+                "steady_pick.py",
                 "variants.toml"
             ]
         );

@@ -38,8 +38,9 @@
 //!   Where sample threads overlap, such a wait can overlap another sample's evaluation.
 //! - **proposer**: the LLM calls' recorded latencies (absent for the offline proposer, whose
 //!   time is in *other*).
-//! - **other** = the wall minus all of the above: the search's own work, what older stores did not record (discarded yardstick attempts, first tries
-//!   of repeated evaluations), the offline proposer, waiting.
+//! - **other** = the wall minus all of the above: the search's own work, what older stores did
+//!   not record (discarded yardstick attempts, first tries of repeated evaluations), the
+//!   offline proposer, waiting.
 //! - **device work** = the phases [`DEVICE_PHASES`] plus the yardsticks: the phases in which
 //!   the device (the CPU, for the cpu backend) runs the candidate's, the reference's or the
 //!   baseline's work, or work that sets the device up for a timed call. **Device busy
