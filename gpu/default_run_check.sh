@@ -10,7 +10,8 @@
 #
 # Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. BACKEND
 # (default cuda) may be mlx, with MLX carried as gpu/score_check.sh says. Results in $OUT:
-# run.json, show.txt, show.json, log.txt. Measured runs: docs/results/evaluation-speed.
+# run.json, show.txt, show.json, log.txt, and store.tar.gz (the run directory: every
+# evaluation with its phases and raw samples). Measured runs: docs/results/evaluation-speed.
 set -uo pipefail
 
 BACKEND=${BACKEND:-cuda}
@@ -28,3 +29,4 @@ RUN=$(ls -t "$RUNS" | head -n 1)
 "$KS" show "$RUN" --runs-dir "$RUNS" > "$OUT/show.txt"
 "$KS" show "$RUN" --runs-dir "$RUNS" --json > "$OUT/show.json"
 sed -n '1,/^world model/p' "$OUT/show.txt"
+tar -C "$RUNS" -czf "$OUT/store.tar.gz" "$RUN"
