@@ -874,9 +874,12 @@ fn the_confirmation_re_ranks_the_winner_against_the_runner_ups() {
     ]);
     let c = out.confirmation.clone().unwrap();
     assert_eq!(c.rounds, 2);
-    // Winner, seed and two runner-ups (solid, slow), each measured twice.
-    assert_eq!(c.contenders.len(), 4);
+    // Winner, seed and one runner-up, each measured twice. `solid`'s interval (2.3–2.7) lies
+    // below the lucky winner's (2.8–3.2) but within the margin, so it is confirmed; `slow`'s
+    // (0.4–0.6) lies far below and could not overtake.
+    assert_eq!(c.contenders.len(), 3);
     assert!(c.contenders.iter().all(|k| k.scores.len() == 2));
+    assert_eq!(c.clearly_slower, vec![candidate_tagged(&store, ";slow")]);
     let (lucky, solid) = (
         candidate_tagged(&store, ";lucky"),
         candidate_tagged(&store, ";solid"),
@@ -889,6 +892,46 @@ fn the_confirmation_re_ranks_the_winner_against_the_runner_ups() {
     assert_eq!(best.rechecked_score, Some(2.5));
     assert_eq!(c.seed().unwrap().score, Some(1.0));
     assert_eq!(events(&store, "confirmation").len(), 1);
+}
+
+/// A kernel whose search interval lies far below the winner's is not confirmed: it could take
+/// over only by confirming wholly above the winner. One without an interval, or within the
+/// margin, is; the seed always is (the headline's ratio is measured against it).
+#[test]
+fn runner_ups_far_below_the_winner_are_left_out_of_the_confirmation() {
+    let (_tmp, out, store) = confirmed_run([
+        "score=2.0~0.1;top",
+        "score=1.5~0.1;far",
+        "score=1.7;unmeasured",
+    ]);
+    let c = out.confirmation.clone().unwrap();
+    let (top, far, unmeasured) = (
+        candidate_tagged(&store, ";top"),
+        candidate_tagged(&store, ";far"),
+        candidate_tagged(&store, ";unmeasured"),
+    );
+    let roles: Vec<(i64, &str)> = c
+        .contenders
+        .iter()
+        .map(|k| (k.candidate_id, k.role.as_str()))
+        .collect();
+    // 1.6 * 1.15 < 1.9: `far` cannot overtake; `unmeasured` has no interval to tell.
+    assert!(roles.contains(&(top, "winner")), "{roles:?}");
+    assert!(roles.contains(&(unmeasured, "runner-up")), "{roles:?}");
+    assert!(roles.iter().any(|(_, r)| *r == "seed"), "{roles:?}");
+    assert!(!roles.iter().any(|(id, _)| *id == far), "{roles:?}");
+    assert_eq!(c.clearly_slower, vec![far]);
+    // Three contenders, two rounds: six evaluations in the event, none of `far`.
+    let event = &events(&store, "confirmation")[0];
+    let measured: Vec<i64> = event["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["candidate"].as_i64().unwrap())
+        .collect();
+    assert_eq!(measured.len(), 6);
+    assert!(!measured.contains(&far));
+    assert_eq!(event["confirmation"]["clearly_slower"], json!([far]));
 }
 
 #[test]

@@ -23,6 +23,7 @@ mod generation;
 pub mod ranking;
 
 pub use evaluation::{CandidateEvaluator, EvalFailure, Evaluation, Purpose};
+use ranking::{result_interval, Ranked};
 pub use ranking::{Confirmation, Confirmed};
 
 use std::collections::BTreeSet;
@@ -1819,33 +1820,52 @@ impl<'a> Engine<'a> {
         self.checkpoint(&state)?;
         let mut best = state.best.clone();
         let mut recheck = None;
-        let mut confirm_pool: Vec<(i64, f64)> = Vec::new();
+        let mut confirm_pool: Vec<Ranked> = Vec::new();
         if self.cfg.recheck {
-            let mut ranked: Vec<(i64, f64)> = Vec::new();
+            let mut ranked: Vec<Ranked> = Vec::new();
             {
                 let store = self.store();
                 for e in store.evaluations()? {
                     if e.status == "passed" {
                         if let (Some(s), Some(c)) = (e.score, store.candidate(e.candidate_id)?) {
                             if c.kind != CandidateKind::Recheck {
-                                ranked.push((c.id, s));
+                                ranked.push(Ranked {
+                                    candidate_id: c.id,
+                                    score: s,
+                                    interval: result_interval(&e.result),
+                                });
                             }
                         }
                     }
                 }
             }
-            ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            ranked.sort_by(|a, b| {
+                b.score
+                    .total_cmp(&a.score)
+                    .then(a.candidate_id.cmp(&b.candidate_id))
+            });
             // The search's best (a re-measure may have preferred it over a higher single
             // score) is re-checked first; the others follow by score.
             if let Some(b) = &state.best {
-                if let Some(pos) = ranked.iter().position(|(id, _)| *id == b.candidate_id) {
+                if let Some(pos) = ranked.iter().position(|r| r.candidate_id == b.candidate_id) {
                     let first = ranked.remove(pos);
-                    ranked.insert(0, (first.0, b.score));
+                    ranked.insert(
+                        0,
+                        Ranked {
+                            score: b.score,
+                            ..first
+                        },
+                    );
                 }
             }
             confirm_pool = ranked.clone();
             let mut seen = BTreeSet::new();
-            for (id, score) in ranked.into_iter().take(8) {
+            for Ranked {
+                candidate_id: id,
+                score,
+                ..
+            } in ranked.into_iter().take(8)
+            {
                 let Some(view) = self.attempt_view(id)? else {
                     continue;
                 };
@@ -1888,10 +1908,10 @@ impl<'a> Engine<'a> {
         }
         let mut confirmation = None;
         if let (true, Some(b)) = (self.cfg.recheck, best.clone()) {
-            let others: Vec<(i64, f64)> = confirm_pool
+            let others: Vec<Ranked> = confirm_pool
                 .iter()
                 .copied()
-                .filter(|(id, _)| *id != b.candidate_id)
+                .filter(|r| r.candidate_id != b.candidate_id)
                 .collect();
             confirmation =
                 self.confirm(&b, &others, state.seed_candidate, self.cfg.confirm_rounds)?;

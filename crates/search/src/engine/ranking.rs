@@ -8,12 +8,15 @@
 //!   and the better geometric mean of each kernel's measurements is kept ([`Engine::duel`]);
 //! - the run's winner is confirmed at the end: it, the runner-ups and the seed are evaluated in
 //!   turn for a few rounds, a runner-up takes over only if it confirms clearly faster, and the
-//!   run's headline is that confirmed comparison ([`Engine::confirm`]).
+//!   run's headline is that confirmed comparison ([`Engine::confirm`]). A kernel whose search
+//!   interval lies wholly below the winner's, by a margin, is no runner-up: to take over it
+//!   would have to confirm wholly above the winner, past both intervals and the margin, so
+//!   measuring it again buys nothing ([`cannot_overtake`]).
 //!
 //! Results without an interval (a fake evaluator, an old harness) are ranked by score alone.
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::{BestRef, Engine, EngineError, Purpose};
 
@@ -44,6 +47,45 @@ pub struct Confirmation {
     pub contenders: Vec<Confirmed>,
     /// The candidate the confirmation kept as the run's best.
     pub winner: i64,
+    /// Kernels ranked among the runner-ups that were not confirmed because their search
+    /// interval lies wholly below the winner's ([`cannot_overtake`]), best first.
+    #[serde(default)]
+    pub clearly_slower: Vec<i64>,
+}
+
+/// One passed search evaluation, as the finish ranks them for the re-check and the
+/// confirmation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ranked {
+    pub candidate_id: i64,
+    pub score: f64,
+    /// Its `score_interval`, where the result has one.
+    pub interval: Option<[f64; 2]>,
+}
+
+/// The `score_interval` of a stored harness result, if it has a well-formed one.
+pub fn result_interval(result: &Value) -> Option<[f64; 2]> {
+    let iv: [f64; 2] = serde_json::from_value(result.get("score_interval")?.clone()).ok()?;
+    (iv[0].is_finite() && iv[1].is_finite() && iv[0] <= iv[1]).then_some(iv)
+}
+
+/// How far below the winner's interval a kernel's interval must lie (the ratio of the
+/// winner's lower bound to its upper bound) before the confirmation leaves it out. The
+/// winner is the highest of many noisy scores, so its interval can sit too high; repeated
+/// evaluations of one kernel differ by less than 10% on our machines (docs/results/scores),
+/// and this asks for half as much again beyond both intervals.
+pub const OVERTAKE_MARGIN: f64 = 1.15;
+
+/// Whether a kernel measured at `interval` cannot take the winner's place in the
+/// confirmation: its interval lies wholly below the winner's, by more than
+/// [`OVERTAKE_MARGIN`]. A runner-up takes over only by confirming wholly above the winner
+/// ([`confirmed_winner`]), which would take both measurements to move past both intervals
+/// and the margin. Without both intervals it can.
+pub fn cannot_overtake(interval: Option<[f64; 2]>, winner: &BestRef) -> bool {
+    match (interval, winner.interval) {
+        (Some(r), Some(w)) => r[1] * OVERTAKE_MARGIN < w[0],
+        _ => false,
+    }
 }
 
 impl Confirmation {
@@ -128,13 +170,15 @@ impl Engine<'_> {
     }
 
     /// Evaluates the winner, up to [`CONFIRM_RUNNER_UPS`] runner-ups (distinct sources, by
-    /// search score) and the seed in turn for `rounds` rounds, rotating the order each round.
-    /// Returns the confirmation; its `winner` is the kernel it keeps ([`confirmed_winner`]; the
-    /// caller re-checks it if it is not the re-checked winner).
+    /// search score, leaving out those that [`cannot_overtake`] it) and the seed in turn for
+    /// `rounds` rounds, rotating the order each round. Returns the confirmation; its `winner`
+    /// is the kernel it keeps ([`confirmed_winner`]; the caller re-checks it if it is not the
+    /// re-checked winner). The seed is confirmed whatever its score: the headline's ratio to
+    /// the seed is measured here.
     pub(super) fn confirm(
         &self,
         winner: &BestRef,
-        ranked: &[(i64, f64)],
+        ranked: &[Ranked],
         seed: Option<i64>,
         rounds: u32,
     ) -> Result<Option<Confirmation>, EngineError> {
@@ -144,17 +188,31 @@ impl Engine<'_> {
         // (id, role, source), one per distinct source.
         let mut contenders: Vec<(i64, String, String)> = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
+        let mut clearly_slower = Vec::new();
         let mut runner_ups = 0;
-        let picks = std::iter::once((winner.candidate_id, "winner"))
-            .chain(seed.map(|s| (s, "seed")))
-            .chain(ranked.iter().map(|(id, _)| (*id, "runner-up")));
-        for (id, role) in picks {
+        let picks = std::iter::once((winner.candidate_id, "winner", None))
+            .chain(seed.map(|s| (s, "seed", None)))
+            .chain(
+                ranked
+                    .iter()
+                    .map(|r| (r.candidate_id, "runner-up", r.interval)),
+            );
+        for (id, role, interval) in picks {
             if role == "runner-up" && runner_ups >= CONFIRM_RUNNER_UPS {
                 break;
             }
             let Some(view) = self.attempt_view(id)? else {
                 continue;
             };
+            if seen.contains(&view.source_id) {
+                continue;
+            }
+            if role == "runner-up" && cannot_overtake(interval, winner) {
+                if !clearly_slower.contains(&id) {
+                    clearly_slower.push(id);
+                }
+                continue;
+            }
             if seen.insert(view.source_id.clone()) {
                 runner_ups += usize::from(role == "runner-up");
                 contenders.push((id, role.to_string(), view.source));
@@ -207,6 +265,7 @@ impl Engine<'_> {
             rounds,
             contenders: confirmed,
             winner: best,
+            clearly_slower,
         };
         self.event(
             "confirmation",

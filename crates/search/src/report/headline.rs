@@ -39,12 +39,21 @@ pub fn confirmed(outcome: &RunOutcome) -> Option<String> {
     }
     let others = c.contenders.len() - 1;
     line.push_str(&format!(
-        " ({} kernel{} re-measured in turn with it, {} round{})",
+        " ({} kernel{} re-measured in turn with it, {} round{}",
         others,
         if others == 1 { "" } else { "s" },
         c.rounds,
         if c.rounds == 1 { "" } else { "s" }
     ));
+    if !c.clearly_slower.is_empty() {
+        // Runner-ups whose search interval lay wholly below the winner's (ranking.rs).
+        let n = c.clearly_slower.len();
+        line.push_str(&format!(
+            "; {n} runner-up{} left out, clearly slower in the search",
+            if n == 1 { "" } else { "s" }
+        ));
+    }
+    line.push(')');
     Some(line)
 }
 
@@ -189,6 +198,16 @@ mod tests {
              (2 kernels re-measured in turn with it, 2 rounds)"
         );
         assert!(confirmed(&outcome(Value::Null)).is_none());
+        let mut lean = summary.clone();
+        if let Some(c) = lean.confirmation.as_mut() {
+            c.clearly_slower = vec![4];
+        }
+        assert_eq!(
+            confirmed(&lean).unwrap(),
+            "confirmed: 2.100x the baseline (1.900–2.300), 2.00x faster than the seed \
+             (2 kernels re-measured in turn with it, 2 rounds; 1 runner-up left out, clearly \
+             slower in the search)"
+        );
     }
 
     fn confirmation(interval: [f64; 2]) -> RunOutcome {
