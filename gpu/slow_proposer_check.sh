@@ -3,9 +3,9 @@
 # evaluation at search speed): `ksearch run --task attention --backend cuda` with a scripted
 # proposer (gpu/scripted_proposer.py) that answers every call after DELAY seconds (default 10)
 # with the next kernel of a fixed ladder of the attention family (mma.sync, cp.async, causal
-# skip, wgmma, ping-pong), SAMPLES candidates per round (default 4), STRATEGY (default
-# world-model; best-of-n asks for the next round while the current one is evaluated), ROUNDS
-# (default 5); then `ksearch show` of the run (the `time:` block: device busy, the proposer's
+# skip, wgmma, ping-pong, then other tensor-core settings, each kernel distinct), SAMPLES
+# candidates per round (default 4), STRATEGY (default world-model; best-of-n asks for the next
+# round while the current one is evaluated), ROUNDS (default 5); then `ksearch show` of the run (the `time:` block: device busy, the proposer's
 # seconds, what overlapped).
 #
 #   run(command="STRATEGY=best-of-n bash gpu/slow_proposer_check.sh", timeout_s=600,
@@ -29,9 +29,18 @@ fam = Family("attention", "cuda")
 named = fam.variants(Path("gpu/attention/variants.toml"))
 ladder = ["s4_mma", "s5_mma_cpasync", "s7_causal_skip", "s8_wgmma", "wg_m128n128s2",
           "wg_m128n128s2_pp", "wg_m128n128s3_pp"]
-for i, name in enumerate(ladder):
-    Path(sys.argv[1], f"{i:02d}-{name}.cu").write_text(fam.render(named[name]))
-print(f"{len(ladder)} kernels for the scripted proposer")
+kernels = [(name, fam.render(named[name])) for name in ladder]
+# Then other tensor-core settings of the family, spread over its enumeration, so that every
+# sample of the run is a kernel of its own (a repeated source reuses its result and would
+# make the device look idle): 28 in all, 20 samples at the defaults.
+taken = [named[name] for name in ladder]
+extra = [k for k in fam.enumerate() if k.get("algo") in ("mma", "wgmma") and k not in taken]
+step = max(1, len(extra) // 21)
+for j, knobs in enumerate(extra[::step][:21]):
+    kernels.append((f"enum{j:02d}", fam.render(knobs)))
+for i, (name, src) in enumerate(kernels):
+    Path(sys.argv[1], f"{i:02d}-{name}.cu").write_text(src)
+print(f"{len(kernels)} kernels for the scripted proposer")
 PY
 export KSEARCH_AGENT_KERNELS=$KERNELS KSEARCH_AGENT_DELAY=${DELAY:-10}
 started=$SECONDS
