@@ -9,6 +9,21 @@ use common::{ksearch, workspace_root};
 use predicates::prelude::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The machine, as the tests that run evaluations share it: those take it `shared`; a test
+/// whose claim is about timing noise takes it `alone`, since other tests' evaluations on the
+/// same cores (two on CI) would add noise between its evaluations that no single evaluation's
+/// interval can know of.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn alone() -> RwLockWriteGuard<'static, ()> {
+    MACHINE.write().unwrap_or_else(|e| e.into_inner())
+}
 
 fn candidate(dir: &Path, name: &str, source: &str) -> PathBuf {
     let path = dir.join(name);
@@ -44,6 +59,7 @@ fn help_lists_every_command_and_each_has_its_own() {
 /// and `show` says the run is running; once the holder is gone, it says interrupted.
 #[test]
 fn a_run_being_written_refuses_a_second_writer_and_shows_as_running() {
+    let _machine = shared();
     let tmp = tempfile::tempdir().unwrap();
     let config = ksearch_store::RunConfig {
         task: "softmax".into(),
@@ -165,6 +181,7 @@ fn unknown_backend_and_missing_file_are_usage_errors() {
 
 #[test]
 fn the_seed_kernel_passes_held_out_workloads_included() {
+    let _machine = shared();
     let task_dir = workspace_root().join("tasks/softmax");
     let task = ksearch_task::resolve(&task_dir.to_string_lossy()).unwrap();
     let held_out: Vec<String> = task
@@ -205,6 +222,7 @@ const BROKEN_SOFTMAX: &str = "#include <stdint.h>\nvoid softmax_f32(const float*
 
 #[test]
 fn a_failing_candidate_does_not_stop_the_others_and_json_has_everything() {
+    let _machine = shared();
     let dir = tempfile::tempdir().unwrap();
     let broken = candidate(dir.path(), "broken.c", BROKEN_SOFTMAX);
     let out = ksearch()
@@ -240,6 +258,7 @@ fn a_failing_candidate_does_not_stop_the_others_and_json_has_everything() {
 /// there while the second file is still being evaluated, and a stopped eval keeps it.
 #[test]
 fn json_lines_keep_what_a_stopped_eval_finished() {
+    let _machine = shared();
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let broken = candidate(dir.path(), "broken.c", BROKEN_SOFTMAX);
@@ -275,6 +294,7 @@ fn json_lines_keep_what_a_stopped_eval_finished() {
 /// yardstick, and every score lies inside every other's reported interval.
 #[test]
 fn five_evaluations_of_one_kernel_agree_within_their_intervals() {
+    let _machine = alone();
     let out = ksearch()
         .args(["eval", "--task", "softmax", "--timing", "quick", "--json"])
         .args([SOFTMAX_SEED; 5])
@@ -318,6 +338,7 @@ fn five_evaluations_of_one_kernel_agree_within_their_intervals() {
 
 #[test]
 fn a_candidate_that_does_not_compile_is_rejected() {
+    let _machine = shared();
     let dir = tempfile::tempdir().unwrap();
     let broken = candidate(
         dir.path(),
@@ -334,6 +355,7 @@ fn a_candidate_that_does_not_compile_is_rejected() {
 
 #[test]
 fn an_endless_candidate_times_out() {
+    let _machine = shared();
     let dir = tempfile::tempdir().unwrap();
     let spin = candidate(
         dir.path(),
@@ -452,6 +474,7 @@ fn doctor_chooses_an_active_interpreter_that_has_numpy() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_killed_ksearch_leaves_no_harness_running() {
+    let _machine = shared();
     let root = workspace_root();
     let tmp = tempfile::tempdir().unwrap();
     let fake_root = tmp.path().join("root");
