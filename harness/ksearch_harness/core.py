@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -444,16 +444,23 @@ def _trial_seeds(req: Request, out: ResultBuilder) -> list[int]:
 
 
 def sanity_check(req: Request, task: TaskCode, seed: int,
-                 entries: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                 entries: list[dict[str, Any]] | None = None,
+                 draw: Callable[[Workload, int, int], Inputs] | None = None,
+                 truth_of: Callable[[Inputs, Workload], dict[str, np.ndarray]] | None = None,
+                 ) -> list[dict[str, Any]]:
     """A task where an all-zero or a constant output passes the tolerance cannot tell a kernel
     that works from one that does nothing; one whose baseline disagrees with its reference
     times the wrong thing. Both are task errors, raised before any candidate is involved.
-    `entries` receives one record per workload, also when the check fails."""
+    `entries` receives one record per workload, also when the check fails. `draw` and
+    `truth_of` stand in for the task's `make_inputs` and `reference`: an evaluation passes its
+    own, which keep the sets it draws, so its first trial (the same seed) draws nothing again."""
     entries = [] if entries is None else entries
+    draw = draw or task.make_inputs
+    truth_of = truth_of or task.reference
     problems = []
     for wi, wl in enumerate(req.workloads):
-        inputs = task.make_inputs(wl, seed, wi)
-        truth = task.reference(inputs, wl)
+        inputs = draw(wl, seed, wi)
+        truth = truth_of(inputs, wl)
         zero_ok = const_ok = True
         for spec in wl.outputs:
             dt, t = dtypes.get(spec.dtype), truth[spec.name]
@@ -671,7 +678,10 @@ class Evaluation:
             k = sanity_cache.key(req.raw, req.task.dir)  # type: ignore[union-attr]
             self.sanity_cached = sanity_cache.known_sane(k)
             if not self.sanity_cached:
-                sanity_check(req, self.task, self.trial_seeds[0])
+                # Through the evaluation's own draws: the sets are the first trial's, kept
+                # (draw_cache) for it in a persistent judge.
+                sanity_check(req, self.task, self.trial_seeds[0], draw=self._make_inputs,
+                             truth_of=self._reference)
                 sanity_cache.remember(k)
 
         out.stage = "static"

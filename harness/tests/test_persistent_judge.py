@@ -84,7 +84,9 @@ def test_one_worker_serves_requests_until_one_times_out():
             assert again["status"] == "passed", again["message"]
             assert again["environment"]["judge"]["served"] == 1
             assert again["environment"]["judge"]["pid"] != j1["pid"]
-            assert again["diagnostics"]["draw_cache"]["hits"] == 0
+            # Nothing kept from the killed worker: the only hits are the first trial's input
+            # sets and truths, which the task's check drew in this evaluation a moment before.
+            assert again["diagnostics"]["draw_cache"]["hits"] == 2 * len(again["workloads"])
             # The next evaluation in that worker finds its input sets and reference outputs
             # kept (draw_cache): the same inputs, so the same errors, without drawing them.
             kept = judge.ask(driver.softmax_request(naive, d, nonce="g" * 16))
@@ -151,6 +153,56 @@ def test_a_later_evaluation_draws_no_near_duplicate_and_computes_no_truth_again(
     assert calls == drawn, (drawn, calls)
     errors = [(w["name"], w["max_abs_err"]) for w in first["workloads"]]
     assert [(w["name"], w["max_abs_err"]) for w in second["workloads"]] == errors
+
+
+def test_the_task_check_draws_the_first_trials_sets_for_the_evaluation(tmp_path, monkeypatch):
+    """The task's sanity check draws each workload's set for the first trial's seed and runs
+    the reference on it; the evaluation's first trial uses the same seed. Through the judge's
+    own draws, the first evaluation draws and computes each of those sets once, not twice."""
+    from ksearch_harness import draw_cache, sanity_cache, worker
+    from ksearch_harness.protocol import parse_request
+    from ksearch_harness.task_code import TaskCode
+
+    drawn: list[tuple[int, int]] = []
+    computed = {"reference": 0}
+    real_draw, real_reference = TaskCode.make_inputs, TaskCode.reference
+
+    def make_inputs(self, wl, seed, wi):
+        drawn.append((seed, wi))
+        return real_draw(self, wl, seed, wi)
+
+    def reference(self, inputs, wl):
+        computed["reference"] += 1
+        return real_reference(self, inputs, wl)
+
+    monkeypatch.setattr(TaskCode, "make_inputs", make_inputs)
+    monkeypatch.setattr(TaskCode, "reference", reference)
+    monkeypatch.setenv(sanity_cache.ENV, str(tmp_path / "sanity"))
+    req = parse_request(driver.softmax_request(driver.HONEST / "naive.c", tmp_path), "evaluate")
+
+    def first_evaluation(keep: bool) -> tuple[dict, list[tuple[int, int]], int]:
+        drawn.clear()
+        computed["reference"] = 0
+        for entry in (tmp_path / "sanity").glob("*"):
+            entry.unlink()
+        draw_cache.clear()
+        draw_cache.enable(keep)
+        try:
+            return worker.execute(req), list(drawn), computed["reference"]
+        finally:
+            draw_cache.clear()
+            draw_cache.enable(False)
+
+    kept, kept_draws, kept_refs = first_evaluation(True)
+    assert kept["status"] == "passed", kept["message"]
+    # Every set drawn once: the sanity check's are the first trial's.
+    assert len(kept_draws) == len(set(kept_draws)), kept_draws
+    # The control: without kept sets, the first trial's sets are drawn twice.
+    plain, plain_draws, plain_refs = first_evaluation(False)
+    assert plain["status"] == "passed", plain["message"]
+    workloads = len(req.workloads)
+    assert len(plain_draws) - len(set(plain_draws)) >= workloads, plain_draws
+    assert plain_refs - kept_refs >= workloads, (plain_refs, kept_refs)
 
 
 def test_a_worker_whose_device_context_is_lost_ends_after_its_answer():
