@@ -14,10 +14,11 @@ checks again. Left out on purpose: the seed (the check asks whether all-zero or 
 pass the tolerance, a property of the reference's outputs, not of one draw) and the GPU model.
 Only passes are remembered; a failing task is checked (and reported) every time.
 
-Trust: candidate code runs in this process and can write to the directory, so it could plant a
-pass for a later evaluation of a task whose check would fail. It gains nothing for itself (the
-check runs before the candidate is built), and the same code could as well rewrite the task's
-reference; the cache is a convenience for trusted tasks, not a defence.
+Trust: candidate code runs in the accused process, whose sandbox lets it write only in its own
+temporary directory (docs/security.md, `landlock`), so it cannot plant a pass here; where that
+layer is missing (macOS, older kernels) it could, and would gain nothing for itself (the check
+runs before the candidate is built). The cache is a convenience for trusted tasks, not a
+defence.
 """
 
 from __future__ import annotations
