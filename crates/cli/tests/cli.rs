@@ -14,7 +14,9 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// The machine, as the tests that run evaluations share it: those take it `shared`; a test
 /// whose claim is about timing noise takes it `alone`, since other tests' evaluations on the
 /// same cores (two on CI) would add noise between its evaluations that no single evaluation's
-/// interval can know of.
+/// interval can know of. Under `cargo test` the tests of this file are threads of one process
+/// and this lock orders them; nextest runs each in a process of its own and gives the timing
+/// test the machine through `.config/nextest.toml` instead.
 static MACHINE: RwLock<()> = RwLock::new(());
 
 fn shared() -> RwLockReadGuard<'static, ()> {
