@@ -934,6 +934,44 @@ fn runner_ups_far_below_the_winner_are_left_out_of_the_confirmation() {
     assert_eq!(event["confirmation"]["clearly_slower"], json!([far]));
 }
 
+/// Only the two next-best kernels are runner-ups: when both are far below the winner, the
+/// confirmation is the winner and the seed, and the kernels further down are not listed.
+#[test]
+fn the_kernels_left_out_are_at_most_the_two_runner_ups() {
+    let script = |_: &str, round: u32, _: u32| {
+        Ok(match round {
+            1 => "score=3.0~0.1;top".to_string(),
+            r => format!("score=1.{r}~0.05;slow{r}"),
+        })
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(script);
+    let eval = FakeEvaluator::new(None);
+    let config = EngineConfig {
+        recheck: true,
+        confirm_rounds: 2,
+        ..cfg(6, 0)
+    };
+    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
+    let out = engine.run(Some("score=1~0.1;seed")).unwrap();
+    let store = engine.into_store();
+    let c = out.confirmation.unwrap();
+    let roles: Vec<&str> = c.contenders.iter().map(|k| k.role.as_str()).collect();
+    assert_eq!(roles.len(), 2, "{roles:?}");
+    assert!(
+        roles.contains(&"winner") && roles.contains(&"seed"),
+        "{roles:?}"
+    );
+    // The two highest of the slow ones (rounds 6 and 5), not all five.
+    assert_eq!(
+        c.clearly_slower,
+        vec![
+            candidate_tagged(&store, ";slow6"),
+            candidate_tagged(&store, ";slow5")
+        ]
+    );
+}
+
 #[test]
 fn progress_reads_as_one_line() {
     let p = ksearch_search::engine::Progress {

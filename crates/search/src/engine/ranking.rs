@@ -169,8 +169,8 @@ impl Engine<'_> {
         Ok(if keep_challenger { ch } else { inc })
     }
 
-    /// Evaluates the winner, up to [`CONFIRM_RUNNER_UPS`] runner-ups (distinct sources, by
-    /// search score, leaving out those that [`cannot_overtake`] it) and the seed in turn for
+    /// Evaluates the winner, the [`CONFIRM_RUNNER_UPS`] runner-ups (the next distinct sources
+    /// by search score, less those that [`cannot_overtake`] it) and the seed in turn for
     /// `rounds` rounds, rotating the order each round. Returns the confirmation; its `winner`
     /// is the kernel it keeps ([`confirmed_winner`]; the caller re-checks it if it is not the
     /// re-checked winner). The seed is confirmed whatever its score: the headline's ratio to
@@ -197,6 +197,9 @@ impl Engine<'_> {
                     .iter()
                     .map(|r| (r.candidate_id, "runner-up", r.interval)),
             );
+        // The runner-ups are the next CONFIRM_RUNNER_UPS distinct kernels by search score;
+        // one that cannot overtake the winner is left out, not replaced (those further down
+        // scored lower still).
         for (id, role, interval) in picks {
             if role == "runner-up" && runner_ups >= CONFIRM_RUNNER_UPS {
                 break;
@@ -204,19 +207,17 @@ impl Engine<'_> {
             let Some(view) = self.attempt_view(id)? else {
                 continue;
             };
-            if seen.contains(&view.source_id) {
+            if !seen.insert(view.source_id.clone()) {
                 continue;
             }
-            if role == "runner-up" && cannot_overtake(interval, winner) {
-                if !clearly_slower.contains(&id) {
+            if role == "runner-up" {
+                runner_ups += 1;
+                if cannot_overtake(interval, winner) {
                     clearly_slower.push(id);
+                    continue;
                 }
-                continue;
             }
-            if seen.insert(view.source_id.clone()) {
-                runner_ups += usize::from(role == "runner-up");
-                contenders.push((id, role.to_string(), view.source));
-            }
+            contenders.push((id, role.to_string(), view.source));
         }
         if contenders.len() < 2 {
             return Ok(None);
