@@ -222,7 +222,7 @@ class AccusedProcess:
         self.sock = judge_end
         argv = [python or sys.executable, "-m", module,
                 "--channel-fd", str(accused_end.fileno()), "--backend", backend, *extra_args]
-        env = accused_environment(workdir)
+        env = accused_environment(workdir, backend)
         self.launched_at = time.monotonic()
         # Where the start-up's seconds went (`start_seconds`), once it is ready.
         self.start_seconds: dict[str, float] = {}
@@ -699,13 +699,19 @@ _PASSED = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", 
            "PYTHONPATH")
 
 
-def accused_environment(workdir: str) -> dict[str, str]:
+def accused_environment(workdir: str, backend: str) -> dict[str, str]:
     """The accused's environment: what a kernel needs to load and run, nothing of the judge's.
     Honest thread pools sleep when idle (passive OpenMP), so an idle pool never reads as
-    lingering work; numpy in the accused keeps to one thread. OpenMP threads are bound to
-    cores: a pool woken for each timed call after the judge's work in between (tens of
-    milliseconds) was otherwise placed on the waking thread's core and ran the call at one
-    thread's speed in most evaluations and at two threads' in a few (docs/results/scores)."""
+    lingering work; numpy in the accused keeps to one thread.
+
+    On the cpu backend OpenMP threads are bound to cores: a pool woken for each timed call
+    after the judge's work in between (tens of milliseconds) was otherwise placed on the waking
+    thread's core and ran the call at one thread's speed in most evaluations and at two
+    threads' in a few (docs/results/scores). Nowhere else: the binding pins the thread that
+    loads the OpenMP runtime, and every thread it starts after, to the first core, and on the
+    GPU backends that thread is the accused's Python, which loads the runtime with PyTorch, so
+    every accused of a judge (the one evaluated and the spares starting) ran on one core
+    (docs/results/evaluation-speed)."""
     env = {k: os.environ[k] for k in _PASSED if k in os.environ}
     harness_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     paths = [harness_dir] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -714,9 +720,10 @@ def accused_environment(workdir: str) -> dict[str, str]:
         "HOME": workdir, "TMPDIR": workdir,
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
         "OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "0",
-        "OMP_PROC_BIND": "true", "OMP_PLACES": "cores",
         "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
     })
+    if backend == "cpu":
+        env.update({"OMP_PROC_BIND": "true", "OMP_PLACES": "cores"})
     # More variables by name, for a machine whose kernels need them (the MLX_* or CUDA_*
     # settings of a device, or a test's fake modules): KSEARCH_HARNESS_ACCUSED_ENV=A,B.
     extra = [n.strip() for n in os.environ.get("KSEARCH_HARNESS_ACCUSED_ENV", "").split(",")]

@@ -218,7 +218,7 @@ def _run_confined(req: Request, argv: list[str], workdir: str, ncu: str, inputs:
         accused_policy(req.backend, workdir, req.sandbox, (harness_dir, ncu_dir),
                        4 * nbytes + ADDRESS_SPACE_ROOM, None),
         allow_exec=True, allow_fork=True)
-    env = accused_environment(workdir)
+    env = accused_environment(workdir, req.backend)
     env["PATH"] = os.pathsep.join([os.path.dirname(ncu), os.defpath])
     # Nothing is timed there: no device clock of MLX's, whose profiler session would compete
     # with the profiler for the counters.

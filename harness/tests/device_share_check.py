@@ -69,7 +69,7 @@ def _launch(mode: str, fd: int, size: int, workdir: str) -> dict:
     r, w = os.pipe()
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--mode", mode,
             "--fd", str(fd), "--size", str(size), "--result-fd", str(w)]
-    env = accused_environment(workdir)
+    env = accused_environment(workdir, "cuda")
     env["PYTHONPATH"] = str(ROOT / "harness")
     policy = accused_policy("cuda", workdir, "best-effort", (str(ROOT),), 0, None)
     started = time.perf_counter()

@@ -206,6 +206,33 @@ def test_an_openmp_candidate_runs_with_its_threads_bound_to_cores():
     assert res["status"] == "passed", res["message"]
 
 
+@pytest.mark.parametrize("backend", ["cuda", "mlx"])
+def test_a_gpu_accused_loading_openmp_keeps_every_core(backend, tmp_path):
+    """Binding OpenMP threads (the cpu backend's accused environment) pins the thread that
+    loads the OpenMP runtime, and every thread started after it, to the first core. A GPU
+    backend's accused loads the runtime with PyTorch in its Python thread: with the binding,
+    it and every spare accused beside it ran on one core. Its environment has no binding; the
+    cpu backend's keeps it (the control, which shows the probe can tell on this machine)."""
+    import ctypes.util
+    from ksearch_harness.accused_client import accused_environment
+    gomp = ctypes.util.find_library("gomp")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    if gomp is None or cores < 2:
+        pytest.skip("needs the GNU OpenMP runtime and two cores")
+    probe = (f"import ctypes, os; ctypes.CDLL({gomp!r}); "
+             "print(len(os.sched_getaffinity(0)))")
+
+    def cores_after_loading(env_backend: str) -> int:
+        env = accused_environment(str(tmp_path), env_backend)
+        out = subprocess.run([sys.executable, "-c", probe], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        return int(out.strip())
+
+    if cores_after_loading("cpu") == cores:
+        pytest.skip("the first place (a core) holds every CPU here: no binding to see")
+    assert cores_after_loading(backend) == cores
+
+
 def test_the_judge_starts_numpy_without_a_blas_pool():
     """The harness's entry point sets numpy's BLAS to one thread before numpy loads, so no BLAS
     worker spins on a core a cpu candidate is timed on (__main__). OpenBLAS starts its workers
