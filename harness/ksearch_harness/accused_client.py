@@ -178,6 +178,15 @@ class Linger:
         return self.cpu_ns > LINGER_SHARE * self.window_ns
 
 
+def cores_of(pid: int) -> int | None:
+    """How many CPUs the thread `pid` may run on (its affinity mask), or None where the
+    platform does not say (macOS) or the process is gone."""
+    try:
+        return len(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):
+        return None
+
+
 def start_seconds(launched_at: float, marks: Any, waited: float) -> dict[str, float]:
     """Where an accused's start-up went, from the steps' end times its ready message carries
     (accused.START_MARKS, on the judge's monotonic clock): `main` from the launch (the sandbox,
@@ -226,6 +235,7 @@ class AccusedProcess:
         self.launched_at = time.monotonic()
         # Where the start-up's seconds went (`start_seconds`), once it is ready.
         self.start_seconds: dict[str, float] = {}
+        self.cores: int | None = None
         try:
             policy = accused_policy(backend, workdir, sandbox_mode, readable_extra,
                                     arena_bytes, cpu_seconds)
@@ -256,6 +266,10 @@ class AccusedProcess:
             self.layers.append({"name": str(lock.get("name", "seccomp_lockdown")),
                                 "active": bool(lock.get("active")),
                                 "detail": str(lock.get("detail", ""))[:500]})
+        # Read by the judge, not reported by the accused: the cores the accused's main thread
+        # may run on once it has started (a runtime that binds threads at load, as OpenMP
+        # under OMP_PROC_BIND does, shows here; docs/results/evaluation-speed).
+        self.cores = cores_of(self.pid)
         self.ready = True
         self.stop()
 

@@ -760,6 +760,7 @@ class Evaluation:
                 "device_share": self.device_share,
                 "accused_prestarted": self.prestarted,
                 "accused_start_seconds": proc.start_seconds if proc else {},
+                "accused_cores": proc.cores if proc else None,
                 "outputs_read_to_host": self.host_reads,
                 "draw_cache": draw_cache.stats(),
                 "phase_seconds": self.phase.snapshot()}

@@ -233,6 +233,19 @@ def test_a_gpu_accused_loading_openmp_keeps_every_core(backend, tmp_path):
     assert cores_after_loading(backend) == cores
 
 
+def test_a_result_says_how_many_cores_the_accused_may_use():
+    """The judge reads the accused's CPU affinity once it is ready (diagnostics.accused_cores):
+    a runtime that pins it to one core, as the OpenMP binding did to every GPU accused, shows
+    as 1 there. A cpu accused loads no OpenMP before its candidate: it keeps every core."""
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    with tempfile.TemporaryDirectory() as d:
+        req = driver.softmax_request(driver.HONEST / "naive.c", d)
+        res = driver.run_harness("evaluate", req).result
+    assert res["status"] == "passed", res["message"]
+    assert res["diagnostics"]["accused_cores"] == len(os.sched_getaffinity(0))
+
+
 def test_the_judge_starts_numpy_without_a_blas_pool():
     """The harness's entry point sets numpy's BLAS to one thread before numpy loads, so no BLAS
     worker spins on a core a cpu candidate is timed on (__main__). OpenBLAS starts its workers
