@@ -805,21 +805,30 @@ fn a_challenger_that_falls_back_on_a_re_measure_loses_the_duel() {
 /// `scripts[2]` after, with the re-check and two confirmation rounds. The temporary directory
 /// holds the run.
 fn confirmed_run(scripts: [&'static str; 3]) -> (tempfile::TempDir, RunOutcome, RunStore) {
-    let script = move |_: &str, round: u32, _: u32| {
-        Ok(match round {
+    confirmed_run_of(3, move |round| {
+        match round {
             1 => scripts[0],
             2 => scripts[1],
             _ => scripts[2],
         }
-        .to_string())
-    };
+        .to_string()
+    })
+}
+
+/// A run of `rounds` rounds whose code in each round is `code(round)`, with the re-check and
+/// two confirmation rounds.
+fn confirmed_run_of(
+    rounds: u32,
+    code: impl Fn(u32) -> String + Send + Sync + 'static,
+) -> (tempfile::TempDir, RunOutcome, RunStore) {
+    let script = move |_: &str, round: u32, _: u32| Ok(code(round));
     let tmp = tempfile::tempdir().unwrap();
     let proposer = ScriptedProposer::new(script);
     let eval = FakeEvaluator::new(None);
     let config = EngineConfig {
         recheck: true,
         confirm_rounds: 2,
-        ..cfg(3, 0)
+        ..cfg(rounds, 0)
     };
     let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
     let out = engine.run(Some("score=1~0.1;seed")).unwrap();
@@ -938,23 +947,10 @@ fn runner_ups_far_below_the_winner_are_left_out_of_the_confirmation() {
 /// confirmation is the winner and the seed, and the kernels further down are not listed.
 #[test]
 fn the_kernels_left_out_are_at_most_the_two_runner_ups() {
-    let script = |_: &str, round: u32, _: u32| {
-        Ok(match round {
-            1 => "score=3.0~0.1;top".to_string(),
-            r => format!("score=1.{r}~0.05;slow{r}"),
-        })
-    };
-    let tmp = tempfile::tempdir().unwrap();
-    let proposer = ScriptedProposer::new(script);
-    let eval = FakeEvaluator::new(None);
-    let config = EngineConfig {
-        recheck: true,
-        confirm_rounds: 2,
-        ..cfg(6, 0)
-    };
-    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
-    let out = engine.run(Some("score=1~0.1;seed")).unwrap();
-    let store = engine.into_store();
+    let (_tmp, out, store) = confirmed_run_of(6, |round| match round {
+        1 => "score=3.0~0.1;top".to_string(),
+        r => format!("score=1.{r}~0.05;slow{r}"),
+    });
     let c = out.confirmation.unwrap();
     let roles: Vec<&str> = c.contenders.iter().map(|k| k.role.as_str()).collect();
     assert_eq!(roles.len(), 2, "{roles:?}");
