@@ -32,7 +32,8 @@ import numpy as np
 
 from . import channel, sandbox
 from .arena import Arena, Layout, Placement
-from .machine import child_pids, physical_memory, process_cpu_ns, thread_states
+from .machine import (allowed_cpus, child_pids, physical_memory, process_cpu_ns,
+                      thread_states)
 from .protocol import (BuildError, CandidateRuntimeError, HarnessError, Incorrect, TaskError,
                        TensorSpec, Violation)
 
@@ -178,15 +179,6 @@ class Linger:
         return self.cpu_ns > LINGER_SHARE * self.window_ns
 
 
-def cores_of(pid: int) -> int | None:
-    """How many CPUs the thread `pid` may run on (its affinity mask), or None where the
-    platform does not say (macOS) or the process is gone."""
-    try:
-        return len(os.sched_getaffinity(pid))
-    except (AttributeError, OSError):
-        return None
-
-
 def start_seconds(launched_at: float, marks: Any, waited: float) -> dict[str, float]:
     """Where an accused's start-up went, from the steps' end times its ready message carries
     (accused.START_MARKS, on the judge's monotonic clock): `main` from the launch (the sandbox,
@@ -269,7 +261,7 @@ class AccusedProcess:
         # Read by the judge, not reported by the accused: the cores the accused's main thread
         # may run on once it has started (a runtime that binds threads at load, as OpenMP
         # under OMP_PROC_BIND does, shows here; docs/results/evaluation-speed).
-        self.cores = cores_of(self.pid)
+        self.cores = allowed_cpus(self.pid)
         self.ready = True
         self.stop()
 

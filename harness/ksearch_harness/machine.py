@@ -49,11 +49,17 @@ def physical_memory() -> int:
         return 16 << 30
 
 
-def cores() -> int:
+def allowed_cpus(pid: int = 0) -> int | None:
+    """How many CPUs the thread `pid` (0: this one) may run on, from its affinity mask; None
+    where the platform does not say (macOS) or the process is gone."""
     try:
-        return len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(pid))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return None
+
+
+def cores() -> int:
+    return allowed_cpus() or os.cpu_count() or 1
 
 
 def static_environment() -> dict:
