@@ -5,8 +5,8 @@
 # with the next kernel of a fixed ladder of the attention family (mma.sync, cp.async, causal
 # skip, wgmma, ping-pong, then other tensor-core settings, each kernel distinct), SAMPLES
 # candidates per round (default 4), STRATEGY (default world-model; best-of-n asks for the next
-# round while the current one is evaluated), ROUNDS (default 5); then `ksearch show` of the run (the `time:` block: device busy, the proposer's
-# seconds, what overlapped).
+# round while the current one is evaluated), ROUNDS (default 5); then `ksearch show` of the run
+# (the `time:` block: device busy, the proposer's seconds, what overlapped).
 #
 #   run(command="STRATEGY=best-of-n bash gpu/slow_proposer_check.sh", timeout_s=600,
 #       carry=["target/release/ksearch"])
