@@ -23,7 +23,7 @@ mod generation;
 pub mod ranking;
 
 pub use evaluation::{CandidateEvaluator, EvalFailure, Evaluation, Purpose};
-use ranking::{result_interval, Ranked};
+use ranking::Ranked;
 pub use ranking::{Confirmation, Confirmed};
 
 use std::collections::BTreeSet;
@@ -1832,7 +1832,7 @@ impl<'a> Engine<'a> {
                                 ranked.push(Ranked {
                                     candidate_id: c.id,
                                     score: s,
-                                    interval: result_interval(&e.result),
+                                    interval: self.summarize_stored(&e.result).score_interval,
                                 });
                             }
                         }

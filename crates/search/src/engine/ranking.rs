@@ -16,7 +16,7 @@
 //! Results without an interval (a fake evaluator, an old harness) are ranked by score alone.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{BestRef, Engine, EngineError, Purpose};
 
@@ -59,14 +59,8 @@ pub struct Confirmation {
 pub struct Ranked {
     pub candidate_id: i64,
     pub score: f64,
-    /// Its `score_interval`, where the result has one.
+    /// Its score interval, as the evaluator summarises the stored result.
     pub interval: Option<[f64; 2]>,
-}
-
-/// The `score_interval` of a stored harness result, if it has a well-formed one.
-pub fn result_interval(result: &Value) -> Option<[f64; 2]> {
-    let iv: [f64; 2] = serde_json::from_value(result.get("score_interval")?.clone()).ok()?;
-    (iv[0].is_finite() && iv[1].is_finite() && iv[0] <= iv[1]).then_some(iv)
 }
 
 /// How far below the winner's interval a kernel's interval must lie (the ratio of the
