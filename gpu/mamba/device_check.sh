@@ -10,8 +10,8 @@
 #     stashes the first MLX half; cuda backend: every named variant built with nvcc (ptxas
 #     report), checked against the float64 scan and timed (kernel_cuda.json); compute-sanitizer
 #     memcheck and racecheck on small shapes (sanitizer.log); the seed and picks through the real
-#     harness, held-out workloads and decay regimes included (eval_cuda.json); the tiled variants
-#     in the task's and mlx-lm's channel-last layout (kernel_cuda_tiled.json).
+#     harness, held-out workloads and decay regimes included (eval_cuda.json); the tiled and
+#     staged variants in the task's and mlx-lm's channel-last layout (kernel_cuda_layouts.json).
 #   call 2, right after, carry [".device-carry/mlx2", "target/release/ksearch"]:
 #     bash gpu/mamba/device_check.sh 2
 #     assembles MLX; the whole-model bench: logits check against stock mlx-lm, prefill tok/s at
@@ -55,10 +55,10 @@ if [ "$step" = 1 ]; then
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
   run 150 "cuda variants: build, check, time" \
     python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --json "$OUT/kernel_cuda.json"
-  run 120 "tiled variants in both layouts" \
+  run 120 "tiled and staged variants in both layouts" \
     python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --layouts task,channel-last \
-    --lengths 512,1024,2048,4096 --json "$OUT/kernel_cuda_tiled.json" \
-    --variants tiled_c16_t512,tiled_c16_t512_tree,tiled_c16_t512_tree_pf,tiled_c16_t256,tiled_c16_t256_tree_pf
+    --lengths 512,1024,2048,4096 --json "$OUT/kernel_cuda_layouts.json" \
+    --variants tiled_c16_t512,tiled_c16_t512_tree,tiled_c16_t512_tree_pf,tiled_c16_t256_tree_pf,staged_l16_t256,staged_l16_t512,staged_l8_t128
   run 150 "harness: cuda seed and picks" env PYTHONPATH=harness \
     python3 gpu/mamba/device_eval.py --backend cuda --process \
     --variants chunked_fused,s6_vec,seq_lanes16_fused --json "$OUT/eval_cuda.json"
@@ -67,7 +67,7 @@ if [ "$step" = 1 ]; then
     for tool in memcheck racecheck; do
       run 70 "compute-sanitizer $tool" "$SAN" --tool "$tool" --error-exitcode 9 \
         python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --checks small \
-        --variants s0_sequential,seq_lanes16_fused,s2_chunked,chunked_fused,s6_vec,ch_t32_i16 \
+        --variants s0_sequential,seq_lanes16_fused,s2_chunked,chunked_fused,s6_vec,ch_t32_i16,staged_l16_t256 \
         --lengths 513 --reps 1 >>"$OUT/sanitizer.log" 2>&1
     done
   else

@@ -36,7 +36,7 @@ def _variants():
             picked[_key(knobs)] = knobs
             seen |= new
     for name, knobs in FAM.variants(MAMBA / "variants.toml").items():
-        if name.startswith(("s", "tiled")) or name == "chunked_fused":
+        if name.startswith(("s", "tiled", "staged")) or name == "chunked_fused":
             picked[_key(knobs)] = knobs
     return list(picked.values())
 
@@ -66,6 +66,8 @@ def chunk_of(knobs):
         return knobs["threads"] * knobs["items"]
     if knobs["algo"] == "tiled":
         return knobs["threads"] // knobs["channels"] * 3  # three steps per time segment
+    if knobs["algo"] == "staged":
+        return 32  # steps per staged chunk
     return 64
 
 
@@ -94,6 +96,12 @@ def test_variant_matches_the_reference(knobs):
         # segments (empty segments must pass the state on unchanged).
         cases += [(2, 37, chunk + 5, 16, True, True, 1, 1, "mixed", np.float32),
                   (1, 33, 3, 16, True, True, 1, 1, "mixed", np.float32)]
+    if knobs["algo"] == "staged":
+        # Several blocks of channels, the last one partly past dim, in both layouts; chunks
+        # whole and cut short; a state size past 16 (the N <= 64 instantiation).
+        cases += [(2, 37, 2 * chunk, 16, True, True, 1, 1, "mixed", np.float32),
+                  (1, 70, chunk + 7, 16, False, True, 1, 0, "mixed", np.float32),
+                  (1, 33, 3, 40, True, True, 0, 1, "mixed", np.float32)]
     for batch, dim, L, N, cl, state, hz, sp, regime, dtype in cases:
         inp = make_inputs(rng, batch, dim, L, N, regime=regime, channel_last=cl, with_h0=state)
         if not sp:

@@ -176,8 +176,9 @@ static int ksm_selective_scan(const void* u, const void* delta, const void* A, c
                               int64_t has_z, int64_t softplus, cudaStream_t stream) {
   if (batch < 0 || dim < 0 || L < 0 || N < 0) return static_cast<int>(cudaErrorInvalidValue);
   if (batch == 0 || dim == 0 || L == 0) return 0;
-  // States live in registers (sequential) or a fixed shared array (chunked): at most 64.
-  // The chunked grid is (dim, batch) blocks.
+  // States live in registers (sequential, tiled, staged) or a fixed shared array (chunked): at
+  // most 64. The chunked grid is (dim, batch) blocks, the tiled and staged (channel tiles,
+  // batch).
   if (N < 1 || N > 64 || batch > 65535 || dim > 0x7fffffffLL) {
     return static_cast<int>(cudaErrorInvalidValue);
   }

@@ -235,8 +235,10 @@ DECODE_BODY = r"""
 THREADS = 128
 CHUNKED = False
 TILED = False
-CHANNELS = 1
+STAGED = False
 LANES = 1
+# Adjacent channels per block (tiled and staged).
+CHANNELS = 1
 FUSED = False
 DECODE_THREADS = 128
 _IN = ["u", "delta", "A", "B", "C", "D", "z", "delta_bias"]
@@ -265,7 +267,7 @@ def _grid(batch, dim):
     """MLX's grid counts threads, rounded up to whole blocks."""
     if CHUNKED:
         return (dim * THREADS, batch, 1)
-    if TILED:
+    if TILED or STAGED:
         return ((dim + CHANNELS - 1) // CHANNELS * THREADS, batch, 1)
     blocks = (batch * dim * LANES + THREADS - 1) // THREADS
     return (blocks * THREADS, 1, 1)
