@@ -67,7 +67,9 @@ def chunk_of(knobs):
     if knobs["algo"] == "tiled":
         return knobs["threads"] // knobs["channels"] * 3  # three steps per time segment
     if knobs["algo"] == "staged":
-        return 32  # steps per staged chunk
+        # Steps per staged chunk at N <= 16 (staged_steps: 32 with two states per thread or
+        # 512 threads, 64 with one state per thread).
+        return 64 if knobs["state_lanes"] == 16 and knobs["threads"] <= 256 else 32
     return 64
 
 
@@ -98,10 +100,12 @@ def test_variant_matches_the_reference(knobs):
                   (1, 33, 3, 16, True, True, 1, 1, "mixed", np.float32)]
     if knobs["algo"] == "staged":
         # Several blocks of channels, the last one partly past dim, in both layouts; chunks
-        # whole and cut short; a state size past 16 (the N <= 64 instantiation).
+        # whole and cut short; a state size past 16 (the N <= 64 instantiation, 32 steps per
+        # chunk).
         cases += [(2, 37, 2 * chunk, 16, True, True, 1, 1, "mixed", np.float32),
                   (1, 70, chunk + 7, 16, False, True, 1, 0, "mixed", np.float32),
-                  (1, 33, 3, 40, True, True, 0, 1, "mixed", np.float32)]
+                  (1, 33, 3, 40, True, True, 0, 1, "mixed", np.float32),
+                  (1, 20, 2 * 32 + 5, 40, True, True, 1, 1, "mixed", np.float32)]
     for batch, dim, L, N, cl, state, hz, sp, regime, dtype in cases:
         inp = make_inputs(rng, batch, dim, L, N, regime=regime, channel_last=cl, with_h0=state)
         if not sp:
