@@ -119,3 +119,34 @@ fn an_evaluation_waits_for_its_own_build_written_ahead_from_a_relative_store() {
         "the evaluation waited for the build written ahead of it"
     );
 }
+
+/// A build written ahead that passed is there for its search evaluation to take, once: the
+/// evaluation then asks the harness for no second build (crate::engine::evaluation).
+#[test]
+fn a_passed_build_written_ahead_is_taken_once() {
+    if harness_nvcc() != Some(true) {
+        eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let seed = std::fs::read_to_string(root().join("tasks/copy/seed/copy.cu")).unwrap();
+    let source = format!("{seed}\n// taken once {}\n", std::process::id());
+    let cuda = harness_evaluator_on(eval_evaluator(), "copy", "cuda", 7, "cu", work.path());
+    assert!(
+        cuda.build_written_ahead(&source).is_none(),
+        "nothing written ahead yet"
+    );
+    cuda.prebuild_in_background(&source);
+    let taken = cuda
+        .build_written_ahead(&source)
+        .expect("the build written ahead, waited for");
+    assert_eq!(taken.status, ksearch_eval::Status::Passed, "{taken:?}");
+    assert!(cuda.pending_builds().is_empty());
+    assert!(cuda.build_written_ahead(&source).is_none(), "taken already");
+    // Source that does not compile is written ahead too, and taken with its failure.
+    cuda.prebuild_in_background("this is not CUDA");
+    let failed = cuda
+        .build_written_ahead("this is not CUDA")
+        .expect("its result");
+    assert_ne!(failed.status, ksearch_eval::Status::Passed);
+}

@@ -17,7 +17,8 @@ from scan_ref import make_inputs, scan_ref  # noqa: E402
 if emu.compiler() is None:
     pytest.skip("no C++20 compiler (g++ or $CXX) for the CPU emulation", allow_module_level=True)
 
-VARIANTS = ["s0_sequential", "seq_lanes16_fused", "chunked_fused", "s6_vec"]
+VARIANTS = ["s0_sequential", "seq_lanes16_fused", "chunked_fused", "s6_vec", "tiled_c16_t256",
+            "staged_l16_t256"]
 KEYS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
 
 
@@ -54,8 +55,13 @@ def test_module_entries_on_the_emulation(name, tmp_path):
     assert y.shape == (2, 3, L) and y.dtype is fake.float16
     assert ok(y.np, scan_ref(**inp)[0])
     scan = fake.kernels[0]
-    assert scan.calls[-1]["grid"] == ((3 * mod.THREADS, 2, 1) if mod.CHUNKED else
-                                      (-(-2 * 3 * mod.LANES // mod.THREADS) * mod.THREADS, 1, 1))
+    if mod.CHUNKED:
+        grid = (3 * mod.THREADS, 2, 1)
+    elif mod.TILED or mod.STAGED:
+        grid = (-(-3 // mod.CHANNELS) * mod.THREADS, 2, 1)
+    else:
+        grid = (-(-2 * 3 * mod.LANES // mod.THREADS) * mod.THREADS, 1, 1)
+    assert scan.calls[-1]["grid"] == grid
     assert ("NS", 16) in scan.calls[-1]["template"]
     # Without z and softplus.
     inp["delta"] = rng.uniform(0.01, 0.2, size=inp["delta"].shape).astype(np.float16)

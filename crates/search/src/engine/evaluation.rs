@@ -80,8 +80,9 @@ pub trait CandidateEvaluator: Sync {
 /// new yardstick. Every stored result carries the yardstick it was scored against.
 pub struct HarnessEvaluator {
     evaluator: Arc<Evaluator>,
-    /// Builds started by `prebuild_in_background` and not yet waited for, by source file.
-    building: Mutex<BTreeMap<PathBuf, JoinHandle<bool>>>,
+    /// Builds started by `prebuild_in_background` and not yet taken by an evaluation, by
+    /// source file, in flight or finished (see [`WrittenAhead`]).
+    building: Mutex<WrittenAhead>,
     yardstick: std::sync::Mutex<Option<Yardstick>>,
     task: Task,
     backend: String,
@@ -131,7 +132,7 @@ impl HarnessEvaluator {
     ) -> Self {
         Self {
             evaluator: evaluator.into(),
-            building: Mutex::new(BTreeMap::new()),
+            building: Mutex::new(WrittenAhead::default()),
             yardstick: std::sync::Mutex::new(None),
             task,
             backend: backend.to_string(),
@@ -193,31 +194,74 @@ impl HarnessEvaluator {
     /// yet (finished or not), by the canonical path of their source.
     pub fn pending_builds(&self) -> Vec<PathBuf> {
         let building = self.building.lock().unwrap_or_else(|p| p.into_inner());
-        building.keys().cloned().collect()
+        building.builds.keys().cloned().collect()
     }
 
-    /// Waits for the background build of the source at `path` (a request's canonical
-    /// candidate path), if one is in flight.
-    fn wait_for_build(&self, path: &std::path::Path) {
+    /// Takes the background build of the source at `path` (a request's canonical candidate
+    /// path), waiting for it if it is still running: its result, or None where none was
+    /// started, it was taken already, or the harness could not be asked.
+    fn take_build_written_ahead(&self, path: &std::path::Path) -> Option<EvalResult> {
         let handle = self
             .building
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .builds
             .remove(path);
-        if let Some(h) = handle {
-            let _ = h.join();
+        handle.and_then(|(_, h)| h.join().ok().flatten())
+    }
+
+    /// The result of a build of `source` written ahead (`prebuild_in_background`) that no
+    /// evaluation has taken yet, waiting for it if it is still running; None where there is
+    /// none. Taken: a second call answers None.
+    pub fn build_written_ahead(&self, source: &str) -> Option<EvalResult> {
+        let req = self.prebuild_request(source)?;
+        self.take_build_written_ahead(&req.candidate.path)
+    }
+}
+
+/// The builds written ahead (`prebuild_in_background`), by source file: each with the order it
+/// was started in and its thread, whose answer is the build's result. A finished build is kept
+/// for the evaluation of its source, which then asks the harness nothing; of the two sources a
+/// round writes ahead one never comes, so finished builds beyond [`Self::KEPT`] are let go of,
+/// the oldest first.
+#[derive(Default)]
+struct WrittenAhead {
+    builds: BTreeMap<PathBuf, (u64, JoinHandle<Option<EvalResult>>)>,
+    started: u64,
+}
+
+impl WrittenAhead {
+    const KEPT: usize = 8;
+
+    fn forget_old_finished(&mut self) {
+        let mut finished: Vec<(u64, PathBuf)> = self
+            .builds
+            .iter()
+            .filter(|(_, (_, h))| h.is_finished())
+            .map(|(p, (order, _))| (*order, p.clone()))
+            .collect();
+        if finished.len() <= Self::KEPT {
+            return;
+        }
+        finished.sort();
+        for (_, p) in &finished[..finished.len() - Self::KEPT] {
+            self.builds.remove(p);
         }
     }
 }
 
-fn built(evaluator: &Evaluator, req: &EvalRequest) -> bool {
+fn built(evaluator: &Evaluator, req: &EvalRequest) -> Option<EvalResult> {
     match evaluator.build(req) {
-        Ok(r) => r.status == ksearch_eval::Status::Passed,
+        Ok(r) => Some(r),
         Err(e) => {
             tracing::debug!("prebuild of a candidate that may come: {e}");
-            false
+            None
         }
     }
+}
+
+fn passed(r: &EvalResult) -> bool {
+    r.status == ksearch_eval::Status::Passed
 }
 
 /// A run never ends with a compiler of its own still running: the builds written ahead that
@@ -225,7 +269,7 @@ fn built(evaluator: &Evaluator, req: &EvalRequest) -> bool {
 impl Drop for HarnessEvaluator {
     fn drop(&mut self) {
         let building = std::mem::take(self.building.get_mut().unwrap_or_else(|p| p.into_inner()));
-        for (_, h) in building {
+        for (_, (_, h)) in building.builds {
             let _ = h.join();
         }
     }
@@ -411,8 +455,8 @@ impl CandidateEvaluator for HarnessEvaluator {
         let Some(req) = self.prebuild_request(source) else {
             return false;
         };
-        self.wait_for_build(&req.candidate.path);
-        built(&self.evaluator, &req)
+        let _ = self.take_build_written_ahead(&req.candidate.path);
+        built(&self.evaluator, &req).is_some_and(|r| passed(&r))
     }
 
     fn prebuild_in_background(&self, source: &str) {
@@ -420,9 +464,8 @@ impl CandidateEvaluator for HarnessEvaluator {
             return;
         };
         let mut building = self.building.lock().unwrap_or_else(|p| p.into_inner());
-        // Builds that ended are let go of here, so the map holds only the ones in flight.
-        building.retain(|_, h| !h.is_finished());
-        if building.contains_key(&req.candidate.path) {
+        building.forget_old_finished();
+        if building.builds.contains_key(&req.candidate.path) {
             return;
         }
         let evaluator = Arc::clone(&self.evaluator);
@@ -432,7 +475,9 @@ impl CandidateEvaluator for HarnessEvaluator {
             .spawn(move || built(&evaluator, &req));
         match spawned {
             Ok(h) => {
-                building.insert(path, h);
+                building.started += 1;
+                let order = building.started;
+                building.builds.insert(path, (order, h));
             }
             Err(e) => tracing::debug!("no thread for a prebuild: {e}"),
         }
@@ -450,11 +495,11 @@ impl CandidateEvaluator for HarnessEvaluator {
         };
         let mut req = EvalRequest::from_task(&self.task, &self.backend, &path, set, seed, preset)
             .map_err(|e| EvalFailure(e.to_string()))?;
-        // A build of this source written ahead is still running: it is this build. Builds are
-        // keyed by the request's candidate path (canonical), not by the path written above,
-        // which is relative when the run store is.
+        // A build of this source written ahead is this build: waited for if still running,
+        // and its result taken. Builds are keyed by the request's candidate path (canonical),
+        // not by the path written above, which is relative when the run store is.
         let waiting = std::time::Instant::now();
-        self.wait_for_build(&req.candidate.path);
+        let ahead = self.take_build_written_ahead(&req.candidate.path);
         let waited = waiting.elapsed().as_secs_f64();
         if purpose == Purpose::Acceptance {
             // The knowledge packs' assertions add adversarial workloads (large logits, ragged
@@ -474,12 +519,19 @@ impl CandidateEvaluator for HarnessEvaluator {
         // round is timed the others compile; on the cpu inside it, since a compiler would
         // share the cores with the timed kernel (Evaluator::build). The evaluation reuses the
         // artefact (the build directory is keyed by source). A candidate that does not build
-        // ends here.
+        // ends here. A search evaluation whose build written ahead passed takes that build's
+        // result as its own: the request was the same (`prebuild_request`), so asking the
+        // harness again would only find the artefact. One that failed or was not asked is
+        // built again, which also covers a build that lost to a busy machine.
         let building = std::time::Instant::now();
-        let built = self
-            .evaluator
-            .build(&req)
-            .map_err(|e| EvalFailure(e.to_string()))?;
+        let written_ahead = purpose == Purpose::Search && ahead.as_ref().is_some_and(passed);
+        let built = match ahead {
+            Some(result) if written_ahead => result,
+            _ => self
+                .evaluator
+                .build(&req)
+                .map_err(|e| EvalFailure(e.to_string()))?,
+        };
         let build_seconds = building.elapsed().as_secs_f64();
         let (result, yardstick) = if matches!(
             built.status.as_str(),
@@ -495,8 +547,8 @@ impl CandidateEvaluator for HarnessEvaluator {
         }
         // The search's own compile before the evaluation, which no harness result times
         // (crate::accounting).
-        value["build_request"] =
-            serde_json::json!({"seconds": build_seconds, "waited_seconds": waited});
+        value["build_request"] = serde_json::json!({"seconds": build_seconds,
+            "waited_seconds": waited, "written_ahead": written_ahead});
         Ok(Evaluation {
             summary: summarize_result(&result, &self.task, &self.backend, self.signals),
             result: value,
@@ -679,6 +731,45 @@ mod tests {
             ]
         }))
         .unwrap()
+    }
+
+    /// Finished builds nobody took are kept for their evaluation up to `KEPT`, then let go of
+    /// oldest first; a build still running is never let go of.
+    #[test]
+    fn finished_builds_written_ahead_beyond_the_kept_ones_are_let_go_of_oldest_first() {
+        let mut ahead = WrittenAhead::default();
+        let (hold, release) = std::sync::mpsc::channel::<()>();
+        let running = std::thread::spawn(move || {
+            let _ = release.recv();
+            None
+        });
+        ahead.started += 1;
+        ahead
+            .builds
+            .insert(PathBuf::from("running"), (ahead.started, running));
+        let total = WrittenAhead::KEPT + 3;
+        for i in 0..total {
+            let h = std::thread::spawn(|| Some(result(true)));
+            while !h.is_finished() {
+                std::thread::yield_now();
+            }
+            ahead.started += 1;
+            ahead
+                .builds
+                .insert(PathBuf::from(format!("b{i:02}")), (ahead.started, h));
+        }
+        ahead.forget_old_finished();
+        let kept: Vec<String> = ahead
+            .builds
+            .keys()
+            .map(|p| p.display().to_string())
+            .collect();
+        let mut want: Vec<String> = (total - WrittenAhead::KEPT..total)
+            .map(|i| format!("b{i:02}"))
+            .collect();
+        want.push("running".into());
+        assert_eq!(kept, want);
+        drop(hold);
     }
 
     #[test]
