@@ -301,8 +301,10 @@ def main(argv=None):
     mma_all = ["s4_mma", "s5_mma_cpasync", "s6_mma_tile", "s7_causal_skip", "s8_wgmma", "s9_wgmma_overlap"] + sweep
 
     def best(shape, dt, causal):
+        # The fastest cuda kernel that the mlx backend can also run (the picks go through mlx;
+        # the producer schedule is cuda only).
         cands = [r for r in rows if r["shape"] == shape_name(shape) and r["dtype"] == dt and r["causal"] == causal
-                 and r["backend"] == "cuda" and r.get("ok") and r.get("ms")]
+                 and r["backend"] == "cuda" and r.get("ok") and r.get("ms") and family.on_mlx(knobs[r["impl"]])]
         return min(cands, key=lambda r: r["ms"])["impl"] if cands else "s7_causal_skip"
 
     picks = {}

@@ -189,9 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda r: build_one(nvcc, r["name"], r, args.out), replies))
         if args.mlx_wrap:
-            wraps = pool.map(lambda kv: build_mlx_wrap(nvcc, kv[0], kv[1], args.out), variants.items())
-            for r, w in zip(results, wraps):
-                r.update(w)
+            # Settings the mlx family cannot express (cuda only) have no mlx wrap.
+            on_mlx = {n: k for n, k in variants.items() if family.on_mlx(k)}
+            wraps = dict(zip(on_mlx, pool.map(lambda kv: build_mlx_wrap(nvcc, kv[0], kv[1], args.out),
+                                              on_mlx.items())))
+            for r in results:
+                r.update(wraps.get(r["name"], {"mlx_ok": None}))
     report = args.out / "build.json"
     # --only rebuilds a subset; keep the other variants' entries.
     merged = {r["name"]: r for r in (json.loads(report.read_text()) if report.exists() else [])}

@@ -29,8 +29,8 @@ GPU = tomllib.loads((HERE / "gpu.toml").read_text())
 HEAD_DIMS: list[int] = list(GPU["backends"]["head_dims"])
 VARIANTS = HERE / "variants.toml"
 
-__all__ = ["Family", "RenderError", "HERE", "HEAD_DIMS", "cuda", "mlx", "mlx_knobs", "render_mlx",
-           "load_variants", "launch", "grid"]
+__all__ = ["Family", "RenderError", "HERE", "HEAD_DIMS", "cuda", "mlx", "mlx_knobs", "on_mlx",
+           "render_mlx", "load_variants", "launch", "grid"]
 
 
 @lru_cache(maxsize=None)
@@ -48,6 +48,13 @@ def mlx_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     """A cuda setting as the mlx family's: MLX's generated kernel has no launch bounds, so the
     mlx family has no min_blocks."""
     return mlx().restrict(knobs)
+
+
+def on_mlx(knobs: dict[str, Any]) -> bool:
+    """Whether the mlx family can express a cuda setting: every value it keeps lies in the mlx
+    family's domain (the producer schedule is cuda only)."""
+    domains = {k["name"]: k["values"] for k in mlx().describe()["knobs"]}
+    return all(v in domains[k] for k, v in mlx_knobs(knobs).items())
 
 
 def render_mlx(knobs: dict[str, Any]) -> tuple[str, str]:

@@ -85,7 +85,7 @@ fn each_backend_finds_its_own_family() {
 }
 
 #[test]
-fn the_mlx_family_has_the_cuda_knobs_but_min_blocks() {
+fn the_mlx_family_has_the_cuda_knobs_but_min_blocks_and_the_producer_schedule() {
     let cuda = gpu_family("cuda");
     let mlx = gpu_family("mlx");
     let names = |f: &TemplateFamily| -> Vec<String> {
@@ -94,18 +94,32 @@ fn the_mlx_family_has_the_cuda_knobs_but_min_blocks() {
     let mut expected = names(&cuda);
     expected.retain(|n| n != "min_blocks");
     assert_eq!(names(&mlx), expected);
+    let producer = KnobValue::Str("producer".into());
     for k in mlx.knobs() {
         let c = cuda.knob(k.name()).unwrap();
-        assert_eq!(k.values(), c.values(), "{}", k.name());
+        let mut values = c.values().to_vec();
+        values.retain(|v| k.name() != "wg_schedule" || *v != producer);
+        assert_eq!(k.values(), &values[..], "{}", k.name());
         assert_eq!(k.default_value(), c.default_value(), "{}", k.name());
     }
     // Same rules, plus the one that confines mlx-metal to the naive kernel, less the cuda
-    // family's rules on min_blocks (launch bounds, which MLX's kernels do not have).
+    // family's rules on min_blocks (launch bounds, which MLX's kernels do not have), and
+    // written for the schedules the mlx family has.
     let rules = |f: &TemplateFamily| -> Vec<String> {
         f.rules()
             .iter()
             .map(|r| format!("{r:?}"))
             .filter(|r| !r.contains("min_blocks"))
+            .map(|r| {
+                r.replace(
+                    "not (wg_schedule in ['pingpong', 'producer'])",
+                    "wg_schedule != 'pingpong'",
+                )
+                .replace(
+                    "wg_schedule in ['pingpong', 'producer']",
+                    "wg_schedule == 'pingpong'",
+                )
+            })
             .collect()
     };
     let (c, m) = (rules(&cuda), rules(&mlx));
@@ -117,30 +131,31 @@ fn the_mlx_family_has_the_cuda_knobs_but_min_blocks() {
     assert_eq!(&m[..c.len()], &c[..]);
     assert!(m[c.len()].contains("mlx-metal"), "{}", m[c.len()]);
     // Every valid mlx-cuda setting is a valid cuda setting with min_blocks at its default,
-    // and the reverse: one search space on both backends.
+    // and the reverse but for the producer schedule: one search space on both backends.
     let cuda_valid: BTreeSet<Knobs> = cuda
         .enumerate()
         .into_iter()
-        .filter(|k| k["min_blocks"] == KnobValue::Int(1))
+        .filter(|k| k["min_blocks"] == KnobValue::Int(1) && k["wg_schedule"] != producer)
         .map(|k| for_mlx(&k))
         .collect();
     let mlx_valid: BTreeSet<Knobs> = mlx.enumerate().into_iter().collect();
     assert_eq!(cuda_valid, mlx_valid);
     // 16 naive, 256 tiled, 912 mma, 256 wgmma and 64 wgmma ping-pong settings with both
     // values of min_blocks, less the 64 two-warpgroup wgmma settings at two blocks per SM
-    // that spill (docs/gpu-attention.md); 752 on mlx, which has no min_blocks.
-    assert_eq!(cuda.enumerate().len(), 1440);
+    // that spill (docs/gpu-attention.md), plus 32 producer settings at one block per SM; 752
+    // on mlx, which has neither min_blocks nor the producer schedule.
+    assert_eq!(cuda.enumerate().len(), 1472);
     assert_eq!(mlx_valid.len(), 752);
 }
 
 #[test]
 fn pingpong_is_a_wgmma_schedule_for_two_warpgroups() {
     let mlx = gpu_family("mlx");
-    let on = KnobValue::Bool(true);
+    let on = KnobValue::Str("pingpong".into());
     let pp: Vec<Knobs> = mlx
         .enumerate()
         .into_iter()
-        .filter(|k| k["pingpong"] == on)
+        .filter(|k| k["wg_schedule"] == on)
         .collect();
     // block_n 64/128 x stages 2/3 x exp2 x causal_skip x schedule.
     assert_eq!(pp.len(), 32);
@@ -148,14 +163,42 @@ fn pingpong_is_a_wgmma_schedule_for_two_warpgroups() {
         assert_eq!(k["algo"], KnobValue::Str("wgmma".into()));
         assert_eq!(k["block_m"], KnobValue::Int(128));
         assert_ne!(k["stages"], KnobValue::Int(1));
-        assert_ne!(k["overlap"], on);
     }
     // Switching it on from the overlapped schedule repairs the rest into a valid setting.
     let named = variants();
     let (_, s9) = named.iter().find(|(n, _)| n == "s9_wgmma_overlap").unwrap();
-    let change = Knobs::from([("pingpong".to_string(), on.clone())]);
+    let change = Knobs::from([("wg_schedule".to_string(), on.clone())]);
     let repaired = mlx.apply(&for_mlx(s9), &change).unwrap();
-    assert!(mlx.is_valid(&repaired) && repaired["pingpong"] == on && repaired["overlap"] != on);
+    assert!(mlx.is_valid(&repaired) && repaired["wg_schedule"] == on);
+}
+
+#[test]
+fn the_producer_schedule_is_cuda_only_at_one_block_per_sm() {
+    let (cuda, mlx) = (gpu_family("cuda"), gpu_family("mlx"));
+    let named = variants();
+    let (_, pp) = named.iter().find(|(n, _)| n == "wg_m128n128s3_pp").unwrap();
+    let producer = Knobs::from([("wg_schedule".to_string(), KnobValue::Str("producer".into()))]);
+    let mut two_blocks = pp.clone();
+    two_blocks.insert("min_blocks".into(), KnobValue::Int(2));
+    let applied = cuda.apply(&two_blocks, &producer).unwrap();
+    let mut expected = pp.clone();
+    expected.extend(producer.clone());
+    assert_eq!(applied, expected, "min_blocks back to 1, nothing else");
+    // MLX's generated kernel has no launch bounds: the mlx family has no such schedule.
+    assert!(mlx.apply(&for_mlx(pp), &producer).is_err());
+    // The cuda source has the producer warpgroup and its register split.
+    let src = cuda.render(&expected).unwrap();
+    assert!(
+        src.contains("constexpr int THREADS = 384;"),
+        "three warpgroups"
+    );
+    assert!(src.contains("constexpr bool PRODUCER = true;"));
+    assert!(src.contains("setmaxnreg.dec") && src.contains("setmaxnreg.inc"));
+    let plain = cuda.render(pp).unwrap();
+    assert!(
+        plain.contains("constexpr int THREADS = 256;")
+            && plain.contains("constexpr bool PRODUCER = false;")
+    );
 }
 
 #[test]
@@ -185,10 +228,9 @@ fn pingpong_applied_under_two_blocks_per_sm_falls_back_to_one() {
         "one warpgroup may ask for two blocks per SM"
     );
     let pingpong = k(&[
-        ("pingpong", t.clone()),
+        ("wg_schedule", KnobValue::Str("pingpong".into())),
         ("block_m", i(128)),
         ("warps", i(8)),
-        ("overlap", KnobValue::Bool(false)),
         ("stages", i(3)),
         ("block_n", i(128)),
     ]);
@@ -213,7 +255,9 @@ fn the_named_variants_are_valid_and_start_from_naive() {
             "{name} spells out every knob"
         );
         assert!(cuda.is_valid(knobs), "{name}: {:?}", cuda.validate(knobs));
-        assert!(mlx.is_valid(&for_mlx(knobs)), "{name}");
+        // The producer schedule is cuda only; every other named setting is one of mlx's too.
+        let cuda_only = knobs["wg_schedule"] == KnobValue::Str("producer".into());
+        assert_eq!(mlx.is_valid(&for_mlx(knobs)), !cuda_only, "{name}");
     }
     let (first, knobs) = &vs[0];
     assert_eq!(first, "s0_naive");
@@ -256,7 +300,12 @@ fn every_valid_setting_renders_a_complete_candidate() {
 fn both_backends_run_the_same_device_code() {
     let cuda = gpu_family("cuda");
     let mlx = gpu_family("mlx");
-    for (name, knobs) in variants() {
+    // The cuda-only producer schedule has no mlx module to compare.
+    let producer = KnobValue::Str("producer".into());
+    for (name, knobs) in variants()
+        .into_iter()
+        .filter(|(_, k)| k["wg_schedule"] != producer)
+    {
         let c = cuda.render(&knobs).unwrap();
         let m = mlx.render(&for_mlx(&knobs)).unwrap();
         assert_eq!(device_code(&c), device_code(&m), "{name}");

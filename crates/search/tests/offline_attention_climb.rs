@@ -44,6 +44,7 @@ fn knobs_of(source: &str) -> BTreeMap<String, String> {
 /// Per-call time (ms), non-causal and causal, of a candidate with these knobs.
 fn model_ms(k: &BTreeMap<String, String>) -> (f64, f64) {
     let on = |name: &str| k.get(name).is_some_and(|v| v == "true");
+    let schedule = |name: &str| k.get("wg_schedule").is_some_and(|v| v == name);
     let num = |name: &str| k.get(name).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
     let (mut nc, mut c) = match k.get("algo").map(String::as_str) {
         // The seed and the naive template: one thread per query row.
@@ -68,11 +69,11 @@ fn model_ms(k: &BTreeMap<String, String>) -> (f64, f64) {
             if num("block_n") == 128 {
                 t *= 0.93;
             }
-            if on("overlap") {
+            if schedule("overlap") {
                 t *= 0.98;
             }
             let mut tc = if on("causal_skip") { t * 0.53 } else { t };
-            if on("pingpong") {
+            if schedule("pingpong") {
                 t *= 0.80;
                 tc *= 0.85;
             }
@@ -83,7 +84,7 @@ fn model_ms(k: &BTreeMap<String, String>) -> (f64, f64) {
     if num("stages") == 3 {
         // Under ping-pong a third stage gives a late refill room (s2 vs s3 on the H200:
         // 0.574 / 0.552 ms non-causal, 0.330 / 0.314 causal); elsewhere it moved little.
-        let f = if on("pingpong") { 0.96 } else { 0.99 };
+        let f = if schedule("pingpong") { 0.96 } else { 0.99 };
         nc *= f;
         c *= f;
     }
@@ -146,7 +147,8 @@ fn task_dir() -> PathBuf {
 
 /// The ping-pong wgmma kernel, the top of the attention catalog's ladder.
 fn is_pingpong_wgmma(k: &BTreeMap<String, String>) -> bool {
-    k.get("algo").is_some_and(|a| a == "wgmma") && k.get("pingpong").is_some_and(|v| v == "true")
+    k.get("algo").is_some_and(|a| a == "wgmma")
+        && k.get("wg_schedule").is_some_and(|v| v == "pingpong")
 }
 
 /// What one simulated search left: the knobs evaluated, in order, the best score, and the

@@ -1,11 +1,14 @@
-"""Model check of the wgmma ping-pong schedule (knob `pingpong`), on the CPU.
+"""Model check of the wgmma ping-pong schedules (knob `wg_schedule`: pingpong, producer), on
+the CPU.
 
 The schedule in tasks/attention/templates-cuda/device.cuh.j2 (attn_body, the `pingpong` branch)
 replaces __syncthreads with per-stage mbarriers and orders the two warpgroups with two named
-barriers. No GPU runs here, so two things are replayed in Python:
+barriers; the producer schedule moves every copy to a third warpgroup, which refills a stage
+once the computing warpgroups release it. No GPU runs here, so two things are replayed in
+Python:
 
-- the barrier protocol: eight warps, each running the kernel's sequence of waits, arrivals,
-  copies and GEMM issues, under many random interleavings, with copies landing and GEMMs
+- the barrier protocol: eight computing warps (and four producer warps), each running the
+  kernel's sequence of waits, arrivals, copies and GEMM issues, under many random interleavings, with copies landing and GEMMs
   reading shared memory at random later times. Every interleaving must finish (no deadlock, no
   parity aliasing), every GEMM must read the tile it means to, no copy may overwrite a stage a
   GEMM still reads, and every barrier must end balanced;
@@ -21,7 +24,8 @@ import random
 import numpy as np
 import pytest
 
-WARPS = 8  # two warpgroups of four warps: 256 threads
+WARPS = 8  # two computing warpgroups of four warps: 256 threads
+PRODUCER_WARPS = range(WARPS, WARPS + 4)  # the producer schedule's loading warpgroup
 
 
 class MBarrier:
@@ -61,17 +65,20 @@ class NamedBarrier:
 
 
 class Machine:
-    def __init__(self, n, stages, rng):
+    def __init__(self, n, stages, rng, producer=False):
         self.n, self.S, self.rng = n, stages, rng
-        self.full = [MBarrier(256) for _ in range(stages)]
+        # The warps that copy: all computing warps, or the producer's.
+        self.loaders = list(PRODUCER_WARPS if producer else range(WARPS))
+        self.full = [MBarrier(32 * len(self.loaders)) for _ in range(stages)]
         self.empty = [MBarrier(WARPS) for _ in range(stages)]
         self.turn = {1: NamedBarrier(), 2: NamedBarrier()}
-        # tag[st][w]: which iteration's data warp w's share of stage st holds (-1: nothing yet)
-        self.tag = [[-1] * WARPS for _ in range(stages)]
+        # tag[st][w]: which iteration's data loader w's share of stage st holds (-1: nothing yet)
+        self.tag = [{w: -1 for w in self.loaders} for _ in range(stages)]
         self.copies = []       # in flight: (warp, seq, stage, iteration)
-        self.landed = [set() for _ in range(WARPS)]
+        every = WARPS + len(PRODUCER_WARPS)
+        self.landed = [set() for _ in range(every)]
         self.arrivals = []     # cp.async.mbarrier.arrive in flight: (warp, seq, stage)
-        self.seq = [0] * WARPS
+        self.seq = [0] * every
         self.reads = {}        # (warp, iteration, kind) -> stage, GEMM reads not yet done
         self.errors = []
 
@@ -112,16 +119,17 @@ class Machine:
             w, i, what = item
             st = self.reads.pop(item)
             want = i  # stage of iteration i holds K(i) and V(i - 1), loaded together
-            if any(t != want for t in self.tag[st]):
+            if any(t != want for t in self.tag[st].values()):
                 self.errors.append(f"warp {w} {what}({i}) read stage {st} holding {self.tag[st]}")
 
 
-def warp_program(m, w, wait_empty=True, flip_parity=True):
-    """One warp of attn_body's ping-pong branch; yields a predicate whenever it blocks. The two
-    flags break the protocol on purpose (test_the_model_catches_broken_protocols)."""
+def warp_program(m, w, wait_empty=True, flip_parity=True, producer=False):
+    """One computing warp of attn_body's ping-pong branch; yields a predicate whenever it
+    blocks. With `producer` it copies nothing (the producer warps do). The two flags break the
+    protocol on purpose (test_the_model_catches_broken_protocols)."""
     n, S = m.n, m.S
     wg = w // 4
-    for st in range(S):  # prologue (Q rides with stage 0)
+    for st in range(S if not producer else 0):  # prologue (Q rides with stage 0)
         if st <= n:
             m.load_iter(w, st, st)
     if wg == 1:
@@ -140,7 +148,7 @@ def warp_program(m, w, wait_empty=True, flip_parity=True):
             m.reads[(w, i, "pv")] = st
         if qk or wg == 0:
             m.turn[2 - wg].arrive()
-        if i >= 1 and i - 1 + S <= n:
+        if not producer and i >= 1 and i - 1 + S <= n:
             if wait_empty:
                 yield (lambda pst=pst, pph=pph: m.empty[pst].done(pph))
             m.load_iter(w, i - 1 + S, pst)
@@ -156,11 +164,28 @@ def warp_program(m, w, wait_empty=True, flip_parity=True):
                 ph ^= 1
 
 
-def run_schedule(n, stages, seed, **program_flags):
+def producer_program(m, w, wait_empty=True, flip_parity=True):
+    """One warp of the producer warpgroup: Q with stage 0, then every iteration into its stage,
+    once the computing warps released the stage's previous use (iteration it - S, the
+    (it / S - 1)-th completion of empty[st])."""
+    n, S = m.n, m.S
+    for it in range(n + 1):
+        st = it % S
+        if it >= S and wait_empty:
+            parity = (it // S - 1) & 1 if flip_parity else 0
+            yield (lambda st=st, parity=parity: m.empty[st].done(parity))
+        m.load_iter(w, it, st)
+
+
+def run_schedule(n, stages, seed, producer=False, **program_flags):
     rng = random.Random(seed)
-    m = Machine(n, stages, rng)
-    progs = {w: warp_program(m, w, **program_flags) for w in range(WARPS)}
-    waiting = {w: None for w in range(WARPS)}
+    m = Machine(n, stages, rng, producer=producer)
+    if producer:
+        progs = {w: warp_program(m, w, producer=True) for w in range(WARPS)}
+        progs.update({w: producer_program(m, w, **program_flags) for w in PRODUCER_WARPS})
+    else:
+        progs = {w: warp_program(m, w, **program_flags) for w in range(WARPS)}
+    waiting = {w: None for w in progs}
     finished = set()
     for _ in range(1_000_000):
         runnable = [w for w in progs if w not in finished and (waiting[w] is None or waiting[w]())]
@@ -178,7 +203,7 @@ def run_schedule(n, stages, seed, **program_flags):
         except StopIteration:
             finished.add(w)
     assert not m.errors, m.errors[:3]
-    stuck = sorted(set(range(WARPS)) - finished)
+    stuck = sorted(set(progs) - finished)
     assert not stuck, f"deadlock: warps {stuck} blocked (n={n}, stages={stages}, seed={seed})"
     assert all(b.arrived == 0 for b in m.turn.values()), "a named barrier ends with stray arrivals"
     assert all(b.pending == b.count for b in m.full), "a full barrier ends mid-phase"
@@ -194,14 +219,22 @@ def test_protocol_never_deadlocks_or_reads_a_wrong_tile(n, stages):
         run_schedule(n, stages, seed)
 
 
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_the_producer_schedule_never_deadlocks_or_reads_a_wrong_tile(n, stages):
+    for seed in range(60):
+        run_schedule(n, stages, seed, producer=True)
+
+
+@pytest.mark.parametrize("producer", [False, True])
 @pytest.mark.parametrize("flags", [{"wait_empty": False}, {"flip_parity": False}])
-def test_the_model_catches_broken_protocols(flags):
+def test_the_model_catches_broken_protocols(flags, producer):
     # A refill that does not wait for the stage's release, or a wait that never flips its
     # parity, must fail under some interleaving, or the check above proves nothing.
     failures = 0
     for seed in range(40):
         try:
-            run_schedule(5, 2, seed, **flags)
+            run_schedule(5, 2, seed, producer=producer, **flags)
         except AssertionError:
             failures += 1
     assert failures > 0

@@ -30,7 +30,16 @@ def variants():
 
 def test_every_named_variant_renders_for_both_backends(cuda, variants):
     assert len(variants) >= 10
-    names = list(variants)
+    # The mlx family lacks the producer schedule: those are cuda only, and the only ones.
+    cuda_only = [n for n in variants if not family.on_mlx(variants[n])]
+    assert cuda_only == [n for n in variants if variants[n]["wg_schedule"] == "producer"]
+    assert cuda_only, "a named cuda-only setting"
+    for n in cuda_only:
+        with pytest.raises(RenderError, match="outside its domain"):
+            family.mlx().resolve(family.mlx_knobs(variants[n]))
+    names = [n for n in variants if n not in cuda_only]
+    for reply in cuda.batch([{"name": n, "knobs": variants[n]} for n in cuda_only]):
+        assert 'extern "C" int attention_f16(' in reply["source"], reply["name"]
     replies = cuda.batch([{"name": n, "knobs": variants[n]} for n in names])
     modules = family.mlx().render_many([family.mlx_knobs(variants[n]) for n in names])
     for reply, module in zip(replies, modules):
@@ -75,18 +84,19 @@ def test_algorithms_select_distinct_code(cuda):
     ({"algo": "mma", "block_m": 64, "warps": 8}, "each warp owns one or two 16-row MMA tiles"),
     ({"algo": "mma", "cp_async": False, "stages": 2}, "constraint"),
     ({"algo": "wgmma", "block_m": 128, "warps": 4}, "constraint"),          # 2 warpgroups need 8 warps
-    ({"algo": "mma", "overlap": True}, "constraint"),
+    ({"algo": "mma", "wg_schedule": "overlap"}, "constraint"),
     ({"algo": "mma", "block_m": 128, "warps": 4, "q_in_regs": True}, "constraint"),
     ({"k_transposed": True}, "constraint"),                               # naive ignores it
     ({"algo": "naive", "warps": 8}, "constraint"),
     ({"algo": "wgmma", "block_m": 64, "warps": 4}, "constraint"),           # wgmma needs cp.async
-    ({"algo": "mma", "pingpong": True}, "constraint"),                      # a wgmma schedule
-    ({"algo": "wgmma", "block_m": 64, "warps": 4, "cp_async": True, "stages": 2, "pingpong": True},
-     "constraint"),                                                         # needs two warpgroups
-    ({"algo": "wgmma", "block_m": 128, "warps": 8, "cp_async": True, "stages": 1, "pingpong": True},
-     "constraint"),                                                         # and two stages
-    ({"algo": "wgmma", "block_m": 128, "warps": 8, "cp_async": True, "stages": 2, "overlap": True,
-      "pingpong": True}, "constraint"),                                     # not both schedules
+    ({"algo": "mma", "wg_schedule": "pingpong"}, "constraint"),             # a wgmma schedule
+    ({"algo": "wgmma", "block_m": 64, "warps": 4, "cp_async": True, "stages": 2,
+      "wg_schedule": "pingpong"}, "constraint"),                            # needs two warpgroups
+    ({"algo": "wgmma", "block_m": 128, "warps": 8, "cp_async": True, "stages": 1,
+      "wg_schedule": "pingpong"}, "constraint"),                            # and two stages
+    ({"algo": "wgmma", "block_m": 128, "warps": 8, "cp_async": True, "stages": 2,
+      "wg_schedule": "producer", "min_blocks": 2}, "constraint"),           # one block per SM
+    ({"wg_schedule": "ping-pong"}, '`wg_schedule` = "ping-pong" is outside its domain'),
 ])
 def test_invalid_knobs_get_ksearchs_error(cuda, overrides, message):
     # "violated:" is how ksearch names the broken rule; the others quote the knob.
@@ -98,14 +108,20 @@ def test_invalid_knobs_get_ksearchs_error(cuda, overrides, message):
 
 def test_pingpong_renders_the_mbarrier_schedule_only_when_asked(cuda):
     base = {"algo": "wgmma", "block_m": 128, "warps": 8, "cp_async": True, "stages": 2}
-    plain, pp = cuda.render_many([base, dict(base, pingpong=True)])
+    plain, pp, prod = cuda.render_many([base, dict(base, wg_schedule="pingpong"),
+                                        dict(base, wg_schedule="producer")])
     for text in ("cp.async.mbarrier.arrive.noinc.shared::cta.b64", "mbarrier.try_wait.parity",
                  "bar.sync %0, %1", "bar.arrive %0, %1", "fence.proxy.async.shared::cta"):
-        assert text in pp, text
+        assert text in pp and text in prod, text
     assert "mbarrier" not in plain and "bar.arrive" not in plain
+    # The producer schedule: a third warpgroup and the register split; ping-pong has neither.
+    assert "constexpr bool PRODUCER = true;" in prod and "constexpr bool PRODUCER = false;" in pp
+    assert "constexpr int THREADS = 384;" in prod and "constexpr int THREADS = 256;" in pp
     # The mbarriers live behind the last stage: 16 bytes per stage on top of the tiles.
-    d = family.launch(cuda.resolve(dict(base, pingpong=True)), 128)["smem_bytes"]
-    assert d == family.launch(cuda.resolve(base), 128)["smem_bytes"] + 16 * 2
+    for schedule in ("pingpong", "producer"):
+        launch = family.launch(cuda.resolve(dict(base, wg_schedule=schedule)), 128)
+        assert launch["smem_bytes"] == family.launch(cuda.resolve(base), 128)["smem_bytes"] + 16 * 2
+        assert launch["threads"] == (384 if schedule == "producer" else 256)
 
 
 def _template_smem(source: str, knobs: dict, head_dim: int) -> int:
