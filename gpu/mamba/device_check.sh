@@ -58,7 +58,7 @@ if [ "$step" = 1 ]; then
   run 120 "tiled and staged variants in both layouts" \
     python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --layouts task,channel-last \
     --lengths 512,1024,2048,4096 --json "$OUT/kernel_cuda_layouts.json" \
-    --variants tiled_c16_t512,tiled_c16_t512_tree,tiled_c16_t512_tree_pf,tiled_c16_t256_tree_pf,staged_l16_t256,staged_l16_t512,staged_l8_t128
+    --variants tiled_c16_t512,tiled_c16_t512_tree,tiled_c16_t512_tree_pf,tiled_c16_t256_tree_pf,staged_l16_t256,staged_l8_t128
   run 150 "harness: cuda seed and picks" env PYTHONPATH=harness \
     python3 gpu/mamba/device_eval.py --backend cuda --process \
     --variants chunked_fused,s6_vec,seq_lanes16_fused --json "$OUT/eval_cuda.json"
@@ -67,7 +67,7 @@ if [ "$step" = 1 ]; then
     for tool in memcheck racecheck; do
       run 70 "compute-sanitizer $tool" "$SAN" --tool "$tool" --error-exitcode 9 \
         python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --checks small \
-        --variants s0_sequential,seq_lanes16_fused,s2_chunked,chunked_fused,s6_vec,ch_t32_i16,staged_l16_t256 \
+        --variants s0_sequential,seq_lanes16_fused,s2_chunked,chunked_fused,s6_vec,ch_t32_i16,staged_l16_t256,staged_l8_t128 \
         --lengths 513 --reps 1 >>"$OUT/sanitizer.log" 2>&1
     done
   else

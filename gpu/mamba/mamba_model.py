@@ -54,9 +54,9 @@ TINY = dict(MAMBA_370M, vocab_size=256, hidden_size=64, intermediate_size=128,
 DEFAULT_VARIANT = "chunked_fused"
 # What `variant="auto"` chooses among, per sequence length, by timing them on the machine
 # (TunedScan): the block-per-channel chunked scan, the channel-tiled ones (one of them with the
-# tree fold and loads ahead) and the staged walks.
+# tree fold and loads ahead) and two staged walks.
 AUTO_VARIANTS = ("chunked_fused", "tiled_c16_t256", "tiled_c16_t512", "tiled_c32_t256",
-                 "tiled_c16_t512_tree_pf", "staged_l16_t256", "staged_l16_t512")
+                 "tiled_c16_t512_tree_pf", "staged_l16_t256", "staged_l8_t128")
 
 
 def mamba_module():

@@ -67,9 +67,9 @@ def chunk_of(knobs):
     if knobs["algo"] == "tiled":
         return knobs["threads"] // knobs["channels"] * 3  # three steps per time segment
     if knobs["algo"] == "staged":
-        # Steps per staged chunk at N <= 16 (staged_steps: 32 with two states per thread or
-        # 512 threads, 64 with one state per thread).
-        return 64 if knobs["state_lanes"] == 16 and knobs["threads"] <= 256 else 32
+        # Steps per staged chunk at N <= 16 (staged_steps: 64 with one state per thread, 32
+        # with two).
+        return 64 if knobs["state_lanes"] == 16 else 32
     return 64
 
 

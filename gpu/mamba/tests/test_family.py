@@ -44,9 +44,8 @@ def test_space_defaults_and_constraints(cuda):
     # sequential: threads x state_lanes x exp2 x fuse, less 512 threads with fewer than 8
     # lanes; chunked: threads x (items, vec) pairs with vec | items x exp2 x fuse, less
     # 512 threads x 16 items (both spill); tiled: threads x channels x exp2 x fuse x fold x
-    # prefetch; staged: (state_lanes, threads) in (8, 128), (8, 256), (16, 256), (16, 512) x exp2
-    # x fuse.
-    assert len(valid) == (5 * 5 - 3) * 4 + (5 * 14 - 4) * 4 + 5 * 2 * 4 * 2 * 2 + 4 * 4
+    # prefetch; staged: (state_lanes, threads) in (8, 128), (8, 256), (16, 256) x exp2 x fuse.
+    assert len(valid) == (5 * 5 - 3) * 4 + (5 * 14 - 4) * 4 + 5 * 2 * 4 * 2 * 2 + 3 * 4
     d = cuda.resolve({})
     assert d["algo"] == "sequential" and d["exp2"] is False and d["fuse_epilogue"] is False
     for bad, msg in [({"items": 8}, "only apply to the chunked"),
@@ -54,6 +53,7 @@ def test_space_defaults_and_constraints(cuda):
                      ({"algo": "staged", "state_lanes": 4, "threads": 64}, "fewer than 8 lanes"),
                      ({"algo": "staged", "state_lanes": 16, "threads": 128}, "16 or 32 channels"),
                      ({"algo": "staged", "state_lanes": 8, "threads": 512}, "16 or 32 channels"),
+                     ({"algo": "staged", "state_lanes": 16, "threads": 512}, "at most 256 threads"),
                      ({"algo": "chunked", "items": 4, "vec": 8}, "vec must divide"),
                      ({"threads": 512, "state_lanes": 4}, "128 registers"),
                      ({"algo": "chunked", "threads": 512, "items": 16}, "128 registers"),

@@ -90,3 +90,20 @@ def test_module_entries_on_the_emulation(name, tmp_path):
     y1, h1 = mod.decode_step(*(fake.array(two_d[k]) for k in KEYS), fake.array(step["h0"]))
     want_y1, want_h1 = scan_ref(**step, channel_last=True)
     assert y1.shape == (1, 5) and ok(y1.np, want_y1[:, 0]) and ok(h1.np, want_h1, 2e-4)
+
+
+@pytest.mark.parametrize("name", ["staged_l16_t256", "staged_l8_t128"])
+@pytest.mark.parametrize("N", [8, 40])
+def test_staged_walk_with_the_state_size_as_mlx_instantiates_it(name, N, tmp_path):
+    """MLX compiles the body with NS = N exactly, not the cuda backend's 16 or 64: a state size
+    below the lanes (64-step chunks, lanes with no state) and one between 32 and 64 (staged
+    rows past N), channel-last from a state, over more than one chunk and a partial one."""
+    fake, mod = load(name, tmp_path)
+    rng = np.random.default_rng(N)
+    inp = f16(make_inputs(rng, 2, 21, 150, N, channel_last=True, with_h0=True))
+    a = {k: fake.array(inp[k]) for k in KEYS}
+    y, h = mod.selective_scan_state(*(a[k] for k in KEYS), fake.array(inp["h0"]),
+                                    channel_last=True)
+    want_y, want_h = scan_ref(**inp, channel_last=True)
+    assert ("NS", N) in fake.kernels[1].calls[-1]["template"]
+    assert ok(y.np, want_y) and ok(h.np, want_h, 2e-4)
