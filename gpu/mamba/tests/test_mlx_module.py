@@ -107,3 +107,46 @@ def test_staged_walk_with_the_state_size_as_mlx_instantiates_it(name, N, tmp_pat
     want_y, want_h = scan_ref(**inp, channel_last=True)
     assert ("NS", N) in fake.kernels[1].calls[-1]["template"]
     assert ok(y.np, want_y) and ok(h.np, want_h, 2e-4)
+
+
+def test_the_auto_variants_fit_a_block_as_mlx_compiles_them(tmp_path):
+    """MLX compiles a custom kernel without launch bounds, so the compiler may give a thread up
+    to 255 registers, and a block of 512 threads cannot launch beyond 128. Every setting the
+    bench's tuned scan tries (mamba_model.AUTO_VARIANTS) is compiled here as MLX assembles the
+    stateful channel-last scan at mamba-370m's N = 16 (nvcc for sm_90a standing in for NVRTC):
+    registers times threads must fit the 65 536 of a block. Skipped without nvcc."""
+    import ast
+    import re
+    import subprocess
+
+    import cuda_compile
+
+    nvcc = cuda_compile.find_nvcc()
+    if nvcc is None:
+        pytest.skip("no nvcc ($NVCC, PATH, $CUDA_HOME or nvidia/cu13 in site-packages)")
+    tree = ast.parse((MAMBA / "mamba_model.py").read_text())
+    auto = next(ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", "") == "AUTO_VARIANTS")
+    parts, threads = [cuda_compile.PRELUDE], {}
+    for i, name in enumerate(auto):
+        _, mod = load(name, tmp_path)
+        threads[f"ksm_auto{i}"] = (name, mod.THREADS)
+        parts.append(f"namespace v{i} {{\n{mod.HEADER}\n}}")
+        body = mod.SCAN_STATE_BODY.replace("ksm::", f"v{i}::ksm::")
+        ins = [(n, "float" if n in ("A", "D", "delta_bias", "h0") else "__half")
+               for n in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "h0")]
+        parts.append(cuda_compile.kernel_source(
+            f"ksm_auto{i}", body, ins, [("y", "__half"), ("h_last", "float")],
+            [("T", "__half"), ("NS", 16), ("CHANNEL_LAST", True), ("HAS_Z", True),
+             ("SOFTPLUS", True)]))
+    src = tmp_path / "auto.cu"
+    src.write_text("\n".join(parts))
+    proc = subprocess.run([nvcc, "-cubin", "-std=c++17", "-arch=sm_90a", "-O3", "-Xptxas", "-v",
+                           str(src), "-o", str(tmp_path / "auto.cubin")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = cuda_compile.parse_ptxas(proc.stderr + proc.stdout, list(threads))
+    assert set(report) == set(threads), report
+    for kernel, (name, n) in threads.items():
+        regs = report[kernel]["registers"]
+        assert regs * n <= 65536, f"{name}: {regs} registers x {n} threads"
