@@ -12,3 +12,13 @@ REPO = MAMBA.parents[1]
 for p in (MAMBA, MAMBA / "emu", REPO / "harness", REPO / "gpu"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
+
+
+def model_constant(name: str):
+    """A literal constant of mamba_model.py (DEFAULT_VARIANT, AUTO_VARIANTS), read from its
+    source: importing the module needs MLX."""
+    import ast
+
+    tree = ast.parse((MAMBA / "mamba_model.py").read_text())
+    return next(ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", "") == name)

@@ -8,7 +8,7 @@ import tomllib
 
 import pytest
 
-from conftest import MAMBA, REPO  # noqa: E402
+from conftest import MAMBA, REPO, model_constant  # noqa: E402
 from ksearch_render import Family, RenderError  # noqa: E402
 
 TASK = REPO / "tasks" / "selective-scan"
@@ -153,10 +153,4 @@ def test_named_variants_are_valid(cuda):
     for name, knobs in variants.items():
         # Complete settings: every knob, as ksearch checked them.
         assert set(knobs) == set(cuda.knob_names), name
-    # mamba_model needs mlx; read its default from the source.
-    import ast
-
-    tree = ast.parse((REPO / "gpu" / "mamba" / "mamba_model.py").read_text())
-    default = next(ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
-                   and getattr(n.targets[0], "id", "") == "DEFAULT_VARIANT")
-    assert default in variants
+    assert model_constant("DEFAULT_VARIANT") in variants

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import emu  # noqa: E402
-from conftest import MAMBA  # noqa: E402
+from conftest import MAMBA, model_constant  # noqa: E402
 from fake_mlx import FakeMx  # noqa: E402
 from ksearch_render import Family  # noqa: E402
 from scan_ref import make_inputs, scan_ref  # noqa: E402
@@ -115,8 +115,6 @@ def test_the_auto_variants_fit_a_block_as_mlx_compiles_them(tmp_path):
     bench's tuned scan tries (mamba_model.AUTO_VARIANTS) is compiled here as MLX assembles the
     stateful channel-last scan at mamba-370m's N = 16 (nvcc for sm_90a standing in for NVRTC):
     registers times threads must fit the 65 536 of a block. Skipped without nvcc."""
-    import ast
-    import re
     import subprocess
 
     import cuda_compile
@@ -124,9 +122,7 @@ def test_the_auto_variants_fit_a_block_as_mlx_compiles_them(tmp_path):
     nvcc = cuda_compile.find_nvcc()
     if nvcc is None:
         pytest.skip("no nvcc ($NVCC, PATH, $CUDA_HOME or nvidia/cu13 in site-packages)")
-    tree = ast.parse((MAMBA / "mamba_model.py").read_text())
-    auto = next(ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
-                and getattr(n.targets[0], "id", "") == "AUTO_VARIANTS")
+    auto = model_constant("AUTO_VARIANTS")
     parts, threads = [cuda_compile.PRELUDE], {}
     for i, name in enumerate(auto):
         _, mod = load(name, tmp_path)
