@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             print(r["log"], file=sys.stderr)
         for w in r["perf_warnings"] + r.get("mlx_perf_warnings", []):
             print(f"{'':<22} ptxas {w}")
-        if "mlx_ok" in r:
+        if r.get("mlx_ok") is not None:  # None: a cuda-only setting, no mlx wrap
             mk = [k for k in r["mlx_kernels"] if "head_dim" in k]
             mregs = max((k.get("registers", 0) for k in mk), default="?")
             mspill = sum(k.get("spill_stores", 0) + k.get("spill_loads", 0) for k in mk)

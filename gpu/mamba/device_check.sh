@@ -9,9 +9,10 @@
 #   call 1, carry [".device-carry/mlx1", "target/release/ksearch"]:   bash gpu/mamba/device_check.sh 1
 #     stashes the first MLX half; cuda backend: every named variant built with nvcc (ptxas
 #     report), checked against the float64 scan and timed (kernel_cuda.json); compute-sanitizer
-#     memcheck and racecheck on small shapes (sanitizer.log); the seed and picks through the real
-#     harness, held-out workloads and decay regimes included (eval_cuda.json); the tiled and
-#     staged variants in the task's and mlx-lm's channel-last layout (kernel_cuda_layouts.json).
+#     memcheck and racecheck on small shapes (sanitizer.log); the tiled and staged variants in
+#     the task's and mlx-lm's channel-last layout (kernel_cuda_layouts.json); the seed and picks
+#     through the real harness, held-out workloads and decay regimes included (eval_cuda.json).
+#     Correctness steps come first, so a cut budget (BUDGET_S) drops the timing ones.
 #   call 2, right after, carry [".device-carry/mlx2", "target/release/ksearch"]:
 #     bash gpu/mamba/device_check.sh 2
 #     assembles MLX; the whole-model bench: logits check against stock mlx-lm, prefill tok/s at
@@ -55,13 +56,6 @@ if [ "$step" = 1 ]; then
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
   run 150 "cuda variants: build, check, time" \
     python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --json "$OUT/kernel_cuda.json"
-  run 120 "tiled and staged variants in both layouts" \
-    python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --layouts task,channel-last \
-    --lengths 512,1024,2048,4096 --json "$OUT/kernel_cuda_layouts.json" \
-    --variants tiled_c16_t512,tiled_c16_t512_tree,tiled_c16_t512_tree_pf,tiled_c16_t256_tree_pf,staged_l16_t256,staged_l8_t128
-  run 150 "harness: cuda seed and picks" env PYTHONPATH=harness \
-    python3 gpu/mamba/device_eval.py --backend cuda --process \
-    --variants chunked_fused,s6_vec,seq_lanes16_fused --json "$OUT/eval_cuda.json"
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -x "$SAN" ]; then
     for tool in memcheck racecheck; do
@@ -73,6 +67,13 @@ if [ "$step" = 1 ]; then
   else
     echo "no compute-sanitizer" | tee "$OUT/sanitizer.log"
   fi
+  run 120 "tiled and staged variants in both layouts" \
+    python3 gpu/mamba/kernel_bench.py --backend cuda --nvcc "$NVCC" --layouts task,channel-last \
+    --lengths 512,1024,2048,4096 --json "$OUT/kernel_cuda_layouts.json" \
+    --variants tiled_c16_t512,tiled_c16_t512_tree,tiled_c16_t512_tree_pf,tiled_c16_t256_tree_pf,staged_l16_t256,staged_l8_t128
+  run 150 "harness: cuda seed and picks" env PYTHONPATH=harness \
+    python3 gpu/mamba/device_eval.py --backend cuda --process \
+    --variants chunked_fused,s6_vec,seq_lanes16_fused --json "$OUT/eval_cuda.json"
 elif [ "$step" = 2 ]; then
   # shellcheck disable=SC1091
   source .device-carry/mlx2/assemble.sh || exit 3
