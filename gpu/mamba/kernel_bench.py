@@ -264,7 +264,7 @@ def run_cuda(args, variants):
         row["correct"] = ok
         log(f"{name}: {'correct' if ok else 'WRONG'}; regs {builds[name]['registers']}, "
             f"spills {builds[name]['spill_bytes']} B")
-        for layout in args.layouts:
+        for layout in args.layouts if args.reps > 0 else ():
             timings = row["timings"] if layout == "task" else row.setdefault(
                 "timings_channel_last", {})
             for L in args.lengths:
@@ -291,6 +291,8 @@ def run_cuda(args, variants):
                                    "fraction_of_floor": floor / us}
             log(f"{name} ({layout}): " + ", ".join(f"L={L} {timings[str(L)]['us']:.1f} us"
                                                    for L in args.lengths))
+    if args.reps == 0:
+        return out
     # The task's timed reference and baseline at one length, for scale.
     inp, p = host_inputs(1, 2048, 512, 16, seed=1)
     t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in inp.items()}
@@ -346,7 +348,7 @@ def run_mlx(args, variants):
             ok = False
         row["correct"] = ok
         log(f"{name}: {'correct' if ok else 'WRONG'} {row.get('error', '')}")
-        if "error" in row:
+        if "error" in row or args.reps == 0:
             continue
         for L in args.lengths:
             inp, p = host_inputs(1, 2048, L, 16, seed=L)
@@ -378,7 +380,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", choices=("cuda", "mlx"), required=True)
     ap.add_argument("--variants", default="all", help="comma-separated names of variants.toml")
     ap.add_argument("--lengths", default="1,512,1024,2048,4096")
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=20,
+                    help="timed calls per length; 0: check only (under a sanitizer, say)")
     ap.add_argument("--layouts", default="task",
                     help="cuda: comma-separated layouts to check and time: task, channel-last")
     ap.add_argument("--checks", choices=sorted(CHECKS), default="full")
@@ -386,6 +389,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]
+    if args.reps < 0:
+        ap.error("--reps: 0 (check only) or more")
     args.layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     unknown = sorted(set(args.layouts) - set(LAYOUTS))
     if unknown or not args.layouts:
