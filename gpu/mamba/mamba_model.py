@@ -57,7 +57,7 @@ DEFAULT_VARIANT = "staged_l16_t256"
 # (TunedScan), in order of preference (a later one is picked only when it is clearly faster):
 # the two staged walks, then the channel-tiled scans that came within reach of them through MLX
 # (docs/results/mamba-gpu). The chunked scans are left out: in mlx-lm's channel-last layout
-# they take three to four times as long. MLX compiles its kernels without launch bounds, so a
+# they take three to seven times as long. MLX compiles its kernels without launch bounds, so a
 # 512-thread block launches only where the compiler stays within 128 registers a thread:
 # tiled_c16_t512 does at N = 16 (96-128 compiled that way), the tree fold with loads ahead does
 # not (136-152), so its 256-thread setting is the one tried.
