@@ -17,7 +17,8 @@
 #     bash gpu/mamba/device_check.sh 2
 #     assembles MLX; the whole-model bench: logits check against stock mlx-lm, prefill tok/s at
 #     512..4096 and decode tok/s for ksearch, mlx-lm and mambapy, the scan alone against its
-#     memory floor (bench.json); every variant through MLX (kernel_mlx.json); the bench again with
+#     memory floor (bench.json); the tuned scan's settings and chunked_fused through MLX
+#     (kernel_mlx.json); the bench again with
 #     the variant fastest channel-last at L=4096 (bench_best.json); the mlx seed and pick through
 #     the harness (eval_mlx.json).
 # Each step has its own time limit, cut to what is left of BUDGET_S (default 570 s) so that a
@@ -73,14 +74,15 @@ if [ "$step" = 1 ]; then
     --variants tiled_c16_t512,tiled_c16_t512_tree,tiled_c16_t512_tree_pf,tiled_c16_t256_tree_pf,staged_l16_t256,staged_l8_t128
   run 150 "harness: cuda seed and picks" env PYTHONPATH=harness \
     python3 gpu/mamba/device_eval.py --backend cuda --process \
-    --variants chunked_fused,s6_vec,seq_lanes16_fused --json "$OUT/eval_cuda.json"
+    --variants staged_l16_t256,s6_vec --json "$OUT/eval_cuda.json"
 elif [ "$step" = 2 ]; then
   # shellcheck disable=SC1091
   source .device-carry/mlx2/assemble.sh || exit 3
   run 200 "whole-model bench (default variant)" \
     python3 gpu/mamba/bench.py --kernel-only --stock-budget 40 --out "$OUT/bench.json"
   run 90 "mlx variants: check, time" \
-    python3 gpu/mamba/kernel_bench.py --backend mlx --json "$OUT/kernel_mlx.json"
+    python3 gpu/mamba/kernel_bench.py --backend mlx --json "$OUT/kernel_mlx.json" \
+    --variants staged_l16_t256,staged_l8_t128,tiled_c16_t512,tiled_c16_t256_tree_pf,chunked_fused
   best=$(python3 - "$OUT/kernel_mlx.json" <<'PY'
 import json, sys
 try:
@@ -97,7 +99,7 @@ PY
       --kernel-only --out "$OUT/bench_best.json"
   fi
   run 120 "harness: mlx seed and pick" env PYTHONPATH="harness:${PYTHONPATH:-}" \
-    python3 gpu/mamba/device_eval.py --backend mlx --variants chunked_fused \
+    python3 gpu/mamba/device_eval.py --backend mlx --variants staged_l16_t256 \
     --json "$OUT/eval_mlx.json"
 else
   echo "usage: device_check.sh 1|2" >&2
