@@ -13,11 +13,11 @@
 # interrupt, which leaves the unfinished run resumable. Call it again with the runs it returned
 # until it prints the table.
 #
-#   run(command="bash gpu/compare_check.sh", timeout_s=600, carry=["target/release/ksearch"])
+#   run(command="bash gpu/compare_check.sh", timeout_s=600, carry=[".device-carry/ks"])
 #   run(command="RUNS_FROM=.device-carry/runs.tgz bash gpu/compare_check.sh",
-#       timeout_s=600, carry=["target/release/ksearch", ".device-carry/runs.tgz"])
+#       timeout_s=600, carry=[".device-carry/ks", ".device-carry/runs.tgz"])
 #
-# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. Results in
+# Prepare here: bash gpu/ksearch_bin.sh pack. Results in
 # $OUT: runs.tgz (the run stores), compare.json and compare.txt once every run finished,
 # log.txt.
 # Measured comparisons: docs/results/compare.

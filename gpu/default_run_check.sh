@@ -6,9 +6,9 @@
 # One seed per device call (a run takes about 5 minutes); the wall limit is only a guard.
 #
 #   run(command="SEED=1 bash gpu/default_run_check.sh", timeout_s=600,
-#       carry=["target/release/ksearch"])
+#       carry=[".device-carry/ks"])
 #
-# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. BACKEND
+# Prepare here: bash gpu/ksearch_bin.sh pack. BACKEND
 # (default cuda) may be mlx, with MLX carried as gpu/score_check.sh says. Results in $OUT:
 # run.json, show.txt, show.json, log.txt, and store.tar.gz (the run directory: every
 # evaluation with its phases and raw samples). Measured runs: docs/results/evaluation-speed.

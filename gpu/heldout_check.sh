@@ -5,11 +5,11 @@
 # every held-out workload is printed. One device call per task (kind nvidia-h200):
 #
 #   run(command="TASK=attention bash gpu/heldout_check.sh", timeout_s=600,
-#       carry=["target/release/ksearch"])
+#       carry=[".device-carry/ks"])
 #   run(command="TASK=selective-scan bash gpu/heldout_check.sh", timeout_s=600, carry=[...])
 #
-# Prepare here (the device cannot build Rust): cargo build --release -p ksearch-cli && strip
-# target/release/ksearch, or name another binary with KSEARCH_BIN. VARIANTS overrides the
+# Prepare here (the device cannot build Rust): bash gpu/ksearch_bin.sh pack, or name another
+# binary with KSEARCH_BIN. VARIANTS overrides the
 # family points (names in gpu/attention/variants.toml or gpu/mamba/variants.toml). Results in
 # $OUT: <task>.jsonl (one ksearch eval --json item per candidate) and log.txt. An attention
 # eval takes 30-60 s per candidate on the H200 (nvcc included), a scan eval about as long.

@@ -12,9 +12,9 @@
 #      kernel and to run the exported Solution; the image has no network, so they are there or
 #      not).
 #
-#   run(command="bash gpu/import_check.sh", timeout_s=600, carry=["target/release/ksearch"])
+#   run(command="bash gpu/import_check.sh", timeout_s=600, carry=[".device-carry/ks"])
 #
-# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. Results in
+# Prepare here: bash gpu/ksearch_bin.sh pack. Results in
 # $OUT: kernelbench-*.toml, gqa-eval.json, run.json, show.txt, export/, log.txt.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/ksearch_env.sh" import

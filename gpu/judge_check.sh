@@ -7,10 +7,10 @@
 # each call's first.
 #
 #   run(command="BACKEND=cuda bash gpu/judge_check.sh", timeout_s=600,
-#       carry=["target/release/ksearch"])
+#       carry=[".device-carry/ks"])
 #   mlx: as gpu/score_check.sh says (two carry halves).
 #
-# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. KERNEL
+# Prepare here: bash gpu/ksearch_bin.sh pack. KERNEL
 # names the attention variant (gpu/attention/variants.toml). Results in $OUT: judge-<mode>-<pair>.jsonl,
 # summary.txt, log.txt.
 set -uo pipefail

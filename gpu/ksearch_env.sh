@@ -1,14 +1,14 @@
 # Sourced by the device scripts that drive a release ksearch (score_check.sh, heldout_check.sh),
 # with the run's name as $1: sets ROOT (and cds there), OUT and WORK (/tmp/ksearch-$1[-work]
-# unless given), KS (the binary, also KSEARCH_BIN: gpu/ksearch_render.py renders with it), sends all output to $OUT/log.txt as well, points ksearch at
+# unless given), KS (the binary, also KSEARCH_BIN: gpu/ksearch_render.py renders with it; gpu/ksearch_bin.sh), sends all output to $OUT/log.txt as well, points ksearch at
 # this checkout's tasks and harness (or KSEARCH_ROOT's) with the image's python3 (torch, nvcc,
 # numpy) and a cache under $WORK (unless KSEARCH_CACHE_DIR names one), and stops unless the GPU and the binary answer.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-/tmp/ksearch-$1}
 WORK=${WORK:-/tmp/ksearch-$1-work}
-KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
-export KSEARCH_BIN=$KS
+# shellcheck source=ksearch_bin.sh
+source "$ROOT/gpu/ksearch_bin.sh"
 mkdir -p "$OUT" "$WORK"
 exec > >(tee "$OUT/log.txt") 2>&1
 export KSEARCH_ROOT=${KSEARCH_ROOT:-$ROOT} KSEARCH_PYTHON=$(command -v python3) PYTHONUNBUFFERED=1

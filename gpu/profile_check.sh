@@ -9,9 +9,9 @@
 #      (gpu/mamba/variants.toml, mamba_model.DEFAULT_VARIANT), each evaluated, then run once
 #      per shown workload under ncu: the table, the notes, and the JSON.
 #
-#   run(command="bash gpu/profile_check.sh", timeout_s=600, carry=["target/release/ksearch"])
+#   run(command="bash gpu/profile_check.sh", timeout_s=600, carry=[".device-carry/ks"])
 #
-# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch.
+# Prepare here: bash gpu/ksearch_bin.sh pack.
 # Results in $OUT: check/ (profiler-check.json, metrics.txt, sections-raw.csv), attention.txt,
 # attention.json, scan.txt, scan.json, the rendered kernels, log.txt.
 set -uo pipefail

@@ -10,11 +10,11 @@
 # directory holding signals/runs.tgz and ablation/runs.tgz).
 #
 #   run(command="bash gpu/profile_signals_check.sh", timeout_s=600,
-#       carry=["target/release/ksearch"])
+#       carry=[".device-carry/ks"])
 #   run(command="SEED=2 RUNS_FROM=.device-carry/signals bash gpu/profile_signals_check.sh",
-#       timeout_s=600, carry=["target/release/ksearch", ".device-carry/signals"])
+#       timeout_s=600, carry=[".device-carry/ks", ".device-carry/signals"])
 #
-# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. Results in
+# Prepare here: bash gpu/ksearch_bin.sh pack. Results in
 # $OUT/signals and $OUT/ablation (compare_check.sh's: runs.tgz, compare.json and compare.txt
 # once finished, log.txt). Measured: docs/results/profile.
 set -uo pipefail

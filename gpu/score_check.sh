@@ -8,12 +8,12 @@
 #   3. the calibration task `copy`: a candidate making the baseline's own copy, three times in
 #      one eval; the scores should be 1.00.
 #
-#   run(command="BACKEND=cuda bash gpu/score_check.sh", carry=["target/release/ksearch"])
+#   run(command="BACKEND=cuda bash gpu/score_check.sh", carry=[".device-carry/ks"])
 #   with MLX (../shared/device): call 1 `bash .device-carry/mlx1/stash.sh`, then
 #   run(command="source .device-carry/mlx2/assemble.sh && BACKEND=mlx bash gpu/score_check.sh",
-#       carry=[".device-carry/mlx2", "target/release/ksearch"])
+#       carry=[".device-carry/mlx2", ".device-carry/ks"])
 #
-# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. KERNEL
+# Prepare here: bash gpu/ksearch_bin.sh pack. KERNEL
 # names the attention variant (gpu/attention/variants.toml). STEPS picks steps (default
 # "eval bench copy", run in that order): a call that cannot fit all three in its 600 s runs
 # them in two calls

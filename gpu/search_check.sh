@@ -9,12 +9,12 @@
 #
 #   cuda, one call (an evaluation takes 45-50 s on the H200):
 #     run(command="BACKEND=cuda bash gpu/search_check.sh", timeout_s=600,
-#         carry=["target/release/ksearch"])
+#         carry=[".device-carry/ks"])
 #   mlx (MLX in two carry halves, ../shared/device/prepare-mlx-cuda.sh; an evaluation takes
 #   65-70 s, so the climb needs two calls): a call that runs `bash .device-carry/mlx1/stash.sh`
 #   (carry [".device-carry/mlx1"]), then
 #     run(command="source .device-carry/mlx2/assemble.sh && BACKEND=mlx bash gpu/search_check.sh",
-#         timeout_s=600, carry=[".device-carry/mlx2", "target/release/ksearch"])
+#         timeout_s=600, carry=[".device-carry/mlx2", ".device-carry/ks"])
 #   and, to finish the run (more rounds, the re-check, the bench), the same with
 #   RUN=<run id> RUN_WALL_S=<a larger total>. A fresh machine gets the run store from
 #   .gpu-carry/run-store.tar.gz (this script's run-store.tar.gz, carried back).

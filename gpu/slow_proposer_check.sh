@@ -9,9 +9,9 @@
 # (the `time:` block: device busy, the proposer's seconds, what overlapped).
 #
 #   run(command="STRATEGY=best-of-n bash gpu/slow_proposer_check.sh", timeout_s=600,
-#       carry=["target/release/ksearch"])
+#       carry=[".device-carry/ks"])
 #
-# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch. Results in
+# Prepare here: bash gpu/ksearch_bin.sh pack. Results in
 # $OUT: run.json, show.txt, show.json, log.txt.
 set -uo pipefail
 

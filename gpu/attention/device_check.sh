@@ -9,11 +9,11 @@
 #      rounds under a wall-time cap, then ksearch bench --run of its best kernel.
 #
 # Prepare here (the binary travels; the device cannot build Rust):
-#   cargo build --release -p ksearch-cli && strip target/release/ksearch
+#   bash gpu/ksearch_bin.sh pack
 #   # optional, for device_check_mlx.sh right after: bash ../shared/device/prepare-mlx-cuda.sh
 # Call (repository root; carrying mlx1 as well only stashes it for device_check_mlx.sh):
 #   run(command="bash gpu/attention/device_check.sh", timeout_s=600,
-#       carry=["target/release/ksearch", ".device-carry/mlx1"])
+#       carry=[".device-carry/ks", ".device-carry/mlx1"])
 # What comes back in $OUT (at most 8 files): log.txt, doctor.json, eval.json, bench.txt,
 # run.json, bench-run.txt, bench.json. ROUNDS (default 8) and RUN_WALL_S (default 120) bound
 # step 4. Every step's time limit is cut to what is left of BUDGET_S (default 560 s), so the
@@ -25,7 +25,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-/tmp/ksearch-device-check}
 WORK=${WORK:-/tmp/ksearch-device-work}
-KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
+# shellcheck source=../ksearch_bin.sh
+source "$ROOT/gpu/ksearch_bin.sh"
 ROUNDS=${ROUNDS:-8}
 RUN_WALL_S=${RUN_WALL_S:-120}
 BUDGET_S=${BUDGET_S:-560}

@@ -10,11 +10,11 @@
 #      three in one process (the comparison device_check.sh makes without MLX);
 #   5. ksearch run --task attention --backend mlx: a short offline search on the mlx family.
 #
-# Prepare here: cargo build --release -p ksearch-cli && strip target/release/ksearch;
+# Prepare here: bash gpu/ksearch_bin.sh pack;
 #   bash ../shared/device/prepare-mlx-cuda.sh   (MLX 0.32.4 with its CUDA 13 backend, two halves)
 # Call (repository root), soon after device_check.sh carried .device-carry/mlx1:
 #   run(command="bash gpu/attention/device_check_mlx.sh", timeout_s=600,
-#       carry=["target/release/ksearch", ".device-carry/mlx2"])
+#       carry=[".device-carry/ks", ".device-carry/mlx2"])
 # If the machine was replaced in between, assemble.sh says so (exit 3): repeat the mlx1 step,
 #   run(command="bash .device-carry/mlx1/stash.sh", carry=[".device-carry/mlx1"]), then this.
 # What comes back in $OUT: log.txt, doctor.json, eval-mlx.json, bench-mlx.txt, bench-cuda.txt,
@@ -26,7 +26,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-/tmp/ksearch-device-check}
 WORK=${WORK:-/tmp/ksearch-device-work}
-KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
+# shellcheck source=../ksearch_bin.sh
+source "$ROOT/gpu/ksearch_bin.sh"
 ROUNDS=${ROUNDS:-4}
 RUN_WALL_S=${RUN_WALL_S:-90}
 BUDGET_S=${BUDGET_S:-560}

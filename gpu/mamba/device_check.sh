@@ -2,18 +2,18 @@
 # Everything of gpu/mamba that needs the H200, in two device calls (the MLX wheels travel in two
 # halves, see ../shared/device/prepare-mlx-cuda.sh, which must have been run here first so that
 # .device-carry/mlx1 and .device-carry/mlx2 exist). The harness steps take the task's resolved
-# workloads from a ksearch binary (`ksearch tasks --workloads`): build it with
-# `cargo build --release -p ksearch-cli && strip target/release/ksearch` and carry it (or set
-# KSEARCH_BIN). Results land in $OUT (at most 9 files).
+# workloads from a ksearch binary (`ksearch tasks --workloads`): pack it with
+# `bash gpu/ksearch_bin.sh pack` and carry ".device-carry/ks" (or set KSEARCH_BIN). Results land
+# in $OUT (at most 9 files).
 #
-#   call 1, carry [".device-carry/mlx1", "target/release/ksearch"]:   bash gpu/mamba/device_check.sh 1
+#   call 1, carry [".device-carry/mlx1", ".device-carry/ks"]:   bash gpu/mamba/device_check.sh 1
 #     stashes the first MLX half; cuda backend: every named variant built with nvcc (ptxas
 #     report), checked against the float64 scan and timed (kernel_cuda.json); compute-sanitizer
 #     memcheck and racecheck on small shapes (sanitizer.log); the tiled and staged variants in
 #     the task's and mlx-lm's channel-last layout (kernel_cuda_layouts.json); the seed and picks
 #     through the real harness, held-out workloads and decay regimes included (eval_cuda.json).
 #     Correctness steps come first, so a cut budget (BUDGET_S) drops the timing ones.
-#   call 2, right after, carry [".device-carry/mlx2", "target/release/ksearch"]:
+#   call 2, right after, carry [".device-carry/mlx2", ".device-carry/ks"]:
 #     bash gpu/mamba/device_check.sh 2
 #     assembles MLX; the whole-model bench: logits check against stock mlx-lm, prefill tok/s at
 #     512..4096 and decode tok/s for ksearch, mlx-lm and mambapy, the scan alone against its
@@ -26,6 +26,9 @@
 # is skipped. call${N}.log has the console output of the call.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+ROOT=$PWD
+# shellcheck source=../ksearch_bin.sh
+source gpu/ksearch_bin.sh
 OUT=${OUT:-/tmp/ksm-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MLX_ENABLE_TF32=0
