@@ -1711,3 +1711,121 @@ fn a_proposer_that_reads_every_attempt_gets_each_new_best_profiled_when_evaluate
         ]
     );
 }
+
+/// Writes ahead and reads bottlenecks only at a cycle's end; every refine adds two follow-ups
+/// under the refined node (`x<round>` rated above `y<round>`), and each attempt's source names
+/// its node, its base and its round, with a score one above the round's.
+struct FollowUpProposer {
+    ahead: bool,
+}
+
+impl Proposer for FollowUpProposer {
+    fn name(&self) -> &str {
+        "follow-ups"
+    }
+    fn init_world_model(&self, t: &TaskBrief) -> Result<WorldModel, ProposerError> {
+        ScriptedProposer::new(|_, _, _| Ok(String::new())).init_world_model(t)
+    }
+    fn propose(&self, _: &WorldModel, _: u32, _: &[String]) -> Result<Option<Edit>, ProposerError> {
+        Ok(None)
+    }
+    fn writes_ahead(&self) -> bool {
+        self.ahead
+    }
+    fn reads_bottlenecks(&self) -> BottleneckReads {
+        BottleneckReads::AtCycleEnd
+    }
+    fn write_code(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
+        let label = req.node.label.clone().unwrap_or_default();
+        let base = req.base.map(|b| b.candidate_id).unwrap_or(0);
+        Ok(Proposal {
+            source: format!("score={};{label};base{base};r{}", 1 + req.round, req.round),
+            knobs: None,
+            note: String::new(),
+        })
+    }
+    fn refine(&self, _: &WorldModel, r: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
+        let insert = |label: String, score: f64| ksearch_search::world_model::PatchOp::Insert {
+            parent_id: r.node_id.clone(),
+            parent_solution_id: None,
+            node: action(&label, score),
+        };
+        Ok(Some(Edit {
+            ops: vec![
+                insert(format!("x{}", r.round), 0.95),
+                insert(format!("y{}", r.round), 0.5),
+            ],
+            active_leaf_id: None,
+        }))
+    }
+    fn too_hard(&self, _: &WorldModel, _: &CycleReport<'_>) -> Result<Option<Edit>, ProposerError> {
+        Ok(None)
+    }
+}
+
+/// A [`LoggingEvaluator`] that also profiles every new best, logging it as `profile:<source>`.
+struct ProfilingLogger(LoggingEvaluator, Mutex<f64>);
+
+impl CandidateEvaluator for ProfilingLogger {
+    fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
+        self.0.evaluate(source, purpose)
+    }
+    fn prebuilds(&self) -> bool {
+        self.0.prebuilds()
+    }
+    fn prebuild(&self, source: &str) -> bool {
+        self.0.prebuild(source)
+    }
+    fn profile_new_best(&self, source: &str, evaluation: &Evaluation) -> Option<Evaluation> {
+        let score = evaluation.summary.score?;
+        let mut best = self.1.lock().unwrap();
+        if score <= *best {
+            return None;
+        }
+        *best = score;
+        let log = &self.0.log;
+        log.lock()
+            .unwrap()
+            .push((false, format!("profile:{source}")));
+        Some(evaluation.clone())
+    }
+    fn summarize(&self, result: &Value) -> OutcomeSummary {
+        self.0.summarize(result)
+    }
+}
+
+#[test]
+fn the_next_cycles_first_candidate_is_built_while_the_cycle_best_is_profiled() {
+    for ahead in [true, false] {
+        let tmp = tempfile::tempdir().unwrap();
+        let proposer = FollowUpProposer { ahead };
+        let eval = ProfilingLogger(
+            LoggingEvaluator {
+                inner: FakeEvaluator::new(None),
+                prebuilds: true,
+                log: Mutex::new(Vec::new()),
+            },
+            Mutex::new(f64::MIN),
+        );
+        // Cycles of two attempts: every one improves, so every cycle's best is profiled.
+        let engine = new_engine(cfg(6, 2), store(tmp.path()), &proposer, &eval);
+        engine.run(Some("score=1;seed")).unwrap();
+        let log = eval.0.log.into_inner().unwrap();
+        let profiles: Vec<usize> = (0..log.len())
+            .filter(|&i| log[i].1.starts_with("profile:"))
+            .collect();
+        // The ends of cycles 1 and 2, which the run continues after (the third ends it).
+        assert_eq!(profiles.len(), 2, "{log:?}");
+        for &p in &profiles {
+            // The next cycle's first candidate: the first evaluation after the profile, an
+            // action on a follow-up the cycle's end added.
+            let (_, first) = log[p..]
+                .iter()
+                .find(|(b, s)| !b && !s.starts_with("profile:"))
+                .unwrap();
+            assert!(first.contains(";x"), "{first}; {log:?}");
+            let built_before = log[..p].iter().any(|(b, s)| *b && s == first);
+            assert_eq!(built_before, ahead, "{first}; {log:?}");
+        }
+    }
+}

@@ -1687,15 +1687,138 @@ impl<'a> Engine<'a> {
         Ok(best.map(|b| b.0))
     }
 
+    /// Whether a cycle's end writes the next cycle's likely first candidates ahead (see
+    /// [`Self::next_cycle_sources_ahead`]): a proposer whose code is free to write, a backend
+    /// whose builds overlap the device's work, cycles on the world model, one sample a round.
+    fn writes_next_cycle_ahead(&self) -> bool {
+        !self.sampling()
+            && self.cfg.samples <= 1
+            && self.proposer.writes_ahead()
+            && self.evaluator.prebuilds()
+    }
+
+    /// The first candidates of the cycles that may follow the one ending (`c`, whose best is
+    /// candidate `best_id`), written before its best is profiled: the world model refined as
+    /// the cycle's end will refine it, but without the profile (which only re-weighs the
+    /// follow-ups), then the first attempt on each new follow-up and on the policy's
+    /// [`NEXT_CYCLE_RANKED_AHEAD`] best-ranked actions. Nothing here touches the run's state
+    /// or store; where any step fails, fewer (or no) sources come back.
+    fn next_cycle_sources_ahead(
+        &self,
+        state: &EngineState,
+        c: &CycleState,
+        best_id: i64,
+        score: f64,
+        round: u32,
+    ) -> Vec<String> {
+        let view = |id: Option<i64>| id.and_then(|i| self.attempt_view(i).ok().flatten());
+        let Some(best) = view(Some(best_id)) else {
+            return Vec::new();
+        };
+        let (base, last) = (view(c.base), view(c.last));
+        let mut wm = state.wm.clone();
+        let solution = SolutionRef {
+            solution_id: best.source_id.clone(),
+            parent_solution_id: None,
+            score,
+            speedup_vs_baseline: Some(score),
+            latency_ms: best.outcome.latency_ms,
+            round,
+        };
+        if wm.attach_solution(&c.node, solution).is_err() {
+            return Vec::new();
+        }
+        let Ok(history) = self.cycle_history(c) else {
+            return Vec::new();
+        };
+        let report = CycleReport {
+            node_id: &c.node,
+            round,
+            attempts: c.consumed,
+            base: base.as_ref(),
+            best: Some(&best),
+            last: last.as_ref(),
+            history: &history,
+            feedback: &[],
+        };
+        let mut nodes: Vec<NodeId> = match self.proposer.refine(&wm, &report) {
+            Ok(Some(edit)) => wm
+                .apply_edit(&edit, round)
+                .map(|applied| applied.inserted.into_iter().map(|(id, _)| id).collect())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        for ranked in self
+            .policy
+            .rank(&wm)
+            .into_iter()
+            .filter(|r| r.eligible)
+            .take(NEXT_CYCLE_RANKED_AHEAD)
+        {
+            if !nodes.contains(&ranked.node_id) {
+                nodes.push(ranked.node_id);
+            }
+        }
+        let Ok(known) = self.known_sources() else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = Vec::new();
+        for id in nodes {
+            let Some(node) = wm.node(&id).filter(|n| n.is_open()) else {
+                continue;
+            };
+            let action = node.action.clone().unwrap_or_default();
+            let base = node
+                .parent
+                .as_ref()
+                .and_then(|p| wm.node(p).and_then(|n| n.solution().cloned()))
+                .and_then(|s| self.candidate_for_source(&s.solution_id).ok().flatten())
+                .and_then(|i| self.attempt_view(i).ok().flatten());
+            let req = CodeRequest {
+                step: if base.is_some() {
+                    Step::BaseAction
+                } else {
+                    Step::SpecAction
+                },
+                round: round + 1,
+                attempt: 1,
+                sample: 0,
+                node,
+                action: &action,
+                base: base.as_ref(),
+                last: None,
+                cycle_best: None,
+                history: &[],
+                wm: &wm,
+                known_sources: &known,
+            };
+            if let Ok(p) = self.proposer.write_code(&req) {
+                let id = SourceId::of(&p.source).as_str().to_string();
+                if !known.contains(&id) && !out.contains(&p.source) {
+                    out.push(p.source);
+                }
+            }
+        }
+        out
+    }
+
     fn end_cycle(&self, state: &mut EngineState, end: CycleEnd) -> Result<(), EngineError> {
         let Some(c) = state.cycle.take() else {
             return Ok(());
         };
         let round = state.rounds_used;
-        if let Some((best_id, _)) = c
+        if let Some((best_id, score)) = c
             .best
             .filter(|_| end == CycleEnd::Continuing && self.profiles_at_cycle_end())
         {
+            // The next cycle's first candidate is written after the profile below (refine
+            // reads it), and its build would then keep the device waiting: what it most
+            // likely is compiles while the profile runs.
+            if self.writes_next_cycle_ahead() {
+                for source in self.next_cycle_sources_ahead(state, &c, best_id, score, round) {
+                    self.evaluator.prebuild_in_background(&source);
+                }
+            }
             self.profile_cycle_best(best_id)?;
         }
         let base = c.base.map(|i| self.attempt_view(i)).transpose()?.flatten();
@@ -1948,6 +2071,11 @@ impl<'a> Engine<'a> {
         Ok(outcome)
     }
 }
+
+/// How many of the policy's best-ranked actions a cycle's end writes ahead besides the new
+/// follow-ups (`next_cycle_sources_ahead`): the refine that ranks them reads a profile the
+/// guess is made without, so the first few, not only the first.
+const NEXT_CYCLE_RANKED_AHEAD: usize = 2;
 
 /// Whether the search goes on after a cycle ends, or a budget of the session ended with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
