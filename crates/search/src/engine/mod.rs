@@ -678,7 +678,15 @@ impl<'a> Engine<'a> {
             let stored = self.store().evaluation_for(id)?;
             let summary = match stored {
                 Some(ev) => self.summarize_stored(&ev.result),
-                None => self.evaluate_candidate(id, src, Purpose::Search)?,
+                None => {
+                    // The first cycle's first candidate compiles while the seed is evaluated.
+                    if self.writes_next_cycle_ahead() {
+                        for source in self.first_cycle_sources_ahead(id) {
+                            self.evaluator.prebuild_in_background(&source);
+                        }
+                    }
+                    self.evaluate_candidate(id, src, Purpose::Search)?
+                }
             };
             seed_candidate = Some(id);
             if summary.passed {
@@ -1741,16 +1749,59 @@ impl<'a> Engine<'a> {
             history: &history,
             feedback: &[],
         };
-        let mut nodes: Vec<NodeId> = match self.proposer.refine(&wm, &report) {
+        let nodes: Vec<NodeId> = match self.proposer.refine(&wm, &report) {
             Ok(Some(edit)) => wm
                 .apply_edit(&edit, round)
                 .map(|applied| applied.inserted.into_iter().map(|(id, _)| id).collect())
                 .unwrap_or_default(),
             _ => Vec::new(),
         };
+        self.first_attempts_ahead(&wm, nodes, round + 1)
+    }
+
+    /// The first cycle's likely first candidates, written before the seed (candidate `seed`)
+    /// is evaluated: the initial tree with the seed attached to its root as if it passed
+    /// (its score is not known yet; the ranking compares the root's children, each relative to
+    /// it) and new actions proposed where the first cycle would propose them.
+    fn first_cycle_sources_ahead(&self, seed: i64) -> Vec<String> {
+        let Ok(mut wm) = self.proposer.init_world_model(&self.task) else {
+            return Vec::new();
+        };
+        let Some(view) = self.attempt_view(seed).ok().flatten() else {
+            return Vec::new();
+        };
+        let root = wm.root_id().clone();
+        let solution = SolutionRef {
+            solution_id: view.source_id,
+            parent_solution_id: None,
+            score: 1.0,
+            speedup_vs_baseline: Some(1.0),
+            latency_ms: None,
+            round: 0,
+        };
+        if wm.attach_solution(&root, solution).is_err() {
+            return Vec::new();
+        }
+        if self.should_propose(&wm) {
+            if let Ok(Some(edit)) = self.proposer.propose(&wm, 1, &[]) {
+                let _ = wm.apply_edit(&edit, 1);
+            }
+        }
+        self.first_attempts_ahead(&wm, Vec::new(), 1)
+    }
+
+    /// The sources of a cycle's first attempt (round `round`) on each of `nodes` and on the
+    /// policy's [`NEXT_CYCLE_RANKED_AHEAD`] best-ranked actions of `wm` (a copy of the tree
+    /// as the next cycle is expected to find it), leaving out sources already evaluated.
+    fn first_attempts_ahead(
+        &self,
+        wm: &WorldModel,
+        mut nodes: Vec<NodeId>,
+        round: u32,
+    ) -> Vec<String> {
         for ranked in self
             .policy
-            .rank(&wm)
+            .rank(wm)
             .into_iter()
             .filter(|r| r.eligible)
             .take(NEXT_CYCLE_RANKED_AHEAD)
@@ -1780,7 +1831,7 @@ impl<'a> Engine<'a> {
                 } else {
                     Step::SpecAction
                 },
-                round: round + 1,
+                round,
                 attempt: 1,
                 sample: 0,
                 node,
@@ -1789,7 +1840,7 @@ impl<'a> Engine<'a> {
                 last: None,
                 cycle_best: None,
                 history: &[],
-                wm: &wm,
+                wm,
                 known_sources: &known,
             };
             if let Ok(p) = self.proposer.write_code(&req) {
