@@ -1817,7 +1817,10 @@ fn a_cycles_first_candidate_is_built_while_the_seed_is_evaluated_or_the_cycle_be
             .filter(|&i| log[i].1.starts_with("profile:"))
             .collect();
         // The first cycle's first candidate was built before the seed was evaluated.
-        let seed = log.iter().position(|(b, s)| !b && s.contains("seed")).unwrap();
+        let seed = log
+            .iter()
+            .position(|(b, s)| !b && s.contains("seed"))
+            .unwrap();
         let (_, first) = log[seed + 1..].iter().find(|(b, _)| !b).unwrap();
         let built_before = log[..seed].iter().any(|(b, s)| *b && s == first);
         assert_eq!(built_before, ahead, "{first}; {log:?}");

@@ -229,8 +229,7 @@ fn climb(rounds: u32, cycle_cap: u32, stagnation_window: u32, seed: u64) -> Clim
     let (mut starts, mut guessed) = (0, 0);
     for c in store.candidates().unwrap() {
         let fresh = seen_sources.insert(c.source_id.clone());
-        if c.kind == ksearch_store::CandidateKind::Attempt && c.attempt == 1 && fresh
-        {
+        if c.kind == ksearch_store::CandidateKind::Attempt && c.attempt == 1 && fresh {
             starts += 1;
             guessed += usize::from(built.contains(&store.source(&c.source_id).unwrap()));
         }

@@ -680,7 +680,7 @@ impl<'a> Engine<'a> {
                 Some(ev) => self.summarize_stored(&ev.result),
                 None => {
                     // The first cycle's first candidate compiles while the seed is evaluated.
-                    if self.writes_next_cycle_ahead() {
+                    if self.writes_cycle_starts_ahead() {
                         for source in self.first_cycle_sources_ahead(id) {
                             self.evaluator.prebuild_in_background(&source);
                         }
@@ -1695,10 +1695,11 @@ impl<'a> Engine<'a> {
         Ok(best.map(|b| b.0))
     }
 
-    /// Whether a cycle's end writes the next cycle's likely first candidates ahead (see
+    /// Whether a cycle's likely first candidates are written ahead, while the seed is evaluated
+    /// or the cycle before ends ([`Self::first_cycle_sources_ahead`],
     /// [`Self::next_cycle_sources_ahead`]): a proposer whose code is free to write, a backend
     /// whose builds overlap the device's work, cycles on the world model, one sample a round.
-    fn writes_next_cycle_ahead(&self) -> bool {
+    fn writes_cycle_starts_ahead(&self) -> bool {
         !self.sampling()
             && self.cfg.samples <= 1
             && self.proposer.writes_ahead()
@@ -1865,7 +1866,7 @@ impl<'a> Engine<'a> {
             // The next cycle's first candidate is written after the profile below (refine
             // reads it), and its build would then keep the device waiting: what it most
             // likely is compiles while the profile runs.
-            if self.writes_next_cycle_ahead() {
+            if self.writes_cycle_starts_ahead() {
                 for source in self.next_cycle_sources_ahead(state, &c, best_id, score, round) {
                     self.evaluator.prebuild_in_background(&source);
                 }
@@ -2123,9 +2124,10 @@ impl<'a> Engine<'a> {
     }
 }
 
-/// How many of the policy's best-ranked actions a cycle's end writes ahead besides the new
-/// follow-ups (`next_cycle_sources_ahead`): the refine that ranks them reads a profile the
-/// guess is made without, so the first few, not only the first.
+/// How many of the policy's best-ranked actions a cycle's first attempts are written ahead on
+/// (`first_attempts_ahead`), besides the follow-ups a cycle's end adds: the guess is made
+/// without what the real choice reads (the seed's score, the cycle best's profile), so the
+/// first few, not only the first.
 const NEXT_CYCLE_RANKED_AHEAD: usize = 2;
 
 /// Whether the search goes on after a cycle ends, or a budget of the session ended with it.
