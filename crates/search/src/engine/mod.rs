@@ -711,16 +711,14 @@ impl<'a> Engine<'a> {
             let source_id = self.store().candidate(id)?.map(|c| c.source_id);
             wm.attach_solution(
                 &root,
-                SolutionRef {
-                    solution_id: source_id
+                solution_ref(
+                    source_id
                         .map(|s| s.as_str().to_string())
                         .unwrap_or_default(),
-                    parent_solution_id: None,
                     score,
-                    speedup_vs_baseline: Some(score),
-                    latency_ms: summary.latency_ms,
-                    round: 0,
-                },
+                    summary.latency_ms,
+                    0,
+                ),
             )?;
             best = Some(BestRef {
                 candidate_id: id,
@@ -842,10 +840,7 @@ impl<'a> Engine<'a> {
             .map(|c| c.to_string())
             .collect();
         state.wm.begin_cycle(&node)?;
-        let parent = state.wm.node(&node).and_then(|n| n.parent.clone());
-        let base = parent
-            .and_then(|p| state.wm.node(&p).and_then(|n| n.solution().cloned()))
-            .and_then(|s| self.candidate_for_source(&s.solution_id).ok().flatten());
+        let base = self.base_candidate(&state.wm, &node);
         state.cycles += 1;
         self.event(
             "cycle_start",
@@ -1677,6 +1672,16 @@ impl<'a> Engine<'a> {
         Ok(out)
     }
 
+    /// The candidate a cycle on `node` starts from: the one whose source is the solution
+    /// attached to the node's parent (the best of them where several share it).
+    fn base_candidate(&self, wm: &WorldModel, node: &NodeId) -> Option<i64> {
+        let parent = wm.node(node)?.parent.as_ref()?;
+        let solution = wm.node(parent)?.solution()?;
+        self.candidate_for_source(&solution.solution_id)
+            .ok()
+            .flatten()
+    }
+
     fn candidate_for_source(&self, source_id: &str) -> Result<Option<i64>, EngineError> {
         let store = self.store();
         let mut best: Option<(i64, f64)> = None;
@@ -1726,14 +1731,12 @@ impl<'a> Engine<'a> {
         };
         let (base, last) = (view(c.base), view(c.last));
         let mut wm = state.wm.clone();
-        let solution = SolutionRef {
-            solution_id: best.source_id.clone(),
-            parent_solution_id: None,
+        let solution = solution_ref(
+            best.source_id.clone(),
             score,
-            speedup_vs_baseline: Some(score),
-            latency_ms: best.outcome.latency_ms,
+            best.outcome.latency_ms,
             round,
-        };
+        );
         if wm.attach_solution(&c.node, solution).is_err() {
             return Vec::new();
         }
@@ -1772,14 +1775,7 @@ impl<'a> Engine<'a> {
             return Vec::new();
         };
         let root = wm.root_id().clone();
-        let solution = SolutionRef {
-            solution_id: view.source_id,
-            parent_solution_id: None,
-            score: 1.0,
-            speedup_vs_baseline: Some(1.0),
-            latency_ms: None,
-            round: 0,
-        };
+        let solution = solution_ref(view.source_id, 1.0, None, 0);
         if wm.attach_solution(&root, solution).is_err() {
             return Vec::new();
         }
@@ -1820,11 +1816,8 @@ impl<'a> Engine<'a> {
                 continue;
             };
             let action = node.action.clone().unwrap_or_default();
-            let base = node
-                .parent
-                .as_ref()
-                .and_then(|p| wm.node(p).and_then(|n| n.solution().cloned()))
-                .and_then(|s| self.candidate_for_source(&s.solution_id).ok().flatten())
+            let base = self
+                .base_candidate(wm, &id)
                 .and_then(|i| self.attempt_view(i).ok().flatten());
             let req = CodeRequest {
                 step: if base.is_some() {
@@ -1882,17 +1875,9 @@ impl<'a> Engine<'a> {
                 .as_ref()
                 .map(|b| b.source_id.clone())
                 .unwrap_or_default();
-            state.wm.attach_solution(
-                &c.node,
-                SolutionRef {
-                    solution_id: source_id,
-                    parent_solution_id: None,
-                    score,
-                    speedup_vs_baseline: Some(score),
-                    latency_ms: latency,
-                    round,
-                },
-            )?;
+            state
+                .wm
+                .attach_solution(&c.node, solution_ref(source_id, score, latency, round))?;
             let history = self.cycle_history(&c)?;
             self.edit_with_retries("refine", state, round, |wm, feedback| {
                 let report = CycleReport {
@@ -2121,6 +2106,24 @@ impl<'a> Engine<'a> {
             serde_json::to_value(&outcome).map_err(|e| EngineError::State(e.to_string()))?;
         self.store().mark_finished(&summary)?;
         Ok(outcome)
+    }
+}
+
+/// What a passing kernel (source `solution_id`, its score and latency) attaches to the node
+/// it solved in `round`; the score is also its speedup over the baseline.
+fn solution_ref(
+    solution_id: String,
+    score: f64,
+    latency_ms: Option<f64>,
+    round: u32,
+) -> SolutionRef {
+    SolutionRef {
+        solution_id,
+        parent_solution_id: None,
+        score,
+        speedup_vs_baseline: Some(score),
+        latency_ms,
+        round,
     }
 }
 
