@@ -258,7 +258,7 @@ class Bench:
         req, out = self.req, self.out
         assert req.task is not None and req.task.entry is not None
         out.data["environment"].update(protocol_version=PROTOCOL_VERSION)
-        task = TaskCode(req.task)
+        task = adapters.task_code(req)
         source = core.read_candidate(req)
         core.run_static_checks(req, source)
         if self.adapter is None:

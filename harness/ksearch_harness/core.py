@@ -375,7 +375,7 @@ def geomean(values: list[float]) -> float | None:
 
 def check_task(req: Request, out: ResultBuilder) -> None:
     out.stage = "task"
-    task = TaskCode(req.task)  # type: ignore[arg-type]
+    task = adapters.task_code(req)
     _record_static_env(out)
     trial_seeds = _trial_seeds(req, out)
     sanity_check(req, task, trial_seeds[0], out.data["workloads"])
@@ -668,7 +668,7 @@ class Evaluation:
         req, out, phase = self.req, self.out, self.phase
         out.stage = "task"
         with phase("task"):
-            self.task = TaskCode(req.task)  # type: ignore[arg-type]
+            self.task = adapters.task_code(req)
             _record_static_env(out)
             self.trial_seeds = _trial_seeds(req, out)
             self.seeds = out.data["seeds"]

@@ -113,9 +113,34 @@ def get(key: tuple) -> Any:
     return value
 
 
+def off_heap_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A writable array in an anonymous memory map of its own, for a value that may be kept:
+    off_heap then keeps it as it is instead of copying it."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size == 0:
+        return np.empty(shape, dtype=dtype)
+    return np.frombuffer(mmap.mmap(-1, size), dtype=dtype).reshape(shape)
+
+
+def _whole_map(a: np.ndarray) -> bool:
+    """Whether `a` is all of an anonymous memory map (off_heap_empty's arrays)."""
+    base: Any = a
+    while isinstance(base, np.ndarray):
+        if not base.flags.c_contiguous:
+            return False
+        base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer's view of the map
+        base = base.obj
+    return isinstance(base, mmap.mmap) and len(base) == a.nbytes
+
+
 def off_heap(a: np.ndarray) -> np.ndarray:
     """A read-only copy of `a` in an anonymous memory map of its own (see the module's
-    docstring)."""
+    docstring); `a` itself, made read-only, when it already is one (off_heap_empty)."""
+    if isinstance(a, np.ndarray) and a.nbytes and _whole_map(a):
+        a.flags.writeable = False
+        return a
     a = np.ascontiguousarray(a).reshape(np.shape(a))
     if a.nbytes == 0:
         out = a.copy()

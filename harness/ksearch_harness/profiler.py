@@ -111,7 +111,7 @@ def perf_event_missing() -> str | None:
 def profile(req: Request, out: ResultBuilder, adapter: Adapter | None = None) -> None:
     """Fills `out.data["profile"]`: the profiler used and, per workload, its counters."""
     out.stage = "task"
-    task = TaskCode(req.task)  # type: ignore[arg-type]
+    task = adapters.task_code(req)
     assert req.task is not None and req.task.entry is not None
     out.stage = "static"
     source = read_candidate(req)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import dtypes, parallel
+from . import draw_cache, dtypes, parallel
 from .protocol import Dist, Task, TaskError, TensorSpec, Workload
 
 # Purposes of derived seeds; each stream is independent of the others.
@@ -25,10 +25,13 @@ TRIAL, PROBE, TIMING, WARMUP, ORDER, PRIME, AUDIT, PROFILE = range(8)
 
 # Generated inputs with more elements than this are drawn in blocks of this many elements, each
 # from its own generator (see _draw_blocked), so that the blocks can be filled in parallel and
-# the values still depend on nothing but the seed. Smaller inputs are drawn in one piece from
-# the workload's generator, as they always were.
+# the values still depend on nothing but the seed; or, where the backend draws on its device
+# (TaskCode.device_draw: cuda), float ones in one piece there. Smaller inputs are drawn in one
+# piece from the workload's generator, as they always were.
 DRAW_BLOCK = 1 << 20
 _NARROW_FLOATS = (np.dtype(np.float16), np.dtype(np.float32))
+# Float types a DeviceDraw fills.
+DEVICE_DRAWN = ("f16", "bf16", "f32", "f64")
 
 
 def derive_seed(secret: int, *path: int) -> int:
@@ -70,9 +73,16 @@ class Inputs:
         return out
 
 
+# How a large generated float input may be drawn off the host: (storage array to fill, dtype
+# name, "normal" or "uniform", mean or low, std or high, seed). adapters.large_input_drawer
+# picks it per backend.
+DeviceDraw = Callable[[np.ndarray, str, str, float, float, int], None]
+
+
 class TaskCode:
-    def __init__(self, task: Task):
+    def __init__(self, task: Task, device_draw: DeviceDraw | None = None):
         self.task = task
+        self.device_draw = device_draw
         path = os.path.join(task.dir, task.reference_module)
         if not os.path.isfile(path):
             raise TaskError(f"task reference module not found: {path}")
@@ -119,6 +129,9 @@ class TaskCode:
         if dist is None:
             dist = _default_dist(dt)
         if dist.kind != "custom" and math.prod(shape) > DRAW_BLOCK:
+            if (self.device_draw is not None and dist.kind in ("normal", "uniform")
+                    and dt.name in DEVICE_DRAWN):
+                return self._draw_on_device(dt, dist, rng, shape)
             return _draw_blocked(dt, dist, rng, shape)
         if dist.kind == "normal":
             values: Any = rng.standard_normal(shape, dtype=np.float64) * dist.std + dist.mean
@@ -146,6 +159,28 @@ class TaskCode:
             if values.dtype.kind == "f":
                 values = np.rint(values)
         return dtypes.contiguous(dt.encode(values))
+
+    def _draw_on_device(self, dt: dtypes.DType, dist: Dist, rng: np.random.Generator,
+                        shape: tuple[int, ...]) -> np.ndarray:
+        """A large float input drawn by `device_draw` from one seed, which takes from `rng`
+        what _draw_blocked takes (so the inputs after it see the same stream), written into an
+        off-heap array the draw cache can keep without copying it again."""
+        assert self.device_draw is not None
+        entropy = [int(e) for e in rng.integers(0, 1 << 63, size=2, dtype=np.int64)]
+        hi, lo = (int(x) for x in
+                  np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32))
+        seed = ((hi << 32) | lo) & ((1 << 63) - 1)
+        out = draw_cache.off_heap_empty(shape, dt.storage)
+        if dist.kind == "normal":
+            a, b = dist.mean, dist.std
+        else:
+            a, b = dist.low, dist.high
+        try:
+            self.device_draw(out, dt.name, dist.kind, float(a), float(b), seed)
+        except Exception as e:
+            raise TaskError(f"drawing a {dt.name} input of shape {tuple(shape)} on the device "
+                            f"failed: {_describe(e)}") from None
+        return out
 
     def perturb(self, inputs: Inputs, wl: Workload, seed: int, workload_index: int
                 ) -> Inputs | None:

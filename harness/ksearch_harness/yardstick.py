@@ -66,7 +66,7 @@ def measure(req: Request, out: ResultBuilder, adapter: Any = None) -> None:
     if req.task is None:
         raise TaskError("yardstick: the request has no task")
     out.stage = "task"
-    task = TaskCode(req.task)
+    task = adapters.task_code(req)
     a = adapter if adapter is not None else adapters.create(req)
     out.stage = "timing"
     a.open_device()

@@ -243,6 +243,16 @@ def test_honest_candidate_passes_with_dtype_resolved_per_workload(tmp_path, torc
     assert accused_syncs(capfd) > 2 * 2 * 3
 
 
+def test_the_judge_draws_large_inputs_on_the_device(tmp_path, torch, monkeypatch):
+    """The cuda judge draws large float inputs with the device's generator (here the fake's,
+    drawing with numpy): an evaluation passes on them, and its trials still differ."""
+    from ksearch_harness import task_code
+    monkeypatch.setattr(task_code, "DRAW_BLOCK", 50)
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", (r["status"], r["message"])
+    assert torch.generators_made >= 2 * 3  # two trials of three workloads at least
+
+
 SCALAR_REFERENCE = '''
 import numpy as np
 

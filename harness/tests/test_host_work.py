@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import driver
-from ksearch_harness import core, dtypes, parallel, task_code
+from ksearch_harness import core, draw_cache, dtypes, parallel, task_code
 from ksearch_harness.core import Comparison, PhaseClock, close, close_all, compare
-from ksearch_harness.protocol import Dist, Task, TensorSpec, Tolerance, Workload
+from ksearch_harness.protocol import Dist, Task, TaskError, TensorSpec, Tolerance, Workload
 from ksearch_harness.task_code import TaskCode
 
 
@@ -208,6 +208,140 @@ def test_full_size_block_boundary():
     again = _task().make_inputs(wl, 5, 0).stored["a"]
     assert first.tobytes() == again.tobytes()
     assert np.isfinite(first).all() and abs(float(first.astype(np.float64).std()) - 1) < 0.01
+
+
+# Large float inputs drawn on the device (TaskCode.device_draw; the cuda backend's judge)
+
+
+class _RecordingDraw:
+    """A DeviceDraw that fills from numpy with its seed and records every call."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def __call__(self, out, dtype_name, kind, a, b, seed):
+        self.calls.append((out.shape, out.dtype, dtype_name, kind, a, b, seed))
+        g = np.random.default_rng(seed)
+        vals = (g.standard_normal(out.size) * b + a if kind == "normal"
+                else g.uniform(a, b, size=out.size))
+        out.reshape(-1)[...] = dtypes.get(dtype_name).encode(vals)
+
+
+def _device_task(draw) -> TaskCode:
+    t = _task()
+    t.device_draw = draw
+    return t
+
+
+def test_large_float_inputs_are_drawn_by_the_device_from_one_seed_of_the_stream(monkeypatch):
+    monkeypatch.setattr(task_code, "DRAW_BLOCK", 1000)
+    specs = (TensorSpec("a", "f16", (3, 700), NORMAL), TensorSpec("b", "f32", (10,), UNIFORM),
+             TensorSpec("c", "bf16", (2001,), UNIFORM))
+    wl = _workload(*specs)
+    draw = _RecordingDraw()
+    got = _device_task(draw).make_inputs(wl, 7, 2).stored
+    host = _task().make_inputs(wl, 7, 2).stored
+    # Two large inputs went to the device, each with its distribution's parameters and a seed
+    # made from the two integers the blocked draw would have taken from the workload's stream.
+    assert [c[:6] for c in draw.calls] == [
+        ((3, 700), dtypes.get("f16").storage, "f16", "normal", 0.5, 2.0),
+        ((2001,), dtypes.get("bf16").storage, "bf16", "uniform", -3.0, 5.0)]
+    rng = np.random.default_rng([7, 2])
+    entropy = [int(e) for e in rng.integers(0, 1 << 63, size=2, dtype=np.int64)]
+    hi, lo = (int(x) for x in np.random.SeedSequence(entropy).generate_state(2, np.uint32))
+    assert draw.calls[0][6] == ((hi << 32) | lo) & ((1 << 63) - 1)
+    # So the small input after it, drawn on the host, is the host path's value exactly.
+    assert got["b"].tobytes() == host["b"].tobytes()
+    assert got["a"].tobytes() != host["a"].tobytes()
+    # The same seed again: the same bytes; another seed or workload: others.
+    again = _device_task(_RecordingDraw()).make_inputs(wl, 7, 2).stored
+    assert all(again[n].tobytes() == got[n].tobytes() for n in ("a", "b", "c"))
+    assert _device_task(_RecordingDraw()).make_inputs(wl, 8, 2).stored["a"].tobytes() \
+        != got["a"].tobytes()
+
+
+def test_integer_custom_and_small_inputs_stay_on_the_host(monkeypatch):
+    monkeypatch.setattr(task_code, "DRAW_BLOCK", 100)
+    draw = _RecordingDraw()
+    specs = (TensorSpec("i", "i32", (20, 20), INTS), TensorSpec("x", "f32", (4, 50), Dist("custom")),
+             TensorSpec("s", "f32", (99,), NORMAL))
+    wl = _workload(*specs)
+    got = _device_task(draw).make_inputs(wl, 3, 0).stored
+    want = _task().make_inputs(wl, 3, 0).stored
+    assert draw.calls == []
+    assert all(got[n].tobytes() == want[n].tobytes() for n in ("i", "x", "s"))
+
+
+def test_a_device_drawn_input_is_kept_without_another_copy(monkeypatch):
+    monkeypatch.setattr(task_code, "DRAW_BLOCK", 100)
+    draw_cache.enable(True)
+    try:
+        drawn = _device_task(_RecordingDraw()).make_inputs(
+            _workload(TensorSpec("a", "f32", (400,), NORMAL)), 1, 0)
+        kept = draw_cache.put(("inputs", "device-drawn"), drawn.stored, lambda c: c)
+        assert kept["a"] is drawn.stored["a"] and not kept["a"].flags.writeable
+        # An array on the heap is still copied off it.
+        heap = np.arange(400, dtype=np.float32)
+        other = draw_cache.put(("inputs", "heap"), {"a": heap}, lambda c: c)
+        assert other["a"] is not heap and np.array_equal(other["a"], heap)
+        assert heap.flags.writeable
+    finally:
+        draw_cache.clear()
+        draw_cache.enable(False)
+
+
+def test_a_failing_device_draw_is_a_task_error(monkeypatch):
+    monkeypatch.setattr(task_code, "DRAW_BLOCK", 100)
+
+    def broken(*_):
+        raise RuntimeError("CUDA error: out of memory")
+
+    with pytest.raises(TaskError, match="on the device failed.*out of memory"):
+        _device_task(broken).make_inputs(_workload(TensorSpec("a", "f16", (200,), NORMAL)), 1, 0)
+
+
+def test_the_cuda_backend_draws_on_the_device_and_the_others_on_the_host():
+    from ksearch_harness import adapters
+    from ksearch_harness.adapters import device
+    assert adapters.large_input_drawer("cuda") is device.torch_draw_into
+    assert adapters.large_input_drawer("mlx") is None
+    assert adapters.large_input_drawer("cpu") is None
+
+
+@pytest.mark.parametrize("name,dist", [("f16", NORMAL), ("bf16", NORMAL), ("f32", UNIFORM),
+                                       ("bf16", UNIFORM)])
+def test_torch_draw_fills_storage_bits_from_the_seeded_generator(monkeypatch, name, dist):
+    # PyTorch's part runs on the device (gpu/ checks); here the fake stands in, which draws
+    # with numpy, to check what the function does around the generator: seeding, the
+    # conversion to the dtype's storage bits, and the copy into the host array.
+    import importlib.util
+    import sys
+    from pathlib import Path
+    from ksearch_harness.adapters import device
+    path = Path(__file__).resolve().parent / "fake_torch" / "fake_torch_impl.py"
+    spec = importlib.util.spec_from_file_location("fake_torch_impl", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fake = module.FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    dt = dtypes.get(name)
+    a, b = (dist.mean, dist.std) if dist.kind == "normal" else (dist.low, dist.high)
+    out = np.zeros((64, 1000), dtype=dt.storage)
+    device.torch_draw_into(out, name, dist.kind, a, b, 1234)
+    again = np.zeros_like(out)
+    device.torch_draw_into(again, name, dist.kind, a, b, 1234)
+    assert fake.generators_made == 2 and out.tobytes() == again.tobytes()
+    values = dt.decode(out).astype(np.float64)
+    if dist.kind == "normal":
+        assert abs(values.mean() - a) < 0.05 and abs(values.std() - b) < 0.05
+    else:
+        assert values.min() >= a and values.max() <= b
+        assert abs(values.mean() - (a + b) / 2) < 0.1
+    # The values are the generator's float32 draws rounded to the dtype.
+    g = np.random.default_rng(1234)
+    f32 = (g.standard_normal(out.size) * b + a if dist.kind == "normal"
+           else g.uniform(a, b, size=out.size)).astype(np.float32)
+    assert np.array_equal(out.reshape(-1), dt.encode(f32))
 
 
 def test_custom_inputs_are_untouched(monkeypatch):

@@ -219,6 +219,23 @@ def create(request: Request) -> Adapter:
                     f"(known: {', '.join(BACKENDS)})")
 
 
+def large_input_drawer(backend: str | None) -> Callable[..., None] | None:
+    """How the judge draws a large generated float input for `backend`
+    (TaskCode.device_draw): on the GPU for cuda (device.torch_draw_into), on the host
+    otherwise. A fixed rule per backend, so one seed gives one input set in every process of a
+    run; MLX keeps host draws, since its judge works from host copies anyway."""
+    if backend == "cuda":
+        from .device import torch_draw_into
+        return torch_draw_into
+    return None
+
+
+def task_code(request: Request) -> Any:
+    """The request's task code (task_code.TaskCode), drawing as the backend does."""
+    from ..task_code import TaskCode
+    return TaskCode(request.task, device_draw=large_input_drawer(request.backend))  # type: ignore[arg-type]
+
+
 def available_backends() -> list[str]:
     """The backends this machine can run, judged without importing torch or mlx (that takes
     seconds): cpu always; cuda with PyTorch, nvcc and an NVIDIA GPU; mlx with the mlx package

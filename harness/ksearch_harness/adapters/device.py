@@ -200,6 +200,31 @@ def torch_upload(t, stored: np.ndarray) -> None:
     t.view(torch_bits_dtype(width)).copy_(src)
 
 
+def torch_draw_into(out: np.ndarray, dtype_name: str, kind: str, a: float, b: float,
+                    seed: int) -> None:
+    """Fills the storage array `out` with values drawn on the GPU by PyTorch's CUDA generator
+    seeded with `seed`: normal (mean `a`, std `b`) or uniform on [a, b), drawn in float32
+    (float64 for f64) and rounded to the dtype to nearest even, as the host's blocked draws
+    do. A large input then costs the host one copy from the device, not the generator's work
+    on its cores (which the compiles written ahead are using). The values depend on the seed,
+    the size, PyTorch's version and the GPU model (its generator's launch shape follows the
+    SM count), which the run store records."""
+    import torch
+    g = torch.Generator(device="cuda")
+    g.manual_seed(int(seed))
+    work = torch.float64 if dtype_name == "f64" else torch.float32
+    vals = torch.empty(out.size, dtype=work, device="cuda")
+    if kind == "normal":
+        vals.normal_(float(a), float(b), generator=g)
+    elif kind == "uniform":
+        vals.uniform_(float(a), float(b), generator=g)
+    else:
+        raise ValueError(f"no device draw for distribution `{kind}`")
+    width = out.dtype.itemsize
+    bits = vals.to(torch_dtype(dtype_name)).view(torch_bits_dtype(width))
+    torch.from_numpy(out.reshape(-1).view(_BITS[width])).copy_(bits)
+
+
 def torch_to_host(t, storage: np.dtype) -> np.ndarray:
     width = np.dtype(storage).itemsize
     src = t.detach().view(torch_bits_dtype(width))

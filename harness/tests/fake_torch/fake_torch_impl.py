@@ -89,7 +89,20 @@ class FakeTorch(types.ModuleType):
             def to(self, what):
                 if isinstance(what, str):
                     return self  # a device: the fake's memory is the host's
+                if what is torch.bfloat16 and self.dtype is not torch.bfloat16:
+                    return Tensor(dtypes.get("bf16").encode(self.a), what)
                 return Tensor(self.a.astype(what.np), what)
+
+            # The generator's fills (adapters/device.py torch_draw_into), from numpy.
+            def normal_(self, mean=0.0, std=1.0, generator=None):
+                g = generator.rng if generator is not None else np.random.default_rng()
+                self.a[...] = g.standard_normal(self.a.shape) * std + mean
+                return self
+
+            def uniform_(self, low=0.0, high=1.0, generator=None):
+                g = generator.rng if generator is not None else np.random.default_rng()
+                self.a[...] = g.uniform(low, high, size=self.a.shape)
+                return self
 
             def numel(self):
                 return int(self.a.size)
@@ -147,6 +160,19 @@ class FakeTorch(types.ModuleType):
 
         Tensor.__module__ = "torch"
         self.Tensor = Tensor
+
+        class Generator:
+            def __init__(self, device=None):
+                self.device = device
+                self.rng = np.random.default_rng(0)
+                torch.generators_made += 1
+
+            def manual_seed(self, seed):
+                self.rng = np.random.default_rng(int(seed))
+                return self
+
+        self.Generator = Generator
+        self.generators_made = 0
 
         class Stream:
             cuda_stream = 0x5EED
