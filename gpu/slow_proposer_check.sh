@@ -12,7 +12,8 @@
 #       carry=[".device-carry/ks"])
 #
 # Prepare here: bash gpu/ksearch_bin.sh pack. Results in
-# $OUT: run.json, show.txt, show.json, log.txt.
+# $OUT: run.json, show.txt, show.json, log.txt, and store.tar.gz (the run directory: its
+# events, proposer exchanges and every evaluation).
 set -uo pipefail
 
 STRATEGY=${STRATEGY:-world-model}
@@ -54,3 +55,4 @@ RUN=$(ls -t "$RUNS" | head -n 1)
 "$KS" show "$RUN" --runs-dir "$RUNS" > "$OUT/show.txt"
 "$KS" show "$RUN" --runs-dir "$RUNS" --json > "$OUT/show.json"
 sed -n '1,/^path to the best/p' "$OUT/show.txt"
+tar -C "$RUNS" -czf "$OUT/store.tar.gz" "$RUN"

@@ -668,13 +668,55 @@ fn excerpt_note(text: &str) -> String {
 }
 
 /// Whether `ident` occurs in `source` as a whole identifier.
+/// Whether `source` holds `ident` as a whole identifier. An entry point named per workload
+/// (`attention_{dtype}`: the harness resolves each `{placeholder}` from the workload's
+/// parameters) is held when some identifier of the source fits it, each placeholder standing
+/// for a non-empty run of identifier characters (`attention_f16`).
 fn mentions_identifier(source: &str, ident: &str) -> bool {
     let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    source.match_indices(ident).any(|(i, _)| {
-        let before = source[..i].chars().next_back();
-        let after = source[i + ident.len()..].chars().next();
-        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
-    })
+    if !ident.contains('{') {
+        return source.match_indices(ident).any(|(i, _)| {
+            let before = source[..i].chars().next_back();
+            let after = source[i + ident.len()..].chars().next();
+            !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+        });
+    }
+    let parts = entry_parts(ident);
+    source
+        .split(|c: char| !is_ident(c))
+        .any(|token| !token.is_empty() && fits_parts(token, &parts))
+}
+
+/// An entry name's literal pieces around its `{placeholder}`s: `a_{x}_b` → ["a_", "_b"].
+fn entry_parts(ident: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut rest = ident;
+    while let Some(open) = rest.find('{') {
+        parts.push(&rest[..open]);
+        rest = match rest[open..].find('}') {
+            Some(close) => &rest[open + close + 1..],
+            None => "",
+        };
+    }
+    parts.push(rest);
+    parts
+}
+
+/// Whether `token` is `parts` joined by non-empty runs (one between each two pieces).
+fn fits_parts(token: &str, parts: &[&str]) -> bool {
+    match parts {
+        [] => token.is_empty(),
+        [only] => token == *only,
+        [first, rest @ ..] => {
+            let Some(after) = token.strip_prefix(first) else {
+                return false;
+            };
+            // The placeholder takes 1.. characters; the rest must fit what follows.
+            (1..=after.len())
+                .filter(|&n| after.is_char_boundary(n))
+                .any(|n| fits_parts(&after[n..], rest))
+        }
+    }
 }
 
 /// A fenced code block: its info-string tag (lower-cased, possibly empty) and body.
@@ -1121,6 +1163,33 @@ mod tests {
         assert!(!mentions_identifier(
             "void my_softmax_f32(int)",
             "softmax_f32"
+        ));
+    }
+
+    #[test]
+    fn an_entry_named_per_workload_is_matched_by_any_resolution() {
+        let src = "extern \"C\" int attention_f16(const void* q);\nint attention_bf16(int);";
+        assert!(mentions_identifier(src, "attention_{dtype}"));
+        assert!(mentions_identifier(
+            "int scan_f32_d16(int)",
+            "scan_{dtype}_d{d}"
+        ));
+        // The placeholder stands for something: the bare prefix is not the entry point.
+        assert!(!mentions_identifier(
+            "int attention_(int)",
+            "attention_{dtype}"
+        ));
+        assert!(!mentions_identifier(
+            "int my_attention_f16(int)",
+            "attention_{dtype}"
+        ));
+        assert!(!mentions_identifier(
+            "int softmax_f16(int)",
+            "attention_{dtype}"
+        ));
+        assert!(!mentions_identifier(
+            "int scan_f32_x16(int)",
+            "scan_{dtype}_d{d}"
         ));
     }
 }
