@@ -106,9 +106,11 @@ class _Answer:
         return True
 
 
-# Ops a persistent judge serves (`serve_loop`): those that time on the device, whose judge
-# gains from keeping its imports, device context and caches between requests.
-SERVED_OPS = ("evaluate", "yardstick")
+# Ops a persistent judge serves (`serve_loop`): those that use the device, whose judge gains
+# from keeping its imports, device context and caches between requests. A profile's
+# candidate runs under the profiler in a process of its own either way; served, the judge
+# that draws its inputs (on the GPU for cuda: adapters.large_input_drawer) is already up.
+SERVED_OPS = ("evaluate", "yardstick", "profile")
 
 
 def serve_loop(result_fd: int) -> int:

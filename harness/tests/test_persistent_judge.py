@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import driver
 
@@ -110,6 +112,32 @@ def test_one_worker_serves_requests_until_one_times_out():
     # directories of the worker killed for its timeout (scratch.py).
     left = _accused_leftovers() - before
     assert not left, left
+
+
+def test_a_persistent_judge_serves_the_profile_op(monkeypatch):
+    """The profile op runs in the judge that evaluates (its imports and device context kept);
+    its candidate still runs under the profiler (here a stand-in for ncu) in a process of its
+    own."""
+    from ksearch_harness import profiler
+    from test_profiler import _stand_in
+    stand_in = tempfile.mkdtemp(prefix="ksearch-ncu-stand-in-")
+    os.chmod(stand_in, 0o755)
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(Path(stand_in)))
+    judge = Judge()
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            naive = driver.HONEST / "naive.c"
+            first = judge.ask(driver.softmax_request(naive, d, nonce="a" * 16))
+            assert first["status"] == "passed", first["message"]
+            prof = judge.ask(driver.softmax_request(naive, d, op="profile", nonce="b" * 16))
+            assert prof["status"] == "passed", prof["message"]
+            assert prof["environment"]["judge"] == {**first["environment"]["judge"],
+                                                    "served": 2}
+            shown = [w for w in prof["profile"]["workloads"]]
+            assert shown and all(w["calls"] == 1 and "error" not in w for w in shown), shown
+    finally:
+        assert judge.close() == 0
+        shutil.rmtree(stand_in, ignore_errors=True)
 
 
 def test_a_later_evaluation_draws_no_near_duplicate_and_computes_no_truth_again(tmp_path,

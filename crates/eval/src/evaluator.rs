@@ -44,7 +44,7 @@ pub struct EvaluatorConfig {
     /// Stops the harness in flight (its process group killed) when requested; every call
     /// then fails with [`EvalError::Interrupted`].
     pub interrupt: Option<Interrupt>,
-    /// Whether `evaluate` and `yardstick` go to a persistent judge per device (crate::judge)
+    /// Whether `evaluate`, `yardstick` and `profile` go to a persistent judge per device (crate::judge)
     /// instead of a fresh harness process each; default: on unless
     /// `KSEARCH_PERSISTENT_JUDGE=0`.
     pub persistent_judge: bool,
@@ -165,9 +165,9 @@ pub struct Evaluator {
     repeats: Mutex<RepeatYield>,
 }
 
-/// The ops a persistent judge serves (harness `supervisor.SERVED_OPS`): those that time on the
+/// The ops a persistent judge serves (harness `supervisor.SERVED_OPS`): those that use the
 /// device, whose judge gains from keeping its imports, device context and caches.
-const SERVED_OPS: [&str; 2] = ["evaluate", "yardstick"];
+const SERVED_OPS: [&str; 3] = ["evaluate", "yardstick", "profile"];
 
 /// Timing locks, one per device, shared by every evaluator in the process. Two timed runs on
 /// one device compete for its caches, memory bandwidth and clocks, so each would measure the
