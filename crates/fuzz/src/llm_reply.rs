@@ -225,6 +225,7 @@ fn proposer() -> (&'static FixedReply, &'static LlmProposer) {
                 language: "c".into(),
                 signature: format!("void {ENTRY}(const float* x, float* y)"),
                 entry: ENTRY.into(),
+                entries: Vec::new(),
                 fence_tag: "c".into(),
                 target: "cpu".into(),
                 target_title: "CPU kernel in C".into(),

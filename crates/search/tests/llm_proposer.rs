@@ -547,3 +547,50 @@ fn evolve_diffs_apply_to_the_parent_and_blocks_that_do_not_apply_are_sent_back()
         .iter()
         .all(|r| r.role_tag == CODE_ROLE_TAG || r.role_tag == "wm-init"));
 }
+
+#[test]
+fn a_reply_must_define_every_entry_point_the_workloads_call() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llm = Arc::new(scripted(vec![(
+        CODE_ROLE_TAG,
+        vec![
+            code("score=3;kern_f16"),
+            code("score=1.5;kern_f16;kern_bf16"),
+        ],
+    )]));
+    let mut per_dtype = inputs();
+    per_dtype.task.entry = "kern_{dtype}".into();
+    per_dtype.task.entries = vec!["kern_bf16".into(), "kern_f16".into()];
+    let proposer = LlmProposer::new(llm.clone(), prompts(), per_dtype, LlmSettings::new());
+    let eval = FakeEvaluator {
+        calls: AtomicUsize::new(0),
+    };
+    let policy = KSearchPolicy::default();
+    let engine = Engine::new(
+        cfg(2),
+        store(tmp.path()),
+        &proposer,
+        &eval,
+        &policy,
+        brief(),
+        &NoProgress,
+    );
+    engine.run(Some("score=1;kern_f16;kern_bf16")).unwrap();
+    // Round 1's reply, missing `kern_bf16`, was refused before evaluation (a failed attempt);
+    // round 2's, told why, was evaluated.
+    assert_eq!(eval.calls.load(Ordering::SeqCst), 2);
+    let codes: Vec<ChatRequest> = llm
+        .seen()
+        .into_iter()
+        .filter(|r| r.role_tag == CODE_ROLE_TAG)
+        .collect();
+    let second = user_prompt(&codes[1]);
+    assert!(
+        second.contains("does not define the entry point `kern_bf16`"),
+        "{second}"
+    );
+    assert!(
+        second.contains("define all of `kern_bf16`, `kern_f16`"),
+        "{second}"
+    );
+}

@@ -382,12 +382,34 @@ impl LlmProposer {
     /// A code reply's source, checked: it must name the task's entry point. Accepted, it clears
     /// the reasons remembered for the next prompt; refused, its reason is remembered.
     fn accept(&self, role: PromptRole, source: &str) -> Result<(), ProposerError> {
-        let entry = &self.inputs.task.entry;
-        if !entry.is_empty() && !mentions_identifier(source, entry) {
+        let task = &self.inputs.task;
+        let missing: Vec<&str> = if task.entries.is_empty() {
+            [task.entry.as_str()]
+                .into_iter()
+                .filter(|e| !e.is_empty() && !mentions_identifier(source, e))
+                .collect()
+        } else {
+            task.entries
+                .iter()
+                .map(String::as_str)
+                .filter(|e| !mentions_identifier(source, e))
+                .collect()
+        };
+        if !missing.is_empty() {
+            let names = missing
+                .iter()
+                .map(|e| format!("`{e}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let what = if missing.len() > 1 {
+                "entry points"
+            } else {
+                "entry point"
+            };
             let why = format!(
-                "{}: the code does not define the entry point `{entry}` ({})",
+                "{}: the code does not define the {what} {names} ({})",
                 role.tag(),
-                self.inputs.task.signature
+                task.signature
             );
             self.remember(&why);
             return Err(ProposerError::Unusable(why));

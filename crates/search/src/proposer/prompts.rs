@@ -322,6 +322,22 @@ fn tidy(text: &str) -> String {
     out.trim_start_matches('\n').trim_end().to_string() + "\n"
 }
 
+/// The entry points `spec` names for `task`'s workloads on `backend` (held-out ones included:
+/// the re-check calls them too), sorted and without repeats; empty unless the entry has
+/// `{axis}` placeholders.
+fn entry_names(task: &Task, backend: &str, spec: &ksearch_task::BackendSpec) -> Vec<String> {
+    if spec.entry_placeholders().is_empty() {
+        return Vec::new();
+    }
+    let names: std::collections::BTreeSet<String> = task
+        .workloads(backend)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|w| spec.entry_for(&w.params))
+        .collect();
+    names.into_iter().collect()
+}
+
 /// What every prompt knows about the task (fixed for a run).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct TaskView {
@@ -332,6 +348,10 @@ pub struct TaskView {
     pub signature: String,
     /// The symbol the code must define.
     pub entry: String,
+    /// Where `entry` is named per workload (`attention_{dtype}`), the names the run's
+    /// workloads call, sorted (`attention_bf16`, `attention_f16`): every one must be defined.
+    /// Empty for a single entry point.
+    pub entries: Vec<String>,
     /// Preferred tag of the code block in replies.
     pub fence_tag: String,
     pub target: String,
@@ -397,6 +417,7 @@ impl PromptInputs {
                 language: spec.language.clone(),
                 signature: spec.signature.clone(),
                 entry: spec.entry.clone(),
+                entries: entry_names(task, backend, spec),
                 fence_tag: target
                     .fence_tags
                     .first()

@@ -46,6 +46,7 @@ pub fn fake_prompt_inputs(level: ContextLevel) -> PromptInputs {
             language: "c".into(),
             signature: "void kern(float* x)".into(),
             entry: "kern".into(),
+            entries: Vec::new(),
             fence_tag: "c".into(),
             target: "cpu".into(),
             target_title: "CPU kernel in C".into(),
