@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -478,16 +478,24 @@ class AccusedProcess:
                                   "audit": audit})
         return self._checked(self._reply(seq, self.deadline))
 
-    def settle(self, seconds: float) -> Linger:
+    def settle(self, seconds: float, during: Callable[[], None] | None = None) -> Linger:
         """Watches the accused for `seconds` after a call returned, then stops it. CPU time
-        its threads spend meanwhile, or a child process, is counted; see `linger_verdict`."""
+        its threads spend meanwhile, or a child process, is counted; see `linger_verdict`.
+        `during` is the judge's own work done inside the window (the window lasts at least
+        `seconds`, longer if that work does); the accused is stopped even if it raises."""
         before = process_cpu_ns(self.pid)
         t0 = time.perf_counter_ns()
-        time.sleep(seconds)
-        after = process_cpu_ns(self.pid)
-        window = time.perf_counter_ns() - t0
-        children = child_pids(self.pid)
-        self.stop()
+        try:
+            if during is not None:
+                during()
+            left = seconds - (time.perf_counter_ns() - t0) / 1e9
+            if left > 0:
+                time.sleep(left)
+            after = process_cpu_ns(self.pid)
+            window = time.perf_counter_ns() - t0
+            children = child_pids(self.pid)
+        finally:
+            self.stop()
         cpu = max(0, after - before) if before is not None and after is not None else 0
         linger = Linger(cpu, window, children)
         self.settled_calls += 1

@@ -1188,28 +1188,39 @@ class Evaluation:
             reply = bench.fn(heap_byte, audit=audit)
             first = self._snapshot(bench)
         self.calls += 1
-        busy = self._after_call(where, SETTLE_SHORT_S)
+        # Outputs checked on the device are compared inside the settle window, while the
+        # judge waits anyway: the comparison holds for the settled outputs when they are the
+        # same bytes (checked below). Host comparisons wait until the window has closed, so
+        # the judge's cores stay free for whatever the accused might still run in it.
+        early: list[Comparison] = []
+        during = None
+        if self._device_truth(bench.wl, first, truth) is not None:
+            def during() -> None:
+                early.append(self._compare_snapshot(bench.wl, first, truth))
+        busy = self._after_call(where, SETTLE_SHORT_S, during)
         if audit:
             self._check_kernels(reply, where)
         settled = self._snapshot_again(bench, first)
         if self._changed(first, settled):
             raise self._deferred(where, busy)
         self._check_inputs(bench, inputs, where)
-        cmp = self._compare_snapshot(bench.wl, settled, truth)
+        cmp = early[0] if early else self._compare_snapshot(bench.wl, settled, truth)
         if not cmp.ok and acc.on_device:
             self._settle(SETTLE_LONG_S)
             if self._changed(settled, self._snapshot(bench)):
                 raise self._deferred(where, self._watch_threads())
         return Call(settled, cmp, lambda stored: self._decode(bench, stored))
 
-    def _after_call(self, where: str, seconds: float) -> list[int]:
+    def _after_call(self, where: str, seconds: float,
+                    during: Callable[[], None] | None = None) -> list[int]:
         """The settle window after a candidate call: the accused keeps running for `seconds`
-        while the judge watches its threads, then it is stopped. Returns the candidate's
-        threads that were still running (evidence for a deferred-work verdict)."""
+        while the judge watches its threads (and does `during`, its own work), then it is
+        stopped. Returns the candidate's threads that were still running (evidence for a
+        deferred-work verdict)."""
         proc = self.accused.process  # type: ignore[union-attr]
         with self.phase("settle"):
             busy = self._watch_threads()
-            linger = proc.settle(seconds)
+            linger = proc.settle(seconds, during)
         proc.linger_verdict(linger, where)
         return busy
 

@@ -370,6 +370,29 @@ def test_the_judge_shares_the_accused_device_memory_where_it_can(tmp_path, torch
         assert reads >= r["diagnostics"]["candidate_calls"]
 
 
+def test_device_checks_of_a_call_run_inside_its_settle_window(tmp_path, torch, monkeypatch):
+    """Where the outputs are checked on the device, each correctness call's comparison runs
+    while the judge watches the accused after the call (its settle window) rather than after
+    it; host checks keep waiting for the window to close."""
+    from ksearch_harness import accused_client, core
+    windows = {"with": 0, "without": 0}
+    settle = accused_client.AccusedProcess.settle
+
+    def counting(self, seconds, during=None):
+        if seconds == core.SETTLE_SHORT_S:  # a correctness call's window (timed calls: shorter)
+            windows["with" if during is not None else "without"] += 1
+        return settle(self, seconds, during)
+
+    monkeypatch.setattr(accused_client.AccusedProcess, "settle", counting)
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", (r["status"], r["message"])
+    assert windows["with"] + windows["without"] > 0
+    if os.environ["KSEARCH_HARNESS_DEVICE_SHARE"] == "emulate":
+        assert windows["without"] == 0, windows
+    else:
+        assert windows["with"] == 0, windows
+
+
 def test_a_candidate_writing_its_input_is_caught(tmp_path, torch):
     """The judge checks the accused's inputs after every call: against its own device copy
     where the memory is shared, against the drawn set otherwise."""
