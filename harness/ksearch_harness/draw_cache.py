@@ -113,6 +113,26 @@ def get(key: tuple) -> Any:
     return value
 
 
+# Maps at least this large ask the kernel for transparent huge pages (MADV_HUGEPAGE): filling
+# a fresh map costs a page fault per page, which with 4 KiB pages is most of the time it takes
+# to copy an input set or a truth into it (docs/results/evaluation-speed, "Huge pages").
+# Where THP is off or the advice is unknown the map is an ordinary one.
+HUGE_PAGE_MIN_BYTES = 4 << 20
+
+
+def _new_map(nbytes: int) -> mmap.mmap:
+    """An anonymous private map of `nbytes`, advised to use huge pages where it is large.
+    Private: a shared anonymous map is shmem, which THP leaves alone unless told otherwise."""
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None and nbytes >= HUGE_PAGE_MIN_BYTES:
+        try:
+            m.madvise(advice)
+        except (OSError, ValueError):
+            pass
+    return m
+
+
 def off_heap_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A writable array in an anonymous memory map of its own, for a value that may be kept:
     off_heap then keeps it as it is instead of copying it."""
@@ -120,7 +140,7 @@ def off_heap_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if size == 0:
         return np.empty(shape, dtype=dtype)
-    return np.frombuffer(mmap.mmap(-1, size), dtype=dtype).reshape(shape)
+    return np.frombuffer(_new_map(size), dtype=dtype).reshape(shape)
 
 
 def _whole_map(a: np.ndarray) -> bool:
@@ -145,7 +165,7 @@ def off_heap(a: np.ndarray) -> np.ndarray:
     if a.nbytes == 0:
         out = a.copy()
     else:
-        out = np.frombuffer(mmap.mmap(-1, a.nbytes), dtype=a.dtype).reshape(a.shape)
+        out = np.frombuffer(_new_map(a.nbytes), dtype=a.dtype).reshape(a.shape)
         np.copyto(out, a)
     out.flags.writeable = False
     return out

@@ -625,3 +625,38 @@ def test_phase_clock_attributes_nested_time_to_the_inner_phase(monkeypatch):
             now[0] += 0.25
     now[0] += 4.0
     assert clock.snapshot() == {"checks": 1.5, "inputs": 2.25, "total": 7.75}
+
+
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "absent"
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else "absent"
+
+
+def _anon_huge_kib(addr: int) -> int | None:
+    """AnonHugePages of the mapping of this process that starts at `addr` (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            inside = int(head.split("-")[0], 16) == addr
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    return None
+
+
+@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"),
+                    reason="the kernel gives no transparent huge pages here")
+def test_large_kept_arrays_live_on_huge_pages():
+    # A kept array (draw_cache.off_heap) of several huge pages is filled on them; a small one
+    # stays on ordinary pages.
+    big = draw_cache.off_heap(np.ones(8 << 20, dtype=np.float32))  # 32 MiB
+    small = draw_cache.off_heap(np.ones(1 << 10, dtype=np.float32))
+    drawn = draw_cache.off_heap_empty((4 << 20,), np.dtype(np.float64))
+    drawn[...] = 1.0
+    for arr, want_huge in ((big, True), (drawn, True), (small, False)):
+        kib = _anon_huge_kib(arr.ctypes.data)
+        assert kib is not None, "mapping not found"
+        assert (kib > 0) == want_huge, (arr.nbytes, kib)
