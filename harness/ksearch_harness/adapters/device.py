@@ -226,11 +226,18 @@ def torch_draw_into(out: np.ndarray, dtype_name: str, kind: str, a: float, b: fl
 
 
 def torch_to_host(t, storage: np.dtype) -> np.ndarray:
+    """The storage array of tensor `t`, a new host array. From the device it is copied
+    straight into a map of its own (draw_cache.off_heap_empty: huge pages where large), which
+    the draw cache keeps as it is when it keeps the value (a truth of a kept input set)."""
     width = np.dtype(storage).itemsize
     src = t.detach().view(torch_bits_dtype(width))
-    bits = src.cpu().numpy().view(storage)
-    # `.cpu()` of a device tensor is a new host tensor nobody else holds: no second copy.
-    return bits if getattr(src, "is_cuda", False) else bits.copy()
+    if getattr(src, "is_cuda", False):
+        import torch
+        from .. import draw_cache
+        out = draw_cache.off_heap_empty(tuple(src.shape), np.dtype(storage))
+        torch.from_numpy(out.view(_BITS[width])).copy_(src)
+        return out
+    return src.cpu().numpy().view(storage).copy()
 
 
 def _import_mlx():

@@ -36,11 +36,17 @@ class FakeTorch(types.ModuleType):
         torch = self
 
         class Tensor:
-            def __init__(self, a, dtype):
-                self.a, self.dtype = a, dtype
+            # is_cuda: False, as the fake's memory is the host's; a test may set it to take a
+            # tensor for the GPU's (views keep it).
+            def __init__(self, a, dtype, is_cuda=False):
+                self.a, self.dtype, self.is_cuda = a, dtype, is_cuda
+
+            @property
+            def shape(self):
+                return self.a.shape
 
             def view(self, dtype):
-                return Tensor(self.a.view(dtype.np), dtype)
+                return Tensor(self.a.view(dtype.np), dtype, self.is_cuda)
 
             def reshape(self, shape):
                 return Tensor(self.a.reshape(shape), self.dtype)
