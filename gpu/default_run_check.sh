@@ -21,8 +21,9 @@ RUNS=$WORK/runs
 mkdir -p "$RUNS"
 
 started=$SECONDS
+# ROUNDS (unset: the default budget) tries another round budget with everything else default.
 "$KS" run --task attention --backend "$BACKEND" --seed "$SEED" --runs-dir "$RUNS" \
-    --max-wall-time "${GUARD_S:-540}" --json > "$OUT/run.json"
+    ${ROUNDS:+--rounds "$ROUNDS"} --max-wall-time "${GUARD_S:-540}" --json > "$OUT/run.json"
 echo "run exit code $?, $((SECONDS - started)) s"
 RUN=$(ls -t "$RUNS" | head -n 1)
 [ -n "$RUN" ] || { echo "no run in $RUNS" >&2; exit 1; }
