@@ -138,41 +138,6 @@ def test_small_inputs_match_recorded_values():
     assert got["b"].view(np.uint16).tolist() == [47616, 48594, 46214, 12827, 14710]
 
 
-def _fake_torch(monkeypatch):
-    """The tests' numpy stand-in for PyTorch (tests/fake_torch), as `torch` in this process."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-    path = Path(__file__).resolve().parent / "fake_torch" / "fake_torch_impl.py"
-    spec = importlib.util.spec_from_file_location("fake_torch_impl", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    fake = module.FakeTorch()
-    monkeypatch.setitem(sys.modules, "torch", fake)
-    return fake
-
-
-def test_a_device_tensor_read_to_the_host_lands_in_a_map_the_cache_keeps(monkeypatch):
-    from ksearch_harness.adapters import device
-    fake = _fake_torch(monkeypatch)
-    values = np.random.default_rng(3).standard_normal((4, 1000)).astype(np.float32)
-    t = fake.from_numpy(values.copy())
-    t.is_cuda = True  # the fake's memory is the host's; the function takes it for the GPU's
-    got = device.torch_to_host(t, np.dtype(np.float32))
-    assert np.array_equal(got, values) and draw_cache._whole_map(got)
-    draw_cache.enable(True)
-    try:
-        kept = draw_cache.put(("truth", "read"), {"out": got}, lambda c: c)
-        assert kept["out"] is got  # kept without another copy
-    finally:
-        draw_cache.clear()
-        draw_cache.enable(False)
-    # A host tensor's storage is copied, as before: the caller owns what it gets.
-    h = fake.from_numpy(values)
-    again = device.torch_to_host(h, np.dtype(np.float32))
-    assert np.array_equal(again, values) and not np.shares_memory(again, values)
-
-
 @pytest.mark.parametrize("name,dist", [("f16", NORMAL), ("bf16", NORMAL), ("f32", UNIFORM),
                                        ("f64", NORMAL), ("i32", INTS), ("i8", NORMAL),
                                        ("bf16", INTS)])
