@@ -443,29 +443,27 @@ fn prompt_sizes_stay_within_budget() {
 #[test]
 fn a_per_workload_entry_is_spelled_out_for_each_name_the_workloads_call() {
     let attention = ksearch_task::load_task(&root().join("tasks/attention")).unwrap();
-    let cuda =
-        PromptInputs::for_task(&attention, "cuda", &packs(), None, ContextLevel::Spec).unwrap();
+    let code_prompt = |backend: &str| {
+        let inputs =
+            PromptInputs::for_task(&attention, backend, &packs(), None, ContextLevel::Spec)
+                .unwrap();
+        let mut ctx = context(PromptRole::CodeSpecAction, ContextLevel::Spec);
+        ctx.inputs = inputs.clone();
+        let user = prompts()
+            .render(PromptRole::CodeSpecAction, &ctx)
+            .unwrap()
+            .user;
+        (inputs, user)
+    };
+    let (cuda, user) = code_prompt("cuda");
     assert_eq!(cuda.task.entry, "attention_{dtype}");
     assert_eq!(cuda.task.entries, ["attention_bf16", "attention_f16"]);
-    let mut ctx = context(PromptRole::CodeSpecAction, ContextLevel::Spec);
-    ctx.inputs = cuda;
-    let user = prompts()
-        .render(PromptRole::CodeSpecAction, &ctx)
-        .unwrap()
-        .user;
     assert!(
         user.contains("define all of `attention_bf16`, `attention_f16`"),
         "{user}"
     );
     // A single entry point gets no such line.
-    let cpu =
-        PromptInputs::for_task(&attention, "cpu", &packs(), None, ContextLevel::Spec).unwrap();
+    let (cpu, user) = code_prompt("cpu");
     assert!(cpu.task.entries.is_empty());
-    let mut ctx = context(PromptRole::CodeSpecAction, ContextLevel::Spec);
-    ctx.inputs = cpu;
-    let user = prompts()
-        .render(PromptRole::CodeSpecAction, &ctx)
-        .unwrap()
-        .user;
     assert!(!user.contains("define all of"), "{user}");
 }
