@@ -14,6 +14,11 @@ Timing: cuda/torch with CUDA events, one pair per repetition, after an L2 flush 
 a device-wide synchronize; median of --reps. MLX: wall clock around `out = f(); mx.eval(out);
 mx.synchronize()` after warm-up and an L2 flush, inputs created on the GPU by mx.random; median.
 TFLOP/s counts 4*B*H*L^2*D, halved when causal. Ratios are baseline_time / our_time (>1: faster).
+
+MLX's cost per call: `--mlx-shapes B,H,L,D ...` times the picks through mlx on more shapes (short
+sequences, many heads: where a call costs most next to its work), and `--mlx-compiled` times each
+mlx call also through mx.compile, interleaved with the plain call (`extra.compiled` of its row):
+how much of the per-call cost a candidate removes by compiling its call.
 """
 
 from __future__ import annotations
@@ -134,6 +139,28 @@ def time_mlx(mx, fn, reps, flush_state, warmup=5):
     return ts
 
 
+def time_mlx_interleaved(mx, fns, reps, flush_state, warmup=5):
+    """time_mlx of several callables, one repetition of each in turn (the order rotating), so
+    a drifting clock or cache weighs on all of them alike. Returns one list of ms per fn."""
+    for fn in fns:
+        for _ in range(warmup):
+            mx.eval(fn())
+    mx.synchronize()
+    ts = [[] for _ in fns]
+    for r in range(reps):
+        for j in range(len(fns)):
+            i = (r + j) % len(fns)
+            flush_state[0] = flush_state[0] + 1.0
+            mx.eval(flush_state[0])
+            mx.synchronize()
+            t0 = time.perf_counter()
+            out = fns[i]()
+            mx.eval(out)
+            mx.synchronize()
+            ts[i].append((time.perf_counter() - t0) * 1e3)
+    return ts
+
+
 def time_mlx_chain(mx, fn, n=10):
     """n calls in one eval: amortises per-eval dispatch overhead (no flush between calls)."""
     mx.eval(*[fn() for _ in range(2)])
@@ -146,6 +173,23 @@ def time_mlx_chain(mx, fn, n=10):
         mx.synchronize()
         ts.append((time.perf_counter() - t0) * 1e3 / n)
     return min(ts)
+
+
+def compiled_call(mx, impl, q, k, v, causal, plain, reps, flush_state, ref, dt):
+    """The same kernel called through mx.compile (which replays the traced call: no Python
+    wrapper and no kernel source assembled per call), timed interleaved with the plain call,
+    and its output checked. What part of MLX's per-call cost a candidate can remove this way."""
+    compiled = mx.compile(lambda a, b, c: impl(a, b, c, causal))
+    f = lambda: compiled(q, k, v)  # noqa: E731
+    out = f()
+    mx.eval(out)
+    ok, rel, why = check(mlx_to_torch(mx, out), ref, dt)
+    plain_ts, comp_ts = time_mlx_interleaved(mx, [plain, f], reps, flush_state)
+    return {"ok": ok, "max_rel_err": rel, "why": why,
+            "ms": statistics.median(comp_ts), "plain_ms": statistics.median(plain_ts),
+            "ms_range": [min(comp_ts), max(comp_ts)],
+            "plain_ms_range": [min(plain_ts), max(plain_ts)],
+            "chain_ms": time_mlx_chain(mx, f), "plain_chain_ms": time_mlx_chain(mx, plain)}
 
 
 def mlx_to_torch(mx, a):
@@ -172,6 +216,10 @@ def main(argv=None):
                          "the three default configurations")
     ap.add_argument("--only", nargs="*", help="restrict to these variants")
     ap.add_argument("--mlx-extra", nargs="*", default=["s7_causal_skip"], help="variants always run through mlx")
+    ap.add_argument("--mlx-shapes", nargs="*", metavar="B,H,L,D",
+                    help="after the picks, time them through mlx on these shapes (f16, causal and not)")
+    ap.add_argument("--mlx-compiled", action="store_true",
+                    help="also time each mlx call through mx.compile, interleaved with the plain call")
     args = ap.parse_args(argv)
 
     deadline = Deadline(args.budget_s)
@@ -291,8 +339,12 @@ def main(argv=None):
                     first = time.perf_counter() - t0
                     ok, rel, why = check(mlx_to_torch(mx, res), mref, dt)
                     ms = statistics.median(time_mlx(mx, f, args.reps, mlx_flush))
-                    record(name, "mlx", ms, ok, rel, why,
-                           {"chain_ms": time_mlx_chain(mx, f), "first_call_s": first, "kernel": impl.source_hash})
+                    extra = {"chain_ms": time_mlx_chain(mx, f), "first_call_s": first,
+                             "kernel": impl.source_hash}
+                    if args.mlx_compiled:
+                        extra["compiled"] = compiled_call(mx, impl, mq, mk, mv, bool(causal), f,
+                                                          args.reps, mlx_flush, mref, dt)
+                    record(name, "mlx", ms, ok, rel, why, extra)
                 except Exception as e:  # noqa: BLE001
                     record(name, "mlx", None, False, None, repr(e)[:500])
         save()
@@ -348,6 +400,13 @@ def main(argv=None):
         run_config(MAIN, "f16", causal, [], list(dict.fromkeys([picks[(causal, 128)]] + args.mlx_extra)), False)
     meta["picks"] = {f"causal={c},D={d}": p for (c, d), p in picks.items()}
     print(f"\n[picks] {meta['picks']}", flush=True)
+    # --mlx-shapes: the picks through mlx (and MLX native, SDPA) on the shapes given, f16.
+    for spec in args.mlx_shapes or []:
+        shape = tuple(int(x) for x in spec.split(","))
+        for causal in (0, 1):
+            if not deadline.passed():
+                names = list(dict.fromkeys([picks[(causal, shape[3])]] + args.mlx_extra))
+                run_config(shape, "f16", causal, [], names, False)
     if not args.quick:
         # 2. every issue shape in f16 and bf16, and the held-out shapes: the picks on both backends.
         todo = [(s, dt) for dt in ("f16", "bf16") for s in ISSUE_SHAPES + HELD_OUT if (s, dt) != (MAIN, "f16")]
