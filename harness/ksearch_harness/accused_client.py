@@ -173,10 +173,15 @@ class Linger:
     cpu_ns: int
     window_ns: int
     children: list[int]
+    # The window asked for, where the judge worked inside it (settle's `during`): if that
+    # work made the window longer, the CPU time of the whole window is still held against a
+    # share of the window asked for, so the judge's work never makes the check more lenient.
+    asked_ns: int | None = None
 
     @property
     def lingering(self) -> bool:
-        return self.cpu_ns > LINGER_SHARE * self.window_ns
+        judged = self.window_ns if self.asked_ns is None else min(self.window_ns, self.asked_ns)
+        return self.cpu_ns > LINGER_SHARE * judged
 
 
 def start_seconds(launched_at: float, marks: Any, waited: float) -> dict[str, float]:
@@ -497,7 +502,8 @@ class AccusedProcess:
         finally:
             self.stop()
         cpu = max(0, after - before) if before is not None and after is not None else 0
-        linger = Linger(cpu, window, children)
+        linger = Linger(cpu, window, children,
+                        int(seconds * 1e9) if during is not None else None)
         self.settled_calls += 1
         if linger.lingering:
             self.linger_calls += 1

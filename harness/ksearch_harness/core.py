@@ -1192,11 +1192,13 @@ class Evaluation:
         # judge waits anyway: the comparison holds for the settled outputs when they are the
         # same bytes (checked below). Host comparisons wait until the window has closed, so
         # the judge's cores stay free for whatever the accused might still run in it.
+        # The truth's device copy is made there too, so the accused never runs unwatched.
         early: list[Comparison] = []
         during = None
-        if self._device_truth(bench.wl, first, truth) is not None:
+        if first.device is not None:
             def during() -> None:
-                early.append(self._compare_snapshot(bench.wl, first, truth))
+                if self._device_truth(bench.wl, first, truth) is not None:
+                    early.append(self._compare_snapshot(bench.wl, first, truth))
         busy = self._after_call(where, SETTLE_SHORT_S, during)
         if audit:
             self._check_kernels(reply, where)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -120,10 +121,16 @@ def get(key: tuple) -> Any:
 HUGE_PAGE_MIN_BYTES = 4 << 20
 
 
+# The maps _new_map made: off_heap adopts an array without copying it only when it is all of
+# one of these, never a map another process can write (the arena, shared device memory).
+_OWN_MAPS: "weakref.WeakSet[mmap.mmap]" = weakref.WeakSet()
+
+
 def _new_map(nbytes: int) -> mmap.mmap:
     """An anonymous private map of `nbytes`, advised to use huge pages where it is large.
     Private: a shared anonymous map is shmem, which THP leaves alone unless told otherwise."""
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    _OWN_MAPS.add(m)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is not None and nbytes >= HUGE_PAGE_MIN_BYTES:
         try:
@@ -144,7 +151,9 @@ def off_heap_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def _whole_map(a: np.ndarray) -> bool:
-    """Whether `a` is all of an anonymous memory map (off_heap_empty's arrays)."""
+    """Whether `a` is all of a map this module made (off_heap_empty's arrays), through views
+    that cover it whole: adopting it leaves no other writable way in but those views' bases,
+    which only the code that asked for the map holds."""
     base: Any = a
     while isinstance(base, np.ndarray):
         if not base.flags.c_contiguous:
@@ -152,7 +161,7 @@ def _whole_map(a: np.ndarray) -> bool:
         base = base.base
     if isinstance(base, memoryview):  # np.frombuffer's view of the map
         base = base.obj
-    return isinstance(base, mmap.mmap) and len(base) == a.nbytes
+    return isinstance(base, mmap.mmap) and base in _OWN_MAPS and len(base) == a.nbytes
 
 
 def off_heap(a: np.ndarray) -> np.ndarray:

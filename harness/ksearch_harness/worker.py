@@ -152,11 +152,13 @@ def child_loop(req_fd: int, res_fd: int) -> None:
 
 def _forget_device() -> bool:
     """The next request creates its own adapter; the process keeps the device context. Returns
-    whether that context was lost (a CUDA error in the judge's own work is sticky)."""
+    whether that context was lost (a CUDA error in the judge's own work is sticky: its
+    adapter's, or one in drawing inputs on the device, device.device_lost)."""
     try:
         from .adapters import device
         active = device._ACTIVE
         lost = active is not None and getattr(active, "_dead", None) is not None
+        lost = device.device_lost() is not None or lost
         device.deactivate()
         if not lost:
             _release_device_memory()

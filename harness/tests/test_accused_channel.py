@@ -124,3 +124,14 @@ def test_the_real_accused_says_whether_its_kernel_audit_is_on(extra, detail, wor
     finally:
         proc.close()
     assert _gone(proc)
+
+
+def test_a_settle_window_the_judge_lengthened_is_judged_by_the_window_asked_for():
+    from ksearch_harness.accused_client import LINGER_SHARE, Linger
+    ms = 1_000_000
+    # 2 ms of the accused's CPU time: within a share of a 20 ms window, but not of the 5 ms
+    # asked for, which is what counts when the judge's own work made the window longer.
+    assert not Linger(2 * ms, 20 * ms, []).lingering
+    assert Linger(2 * ms, 20 * ms, [], asked_ns=5 * ms).lingering
+    # A window shorter than asked (none is) would be judged as it was.
+    assert Linger(int(LINGER_SHARE * 4 * ms) + 1, 4 * ms, [], asked_ns=5 * ms).lingering

@@ -290,6 +290,19 @@ def test_a_device_drawn_input_is_kept_without_another_copy(monkeypatch):
         draw_cache.enable(False)
 
 
+def test_only_maps_the_cache_made_are_kept_without_a_copy():
+    # A map another process could write (the arena, shared device memory) or any map the
+    # draw cache did not make is copied like a heap array.
+    import mmap
+    shared = np.frombuffer(mmap.mmap(-1, 4096), dtype=np.float32)
+    own = draw_cache.off_heap_empty((1024,), np.dtype(np.float32))
+    assert draw_cache.off_heap(shared) is not shared and shared.flags.writeable
+    assert draw_cache.off_heap(own) is own and not own.flags.writeable
+    # A view of part of one of its maps is no whole map either.
+    part = draw_cache.off_heap_empty((1024,), np.dtype(np.float32))[:512]
+    assert draw_cache.off_heap(part) is not part
+
+
 def test_a_failing_device_draw_is_a_task_error(monkeypatch):
     monkeypatch.setattr(task_code, "DRAW_BLOCK", 100)
 
@@ -341,6 +354,30 @@ def test_a_device_tensor_read_to_the_host_lands_in_a_map_the_cache_keeps(monkeyp
     h = fake.from_numpy(values)
     again = device.torch_to_host(h, np.dtype(np.float32))
     assert np.array_equal(again, values) and not np.shares_memory(again, values)
+
+
+def test_a_cuda_error_in_a_device_draw_marks_the_judges_device_lost(monkeypatch):
+    from ksearch_harness import worker
+    from ksearch_harness.adapters import device
+    fake = _fake_torch(monkeypatch)
+
+    def sticky(self, *args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(type(fake.empty((1,), fake.float32)), "normal_", sticky)
+    out = np.zeros(100, dtype=np.float32)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        device.torch_draw_into(out, "f32", "normal", 0.0, 1.0, 7)
+    # The persistent judge's worker sees it after the request and hands the next to a fresh
+    # worker; the mark is read once.
+    assert worker._forget_device() is True
+    assert worker._forget_device() is False
+    # Any other failure of a draw (not CUDA's) leaves the device as it was.
+    monkeypatch.setattr(type(fake.empty((1,), fake.float32)), "normal_",
+                        lambda self, *a, **k: (_ for _ in ()).throw(RuntimeError("bad shape")))
+    with pytest.raises(RuntimeError, match="bad shape"):
+        device.torch_draw_into(out, "f32", "normal", 0.0, 1.0, 7)
+    assert worker._forget_device() is False
 
 
 @pytest.mark.parametrize("name,dist", [("f16", NORMAL), ("bf16", NORMAL), ("f32", UNIFORM),

@@ -208,21 +208,40 @@ def torch_draw_into(out: np.ndarray, dtype_name: str, kind: str, a: float, b: fl
     do. A large input then costs the host one copy from the device, not the generator's work
     on its cores (which the compiles written ahead are using). The values depend on the seed,
     the size, PyTorch's version and the GPU model (its generator's launch shape follows the
-    SM count), which the run store records."""
+    SM count), which the run store records. A CUDA error here is recorded as the process's
+    device lost (device_lost), so a persistent judge hands the next request to a fresh worker."""
+    global _LOST
     import torch
-    g = torch.Generator(device="cuda")
-    g.manual_seed(int(seed))
-    work = torch.float64 if dtype_name == "f64" else torch.float32
-    vals = torch.empty(out.size, dtype=work, device="cuda")
-    if kind == "normal":
-        vals.normal_(float(a), float(b), generator=g)
-    elif kind == "uniform":
-        vals.uniform_(float(a), float(b), generator=g)
-    else:
+    if kind not in ("normal", "uniform"):
         raise ValueError(f"no device draw for distribution `{kind}`")
-    width = out.dtype.itemsize
-    bits = vals.to(torch_dtype(dtype_name)).view(torch_bits_dtype(width))
-    torch.from_numpy(out.reshape(-1).view(_BITS[width])).copy_(bits)
+    try:
+        g = torch.Generator(device="cuda")
+        g.manual_seed(int(seed))
+        work = torch.float64 if dtype_name == "f64" else torch.float32
+        vals = torch.empty(out.size, dtype=work, device="cuda")
+        if kind == "normal":
+            vals.normal_(float(a), float(b), generator=g)
+        else:
+            vals.uniform_(float(a), float(b), generator=g)
+        width = out.dtype.itemsize
+        bits = vals.to(torch_dtype(dtype_name)).view(torch_bits_dtype(width))
+        torch.from_numpy(out.reshape(-1).view(_BITS[width])).copy_(bits)
+    except RuntimeError as e:
+        if "CUDA" in str(e) or "cuda" in str(e):
+            _LOST = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise
+
+
+# A CUDA error in the judge's own device work outside an adapter (torch_draw_into): the
+# process's context may be unusable. worker._forget_device reads it and clears it.
+_LOST: str | None = None
+
+
+def device_lost() -> str | None:
+    """The CUDA error that made this process's device context suspect, if any, and forgets it."""
+    global _LOST
+    lost, _LOST = _LOST, None
+    return lost
 
 
 def torch_to_host(t, storage: np.dtype) -> np.ndarray:
