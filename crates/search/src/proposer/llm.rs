@@ -724,21 +724,40 @@ fn entry_parts(ident: &str) -> Vec<&str> {
     parts
 }
 
-/// Whether `token` is `parts` joined by non-empty runs (one between each two pieces).
+/// Whether `token` is `parts` joined by non-empty runs (one between each two pieces). Tokens are
+/// ASCII identifiers (mentions_identifier splits on everything else). Each inner piece is taken
+/// at its earliest place after the run before it, which finds a fit whenever there is one, in
+/// time linear in the token per piece: a reply is the LLM's text, and a backtracking match was
+/// exponential in the placeholders.
 fn fits_parts(token: &str, parts: &[&str]) -> bool {
-    match parts {
-        [] => token.is_empty(),
-        [only] => token == *only,
-        [first, rest @ ..] => {
-            let Some(after) = token.strip_prefix(first) else {
-                return false;
-            };
-            // The placeholder takes 1.. characters; the rest must fit what follows.
-            (1..=after.len())
-                .filter(|&n| after.is_char_boundary(n))
-                .any(|n| fits_parts(&after[n..], rest))
+    let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
+        return token.is_empty();
+    };
+    if parts.len() == 1 {
+        return token == *first;
+    }
+    let Some(rest) = token.strip_prefix(first) else {
+        return false;
+    };
+    let Some(end) = rest.strip_suffix(last).map(str::len) else {
+        return false;
+    };
+    if !rest.is_ascii() {
+        return false;
+    }
+    // `pos`: where the run before the next piece starts; it takes at least one character.
+    let mut pos = 0;
+    for piece in &parts[1..parts.len() - 1] {
+        let from = pos + 1;
+        if from > end {
+            return false;
+        }
+        match rest[from..end].find(piece) {
+            Some(i) => pos = from + i + piece.len(),
+            None => return false,
         }
     }
+    end > pos
 }
 
 /// A fenced code block: its info-string tag (lower-cased, possibly empty) and body.
@@ -1213,5 +1232,21 @@ mod tests {
             "int scan_f32_x16(int)",
             "scan_{dtype}_d{d}"
         ));
+        // Adjacent placeholders take a character each; the suffix cannot overlap the prefix.
+        assert!(mentions_identifier("int kab(int)", "k{a}{b}"));
+        assert!(!mentions_identifier("int ka(int)", "k{a}{b}"));
+        assert!(!mentions_identifier("int ab(int)", "ab{x}b"));
+        assert!(mentions_identifier("int abxb(int)", "ab{x}b"));
+        // Pieces found late in the token: the first place a piece occurs may be the wrong one.
+        assert!(mentions_identifier("int a_x_b_y_b_c(int)", "a_{p}_b_{q}_c"));
+    }
+
+    #[test]
+    fn a_long_identifier_in_a_reply_is_matched_in_linear_time() {
+        // The reply is the LLM's: a token of many near-misses must not take long to refuse.
+        let token = format!("int {}(int)", "a_".repeat(2000));
+        let started = std::time::Instant::now();
+        assert!(!mentions_identifier(&token, "a_{p}_{q}_{r}_{s}_b"));
+        assert!(started.elapsed() < std::time::Duration::from_millis(200));
     }
 }
