@@ -49,8 +49,11 @@ def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
         elif req.op == "check-task":
             core.check_task(req, out)
         elif req.op == "profile":
-            from . import profiler
-            profiler.profile(req, out, adapter)
+            from . import profiler, spare_accused
+            # Nor while a profiler replays the candidate's kernels: its counters are of a
+            # device the spares' start-up (contexts, test launches) does not share.
+            with spare_accused.paused():
+                profiler.profile(req, out, adapter)
         elif req.op == "yardstick":
             from . import spare_accused, yardstick
             # Spare accused processes an evaluation started do not start up while the

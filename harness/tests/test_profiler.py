@@ -159,3 +159,31 @@ def test_a_build_failure_is_the_result(tmp_path, monkeypatch, stand_in_dir):
     res = _profile(tmp_path, bad)
     assert res["status"] == "build_error"
     assert "profile" not in res
+
+
+def test_spare_accused_processes_wait_while_a_profile_runs(tmp_path, monkeypatch, stand_in_dir):
+    """A persistent judge serves profiles; the accused processes it starts ahead for later
+    evaluations are stopped while the profiler runs, as while a yardstick is timed."""
+    import contextlib
+    from ksearch_harness import spare_accused
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(stand_in_dir))
+    seen = []
+
+    @contextlib.contextmanager
+    def paused():
+        seen.append("paused")
+        yield
+        seen.append("resumed")
+
+    monkeypatch.setattr(spare_accused, "paused", paused)
+    called = profiler.profile
+
+    def profile(*args, **kwargs):
+        seen.append("profile")
+        return called(*args, **kwargs)
+
+    monkeypatch.setattr(profiler, "profile", profile)
+    res = _profile(tmp_path, driver.HONEST / "naive.c")
+    assert res["status"] == "passed", res["message"]
+    assert seen == ["paused", "profile", "resumed"]
+
