@@ -37,7 +37,12 @@ DEVICE_DRAWN = ("f16", "bf16", "f32", "f64")
 def derive_seed(secret: int, *path: int) -> int:
     """A 63-bit seed for one purpose (trial t, timing repetition r of workload w, ...), derived
     from the secret with numpy's SeedSequence so that streams never overlap."""
-    ss = np.random.SeedSequence(entropy=secret, spawn_key=tuple(int(p) for p in path))
+    spawn_key = tuple(int(p) for p in path)
+    return _seed63(np.random.SeedSequence(entropy=secret, spawn_key=spawn_key))
+
+
+def _seed63(ss: np.random.SeedSequence) -> int:
+    """A 63-bit seed from the first 64 bits of `ss`'s state."""
     hi, lo = (int(x) for x in ss.generate_state(2, dtype=np.uint32))
     return ((hi << 32) | lo) & ((1 << 63) - 1)
 
@@ -166,10 +171,7 @@ class TaskCode:
         what _draw_blocked takes (so the inputs after it see the same stream), written into an
         off-heap array the draw cache can keep without copying it again."""
         assert self.device_draw is not None
-        entropy = [int(e) for e in rng.integers(0, 1 << 63, size=2, dtype=np.int64)]
-        hi, lo = (int(x) for x in
-                  np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32))
-        seed = ((hi << 32) | lo) & ((1 << 63) - 1)
+        seed = _seed63(np.random.SeedSequence(_block_entropy(rng)))
         out = draw_cache.off_heap_empty(shape, dt.storage)
         if dist.kind == "normal":
             a, b = dist.mean, dist.std
@@ -270,8 +272,7 @@ def _draw_blocked(dt: dtypes.DType, dist: Dist, rng: np.random.Generator,
     depend on the seed and the block index only, never on the number of threads."""
     size = math.prod(shape)
     n_blocks = -(-size // DRAW_BLOCK)
-    entropy = [int(e) for e in rng.integers(0, 1 << 63, size=2, dtype=np.int64)]
-    children = np.random.SeedSequence(entropy).spawn(n_blocks)
+    children = np.random.SeedSequence(_block_entropy(rng)).spawn(n_blocks)
     out = np.empty(size, dtype=dt.storage)
 
     def fill(i: int) -> None:
@@ -280,6 +281,12 @@ def _draw_blocked(dt: dtypes.DType, dist: Dist, rng: np.random.Generator,
 
     parallel.map_items(fill, n_blocks)
     return out.reshape(shape)
+
+
+def _block_entropy(rng: np.random.Generator) -> list[int]:
+    """The one seed a large input takes from the workload's generator (two 63-bit integers),
+    whether its blocks are drawn on the host or it is drawn whole on the device."""
+    return [int(e) for e in rng.integers(0, 1 << 63, size=2, dtype=np.int64)]
 
 
 def _fill_block(g: np.random.Generator, dt: dtypes.DType, dist: Dist, out: np.ndarray) -> None:

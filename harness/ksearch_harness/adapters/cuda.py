@@ -53,7 +53,8 @@ from ..protocol import (CandidateRuntimeError, Entry, Request, TaskError, Tensor
                         Violation)
 from . import BuildFailed, BuildInfo
 from .cpu import MAX_LOG, _first_error, _read_meta
-from .device import DeviceAdapter, resolve_entry, torch_from_host, torch_to_host, torch_upload
+from .device import (DeviceAdapter, cuda_error_line, resolve_entry, torch_from_host,
+                     torch_to_host, torch_upload)
 
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC"]
 
@@ -506,10 +507,9 @@ class CudaAdapter(DeviceAdapter):
         try:
             yield
         except RuntimeError as e:
-            text = str(e)
-            if "CUDA" not in text and "cuda" not in text and "Accelerator" not in type(e).__name__:
+            first = cuda_error_line(e)
+            if first is None:
                 raise
-            first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
             self._dead = (f"CUDA error {when}: {first}. The CUDA context of this harness "
                           f"process is lost; the process ends with this result and the next "
                           f"evaluation runs in a fresh one")

@@ -200,6 +200,28 @@ def torch_upload(t, stored: np.ndarray) -> None:
     t.view(torch_bits_dtype(width)).copy_(src)
 
 
+def cuda_error_line(e: BaseException) -> str | None:
+    """The first line of `e` (its type's name if it has none) when it is a CUDA error as
+    PyTorch raises them, after which the process's device context is suspect; else None."""
+    text = str(e)
+    if "CUDA" not in text and "cuda" not in text and "Accelerator" not in type(e).__name__:
+        return None
+    return text.strip().splitlines()[0] if text.strip() else type(e).__name__
+
+
+def _copy_bits_to_host(out: np.ndarray, bits: Any) -> None:
+    """Copies the device tensor `bits` (storage bits, `out`'s width) into the host array
+    `out`, bit for bit; complete when it returns."""
+    import torch
+    width = out.dtype.itemsize
+    torch.from_numpy(out.reshape(bits.shape).view(_BITS[width])).copy_(bits)
+
+
+# A CUDA error in the judge's own device work outside an adapter (torch_draw_into): the
+# process's context may be unusable. worker._forget_device reads it and clears it.
+_LOST: str | None = None
+
+
 def torch_draw_into(out: np.ndarray, dtype_name: str, kind: str, a: float, b: float,
                     seed: int) -> None:
     """Fills the storage array `out` with values drawn on the GPU by PyTorch's CUDA generator
@@ -223,18 +245,11 @@ def torch_draw_into(out: np.ndarray, dtype_name: str, kind: str, a: float, b: fl
             vals.normal_(float(a), float(b), generator=g)
         else:
             vals.uniform_(float(a), float(b), generator=g)
-        width = out.dtype.itemsize
-        bits = vals.to(torch_dtype(dtype_name)).view(torch_bits_dtype(width))
-        torch.from_numpy(out.reshape(-1).view(_BITS[width])).copy_(bits)
+        _copy_bits_to_host(out, vals.to(torch_dtype(dtype_name))
+                           .view(torch_bits_dtype(out.dtype.itemsize)))
     except RuntimeError as e:
-        if "CUDA" in str(e) or "cuda" in str(e):
-            _LOST = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        _LOST = cuda_error_line(e) or _LOST
         raise
-
-
-# A CUDA error in the judge's own device work outside an adapter (torch_draw_into): the
-# process's context may be unusable. worker._forget_device reads it and clears it.
-_LOST: str | None = None
 
 
 def device_lost() -> str | None:
@@ -251,10 +266,9 @@ def torch_to_host(t, storage: np.dtype) -> np.ndarray:
     width = np.dtype(storage).itemsize
     src = t.detach().view(torch_bits_dtype(width))
     if getattr(src, "is_cuda", False):
-        import torch
         from .. import draw_cache
         out = draw_cache.off_heap_empty(tuple(src.shape), np.dtype(storage))
-        torch.from_numpy(out.view(_BITS[width])).copy_(src)
+        _copy_bits_to_host(out, src)
         return out
     return src.cpu().numpy().view(storage).copy()
 
