@@ -383,18 +383,16 @@ impl LlmProposer {
     /// the reasons remembered for the next prompt; refused, its reason is remembered.
     fn accept(&self, role: PromptRole, source: &str) -> Result<(), ProposerError> {
         let task = &self.inputs.task;
-        let missing: Vec<&str> = if task.entries.is_empty() {
-            [task.entry.as_str()]
-                .into_iter()
-                .filter(|e| !e.is_empty() && !mentions_identifier(source, e))
-                .collect()
+        // Every name the workloads call where the entry is named per workload, else the one.
+        let wanted: Vec<&str> = if task.entries.is_empty() {
+            vec![task.entry.as_str()]
         } else {
-            task.entries
-                .iter()
-                .map(String::as_str)
-                .filter(|e| !mentions_identifier(source, e))
-                .collect()
+            task.entries.iter().map(String::as_str).collect()
         };
+        let missing: Vec<&str> = wanted
+            .into_iter()
+            .filter(|e| !e.is_empty() && !mentions_identifier(source, e))
+            .collect();
         if !missing.is_empty() {
             let names = missing
                 .iter()
@@ -689,7 +687,6 @@ fn excerpt_note(text: &str) -> String {
     )
 }
 
-/// Whether `ident` occurs in `source` as a whole identifier.
 /// Whether `source` holds `ident` as a whole identifier. An entry point named per workload
 /// (`attention_{dtype}`: the harness resolves each `{placeholder}` from the workload's
 /// parameters) is held when some identifier of the source fits it, each placeholder standing
