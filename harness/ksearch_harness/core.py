@@ -701,6 +701,10 @@ class Evaluation:
             self.bandwidth, self.peak = self.roofline_override or self.adapter.roofline()
         out.data["environment"].update({"mem_bandwidth_gbs": self.bandwidth / 1e9,
                                         "peak_gflops": self.peak / 1e9})
+        # An accused started for this evaluation (no spare was ready) is still importing and
+        # readying its device: the judge draws what the checks will use meanwhile.
+        if not self.prestarted:
+            self._draw_ahead()
         # The independent wall clock for the timer check starts before any candidate code
         # exists in this process.
         self.wall_start_ns = time.monotonic_ns()
@@ -879,6 +883,32 @@ class Evaluation:
                 self._task_key = draw_cache.task_fingerprint(self.req.task)
             key = (self._task_key, repr(wl), seed, wi)
             return self._kept_inputs(key, lambda: self.task.make_inputs(wl, seed, wi))
+
+    def _draw_ahead(self) -> None:
+        """The input sets of the correctness checks (every trial's, then the near-duplicates)
+        and their reference outputs, drawn now and kept (draw_cache) for the checks to find,
+        in the order the checks walk them. Only where the judge keeps sets: otherwise they
+        would be drawn twice. Stops at the first set the cache does not admit, leaving the
+        rest to the checks; sets kept from earlier evaluations cost a lookup."""
+        if not draw_cache.enabled():
+            return
+        req = self.req
+        for wi, wl in enumerate(req.workloads):
+            last: Inputs | None = None
+            for seed in self.trial_seeds:
+                last = self._make_inputs(wl, seed, wi)
+                if getattr(last, "cache_key", None) is None:
+                    return
+                self._reference(last, wl)
+            for k in range(PROBES if last is not None else 0):
+                assert last is not None
+                probe = self._perturbed(last, wl, derive_seed(req.secret_seed, PROBE, wi, k), wi)
+                if probe is None:
+                    break
+                if getattr(probe, "cache_key", None) is None:
+                    return
+                self._reference(probe, wl)
+                last = probe
 
     def _perturbed(self, last: Inputs, wl: Workload, seed: int, wi: int) -> Inputs | None:
         """The near-duplicate of `last` for `seed` (TaskCode.perturb), kept like a drawn set when

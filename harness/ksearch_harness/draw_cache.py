@@ -80,6 +80,12 @@ def _mib_setting(name: str) -> int | None:
     return None
 
 
+def enabled() -> bool:
+    """Whether this process keeps input sets and reference outputs (a persistent judge's
+    worker, with a budget above zero)."""
+    return _enabled and budget_bytes() > 0
+
+
 def budget_bytes() -> int:
     if not _enabled:
         return 0

@@ -4,9 +4,9 @@ GPU backends only).
 Starting an accused costs seconds on a GPU (its imports, its CUDA context, the kernel audit's
 profiler, the lock-down), all before the candidate's first call; on the cpu backend it costs a
 tenth of a second, and core.py starts no spare there. A persistent judge
-(supervisor.serve_loop) keeps a small number of spares (its depth, two by default) starting
+(supervisor.serve_loop) keeps a small number of spares (its depth, three by default) starting
 while evaluations run: each evaluation takes the oldest and starts one to replace it, so a
-spare has had about two evaluations to get ready. A spare is a fresh process that has never
+spare has had about three evaluations to get ready. A spare is a fresh process that has never
 loaded candidate code: it gets its arena, its artifact and its buffers from the evaluation
 that takes it, exactly as one started then would. It is taken only by a request whose sandbox
 it was started with (the key: backend, sandbox mode, readable paths, limits).
@@ -42,10 +42,12 @@ class Started:
 # `0`: no spares (every evaluation starts its own accused, as a one-shot harness does); a
 # number: how many to keep started ahead (DEFAULT_DEPTH otherwise).
 ENV = "KSEARCH_HARNESS_SPARE_ACCUSED"
-# Two: on the H200 an accused's start-up (mostly the kernel audit's profiler coming up) took
-# longer than a whole evaluation, so a spare started by the evaluation before the next one was
-# often not ready in time; one started two evaluations ahead is (docs/results/evaluation-speed).
-DEFAULT_DEPTH = 2
+# Three: an accused's start-up on a GPU is mostly the kernel audit's profiler coming up, and it
+# took longer than a whole evaluation, so a spare started by the evaluation before the next one
+# was often not ready in time. Two ahead still left evaluations waiting when starts were slowed
+# by the compiles written ahead beside them and stopped while a profile ran (on the H100, 4.5 to
+# 13 s per start against evaluations of about 3.5 s; docs/results/evaluation-speed).
+DEFAULT_DEPTH = 3
 MAX_DEPTH = 4
 _depth = 0
 _key: tuple | None = None

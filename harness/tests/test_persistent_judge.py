@@ -233,6 +233,61 @@ def test_the_task_check_draws_the_first_trials_sets_for_the_evaluation(tmp_path,
     assert plain_refs - kept_refs >= workloads, (plain_refs, kept_refs)
 
 
+def test_a_judge_draws_the_checks_sets_while_a_fresh_accused_starts(tmp_path, monkeypatch):
+    """An evaluation whose accused was started for it (no spare was ready: a judge's first
+    evaluation) draws every input set of its correctness checks and their reference outputs
+    before it waits for the accused to be ready, which meanwhile imports and readies its
+    device: the checks then find every set kept. Each set is still drawn once."""
+    from ksearch_harness import core, draw_cache, sanity_cache, worker
+    from ksearch_harness.protocol import parse_request
+    from ksearch_harness.task_code import TaskCode
+
+    drawn: list[tuple[int, int]] = []
+    real_draw = TaskCode.make_inputs
+
+    def make_inputs(self, wl, seed, wi):
+        drawn.append((seed, wi))
+        return real_draw(self, wl, seed, wi)
+
+    at_ready: list[int] = []
+    real_ready = core.Evaluation._accused_ready
+
+    def accused_ready(self, info):
+        at_ready.append(len(drawn))
+        return real_ready(self, info)
+
+    in_checks: list[dict] = []
+    real_correctness = core.Evaluation.correctness
+
+    def correctness(self):
+        before = draw_cache.stats()
+        real_correctness(self)
+        after = draw_cache.stats()
+        in_checks.append({k: after[k] - before[k] for k in ("hits", "misses")})
+
+    monkeypatch.setattr(TaskCode, "make_inputs", make_inputs)
+    monkeypatch.setattr(core.Evaluation, "_accused_ready", accused_ready)
+    monkeypatch.setattr(core.Evaluation, "correctness", correctness)
+    monkeypatch.setenv(sanity_cache.ENV, str(tmp_path / "sanity"))
+    req = parse_request(driver.softmax_request(driver.HONEST / "naive.c", tmp_path), "evaluate")
+    draw_cache.clear()
+    draw_cache.enable()
+    try:
+        result = worker.execute(req)
+    finally:
+        draw_cache.clear()
+        draw_cache.enable(False)
+    assert result["status"] == "passed", result["message"]
+    assert result["diagnostics"]["accused_prestarted"] is False
+    trials = len(result["seeds"]["trial_seeds"])
+    probes = sum(len(s) for s in result["seeds"]["probe_seeds"].values())
+    assert at_ready == [trials * len(req.workloads)], (at_ready, trials, len(req.workloads))
+    assert probes > 0
+    assert in_checks == [{"hits": in_checks[0]["hits"], "misses": 0}], in_checks
+    assert in_checks[0]["hits"] >= 2 * (trials * len(req.workloads) + probes)
+    assert len(drawn) == len(set(drawn)), drawn
+
+
 def test_a_worker_whose_device_context_is_lost_ends_after_its_answer():
     """worker._forget_device says whether the judge's own device context died (a sticky CUDA
     error marks the adapter dead), so child_loop ends and the next request gets a new worker."""

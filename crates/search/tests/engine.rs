@@ -43,6 +43,9 @@ struct FakeEvaluator {
     first_delay: Option<std::time::Duration>,
     /// Each evaluation's source and when it ended, in the order they ended.
     ended: Mutex<Vec<(String, std::time::Instant)>>,
+    /// When set, one device: an evaluation holds it while it takes its time (a round's
+    /// samples queue for it) and reports that time as its result's `wall_seconds`.
+    device: Option<Mutex<()>>,
 }
 
 impl FakeEvaluator {
@@ -56,14 +59,17 @@ impl FakeEvaluator {
             delay: std::time::Duration::ZERO,
             first_delay: None,
             ended: Mutex::new(Vec::new()),
+            device: None,
         }
     }
 }
 
 impl CandidateEvaluator for FakeEvaluator {
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
+        let device = self.device.as_ref().map(|d| d.lock().unwrap());
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        std::thread::sleep(self.first_delay.filter(|_| n == 1).unwrap_or(self.delay));
+        let took = self.first_delay.filter(|_| n == 1).unwrap_or(self.delay);
+        std::thread::sleep(took);
         if let Some((_, interrupt)) = self.interrupt_on.as_ref().filter(|(k, _)| *k == n) {
             interrupt.request();
             return Err(EvalFailure("interrupted".into()));
@@ -73,7 +79,7 @@ impl CandidateEvaluator for FakeEvaluator {
             return Err(EvalFailure("harness could not start".into()));
         }
         let head = source.split(';').next().unwrap_or("");
-        let result = match head.strip_prefix("score=") {
+        let mut result = match head.strip_prefix("score=") {
             Some(s) => {
                 let (values, width) = s.split_once('~').unwrap_or((s, ""));
                 let values: Vec<f64> = values.split('/').map(|v| v.parse().unwrap()).collect();
@@ -100,6 +106,10 @@ impl CandidateEvaluator for FakeEvaluator {
             }
             None => json!({"status": "incorrect", "message": "wrong answer"}),
         };
+        if device.is_some() {
+            result["wall_seconds"] = json!(took.as_secs_f64());
+        }
+        drop(device);
         self.ended
             .lock()
             .unwrap()
@@ -185,7 +195,11 @@ impl Proposer for ScriptedProposer {
         let label = req.node.label.clone().unwrap_or_else(|| "cont".into());
         let source = (self.script)(&label, req.round, req.attempt)?;
         Ok(Proposal {
-            source: format!("{source};{label};r{}", req.round),
+            // A round's later samples are sources of their own (none reuses another's result).
+            source: match req.sample {
+                0 => format!("{source};{label};r{}", req.round),
+                k => format!("{source};{label};r{};s{k}", req.round),
+            },
             knobs: None,
             note: String::new(),
         })
@@ -464,7 +478,9 @@ fn a_slow_first_evaluation_does_not_keep_the_whole_budget_for_the_finish() {
     // The seed's evaluation also starts the judge (imports, input sets, reference outputs):
     // 1.5 s here against 50 ms for the rest. Budgeted at that pace the finish (6 evaluations)
     // would take 9 s of the 4 s and no round would start (on the H200 a default attention run
-    // given 540 s stopped after its seed); it is budgeted at the later evaluations' pace.
+    // given 540 s stopped after its seed); only the winner's re-check, which draws its input
+    // sets anew as the first evaluation did, is budgeted at that pace, the rest at the later
+    // evaluations'.
     let eval = FakeEvaluator {
         delay: std::time::Duration::from_millis(50),
         first_delay: Some(std::time::Duration::from_millis(1500)),
@@ -479,6 +495,46 @@ fn a_slow_first_evaluation_does_not_keep_the_whole_budget_for_the_finish() {
     );
     assert!(out.confirmation.is_some());
     assert!(wall < 4.6, "the run took {wall:.2} s");
+}
+
+#[test]
+fn samples_waiting_for_the_device_do_not_inflate_the_finish_budget() {
+    // Four samples a round queue for one device that takes 100 ms per evaluation: a sample
+    // waits up to 300 ms before its own 100 ms. Budgeted at the waiting samples' pace, the
+    // finish (6 evaluations, about 0.6 s here, one at a time) would keep 1.8 s besides a
+    // round of 0.4 s, and a 3 s budget would end after a round or two; at the judge's pace
+    // it keeps about 1 s.
+    let eval = FakeEvaluator {
+        delay: std::time::Duration::from_millis(100),
+        device: Some(Mutex::new(())),
+        ..FakeEvaluator::new(None)
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = ScriptedProposer::new(|label, round, _| {
+        Ok(format!(
+            "score={};r{round}{label}",
+            1.0 + f64::from(round) / 100.0
+        ))
+    });
+    let config = EngineConfig {
+        max_wall_seconds: Some(3),
+        recheck: true,
+        confirm_rounds: 1,
+        samples: 4,
+        ..cfg(1000, 0)
+    };
+    let engine = new_engine(config, store(tmp.path()), &proposer, &eval);
+    let t0 = std::time::Instant::now();
+    let out = engine.run(Some("score=1;seed")).unwrap();
+    let wall = t0.elapsed().as_secs_f64();
+    assert!(
+        out.rounds_used >= 4,
+        "{} rounds: {}",
+        out.rounds_used,
+        out.stop_reason
+    );
+    assert!(out.confirmation.is_some());
+    assert!(wall < 3.4, "the run took {wall:.2} s");
 }
 
 #[test]

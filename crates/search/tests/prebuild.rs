@@ -150,3 +150,31 @@ fn a_passed_build_written_ahead_is_taken_once() {
         .expect("its result");
     assert_ne!(failed.status, ksearch_eval::Status::Passed);
 }
+
+/// A GPU run's first search evaluation measures the yardstick while its candidate compiles
+/// (crate::engine::evaluation). On a machine with nvcc and no GPU the yardstick cannot be
+/// measured: a candidate that builds gets the yardstick's failure, with its build taken (none
+/// left running), and one that does not build still reports its build failure.
+#[test]
+fn the_first_evaluation_compiles_beside_the_yardstick_and_a_failed_build_says_so() {
+    if harness_nvcc() != Some(true) {
+        eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let seed = std::fs::read_to_string(root().join("tasks/copy/seed/copy.cu")).unwrap();
+    let source = format!("{seed}\n// first evaluation {}\n", std::process::id());
+    let search = ksearch_search::engine::Purpose::Search;
+    let cuda = harness_evaluator_on(eval_evaluator(), "copy", "cuda", 7, "cu", work.path());
+    if cuda.evaluate(&source, search).is_ok() {
+        eprintln!("a GPU is here: the yardstick was measured");
+        return;
+    }
+    assert!(cuda.pending_builds().is_empty(), "the build was taken");
+    let broken = harness_evaluator_on(eval_evaluator(), "copy", "cuda", 7, "cu", work.path());
+    let failed = broken
+        .evaluate("this is not CUDA", search)
+        .expect("a build failure is a result, not the yardstick's error");
+    assert_eq!(failed.summary.status, "build_error", "{:?}", failed.summary);
+    assert!(broken.pending_builds().is_empty());
+}

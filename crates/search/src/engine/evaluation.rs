@@ -276,6 +276,13 @@ impl Drop for HarnessEvaluator {
 }
 
 impl HarnessEvaluator {
+    fn has_yardstick(&self) -> bool {
+        self.yardstick
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
     /// The run's yardstick, measured now if there is none yet (`req` names the workloads).
     fn current_yardstick(&self, req: &EvalRequest) -> Result<Yardstick, EvalFailure> {
         let mut slot = self.yardstick.lock().unwrap_or_else(|p| p.into_inner());
@@ -495,6 +502,15 @@ impl CandidateEvaluator for HarnessEvaluator {
         };
         let mut req = EvalRequest::from_task(&self.task, &self.backend, &path, set, seed, preset)
             .map_err(|e| EvalFailure(e.to_string()))?;
+        // The run's first evaluation measures its yardstick, which holds the device for many
+        // seconds: where builds overlap the device's work, this candidate compiles meanwhile
+        // (written ahead now, taken below) instead of before it.
+        // Its failure is reported after the build's: a candidate that does not build says so.
+        let mut yardstick_failure = None;
+        if purpose == Purpose::Search && self.prebuilds() && !self.has_yardstick() {
+            self.prebuild_in_background(source);
+            yardstick_failure = self.current_yardstick(&req).err();
+        }
         // A build of this source written ahead is this build: waited for if still running,
         // and its result taken. Builds are keyed by the request's candidate path (canonical),
         // not by the path written above, which is relative when the run store is.
@@ -538,6 +554,8 @@ impl CandidateEvaluator for HarnessEvaluator {
             "build_error" | "static_check_failed" | "task_error" | "timeout"
         ) {
             (built, None)
+        } else if let Some(failure) = yardstick_failure {
+            return Err(failure);
         } else {
             self.evaluate_against_yardstick(&mut req)?
         };

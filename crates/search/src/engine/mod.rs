@@ -601,15 +601,21 @@ impl<'a> Engine<'a> {
     }
 
     /// The time a round and the finish are expected to take: one round at the median of this
-    /// session's rounds, and the finish's evaluations ([`Engine::finish_evaluations`]) at the
-    /// median of its evaluations after the first. The first also pays for the judge's start
-    /// (imports, the run's input sets and reference outputs drawn for the first time): on the
-    /// H200 the attention seed's took long enough that, as the pace of the finish, it kept a
-    /// 540 s budget from starting any round. Zero before anything was measured.
+    /// session's rounds, the winner's re-check at the pace of the session's first evaluation
+    /// (both draw every input set and compute every reference output anew), and the finish's
+    /// other evaluations ([`Engine::finish_evaluations`]) at the median of the evaluations
+    /// after the first. An evaluation counts as the judge's own time (the result's
+    /// `wall_seconds`), not the time its sample spent waiting for the device behind the
+    /// round's other samples: the finish evaluates one at a time. Zero before anything was
+    /// measured.
     fn finish_reserve_ms(&self) -> u64 {
         let walls = self.walls.lock().unwrap_or_else(|e| e.into_inner());
-        let warm = walls.evaluations.get(1..).unwrap_or_default();
-        let seconds = median(&walls.rounds) + f64::from(self.finish_evaluations()) * median(warm);
+        let warm = median(walls.evaluations.get(1..).unwrap_or_default());
+        let finish = match self.finish_evaluations() {
+            0 => 0.0,
+            n => walls.evaluations.first().copied().unwrap_or(warm) + f64::from(n - 1) * warm,
+        };
+        let seconds = median(&walls.rounds) + finish;
         (seconds * 1000.0).round() as u64
     }
 
@@ -630,8 +636,13 @@ impl<'a> Engine<'a> {
             .evaluator
             .evaluate(source, purpose)
             .map_err(|e| EngineError::Evaluator(e.to_string()))?;
+        let judged = eval.result["wall_seconds"]
+            .as_f64()
+            .filter(|s| s.is_finite() && *s > 0.0);
         let mut walls = self.walls.lock().unwrap_or_else(|e| e.into_inner());
-        walls.evaluations.push(t0.elapsed().as_secs_f64());
+        walls
+            .evaluations
+            .push(judged.unwrap_or_else(|| t0.elapsed().as_secs_f64()));
         Ok(eval)
     }
 
