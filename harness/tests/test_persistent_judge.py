@@ -86,9 +86,10 @@ def test_one_worker_serves_requests_until_one_times_out():
             assert again["status"] == "passed", again["message"]
             assert again["environment"]["judge"]["served"] == 1
             assert again["environment"]["judge"]["pid"] != j1["pid"]
-            # Nothing kept from the killed worker: the only hits are the first trial's input
-            # sets and truths, which the task's check drew in this evaluation a moment before.
-            assert again["diagnostics"]["draw_cache"]["hits"] == 2 * len(again["workloads"])
+            # Nothing kept from the killed worker: it draws every set anew, as the first
+            # evaluation of the first worker did.
+            drew = {r["nonce"]: r["diagnostics"]["draw_cache"]["misses"] for r in (first, again)}
+            assert drew["d" * 16] == drew["a" * 16] > 0, drew
             # The next evaluation in that worker finds its input sets and reference outputs
             # kept (draw_cache): the same inputs, so the same errors, without drawing them.
             kept = judge.ask(driver.softmax_request(naive, d, nonce="g" * 16))
@@ -412,11 +413,11 @@ def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monk
             return spare_accused.Started(made[-1], tempfile.mkdtemp(), log)
         return started
 
-    monkeypatch.delenv(spare_accused.ENV, raising=False)
+    monkeypatch.setenv(spare_accused.ENV, "2")
     spare_accused.enable()
     try:
         spare_accused.start(("k",), factory())
-        assert len(made) == spare_accused.DEFAULT_DEPTH == 2  # filled to its depth
+        assert len(made) == 2  # filled to its depth
         first, second = made
         spare_accused.pause()
         spare_accused.pause()  # once is enough
@@ -457,6 +458,11 @@ def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monk
         spare_accused.enable()
         spare_accused.start(("k",), factory())
         assert len(spare_accused._spares) == 1
+        # Unset: the default depth.
+        monkeypatch.delenv(spare_accused.ENV)
+        spare_accused.enable()
+        spare_accused.start(("k",), factory())
+        assert len(spare_accused._spares) == spare_accused.DEFAULT_DEPTH == 3
     finally:
         spare_accused.enable(False)
     assert made[-1].signals[-1] == "KILL"  # untaken spares go with the judge's end
