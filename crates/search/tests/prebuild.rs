@@ -178,3 +178,31 @@ fn the_first_evaluation_compiles_beside_the_yardstick_and_a_failed_build_says_so
     assert_eq!(failed.summary.status, "build_error", "{:?}", failed.summary);
     assert!(broken.pending_builds().is_empty());
 }
+
+/// An evaluation that takes a build written ahead records, in its `build_request`, how long
+/// before it asked the build started and how long the compiler took (here a source that
+/// fails to compile, whose result a machine without a GPU still gets).
+#[test]
+fn an_evaluation_records_when_its_build_written_ahead_started_and_what_it_took() {
+    if harness_nvcc() != Some(true) {
+        eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let source = format!("this is not CUDA {}", std::process::id());
+    let cuda = harness_evaluator_on(eval_evaluator(), "copy", "cuda", 7, "cu", work.path());
+    cuda.prebuild_in_background(&source);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let failed = cuda
+        .evaluate(&source, ksearch_search::engine::Purpose::Search)
+        .expect("a build failure is a result");
+    assert_eq!(failed.summary.status, "build_error");
+    let request = &failed.result["build_request"];
+    assert_eq!(request["written_ahead"], false, "{request}");
+    let ahead = &request["ahead"];
+    let started = ahead["started_before_seconds"]
+        .as_f64()
+        .expect("when it started");
+    let took = ahead["build_seconds"].as_f64().expect("what it took");
+    assert!(started >= 0.3 && took > 0.0, "{ahead}");
+}

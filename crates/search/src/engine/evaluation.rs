@@ -200,7 +200,7 @@ impl HarnessEvaluator {
     /// Takes the background build of the source at `path` (a request's canonical candidate
     /// path), waiting for it if it is still running: its result, or None where none was
     /// started, it was taken already, or the harness could not be asked.
-    fn take_build_written_ahead(&self, path: &std::path::Path) -> Option<EvalResult> {
+    fn take_build_written_ahead(&self, path: &std::path::Path) -> Option<BuiltAhead> {
         let handle = self
             .building
             .lock()
@@ -216,7 +216,16 @@ impl HarnessEvaluator {
     pub fn build_written_ahead(&self, source: &str) -> Option<EvalResult> {
         let req = self.prebuild_request(source)?;
         self.take_build_written_ahead(&req.candidate.path)
+            .map(|b| b.result)
     }
+}
+
+/// A build written ahead, finished: its result, when it started and how long it took (what an
+/// evaluation that waited for it records, to tell a late start from a slow compiler).
+struct BuiltAhead {
+    result: EvalResult,
+    started: std::time::Instant,
+    seconds: f64,
 }
 
 /// The builds written ahead (`prebuild_in_background`), by source file: each with the order it
@@ -226,7 +235,7 @@ impl HarnessEvaluator {
 /// the oldest first.
 #[derive(Default)]
 struct WrittenAhead {
-    builds: BTreeMap<PathBuf, (u64, JoinHandle<Option<EvalResult>>)>,
+    builds: BTreeMap<PathBuf, (u64, JoinHandle<Option<BuiltAhead>>)>,
     started: u64,
 }
 
@@ -250,9 +259,14 @@ impl WrittenAhead {
     }
 }
 
-fn built(evaluator: &Evaluator, req: &EvalRequest) -> Option<EvalResult> {
+fn built(evaluator: &Evaluator, req: &EvalRequest) -> Option<BuiltAhead> {
+    let started = std::time::Instant::now();
     match evaluator.build(req) {
-        Ok(r) => Some(r),
+        Ok(result) => Some(BuiltAhead {
+            result,
+            started,
+            seconds: started.elapsed().as_secs_f64(),
+        }),
         Err(e) => {
             tracing::debug!("prebuild of a candidate that may come: {e}");
             None
@@ -463,7 +477,7 @@ impl CandidateEvaluator for HarnessEvaluator {
             return false;
         };
         let _ = self.take_build_written_ahead(&req.candidate.path);
-        built(&self.evaluator, &req).is_some_and(|r| passed(&r))
+        built(&self.evaluator, &req).is_some_and(|b| passed(&b.result))
     }
 
     fn prebuild_in_background(&self, source: &str) {
@@ -517,6 +531,13 @@ impl CandidateEvaluator for HarnessEvaluator {
         let waiting = std::time::Instant::now();
         let ahead = self.take_build_written_ahead(&req.candidate.path);
         let waited = waiting.elapsed().as_secs_f64();
+        // When the build written ahead started (seconds before this evaluation asked for it)
+        // and how long the compiler took: a wait for it is one or the other.
+        let ahead_times = ahead.as_ref().map(|b| {
+            serde_json::json!({"started_before_seconds":
+                waiting.saturating_duration_since(b.started).as_secs_f64(),
+                "build_seconds": b.seconds})
+        });
         if purpose == Purpose::Acceptance {
             // The knowledge packs' assertions add adversarial workloads (large logits, ragged
             // tails, extreme decays) that a winner must also pass; they are never searched on.
@@ -540,9 +561,10 @@ impl CandidateEvaluator for HarnessEvaluator {
         // harness again would only find the artefact. One that failed or was not asked is
         // built again, which also covers a build that lost to a busy machine.
         let building = std::time::Instant::now();
-        let written_ahead = purpose == Purpose::Search && ahead.as_ref().is_some_and(passed);
+        let written_ahead =
+            purpose == Purpose::Search && ahead.as_ref().is_some_and(|b| passed(&b.result));
         let built = match ahead {
-            Some(result) if written_ahead => result,
+            Some(b) if written_ahead => b.result,
             _ => self
                 .evaluator
                 .build(&req)
@@ -566,7 +588,7 @@ impl CandidateEvaluator for HarnessEvaluator {
         // The search's own compile before the evaluation, which no harness result times
         // (crate::accounting).
         value["build_request"] = serde_json::json!({"seconds": build_seconds,
-            "waited_seconds": waited, "written_ahead": written_ahead});
+            "waited_seconds": waited, "written_ahead": written_ahead, "ahead": ahead_times});
         Ok(Evaluation {
             summary: summarize_result(&result, &self.task, &self.backend, self.signals),
             result: value,
@@ -767,7 +789,13 @@ mod tests {
             .insert(PathBuf::from("running"), (ahead.started, running));
         let total = WrittenAhead::KEPT + 3;
         for i in 0..total {
-            let h = std::thread::spawn(|| Some(result(true)));
+            let h = std::thread::spawn(|| {
+                Some(BuiltAhead {
+                    result: result(true),
+                    started: std::time::Instant::now(),
+                    seconds: 0.0,
+                })
+            });
             while !h.is_finished() {
                 std::thread::yield_now();
             }
