@@ -7,7 +7,9 @@ The job names the artifact, the entry point, the workload (as a request lists it
 of the input set the judge drew; outputs are allocated here. The device is readied and the
 process locked down (no exec, no new processes: sandbox.lock_down) before the candidate is
 loaded, as in the accused; then it is called `calls` times, each call synchronised. The last
-line on stdout is a JSON object: `calls` made, or `error` with what failed. Nothing here is
+line on stdout is a JSON object: `calls` made and the seconds of each step (`seconds`: the
+device readied, the candidate loaded, the inputs placed, the calls, the profiler's replays
+among them), or `error` with what failed. Nothing here is
 timed or judged: the counters come from the profiler, and the judge reads them as advice.
 """
 
@@ -20,6 +22,16 @@ from typing import Any
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
+    import time
+    marks: dict[str, float] = {}
+    last = time.monotonic()
+
+    def mark(step: str) -> None:
+        nonlocal last
+        now = time.monotonic()
+        marks[step] = round(now - last, 3)
+        last = now
+
     import numpy as np
 
     from . import adapters, sandbox
@@ -31,10 +43,12 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     if len(req.workloads) != 1:
         return {"error": f"a job profiles one workload, got {len(req.workloads)}"}
     _prepare_device(req.backend, audit=False)
+    mark("device")
     lockdown = sandbox.lock_down().to_json() if job.get("lockdown", True) else None
     adapter = adapters.create(req)
     info = BuildInfo(compiler="", command=[], seconds=0.0, log="", artifact=str(job["artifact"]))
     adapter.load(info, Entry(str(job["entry"]["symbol"]), tuple(job["entry"]["args"])))
+    mark("load")
     wl = req.workloads[0]
     with np.load(str(job["inputs"]), allow_pickle=False) as stored:
         inputs = {}
@@ -43,11 +57,13 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             adapter.upload(inputs[spec.name], stored[spec.name])
     outputs = {spec.name: adapter.alloc(spec) for spec in wl.outputs}
     fn = adapter.bind(inputs, outputs, dict(wl.params))
+    mark("inputs")
     calls = max(1, int(job.get("calls", 1)))
     for _ in range(calls):
         fn()
         adapter.synchronize()
-    return {"calls": calls, "workload": wl.name, "lockdown": lockdown}
+    mark("calls")
+    return {"calls": calls, "workload": wl.name, "lockdown": lockdown, "seconds": marks}
 
 
 def main(argv: list[str] | None = None) -> int:

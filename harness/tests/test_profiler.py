@@ -89,6 +89,10 @@ def test_each_shown_workload_is_profiled_and_read_back(tmp_path, monkeypatch, st
         assert w["launches"] == want["launches"]
         assert w["counters"] == {k: v for k, v in want.items() if k != "launches"}
         assert w["seconds"] > 0
+        # Where the target's time went: its steps, each within the profile's own seconds.
+        steps = w["target_seconds"]
+        assert list(steps) == ["device", "load", "inputs", "calls"], steps
+        assert all(v >= 0 for v in steps.values()) and sum(steps.values()) <= w["seconds"]
     # Nothing of a profiled workload's directory is left behind.
     assert _profile_dirs() == before
 
