@@ -4,6 +4,7 @@ out or the worker dies, after which the next request gets a fresh one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -15,6 +16,20 @@ import time
 from pathlib import Path
 
 import driver
+
+
+@contextlib.contextmanager
+def _kept_draws(keep: bool = True):
+    """The draw cache on (or off) for the block, as in a persistent judge's worker, and
+    emptied before and after."""
+    from ksearch_harness import draw_cache
+    draw_cache.clear()
+    draw_cache.enable(keep)
+    try:
+        yield
+    finally:
+        draw_cache.clear()
+        draw_cache.enable(False)
 
 
 class Judge:
@@ -147,7 +162,7 @@ def test_a_later_evaluation_draws_no_near_duplicate_and_computes_no_truth_again(
     only: a judge keeps them with their reference outputs like the drawn sets, so its next
     evaluation of the run neither copies and perturbs a set nor calls the reference again,
     and finds the same errors."""
-    from ksearch_harness import draw_cache, sanity_cache, worker
+    from ksearch_harness import sanity_cache, worker
     from ksearch_harness.protocol import parse_request
     from ksearch_harness.task_code import TaskCode
 
@@ -167,15 +182,10 @@ def test_a_later_evaluation_draws_no_near_duplicate_and_computes_no_truth_again(
     # remembered after the first evaluation.
     monkeypatch.setenv(sanity_cache.ENV, str(tmp_path / "sanity"))
     req = parse_request(driver.softmax_request(driver.HONEST / "naive.c", tmp_path), "evaluate")
-    draw_cache.clear()
-    draw_cache.enable()
-    try:
+    with _kept_draws():
         first = worker.execute(req)
         drawn = dict(calls)
         second = worker.execute(req)
-    finally:
-        draw_cache.clear()
-        draw_cache.enable(False)
     assert first["status"] == second["status"] == "passed", (first["message"],
                                                             second["message"])
     assert drawn["perturb"] > 0 and drawn["reference"] > drawn["perturb"], drawn
@@ -188,7 +198,7 @@ def test_the_task_check_draws_the_first_trials_sets_for_the_evaluation(tmp_path,
     """The task's sanity check draws each workload's set for the first trial's seed and runs
     the reference on it; the evaluation's first trial uses the same seed. Through the judge's
     own draws, the first evaluation draws and computes each of those sets once, not twice."""
-    from ksearch_harness import draw_cache, sanity_cache, worker
+    from ksearch_harness import sanity_cache, worker
     from ksearch_harness.protocol import parse_request
     from ksearch_harness.task_code import TaskCode
 
@@ -214,13 +224,8 @@ def test_the_task_check_draws_the_first_trials_sets_for_the_evaluation(tmp_path,
         computed["reference"] = 0
         for entry in (tmp_path / "sanity").glob("*"):
             entry.unlink()
-        draw_cache.clear()
-        draw_cache.enable(keep)
-        try:
+        with _kept_draws(keep):
             return worker.execute(req), list(drawn), computed["reference"]
-        finally:
-            draw_cache.clear()
-            draw_cache.enable(False)
 
     kept, kept_draws, kept_refs = first_evaluation(True)
     assert kept["status"] == "passed", kept["message"]
@@ -271,13 +276,8 @@ def test_a_judge_draws_the_checks_sets_while_a_fresh_accused_starts(tmp_path, mo
     monkeypatch.setattr(core.Evaluation, "correctness", correctness)
     monkeypatch.setenv(sanity_cache.ENV, str(tmp_path / "sanity"))
     req = parse_request(driver.softmax_request(driver.HONEST / "naive.c", tmp_path), "evaluate")
-    draw_cache.clear()
-    draw_cache.enable()
-    try:
+    with _kept_draws():
         result = worker.execute(req)
-    finally:
-        draw_cache.clear()
-        draw_cache.enable(False)
     assert result["status"] == "passed", result["message"]
     assert result["diagnostics"]["accused_prestarted"] is False
     trials = len(result["seeds"]["trial_seeds"])

@@ -43,10 +43,18 @@ fn harness_nvcc() -> Option<bool> {
     Some(!String::from_utf8_lossy(&found.stdout).trim().is_empty())
 }
 
+/// Whether cuda candidates build here (`harness_nvcc`); says so on stderr when they do not.
+fn builds_here() -> bool {
+    let here = harness_nvcc() == Some(true);
+    if !here {
+        eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
+    }
+    here
+}
+
 #[test]
 fn a_build_written_ahead_in_the_background_is_finished_before_the_evaluator_goes() {
-    if harness_nvcc() != Some(true) {
-        eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
+    if !builds_here() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -95,8 +103,7 @@ fn a_build_written_ahead_in_the_background_is_finished_before_the_evaluator_goes
 
 #[test]
 fn an_evaluation_waits_for_its_own_build_written_ahead_from_a_relative_store() {
-    if harness_nvcc() != Some(true) {
-        eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
+    if !builds_here() {
         return;
     }
     // A run store given as a relative path (`--runs-dir runs`, the default) writes its
@@ -124,8 +131,7 @@ fn an_evaluation_waits_for_its_own_build_written_ahead_from_a_relative_store() {
 /// evaluation then asks the harness for no second build (crate::engine::evaluation).
 #[test]
 fn a_passed_build_written_ahead_is_taken_once() {
-    if harness_nvcc() != Some(true) {
-        eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
+    if !builds_here() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -157,8 +163,7 @@ fn a_passed_build_written_ahead_is_taken_once() {
 /// left running), and one that does not build still reports its build failure.
 #[test]
 fn the_first_evaluation_compiles_beside_the_yardstick_and_a_failed_build_says_so() {
-    if harness_nvcc() != Some(true) {
-        eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
+    if !builds_here() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -184,8 +189,7 @@ fn the_first_evaluation_compiles_beside_the_yardstick_and_a_failed_build_says_so
 /// fails to compile, whose result a machine without a GPU still gets).
 #[test]
 fn an_evaluation_records_when_its_build_written_ahead_started_and_what_it_took() {
-    if harness_nvcc() != Some(true) {
-        eprintln!("KSEARCH_TEST_PYTHON unset or no nvcc: nothing to build");
+    if !builds_here() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
