@@ -159,6 +159,25 @@ impl EvaluationCounts {
     }
 }
 
+/// The builds written ahead that evaluations took (`build_request.ahead`): how long their
+/// compiles ran and how long before their evaluation asked for them they started, which tells
+/// a wait for one as a late start or a slow compile.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AheadBuilds {
+    /// Builds written ahead that an evaluation took.
+    pub taken: u64,
+    /// Of those, the ones an evaluation waited for ([`AHEAD_WAIT_NOTED`] or more).
+    pub waited_for: u64,
+    pub compile_median_seconds: f64,
+    pub compile_max_seconds: f64,
+    /// The median of how many seconds before its evaluation asked for it a build started.
+    pub head_start_median_seconds: f64,
+}
+
+/// A wait for a build written ahead shorter than this is not counted as one (taking a finished
+/// build takes microseconds).
+pub const AHEAD_WAIT_NOTED: f64 = 0.05;
+
 /// A run's time, accounted.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TimeAccount {
@@ -179,6 +198,12 @@ pub struct TimeAccount {
     pub busy_fraction: Option<f64>,
     /// How far the accounted parts exceed the wall (work that overlapped in time); 0 normally.
     pub overlap_seconds: f64,
+    /// The builds written ahead that evaluations took; `None` when no result records one.
+    pub builds_ahead: Option<AheadBuilds>,
+    /// Where the profiled processes' own time went, summed over the profiles of new bests, by
+    /// step (`profile.workloads[].target_seconds`: device, load, inputs, calls); the rest of
+    /// the profiler's seconds is its start and end and the interpreter's.
+    pub profile_steps: BTreeMap<String, f64>,
 }
 
 impl TimeAccount {
@@ -223,6 +248,7 @@ impl TimeAccount {
                 if let Some(s) = seconds(&e.result["profile"]["spent_seconds"]) {
                     acc.counts.profiled += 1;
                     acc.profile_seconds += s;
+                    acc.add_profile_steps(&e.result["profile"]);
                 }
             }
         }
@@ -303,6 +329,7 @@ impl TimeAccount {
                 .sum::<f64>()
         });
         let positive_wall = wall_seconds.filter(|w| *w > 0.0);
+        let builds_ahead = acc.builds_ahead();
         TimeAccount {
             wall_seconds,
             wall_end,
@@ -314,6 +341,8 @@ impl TimeAccount {
             evaluations: acc.counts,
             parts,
             overlap_seconds,
+            builds_ahead,
+            profile_steps: acc.profile_steps,
         }
     }
 
@@ -337,6 +366,9 @@ struct Accumulator {
     profile_seconds: f64,
     build_request_seconds: f64,
     build_wait_seconds: f64,
+    /// Per build written ahead and taken: its compile seconds, its head start, whether waited for.
+    ahead: Vec<(f64, f64, bool)>,
+    profile_steps: BTreeMap<String, f64>,
 }
 
 impl Accumulator {
@@ -360,7 +392,16 @@ impl Accumulator {
         self.add_harness_time(result);
         let build = &result["build_request"];
         self.build_request_seconds += seconds(&build["seconds"]).unwrap_or(0.0);
-        self.build_wait_seconds += seconds(&build["waited_seconds"]).unwrap_or(0.0);
+        let waited = seconds(&build["waited_seconds"]).unwrap_or(0.0);
+        self.build_wait_seconds += waited;
+        let ahead = &build["ahead"];
+        if let (Some(compile), Some(head_start)) = (
+            seconds(&ahead["build_seconds"]),
+            seconds(&ahead["started_before_seconds"]),
+        ) {
+            self.ahead
+                .push((compile, head_start, waited >= AHEAD_WAIT_NOTED));
+        }
         let yardstick = &result["yardstick"];
         // All attempts' processes where recorded, else the timing of the one kept.
         let spent = seconds(&yardstick["spent_seconds"])
@@ -373,6 +414,34 @@ impl Accumulator {
             }
         }
         true
+    }
+
+    fn add_profile_steps(&mut self, profile: &Value) {
+        for w in profile["workloads"].as_array().into_iter().flatten() {
+            for (step, v) in w["target_seconds"].as_object().into_iter().flatten() {
+                if let Some(s) = seconds(v) {
+                    *self.profile_steps.entry(step.clone()).or_default() += s;
+                }
+            }
+        }
+    }
+
+    fn builds_ahead(&self) -> Option<AheadBuilds> {
+        if self.ahead.is_empty() {
+            return None;
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let compiles: Vec<f64> = self.ahead.iter().map(|a| a.0).collect();
+        Some(AheadBuilds {
+            taken: self.ahead.len() as u64,
+            waited_for: self.ahead.iter().filter(|a| a.2).count() as u64,
+            compile_max_seconds: compiles.iter().copied().fold(0.0, f64::max),
+            compile_median_seconds: median(compiles),
+            head_start_median_seconds: median(self.ahead.iter().map(|a| a.1).collect()),
+        })
     }
 
     /// The phases and start/exit time of one harness run.

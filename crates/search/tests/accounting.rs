@@ -336,3 +336,58 @@ fn work_that_overlapped_is_reported_not_hidden() {
     assert_eq!(part(&t, OTHER), Some(0.0));
     assert!(close(t.busy_fraction.unwrap(), 2.0));
 }
+
+#[test]
+fn builds_written_ahead_and_the_profiled_processes_steps_are_read_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = new_store(tmp.path());
+    // Three builds written ahead, taken: compiles of 4, 6 and 9 s started 5, 2 and 3 s before
+    // their evaluations asked; two of them waited for (1 s and 0.5 s), one only for the
+    // microseconds of taking it. One evaluation built nothing ahead.
+    let builds = [(4.0, 5.0, 0.00001), (6.0, 2.0, 1.0), (9.0, 3.0, 0.5)];
+    for (i, (compile, head_start, waited)) in builds.iter().enumerate() {
+        let mut r = json!({"nonce": format!("b{i}"), "status": "passed", "wall_seconds": 1.0,
+                           "build_request": {"seconds": 0.0, "waited_seconds": waited,
+                               "written_ahead": true,
+                               "ahead": {"build_seconds": compile,
+                                         "started_before_seconds": head_start}}});
+        if i == 0 {
+            // A new best, profiled on two workloads.
+            r["profile"] = json!({"available": true, "spent_seconds": 9.0, "workloads": [
+                {"name": "w1", "target_seconds": {"device": 2.0, "load": 0.25, "calls": 1.0}},
+                {"name": "w2", "target_seconds": {"device": 1.5, "inputs": 0.5}}]});
+        }
+        let c = candidate(&store, &format!("k{i}"));
+        store.record_evaluation(c, "passed", Some(1.0), &r).unwrap();
+    }
+    let c = candidate(&store, "built here");
+    store
+        .record_evaluation(
+            c,
+            "passed",
+            Some(1.0),
+            &json!({"nonce": "h", "status": "passed", "wall_seconds": 1.0,
+                    "build_request": {"seconds": 3.0, "waited_seconds": 0.0,
+                                      "written_ahead": false}}),
+        )
+        .unwrap();
+    let t = TimeAccount::of_run(&store).unwrap();
+    let b = t.builds_ahead.expect("builds written ahead");
+    assert_eq!((b.taken, b.waited_for), (3, 2));
+    assert!(close(b.compile_median_seconds, 6.0) && close(b.compile_max_seconds, 9.0));
+    assert!(close(b.head_start_median_seconds, 3.0));
+    let steps: Vec<(String, f64)> = t.profile_steps.into_iter().collect();
+    assert_eq!(
+        steps,
+        vec![
+            ("calls".to_string(), 1.0),
+            ("device".to_string(), 3.5),
+            ("inputs".to_string(), 0.5),
+            ("load".to_string(), 0.25)
+        ]
+    );
+    // A store without either records neither.
+    let tmp = tempfile::tempdir().unwrap();
+    let bare = TimeAccount::of_run(&new_store(tmp.path())).unwrap();
+    assert!(bare.builds_ahead.is_none() && bare.profile_steps.is_empty());
+}

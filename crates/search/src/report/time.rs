@@ -76,6 +76,34 @@ pub fn render_time(t: &TimeAccount) -> String {
     if !notes.is_empty() {
         let _ = writeln!(s, "  {}", notes.join("; "));
     }
+    if let Some(b) = &t.builds_ahead {
+        let _ = writeln!(
+            s,
+            "  builds written ahead: {} taken, {} waited for; compile {:.1} s (median, at most \
+             {:.1} s), started {:.1} s (median) before their evaluation asked",
+            b.taken,
+            b.waited_for,
+            b.compile_median_seconds,
+            b.compile_max_seconds,
+            b.head_start_median_seconds
+        );
+    }
+    if !t.profile_steps.is_empty() {
+        // In the order the profiled process takes them; any other step after them.
+        const ORDER: [&str; 4] = ["device", "load", "inputs", "calls"];
+        let mut steps: Vec<(&String, &f64)> = t.profile_steps.iter().collect();
+        steps.sort_by_key(|(step, _)| ORDER.iter().position(|o| o == step).unwrap_or(ORDER.len()));
+        let steps: Vec<String> = steps
+            .into_iter()
+            .map(|(step, secs)| format!("{step} {secs:.1}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  profiled processes' own steps, seconds: {} (the rest of the profiler's: its and \
+             the interpreter's start and end)",
+            steps.join(" · ")
+        );
+    }
     if e.unsteady_repeats > 0 {
         let _ = writeln!(
             s,
@@ -190,6 +218,20 @@ mod tests {
             device_seconds: Some(101.4),
             busy_fraction: Some(101.4 / 250.266),
             overlap_seconds: 0.0,
+            builds_ahead: Some(crate::accounting::AheadBuilds {
+                taken: 20,
+                waited_for: 8,
+                compile_median_seconds: 6.14,
+                compile_max_seconds: 9.02,
+                head_start_median_seconds: 3.41,
+            }),
+            profile_steps: [
+                ("calls".to_string(), 1.2),
+                ("device".to_string(), 4.1),
+                ("inputs".to_string(), 0.6),
+                ("load".to_string(), 0.2),
+            ]
+            .into(),
         };
         insta::assert_snapshot!(render_time(&t));
     }
@@ -209,6 +251,8 @@ mod tests {
             device_seconds: None,
             busy_fraction: None,
             overlap_seconds: 0.0,
+            builds_ahead: None,
+            profile_steps: Default::default(),
         };
         insta::assert_snapshot!(render_time(&t));
     }
