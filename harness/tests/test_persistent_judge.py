@@ -101,10 +101,14 @@ def test_one_worker_serves_requests_until_one_times_out():
             assert again["status"] == "passed", again["message"]
             assert again["environment"]["judge"]["served"] == 1
             assert again["environment"]["judge"]["pid"] != j1["pid"]
-            # Nothing kept from the killed worker: it draws every set anew, as the first
-            # evaluation of the first worker did.
-            drew = {r["nonce"]: r["diagnostics"]["draw_cache"]["misses"] for r in (first, again)}
-            assert drew["d" * 16] == drew["a" * 16] > 0, drew
+            # Nothing kept from the killed worker: the only hits are those of this evaluation's
+            # own draws, each drawn once and then found: the first trial's sets and truths,
+            # which the task's check drew, found when the judge draws ahead of the checks, and
+            # every set of the checks found by them (inputs and truth, two hits each).
+            sets = (len(again["seeds"]["trial_seeds"]) * len(again["workloads"])
+                    + sum(len(s) for s in again["seeds"]["probe_seeds"].values()))
+            assert again["diagnostics"]["draw_cache"]["hits"] == \
+                2 * (len(again["workloads"]) + sets), again["diagnostics"]["draw_cache"]
             # The next evaluation in that worker finds its input sets and reference outputs
             # kept (draw_cache): the same inputs, so the same errors, without drawing them.
             kept = judge.ask(driver.softmax_request(naive, d, nonce="g" * 16))
