@@ -66,13 +66,17 @@ class NsightError(Exception):
     """ncu's output is not the raw CSV page this module asked for."""
 
 
-def command(ncu: str, log_file: str, argv: list[str], kernel_regex: str | None = None) -> list[str]:
+def command(ncu: str, log_file: str, argv: list[str], kernel_regex: str | None = None,
+            from_start: bool = True) -> list[str]:
     """The ncu command that profiles every launch of `argv` (its child processes included) for
     `ALL_METRICS`, as a raw CSV page in base units, into `log_file` (the profiled process's own
     output stays on its stdout/stderr, apart from the counters). `kernel_regex` limits the
-    launches profiled, by function name."""
+    launches profiled, by function name; without `from_start`, only the launches between the
+    process's cuProfilerStart and cuProfilerStop are profiled."""
     cmd = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--target-processes", "all",
            "--metrics", ",".join(ALL_METRICS), "--log-file", log_file]
+    if not from_start:
+        cmd += ["--profile-from-start", "off"]
     if kernel_regex:
         cmd += ["--kernel-name-base", "function", "--kernel-name", f"regex:{kernel_regex}"]
     return cmd + list(argv)

@@ -2,17 +2,24 @@
 Compute, for ksearch to interpret (crates/eval/src/bottleneck.rs). Advice, never a score.
 
 For each workload of the request the judge draws an input set (a seed of its own purpose,
-task_code.PROFILE), writes it with a job file into a fresh working directory, and starts the
-profiler in the accused's sandbox with the candidate's process (profiled.py) as its target:
+task_code.PROFILE) and hands it, with a job file, to a profiler running in the accused's sandbox
+with the candidate's process (profiled.py) as its target:
 
-    ncu --csv --page raw ... --log-file DIR/counters.csv  python -m ksearch_harness.profiled ...
+    ncu --csv --page raw ... --profile-from-start off --log-file DIR/counters.csv \
+        python -m ksearch_harness.profiled --backend B --job DIR/job.json
 
 One profiler process per workload, so every launch in its page belongs to that workload. The
+target readies the device, then waits for the job in its working directory: a persistent judge
+starts the profiler of its next profile when one ends (`keep_ahead`), so that start-up (the
+profiler's, the interpreter's, the device context's under the profiler: seconds the search
+would wait) is paid while the search goes on; spare_accused pauses it with its own spares while
+anything is timed. A one-shot harness starts its profiler when it has written the job. The
 sandbox is the accused's (namespaces, no network, its uid, the workdir the only place to write)
 except that exec and fork are allowed, since the profiler starts its target; the target locks
-itself down (no exec, no new processes) before it loads the candidate. The profiler's page is
-read with nsight.parse_raw_csv and reduced to the candidate's own kernels (the build's ptxas
-kernel list; every launch where the build lists none) with nsight.reduce.
+itself down (no exec, no new processes) before it loads the candidate, and profiles only its
+calls (cuProfilerStart/Stop). The profiler's page is read with nsight.parse_raw_csv and reduced
+to the candidate's own kernels (the build's ptxas kernel list; every launch where the build
+lists none) with nsight.reduce.
 
 The page is written inside the sandbox, where the candidate runs: a candidate can forge its own
 counters. They steer the search (which idea to try next) and are printed as a profile; they
@@ -30,6 +37,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -39,11 +47,13 @@ from typing import Any
 
 import numpy as np
 
-from . import adapters, kernel_clock, nsight, sandbox, scratch
-from .accused_client import ADDRESS_SPACE_ROOM, accused_environment, accused_policy
+from . import adapters, kernel_clock, nsight, profiled, sandbox, scratch, spare_accused
+from .accused_client import (ADDRESS_SPACE_ROOM, STOP_WAIT_S, accused_environment,
+                             accused_policy)
 from .adapters import Adapter
-from .core import (build_and_record, kernel_base, own_kernels, read_candidate,
+from .core import (_nbytes, build_and_record, kernel_base, own_kernels, read_candidate,
                    run_static_checks)
+from .machine import child_pids, thread_states
 from .protocol import Request, ResultBuilder, TaskError
 from .task_code import PROFILE, TaskCode, derive_seed
 
@@ -57,6 +67,7 @@ CALLS = 1
 PAGE = "counters.csv"
 JOB = "job.json"
 INPUTS = "inputs.npz"
+OUTPUT = "output.log"
 
 
 def find_ncu(backend: str) -> tuple[str | None, str]:
@@ -127,50 +138,221 @@ def profile(req: Request, out: ResultBuilder, adapter: Adapter | None = None) ->
     if ncu is None:
         return
     out.stage = "profile"
+    key = _key(req, ncu)
     # Each workload may take an equal share of the request's time (the profiler replays each
     # launch once per pass of its metrics; ksearch allows for that in the request's timeout).
     shown = sum(1 for wl in req.workloads if not wl.held_out)
     seconds = req.timeout_s / max(shown, 1)
-    for wi, wl in enumerate(req.workloads):
-        if wl.held_out:
-            continue  # what the search is shown only; held-out shapes stay out of its advice
-        raw = (req.raw or {}).get("workloads", [])
-        if wi >= len(raw):
-            raise TaskError(f"workloads[{wi}]: missing from the request")
-        inputs = task.make_inputs(wl, derive_seed(req.secret_seed, PROFILE, wi), wi)
-        report["workloads"].append(_profile_workload(req, ncu, info.artifact, raw[wi], inputs,
-                                                     own, seconds))
+    try:
+        for wi, wl in enumerate(req.workloads):
+            if wl.held_out:
+                continue  # what the search is shown only; held-out shapes stay out of its advice
+            raw = (req.raw or {}).get("workloads", [])
+            if wi >= len(raw):
+                raise TaskError(f"workloads[{wi}]: missing from the request")
+            inputs = task.make_inputs(wl, derive_seed(req.secret_seed, PROFILE, wi), wi)
+            report["workloads"].append(_profile_workload(req, key, raw[wi], info.artifact,
+                                                         inputs, own, seconds))
+    finally:
+        if _keep:
+            _start_ahead(key)
 
 
-def _profile_workload(req: Request, ncu: str, artifact: str, workload: dict[str, Any],
-                      inputs: Any, own: set[str], seconds: float) -> dict[str, Any]:
-    """One workload under the profiler, in a working directory removed afterwards."""
-    name = str(workload.get("name", ""))
-    started = time.monotonic()
+@dataclasses.dataclass
+class WaitingProfiler:
+    """A profiler and its target (profiled.py), started in the accused's sandbox in a working
+    directory of their own, where the target waits for its job once it has readied the
+    device; `key` is what it was started for (_key)."""
+    box: Any
+    workdir: str
+    key: tuple
+    started: float
+    stopped: bool = False
+
+
+# A persistent judge keeps one profiler started ahead (keep_ahead): its target's start-up (the
+# profiler's own, the interpreter's, the device's under the profiler) takes seconds, and the
+# profile of a new best is waited for by the search. Started after each profile, for the next.
+_keep = False
+_ahead: WaitingProfiler | None = None
+
+
+def keep_ahead(on: bool = True) -> None:
+    """Only a persistent judge's worker keeps a profiler started ahead (worker.child_loop);
+    spare_accused pauses it with its own spares while anything is timed."""
+    global _keep
+    _keep = on
+    if on:
+        spare_accused.pause_also(_pause_ahead, _resume_ahead)
+    else:
+        close()
+
+
+def close() -> None:
+    """Kills the profiler started ahead, if any, and removes its directory."""
+    global _ahead
+    if _ahead is not None:
+        _discard(_ahead)
+        _ahead = None
+
+
+def _key(req: Request, ncu: str) -> tuple:
+    """What a profiler's sandbox depends on: the backend, the sandbox mode, the profiler, and
+    (a cpu target's address space is limited) the largest shown workload's inputs."""
+    largest = max((sum(_nbytes(s) for s in wl.inputs) for wl in req.workloads
+                   if not wl.held_out), default=0)
+    return (req.backend, req.sandbox, ncu, largest)
+
+
+def _take(key: tuple) -> WaitingProfiler | None:
+    """The profiler started ahead for `key`, running, else None (one for another key, or one
+    that died, is discarded)."""
+    global _ahead
+    got, _ahead = _ahead, None
+    if got is None:
+        return None
+    if got.key != key or got.box.poll() is not None:
+        _discard(got)
+        return None
+    _signal_tree(got, signal.SIGCONT)
+    got.stopped = False
+    return got
+
+
+def _start_ahead(key: tuple) -> None:
+    """Starts the profiler the next profile takes, unless one for `key` waits already. A
+    failure is not an error: the next profile starts its own."""
+    global _ahead
+    if _ahead is not None and _ahead.key == key and _ahead.box.poll() is None:
+        return
+    close()
+    try:
+        _ahead = _start(key)
+    except Exception:  # noqa: BLE001 - a profiler started ahead is an optimisation
+        _ahead = None
+
+
+def _start(key: tuple) -> WaitingProfiler:
+    """A profiler whose target readies the device in a fresh working directory and then waits
+    for JOB there (profiled.py), in the accused's sandbox with exec and fork allowed."""
+    backend, mode, ncu, largest = key
     workdir = tempfile.mkdtemp(prefix="ksearch-profile-", dir=scratch.parent())
     try:
-        entry = {"name": name}
+        os.chmod(workdir, 0o777)  # the sandbox's uid writes the page and its output here
+        harness_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        # The profiler's own directory, for a machine where it sits below a directory closed
+        # to the sandbox's uid (sandbox.Policy.reveal).
+        ncu_dir = os.path.dirname(os.path.realpath(ncu))
+        policy = dataclasses.replace(
+            accused_policy(backend, workdir, mode, (harness_dir, ncu_dir),
+                           4 * largest + ADDRESS_SPACE_ROOM, None),
+            allow_exec=True, allow_fork=True)
+        env = accused_environment(workdir, backend)
+        env["PATH"] = os.pathsep.join([os.path.dirname(ncu), os.defpath])
+        # Nothing is timed there: no device clock of MLX's, whose profiler session would
+        # compete with the profiler for the counters.
+        env[kernel_clock.CLOCK_ENV] = "wall"
+        target = [sys.executable, "-m", "ksearch_harness.profiled", "--backend", backend,
+                  "--job", os.path.join(workdir, JOB), "--wait-s", str(profiled.WAIT_S)]
+        argv = nsight.command(ncu, os.path.join(workdir, PAGE), target, from_start=False)
+        with open(os.path.join(workdir, OUTPUT), "wb") as fh:
+            box = sandbox.launch(argv, policy, env=env, stdout=fh, stderr=fh, cwd=workdir)
+        return WaitingProfiler(box, workdir, key, time.monotonic())
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
+def _discard(started: WaitingProfiler) -> None:
+    try:
+        started.box.kill()
+    except Exception:  # noqa: BLE001
+        pass
+    shutil.rmtree(started.workdir, ignore_errors=True)
+
+
+def _signal_tree(started: WaitingProfiler, sig: int) -> list[int]:
+    """`sig` to every process of the profiler's sandbox (the profiler, its target, theirs);
+    returns their pids."""
+    pids = [started.box.pid]
+    at = 0
+    while at < len(pids):
+        pids.extend(p for p in child_pids(pids[at]) if p not in pids)
+        at += 1
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    return pids
+
+
+def _pause_ahead() -> None:
+    """Stops the profiler started ahead where it is (its start-up queues no device work and
+    holds no CPU while something is timed)."""
+    if _ahead is None or _ahead.stopped:
+        return
+    pids = _signal_tree(_ahead, signal.SIGSTOP)
+    _ahead.stopped = True
+    # A signal is delivered when its thread next runs: wait until every thread has stopped.
+    end = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < end:
+        states = [st for pid in pids for st, _ in thread_states(pid).values()]
+        if all(st in "TtZX" for st in states):
+            return
+        time.sleep(0.0002)
+
+
+def _resume_ahead() -> None:
+    if _ahead is not None and _ahead.stopped:
+        _signal_tree(_ahead, signal.SIGCONT)
+        _ahead.stopped = False
+
+
+def _profile_workload(req: Request, key: tuple, workload: dict[str, Any], artifact: str,
+                      inputs: Any, own: set[str], seconds: float) -> dict[str, Any]:
+    """One workload under a profiler, the one started ahead when there is one, else one
+    started now; its working directory is removed afterwards."""
+    name = str(workload.get("name", ""))
+    began = time.monotonic()
+    entry: dict[str, Any] = {"name": name}
+    started = _take(key)
+    if started is not None:
+        entry["started_ahead_seconds"] = round(began - started.started, 3)
+    else:
+        try:
+            started = _start(key)
+        except (OSError, sandbox.SandboxUnavailable) as e:
+            entry["seconds"] = round(time.monotonic() - began, 3)
+            entry["error"] = f"the profiler could not start in the sandbox: {e}"
+            return entry
+    workdir = started.workdir
+    try:
         kept = os.path.join(workdir, os.path.basename(artifact))
         shutil.copyfile(artifact, kept)
         os.chmod(kept, 0o444)
         np.savez(os.path.join(workdir, INPUTS), **inputs.stored)
+        os.chmod(os.path.join(workdir, INPUTS), 0o444)
         assert req.task is not None and req.task.entry is not None
         job = {"backend": req.backend, "workloads": [workload], "artifact": kept,
                "entry": {"symbol": req.task.entry.symbol, "args": list(req.task.entry.args)},
                "inputs": os.path.join(workdir, INPUTS), "calls": CALLS,
                "timeout_s": req.timeout_s}
-        with open(os.path.join(workdir, JOB), "w") as fh:
+        # Written whole, then renamed: the target reads the job once its name exists.
+        part = os.path.join(workdir, JOB + ".part")
+        with open(part, "w") as fh:
             json.dump(job, fh)
-        os.chmod(workdir, 0o777)  # the sandbox's uid writes the page here
-        for f in (JOB, INPUTS):
-            os.chmod(os.path.join(workdir, f), 0o444)
-        page = os.path.join(workdir, PAGE)
-        target = [sys.executable, "-m", "ksearch_harness.profiled", "--job",
-                  os.path.join(workdir, JOB)]
-        regex = "^(?:" + "|".join(sorted(map(_regex_escape, own))) + ")" if own else None
-        argv = nsight.command(ncu, page, target, regex)
-        rc, output, timed_out = _run_confined(req, argv, workdir, ncu, inputs, seconds)
-        entry["seconds"] = round(time.monotonic() - started, 3)
+        os.chmod(part, 0o444)
+        os.rename(part, os.path.join(workdir, JOB))
+        try:
+            rc: int | None = started.box.wait(timeout=seconds)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            started.box.kill()
+            rc, timed_out = None, True
+        with open(os.path.join(workdir, OUTPUT), errors="replace") as fh:
+            output = fh.read()[-20000:]
+        entry["seconds"] = round(time.monotonic() - began, 3)
         last = _last_json_line(output)
         if timed_out:
             entry["error"] = f"the profiler did not finish within {seconds:.0f} s"
@@ -178,15 +360,18 @@ def _profile_workload(req: Request, ncu: str, artifact: str, workload: dict[str,
         entry["calls"] = last.get("calls", 0)
         # Where the target's own time went (profiled.py); the rest of `seconds` is the
         # profiler's and the interpreter's start and end. Written in the sandbox: advice.
+        # A target started ahead readied the device and waited before this profile began.
         if isinstance(last.get("seconds"), dict):
+            ahead = ("device", "wait") if "started_ahead_seconds" in entry else ()
             entry["target_seconds"] = {str(k)[:40]: v for k, v in
                                        list(last["seconds"].items())[:8]
-                                       if isinstance(v, (int, float))}
+                                       if isinstance(v, (int, float)) and k not in ahead}
         if "calls" not in last:
             tail = " / ".join(output.strip().splitlines()[-3:])
             why = last.get("error") or f"exit status {rc}, no report; output: {tail}"
             entry["error"] = f"the candidate's process failed: {why}"[:1000]
             return entry
+        page = os.path.join(workdir, PAGE)
         if not os.path.exists(page):
             tail = output.strip().splitlines()[-3:]
             entry["error"] = (f"the profiler wrote no counters (exit status {rc}): "
@@ -207,42 +392,7 @@ def _profile_workload(req: Request, ncu: str, artifact: str, workload: dict[str,
             entry["error"] = "no launch of the candidate's kernels was profiled"
         return entry
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _run_confined(req: Request, argv: list[str], workdir: str, ncu: str, inputs: Any,
-                  timeout: float) -> tuple[int | None, str, bool]:
-    """Runs `argv` in the accused's sandbox with exec and fork allowed, for at most `timeout`
-    seconds; returns its exit status, its output (stdout and stderr) and whether it was
-    killed on the timeout."""
-    harness_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    # The profiler's own directory, for a machine where it sits below a directory closed to
-    # the sandbox's uid (sandbox.Policy.reveal).
-    ncu_dir = os.path.dirname(os.path.realpath(ncu))
-    nbytes = sum(int(a.nbytes) for a in inputs.stored.values())
-    policy = dataclasses.replace(
-        accused_policy(req.backend, workdir, req.sandbox, (harness_dir, ncu_dir),
-                       4 * nbytes + ADDRESS_SPACE_ROOM, None),
-        allow_exec=True, allow_fork=True)
-    env = accused_environment(workdir, req.backend)
-    env["PATH"] = os.pathsep.join([os.path.dirname(ncu), os.defpath])
-    # Nothing is timed there: no device clock of MLX's, whose profiler session would compete
-    # with the profiler for the counters.
-    env[kernel_clock.CLOCK_ENV] = "wall"
-    log = os.path.join(workdir, "output.log")
-    timed_out = False
-    with open(log, "wb") as fh:
-        try:
-            box = sandbox.launch(argv, policy, env=env, stdout=fh, stderr=fh, cwd=workdir)
-        except (OSError, sandbox.SandboxUnavailable) as e:
-            return None, f"the profiler could not start in the sandbox: {e}", False
-        try:
-            rc: int | None = box.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            box.kill()
-            rc, timed_out = None, True
-    with open(log, errors="replace") as fh:
-        return rc, fh.read()[-20000:], timed_out
+        _discard(started)
 
 
 def _last_json_line(output: str) -> dict[str, Any]:
@@ -254,9 +404,3 @@ def _last_json_line(output: str) -> dict[str, Any]:
                 return {}
             return obj if isinstance(obj, dict) else {}
     return {}
-
-
-def _regex_escape(name: str) -> str:
-    """A kernel name in ncu's regular expressions (ECMAScript-like): letters, digits and `_`
-    stay, anything else is escaped."""
-    return "".join(c if c.isalnum() or c == "_" else "\\" + c for c in name)

@@ -55,6 +55,9 @@ _key: tuple | None = None
 _spares: list[Started] = []
 # The spares `pause` stopped (by id), for `resume` to let go on.
 _paused: set[int] = set()
+# Other processes started ahead that wait with the spares (profiler.py's profiler): their
+# (pause, resume), each resuming only what it paused.
+_also: list[tuple[Callable[[], None], Callable[[], None]]] = []
 
 
 def enable(on: bool = True) -> None:
@@ -87,7 +90,7 @@ def take(key: tuple) -> Started | None:
     global _key
     if not _spares:
         return None
-    resume()
+    _resume_spares()
     if key != _key:
         close()
         return None
@@ -117,9 +120,21 @@ def start(key: tuple, factory: Callable[[], Started]) -> None:
             return
 
 
+def pause_also(stop: Callable[[], None], go_on: Callable[[], None]) -> None:
+    """Has `pause` and `resume` call `stop` and `go_on` too (once, however often asked)."""
+    if (stop, go_on) not in _also:
+        _also.append((stop, go_on))
+
+
 def pause() -> None:
     """Stops every spare (SIGSTOP, every thread) that is not stopped already, ready or still
-    starting: nothing of theirs runs until `resume`, which continues only those stopped here."""
+    starting: nothing of theirs runs until `resume`, which continues only those stopped here.
+    So do the processes `pause_also` named."""
+    for stop, _ in _also:
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - what cannot be stopped is its owner's to drop
+            pass
     for spare in list(_spares):
         if id(spare) in _paused or spare.process.stopped:
             continue
@@ -131,7 +146,16 @@ def pause() -> None:
 
 
 def resume() -> None:
-    """Lets the spares `pause` stopped go on starting."""
+    """Lets what `pause` stopped go on starting."""
+    for _, go_on in _also:
+        try:
+            go_on()
+        except Exception:  # noqa: BLE001
+            pass
+    _resume_spares()
+
+
+def _resume_spares() -> None:
     for spare in list(_spares):
         if id(spare) not in _paused:
             continue

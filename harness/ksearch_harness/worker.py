@@ -115,12 +115,13 @@ def child_loop(req_fd: int, res_fd: int) -> None:
     try:
         import faulthandler
         import json
-        from . import draw_cache, spare_accused
+        from . import draw_cache, profiler, spare_accused
         from .machine import die_with_parent
         from .protocol import parse_request, redirect_output
         die_with_parent()
         draw_cache.enable()
         spare_accused.enable()
+        profiler.keep_ahead()
         reader = os.fdopen(req_fd, "rb")
         while True:
             line = reader.readline()
@@ -147,8 +148,9 @@ def child_loop(req_fd: int, res_fd: int) -> None:
         code = 70
     finally:
         try:
-            from . import spare_accused
+            from . import profiler, spare_accused
             spare_accused.close()  # nothing of a spare is left behind
+            profiler.close()
         finally:
             os._exit(code)
 

@@ -73,6 +73,9 @@ def test_the_command_collects_every_metric_into_the_log_file():
     assert cmd[cmd.index("--page") + 1] == "raw" and "--csv" in cmd
     assert cmd[cmd.index("--kernel-name") + 1] == "regex:attn_.*"
     assert "--kernel-name" not in nsight.command("ncu", "l", ["a"])
+    assert "--profile-from-start" not in cmd
+    later = nsight.command("ncu", "l", ["a"], from_start=False)
+    assert later[later.index("--profile-from-start") + 1] == "off" and later[-1] == "a"
 
 
 def test_scaled_units_are_refused_and_a_second_page_is_read_with_its_own_columns():

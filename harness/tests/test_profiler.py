@@ -11,6 +11,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,8 @@ import os, shutil, subprocess, sys, time
 args = sys.argv[1:]
 at = args.index("--log-file")
 log, rest = args[at + 1], args[at + 2:]
-if rest[:1] == ["--kernel-name-base"]:
-    rest = rest[4:]
+while rest[:1] and rest[0].startswith("--"):  # ncu's options that follow its log file
+    rest = rest[2:]
 rc = subprocess.call(rest)
 time.sleep({sleep})
 if {write_page}:
@@ -60,7 +61,11 @@ def _stand_in(d: Path, write_page: bool = True, sleep: float = 0.0) -> str:
     return str(exe)
 
 
-def _profile(tmp_path: Path, candidate: Path, **overrides) -> dict:
+def _profile(tmp_path: Path, candidate: Path, shown_only: bool = False, **overrides) -> dict:
+    """The profile op on the softmax fixture; `shown_only`: of its smallest shown workload
+    alone, as the search asks for a new best's."""
+    if shown_only:
+        overrides["workloads"] = [driver.workload(*driver.SHOWN[0])]
     req = parse_request(driver.softmax_request(candidate, tmp_path / "build", op="profile",
                                                **overrides), "profile")
     return execute(req)
@@ -91,7 +96,7 @@ def test_each_shown_workload_is_profiled_and_read_back(tmp_path, monkeypatch, st
         assert w["seconds"] > 0
         # Where the target's time went: its steps, each within the profile's own seconds.
         steps = w["target_seconds"]
-        assert list(steps) == ["device", "load", "inputs", "calls"], steps
+        assert list(steps) == ["device", "wait", "load", "inputs", "calls"], steps
         assert all(v >= 0 for v in steps.values()) and sum(steps.values()) <= w["seconds"]
     # Nothing of a profiled workload's directory is left behind.
     assert _profile_dirs() == before
@@ -191,3 +196,83 @@ def test_spare_accused_processes_wait_while_a_profile_runs(tmp_path, monkeypatch
     assert res["status"] == "passed", res["message"]
     assert seen == ["paused", "profile", "resumed"]
 
+
+
+@pytest.fixture
+def kept_ahead():
+    """The profile op as a persistent judge serves it: a profiler started after each profile
+    for the next (worker.child_loop); nothing of it is left when the test ends."""
+    profiler.keep_ahead()
+    yield
+    profiler.keep_ahead(False)
+    assert profiler._ahead is None
+
+
+def _tree_states(started) -> list[str]:
+    from ksearch_harness.machine import child_pids, thread_states
+    pids, at = [started.box.pid], 0
+    while at < len(pids):
+        pids.extend(child_pids(pids[at]))
+        at += 1
+    return [s for pid in pids for s, _ in thread_states(pid).values()]
+
+
+def test_a_judge_starts_the_next_profile_s_profiler_ahead(tmp_path, monkeypatch, stand_in_dir,
+                                                         kept_ahead):
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(stand_in_dir))
+    before = _profile_dirs()
+    first = _profile(tmp_path, driver.HONEST / "naive.c", shown_only=True)
+    assert first["status"] == "passed", first["message"]
+    (w,) = first["profile"]["workloads"]
+    # Nothing waited for this one: it started its own profiler, whose target readied the
+    # device in its own time.
+    assert "started_ahead_seconds" not in w and "device" in w["target_seconds"]
+    waiting = profiler._ahead
+    assert waiting is not None and waiting.box.poll() is None
+    assert len(_profile_dirs() - before) == 1  # the waiting profiler's own directory
+    second = _profile(tmp_path, driver.HONEST / "naive.c", shown_only=True)
+    (w2,) = second["profile"]["workloads"]
+    assert "error" not in w2, w2
+    assert w2["started_ahead_seconds"] > 0 and w2["calls"] == 1
+    # The device was readied, and the job waited for, before this profile began.
+    assert list(w2["target_seconds"]) == ["load", "inputs", "calls"]
+    assert w2["counters"] == w["counters"]
+    assert waiting.box.poll() is not None  # the one taken has ended, and another waits
+    assert profiler._ahead is not None and profiler._ahead is not waiting
+    profiler.close()
+    assert waiting.box.poll() is not None and _profile_dirs() == before
+
+
+def test_a_profiler_started_ahead_waits_while_anything_is_timed(tmp_path, monkeypatch,
+                                                               stand_in_dir, kept_ahead):
+    from ksearch_harness import spare_accused
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(stand_in_dir))
+    _profile(tmp_path, driver.HONEST / "naive.c", shown_only=True)
+    waiting = profiler._ahead
+    assert waiting is not None
+    end = time.monotonic() + 20
+    while len(_tree_states(waiting)) < 2 and time.monotonic() < end:
+        time.sleep(0.01)  # until the stand-in has started its target
+    with spare_accused.paused():
+        states = _tree_states(waiting)
+        # The stand-in and its target, every thread stopped.
+        assert len(states) >= 2 and all(s in "Tt" for s in states), states
+    assert not any(s in "Tt" for s in _tree_states(waiting))
+    # A profile taking it lets it go on, though the profile op pauses what waits.
+    res = _profile(tmp_path, driver.HONEST / "naive.c", shown_only=True)
+    assert res["profile"]["workloads"][0]["started_ahead_seconds"] > 0
+
+
+def test_a_profiler_started_ahead_that_died_or_does_not_fit_is_replaced(
+        tmp_path, monkeypatch, stand_in_dir, kept_ahead):
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(stand_in_dir))
+    _profile(tmp_path, driver.HONEST / "naive.c", shown_only=True)
+    profiler._ahead.box.kill()
+    res = _profile(tmp_path, driver.HONEST / "naive.c", shown_only=True)
+    (w,) = res["profile"]["workloads"]
+    assert "error" not in w and "started_ahead_seconds" not in w, w
+    # One started for another sandbox (here: larger inputs) is not taken either.
+    waiting = profiler._ahead
+    res = _profile(tmp_path, driver.HONEST / "naive.c")
+    assert all("started_ahead_seconds" not in w for w in res["profile"]["workloads"])
+    assert waiting.box.poll() is not None
