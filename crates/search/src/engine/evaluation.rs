@@ -230,8 +230,8 @@ struct BuiltAhead {
 
 /// The builds written ahead (`prebuild_in_background`), by source file: each with the order it
 /// was started in and its thread, whose answer is the build's result. A finished build is kept
-/// for the evaluation of its source, which then asks the harness nothing; of the two sources a
-/// round writes ahead one never comes, so finished builds beyond [`Self::KEPT`] are let go of,
+/// for the evaluation of its source, which then asks the harness nothing; of the sources a
+/// round writes ahead most never come, so finished builds beyond [`Self::KEPT`] are let go of,
 /// the oldest first.
 #[derive(Default)]
 struct WrittenAhead {
@@ -240,7 +240,8 @@ struct WrittenAhead {
 }
 
 impl WrittenAhead {
-    const KEPT: usize = 8;
+    /// Room for two rounds' guesses (up to six each) and the next cycle's first attempts.
+    const KEPT: usize = 16;
 
     fn forget_old_finished(&mut self) {
         let mut finished: Vec<(u64, PathBuf)> = self

@@ -1338,28 +1338,48 @@ impl<'a> Engine<'a> {
         })
     }
 
-    /// The sources the next round of this cycle would write after `req`'s candidate
-    /// (`written`, recorded as `id`): if it became the cycle's best, and if it did not. Empty
-    /// when the cycle ends with this attempt (its cap); sources already known are left out.
+    /// The sources the next rounds of this cycle would write after `req`'s candidate
+    /// (`written`, recorded as `id`): for each of the next [`ROUNDS_WRITTEN_AHEAD`] rounds,
+    /// what it writes if the candidate before it became the cycle's best, and if it did not.
+    /// A compile takes longer than an evaluation, so a build started one round ahead was
+    /// still compiling when its round asked for it. Nothing beyond the cycle's end (its cap);
+    /// sources already known are left out. Nearest rounds first.
     fn sources_ahead(&self, req: &CodeRequest<'_>, written: &Proposal, id: i64) -> Vec<String> {
-        if self.cfg.cycle_cap > 0 && req.attempt >= self.cfg.cycle_cap {
-            return Vec::new();
+        let mut known = req.known_sources.clone();
+        known.insert(SourceId::of(&written.source).as_str().to_string());
+        let mut levels: Vec<Vec<String>> = vec![Vec::new(); ROUNDS_WRITTEN_AHEAD];
+        self.guess_ahead(req, written, Some(id), &mut known, &mut levels, 0);
+        levels.into_iter().flatten().collect()
+    }
+
+    /// One level of [`Self::sources_ahead`]: the two sources the round after `req`'s writes,
+    /// then (below `ROUNDS_WRITTEN_AHEAD`) the rounds after each of them.
+    fn guess_ahead(
+        &self,
+        req: &CodeRequest<'_>,
+        written: &Proposal,
+        id: Option<i64>,
+        known: &mut BTreeSet<String>,
+        levels: &mut Vec<Vec<String>>,
+        depth: usize,
+    ) {
+        if depth >= levels.len() || (self.cfg.cycle_cap > 0 && req.attempt >= self.cfg.cycle_cap) {
+            return;
         }
         let sid = SourceId::of(&written.source).as_str().to_string();
-        let mut known = req.known_sources.clone();
-        known.insert(sid.clone());
         let this = AttemptView {
-            candidate_id: id,
+            candidate_id: id.unwrap_or(-1),
             source: written.source.clone(),
             source_id: sid,
             knobs: written.knobs.clone(),
             outcome: OutcomeSummary::default(),
         };
+        let seen = known.clone();
         let next = CodeRequest {
             round: req.round + 1,
             attempt: req.attempt + 1,
             last: Some(&this),
-            known_sources: &known,
+            known_sources: &seen,
             ..req.clone()
         };
         let improved = CodeRequest {
@@ -1374,16 +1394,17 @@ impl<'a> Engine<'a> {
             },
             ..next.clone()
         };
-        let mut out: Vec<String> = Vec::new();
         for hypothesis in [improved, not_improved] {
-            if let Ok(p) = self.proposer.write_code(&hypothesis) {
-                let new = SourceId::of(&p.source).as_str().to_string();
-                if p.source != written.source && !known.contains(&new) && !out.contains(&p.source) {
-                    out.push(p.source);
-                }
+            let Ok(p) = self.proposer.write_code(&hypothesis) else {
+                continue;
+            };
+            let new = SourceId::of(&p.source).as_str().to_string();
+            if p.source == written.source || !known.insert(new) {
+                continue;
             }
+            levels[depth].push(p.source.clone());
+            self.guess_ahead(&hypothesis, &p, None, known, levels, depth + 1);
         }
-        out
     }
 
     /// Writes (unless the store already has it), records and evaluates one sample;
@@ -2137,6 +2158,11 @@ fn solution_ref(
         round,
     }
 }
+
+/// How many rounds of a cycle the candidates that may come are written ahead for
+/// ([`Engine::sources_ahead`]): two, since a compile took longer than one evaluation (on the
+/// H100, nvcc 4 to 6 s against evaluations of about 3 s; docs/results/evaluation-speed).
+const ROUNDS_WRITTEN_AHEAD: usize = 2;
 
 /// How many of the policy's best-ranked actions a cycle's first attempts are written ahead on
 /// (`first_attempts_ahead`), besides the follow-ups a cycle's end adds: the guess is made
