@@ -198,25 +198,31 @@ def close() -> None:
 
 def _key(req: Request, ncu: str) -> tuple:
     """What a profiler's sandbox depends on: the backend, the sandbox mode, the profiler, and
-    (a cpu target's address space is limited) the largest shown workload's inputs."""
+    on the cpu backend, whose target's address space is limited, the largest shown workload's
+    inputs (a GPU target's is not: any workload of the task fits the one started ahead)."""
     largest = max((sum(_nbytes(s) for s in wl.inputs) for wl in req.workloads
-                   if not wl.held_out), default=0)
+                   if not wl.held_out), default=0) if req.backend == "cpu" else 0
     return (req.backend, req.sandbox, ncu, largest)
 
 
-def _take(key: tuple) -> WaitingProfiler | None:
-    """The profiler started ahead for `key`, running, else None (one for another key, or one
-    that died, is discarded)."""
+def _take(key: tuple) -> tuple[WaitingProfiler | None, str]:
+    """The profiler started ahead for `key`, running, else None and why (none was started,
+    one for another key or one that ended is discarded)."""
     global _ahead
     got, _ahead = _ahead, None
     if got is None:
-        return None
-    if got.key != key or got.box.poll() is not None:
+        return None, "none was started" if _keep else "a one-shot harness starts none"
+    why = ""
+    if got.key != key:
+        why = "the one started ahead was for another sandbox"
+    elif (rc := got.box.poll()) is not None:
+        why = f"the one started ahead had ended (exit status {rc})"
+    if why:
         _discard(got)
-        return None
+        return None, why
     _signal_tree(got, signal.SIGCONT)
     got.stopped = False
-    return got
+    return got, ""
 
 
 def _start_ahead(key: tuple) -> None:
@@ -316,10 +322,11 @@ def _profile_workload(req: Request, key: tuple, workload: dict[str, Any], artifa
     name = str(workload.get("name", ""))
     began = time.monotonic()
     entry: dict[str, Any] = {"name": name}
-    started = _take(key)
+    started, why = _take(key)
     if started is not None:
         entry["started_ahead_seconds"] = round(began - started.started, 3)
     else:
+        entry["started_now"] = why
         try:
             started = _start(key)
         except (OSError, sandbox.SandboxUnavailable) as e:

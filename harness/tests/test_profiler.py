@@ -226,14 +226,14 @@ def test_a_judge_starts_the_next_profile_s_profiler_ahead(tmp_path, monkeypatch,
     (w,) = first["profile"]["workloads"]
     # Nothing waited for this one: it started its own profiler, whose target readied the
     # device in its own time.
-    assert "started_ahead_seconds" not in w and "device" in w["target_seconds"]
+    assert w["started_now"] == "none was started" and "device" in w["target_seconds"]
     waiting = profiler._ahead
     assert waiting is not None and waiting.box.poll() is None
     assert len(_profile_dirs() - before) == 1  # the waiting profiler's own directory
     second = _profile(tmp_path, driver.HONEST / "naive.c", shown_only=True)
     (w2,) = second["profile"]["workloads"]
     assert "error" not in w2, w2
-    assert w2["started_ahead_seconds"] > 0 and w2["calls"] == 1
+    assert w2["started_ahead_seconds"] > 0 and w2["calls"] == 1 and "started_now" not in w2
     # The device was readied, and the job waited for, before this profile began.
     assert list(w2["target_seconds"]) == ["load", "inputs", "calls"]
     assert w2["counters"] == w["counters"]
@@ -271,8 +271,25 @@ def test_a_profiler_started_ahead_that_died_or_does_not_fit_is_replaced(
     res = _profile(tmp_path, driver.HONEST / "naive.c", shown_only=True)
     (w,) = res["profile"]["workloads"]
     assert "error" not in w and "started_ahead_seconds" not in w, w
-    # One started for another sandbox (here: larger inputs) is not taken either.
+    assert w["started_now"].startswith("the one started ahead had ended (exit status"), w
+    # One started for another sandbox (here: a cpu target's address space, for larger inputs)
+    # is not taken either.
     waiting = profiler._ahead
     res = _profile(tmp_path, driver.HONEST / "naive.c")
+    first = res["profile"]["workloads"][0]
+    assert first["started_now"] == "the one started ahead was for another sandbox", first
     assert all("started_ahead_seconds" not in w for w in res["profile"]["workloads"])
     assert waiting.box.poll() is not None
+
+
+def test_a_gpu_profiler_started_ahead_fits_every_workload_of_its_task(tmp_path):
+    """The search profiles a new best on the workload furthest from the speed of light, which
+    changes from one profile to the next; a GPU target's sandbox does not depend on it."""
+    def key(backend: str, shown: tuple[int, int]) -> tuple:
+        obj = driver.softmax_request(None, tmp_path, op="profile", backend=backend,
+                                     workloads=[driver.workload(*shown)])
+        return profiler._key(parse_request(obj, "profile"), "/ncu")
+
+    small, large = driver.SHOWN
+    assert key("cuda", small) == key("cuda", large)
+    assert key("cpu", small) != key("cpu", large)
