@@ -1577,18 +1577,33 @@ impl Proposer for AheadProposer {
     }
 }
 
-/// A FakeEvaluator that logs prebuilds and evaluations in the order they happen; it can
-/// prebuild when `prebuilds` says so.
+/// A FakeEvaluator that logs prebuilds and evaluations in the order they happen (and in
+/// `ended`, the log's length as each evaluation ends); it can prebuild when `prebuilds` says so.
 struct LoggingEvaluator {
     inner: FakeEvaluator,
     prebuilds: bool,
     log: Mutex<Vec<(bool, String)>>,
+    ended: Mutex<Vec<usize>>,
+}
+
+impl LoggingEvaluator {
+    fn new(inner: FakeEvaluator, prebuilds: bool) -> Self {
+        LoggingEvaluator {
+            inner,
+            prebuilds,
+            log: Mutex::new(Vec::new()),
+            ended: Mutex::new(Vec::new()),
+        }
+    }
 }
 
 impl CandidateEvaluator for LoggingEvaluator {
     fn evaluate(&self, source: &str, purpose: Purpose) -> Result<Evaluation, EvalFailure> {
         self.log.lock().unwrap().push((false, source.to_string()));
-        self.inner.evaluate(source, purpose)
+        let out = self.inner.evaluate(source, purpose);
+        let at = self.log.lock().unwrap().len();
+        self.ended.lock().unwrap().push(at);
+        out
     }
     fn prebuilds(&self) -> bool {
         self.prebuilds
@@ -1610,14 +1625,13 @@ fn a_proposer_that_writes_ahead_has_the_next_two_rounds_candidates_built_before_
     for (ahead, prebuilds) in [(true, true), (false, true), (true, false)] {
         let tmp = tempfile::tempdir().unwrap();
         let proposer = AheadProposer { ahead };
-        let eval = LoggingEvaluator {
-            inner: FakeEvaluator {
+        let eval = LoggingEvaluator::new(
+            FakeEvaluator {
                 delay: std::time::Duration::from_millis(20),
                 ..FakeEvaluator::new(None)
             },
             prebuilds,
-            log: Mutex::new(Vec::new()),
-        };
+        );
         let engine = new_engine(cfg(4, 4), store(tmp.path()), &proposer, &eval);
         engine.run(Some("score=1;seed")).unwrap();
         let log = eval.log.into_inner().unwrap();
@@ -1786,9 +1800,11 @@ fn a_proposer_that_reads_every_attempt_gets_each_new_best_profiled_when_evaluate
 
 /// Writes ahead and reads bottlenecks only at a cycle's end; every refine adds two follow-ups
 /// under the refined node (`x<round>` rated above `y<round>`), and each attempt's source names
-/// its node, its base and its round, with a score one above the round's.
+/// its node, its base and its round, with a score one above the round's (with
+/// `flat_after_first`, 0.5 for every attempt after a cycle's first: none improves).
 struct FollowUpProposer {
     ahead: bool,
+    flat_after_first: bool,
 }
 
 impl Proposer for FollowUpProposer {
@@ -1810,8 +1826,12 @@ impl Proposer for FollowUpProposer {
     fn write_code(&self, req: &CodeRequest<'_>) -> Result<Proposal, ProposerError> {
         let label = req.node.label.clone().unwrap_or_default();
         let base = req.base.map(|b| b.candidate_id).unwrap_or(0);
+        let score = match self.flat_after_first && req.attempt > 1 {
+            true => 0.5,
+            false => f64::from(1 + req.round),
+        };
         Ok(Proposal {
-            source: format!("score={};{label};base{base};r{}", 1 + req.round, req.round),
+            source: format!("score={score};{label};base{base};r{}", req.round),
             knobs: None,
             note: String::new(),
         })
@@ -1870,13 +1890,12 @@ impl CandidateEvaluator for ProfilingLogger {
 fn a_cycles_first_candidate_is_built_while_the_seed_is_evaluated_or_the_cycle_before_profiled() {
     for ahead in [true, false] {
         let tmp = tempfile::tempdir().unwrap();
-        let proposer = FollowUpProposer { ahead };
+        let proposer = FollowUpProposer {
+            ahead,
+            flat_after_first: false,
+        };
         let eval = ProfilingLogger(
-            LoggingEvaluator {
-                inner: FakeEvaluator::new(None),
-                prebuilds: true,
-                log: Mutex::new(Vec::new()),
-            },
+            LoggingEvaluator::new(FakeEvaluator::new(None), true),
             Mutex::new(f64::MIN),
         );
         // Cycles of two attempts: every one improves, so every cycle's best is profiled.
@@ -1907,5 +1926,48 @@ fn a_cycles_first_candidate_is_built_while_the_seed_is_evaluated_or_the_cycle_be
             let built_before = log[..p].iter().any(|(b, s)| *b && s == first);
             assert_eq!(built_before, ahead, "{first}; {log:?}");
         }
+    }
+}
+
+#[test]
+fn a_cycles_first_candidate_compiles_while_the_attempt_that_ends_the_cycle_before_is_evaluated() {
+    // Cycles of two attempts whose second never improves: each cycle ends with its first
+    // attempt as its best whatever the second scores, so the next cycle's first candidate is
+    // known when the second is written, a whole evaluation before the cycle's end.
+    let tmp = tempfile::tempdir().unwrap();
+    let proposer = FollowUpProposer {
+        ahead: true,
+        flat_after_first: true,
+    };
+    let eval = ProfilingLogger(
+        LoggingEvaluator::new(
+            FakeEvaluator {
+                delay: std::time::Duration::from_millis(20),
+                ..FakeEvaluator::new(None)
+            },
+            true,
+        ),
+        Mutex::new(f64::MIN),
+    );
+    let engine = new_engine(cfg(6, 2), store(tmp.path()), &proposer, &eval);
+    engine.run(Some("score=1;seed")).unwrap();
+    let log = eval.0.log.into_inner().unwrap();
+    let ended = eval.0.ended.into_inner().unwrap();
+    let evaluations: Vec<usize> = (0..log.len())
+        .filter(|&i| !log[i].0 && !log[i].1.starts_with("profile:"))
+        .collect();
+    let end_of = |i: usize| *ended.iter().find(|&&e| e > i).unwrap();
+    // The seed, then three cycles of two; cycles 2 and 3 start on a follow-up.
+    assert_eq!(evaluations.len(), 7, "{log:?}");
+    for cycle in [2, 3] {
+        let last_of_before = evaluations[2 * (cycle - 1)];
+        let first = &log[evaluations[2 * cycle - 1]].1;
+        assert!(first.contains(";x"), "{first}; {log:?}");
+        let built = log.iter().position(|(b, s)| *b && s == first);
+        assert!(
+            built.is_some_and(|i| i < end_of(last_of_before)),
+            "cycle {cycle}'s first candidate {first} was not built while {} was evaluated: {log:?}",
+            log[last_of_before].1
+        );
     }
 }

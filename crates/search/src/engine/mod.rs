@@ -1089,12 +1089,29 @@ impl<'a> Engine<'a> {
         // proposer whose calls take time (an LLM) is asked for it while this round is
         // evaluated (docs/search.md, "What overlaps, and what waits").
         let next_round = independent && !self.proposer.writes_ahead() && round < self.cfg.rounds;
+        // The next cycle's likely first attempts are written when this round's candidate is,
+        // where the cycle ends unless it improves (`Self::cycle_end_unless_improved`): a
+        // round's evaluation earlier than its end would write them.
+        let ends_ahead = ahead && self.profiles_at_cycle_end();
+        let frozen: &EngineState = state;
         let (outcomes, written_ahead) = std::thread::scope(|builds| {
             let write_ahead = |written: &Proposal, id: i64| {
                 if ahead {
                     for source in self.sources_ahead(&req, written, id) {
                         builds.spawn(move || self.evaluator.prebuild_in_background(&source));
                     }
+                }
+                if let Some((after, (best, score))) = ends_ahead
+                    .then(|| self.cycle_end_unless_improved(frozen, &cycle, id))
+                    .flatten()
+                {
+                    builds.spawn(move || {
+                        for source in
+                            self.next_cycle_sources_ahead(frozen, &after, best, score, round)
+                        {
+                            self.evaluator.prebuild_in_background(&source);
+                        }
+                    });
                 }
             };
             let next = next_round.then(|| builds.spawn(|| self.write_next_round(&req)));
@@ -1166,22 +1183,7 @@ impl<'a> Engine<'a> {
                 improved = true;
             }
         }
-        // The original's two streaks (§2.5), counted per round.
-        if improved {
-            c.no_improve = 0;
-        } else {
-            c.no_improve += 1;
-        }
-        let base_score = cycle_base_score(c, &state.wm);
-        if let (Some((_, best)), Some(base)) = (c.best, base_score) {
-            if base > 0.0 {
-                c.no_improve_over_base = if best > base {
-                    0
-                } else {
-                    c.no_improve_over_base + 1
-                };
-            }
-        }
+        count_streaks(c, improved, &state.wm);
         // A round whose samples all failed before producing code keeps the previous attempt as
         // the one the next debug step sees.
         c.last = round_best.map(|(id, _)| id).or(last_id).or(c.last);
@@ -1405,6 +1407,26 @@ impl<'a> Engine<'a> {
             levels[depth].push(p.source.clone());
             self.guess_ahead(&hypothesis, &p, None, known, levels, depth + 1);
         }
+    }
+
+    /// The cycle `c` as it ends if its attempt recorded as `id` does not improve on its best,
+    /// with that best (the candidate and its score); `None` where the cycle would go on
+    /// without improving, or has no best to profile at its end. Most cycles end that way (an
+    /// attempt that improves at its cap is the exception), so the next cycle's first attempts
+    /// guessed from it compile while this attempt is evaluated; where the attempt does
+    /// improve, the cycle's end guesses again from the new best (`Self::end_cycle`).
+    fn cycle_end_unless_improved(
+        &self,
+        state: &EngineState,
+        c: &CycleState,
+        id: i64,
+    ) -> Option<(CycleState, (i64, f64))> {
+        let best = c.best?;
+        let mut after = c.clone();
+        count_streaks(&mut after, false, &state.wm);
+        after.last = Some(id);
+        after.consumed += 1;
+        self.cycle_should_end(&after).then_some((after, best))
     }
 
     /// Writes (unless the store already has it), records and evaluates one sample;
@@ -2276,6 +2298,25 @@ fn independent_sample() -> Action {
                       task's specification alone."
             .into(),
         ..Action::default()
+    }
+}
+
+/// The original's two streaks (§2.5), counted per round: rounds without improving on the
+/// cycle's best, and rounds whose best is no better than the base's.
+fn count_streaks(c: &mut CycleState, improved: bool, wm: &WorldModel) {
+    if improved {
+        c.no_improve = 0;
+    } else {
+        c.no_improve += 1;
+    }
+    if let (Some((_, best)), Some(base)) = (c.best, cycle_base_score(c, wm)) {
+        if base > 0.0 {
+            c.no_improve_over_base = if best > base {
+                0
+            } else {
+                c.no_improve_over_base + 1
+            };
+        }
     }
 }
 
