@@ -150,6 +150,9 @@ pub struct EvaluationCounts {
     pub unsteady_kept: u64,
     /// Stored results profiled as a new best (`profile.spent_seconds`).
     pub profiled: u64,
+    /// Those whose profile took a profiler the judge had started ahead (its first workload's
+    /// `started_ahead_seconds`).
+    pub profiled_ahead: u64,
 }
 
 impl EvaluationCounts {
@@ -247,6 +250,9 @@ impl TimeAccount {
                 acc.counts.stored += 1;
                 if let Some(s) = seconds(&e.result["profile"]["spent_seconds"]) {
                     acc.counts.profiled += 1;
+                    if e.result["profile"]["workloads"][0]["started_ahead_seconds"].is_number() {
+                        acc.counts.profiled_ahead += 1;
+                    }
                     acc.profile_seconds += s;
                     acc.add_profile_steps(&e.result["profile"]);
                 }

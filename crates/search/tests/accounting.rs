@@ -357,6 +357,12 @@ fn builds_written_ahead_and_the_profiled_processes_steps_are_read_back() {
                 {"name": "w1", "target_seconds": {"device": 2.0, "load": 0.25, "calls": 1.0}},
                 {"name": "w2", "target_seconds": {"device": 1.5, "inputs": 0.5}}]});
         }
+        if i == 1 {
+            // Another, by a profiler the judge started ahead: device and wait were before.
+            r["profile"] = json!({"available": true, "spent_seconds": 2.0, "workloads": [
+                {"name": "w1", "started_ahead_seconds": 30.0,
+                 "target_seconds": {"load": 0.5, "calls": 1.0}}]});
+        }
         let c = candidate(&store, &format!("k{i}"));
         store.record_evaluation(c, "passed", Some(1.0), &r).unwrap();
     }
@@ -376,14 +382,18 @@ fn builds_written_ahead_and_the_profiled_processes_steps_are_read_back() {
     assert_eq!((b.taken, b.waited_for), (3, 2));
     assert!(close(b.compile_median_seconds, 6.0) && close(b.compile_max_seconds, 9.0));
     assert!(close(b.head_start_median_seconds, 3.0));
+    assert_eq!(
+        (t.evaluations.profiled, t.evaluations.profiled_ahead),
+        (2, 1)
+    );
     let steps: Vec<(String, f64)> = t.profile_steps.into_iter().collect();
     assert_eq!(
         steps,
         vec![
-            ("calls".to_string(), 1.0),
+            ("calls".to_string(), 2.0),
             ("device".to_string(), 3.5),
             ("inputs".to_string(), 0.5),
-            ("load".to_string(), 0.25)
+            ("load".to_string(), 0.75)
         ]
     );
     // A store without either records neither.

@@ -62,8 +62,12 @@ pub fn render_time(t: &TimeAccount) -> String {
             .find(|p| p.name == crate::accounting::PROFILER)
             .map(|p| p.seconds)
             .unwrap_or(0.0);
+        let ahead = match e.profiled_ahead {
+            0 => String::new(),
+            k => format!(" ({k} by a profiler started ahead)"),
+        };
         notes.push(format!(
-            "{} new best{plural} profiled in {spent:.1} s",
+            "{} new best{plural} profiled in {spent:.1} s{ahead}",
             e.profiled
         ));
     }
@@ -90,7 +94,7 @@ pub fn render_time(t: &TimeAccount) -> String {
     }
     if !t.profile_steps.is_empty() {
         // In the order the profiled process takes them; any other step after them.
-        const ORDER: [&str; 4] = ["device", "load", "inputs", "calls"];
+        const ORDER: [&str; 5] = ["device", "wait", "load", "inputs", "calls"];
         let mut steps: Vec<(&String, &f64)> = t.profile_steps.iter().collect();
         steps.sort_by_key(|(step, _)| ORDER.iter().position(|o| o == step).unwrap_or(ORDER.len()));
         let steps: Vec<String> = steps
@@ -211,6 +215,7 @@ mod tests {
                 unsteady_repeats: 11,
                 unsteady_kept: 4,
                 profiled: 3,
+                profiled_ahead: 2,
             },
             evaluations_per_hour: Some(35.0 * 3600.0 / 250.266),
             yardsticks: 12,
@@ -230,6 +235,7 @@ mod tests {
                 ("device".to_string(), 4.1),
                 ("inputs".to_string(), 0.6),
                 ("load".to_string(), 0.2),
+                ("wait".to_string(), 0.0),
             ]
             .into(),
         };
