@@ -558,6 +558,17 @@ class Call:
         return self._decoded
 
 
+@dataclass(frozen=True)
+class CheckSet:
+    """One input set the correctness checks call the candidate on (`Evaluation._check_sets`):
+    a trial's (`trial`: its index) or a near-duplicate of the set before it (`probe`: its
+    index), with the seed it was drawn or perturbed with."""
+    probe: int | None
+    trial: int | None
+    seed: int
+    inputs: Any
+
+
 @dataclass
 class Bench:
     """One workload's buffers in the accused and its bound call; on GPU backends also the
@@ -885,30 +896,37 @@ class Evaluation:
             return self._kept_inputs(key, lambda: self.task.make_inputs(wl, seed, wi))
 
     def _draw_ahead(self) -> None:
-        """The input sets of the correctness checks (every trial's, then the near-duplicates)
-        and their reference outputs, drawn now and kept (draw_cache) for the checks to find,
-        in the order the checks walk them. Only where the judge keeps sets: otherwise they
-        would be drawn twice. Stops at the first set the cache does not admit, leaving the
-        rest to the checks; sets kept from earlier evaluations cost a lookup."""
+        """The input sets of the correctness checks (`_check_sets`) and their reference outputs,
+        drawn now and kept (draw_cache) for the checks to find. Only where the judge keeps
+        sets: otherwise they would be drawn twice. Stops at the first set the cache does not
+        admit, leaving the rest to the checks; sets kept from earlier evaluations cost a
+        lookup."""
         if not draw_cache.enabled():
             return
-        req = self.req
-        for wi, wl in enumerate(req.workloads):
-            last: Inputs | None = None
-            for seed in self.trial_seeds:
-                last = self._make_inputs(wl, seed, wi)
-                if getattr(last, "cache_key", None) is None:
+        for wi, wl in enumerate(self.req.workloads):
+            for check in self._check_sets(wl, wi):
+                if getattr(check.inputs, "cache_key", None) is None:
                     return
-                self._reference(last, wl)
-            for k in range(PROBES if last is not None else 0):
-                assert last is not None
-                probe = self._perturbed(last, wl, derive_seed(req.secret_seed, PROBE, wi, k), wi)
-                if probe is None:
-                    break
-                if getattr(probe, "cache_key", None) is None:
-                    return
-                self._reference(probe, wl)
-                last = probe
+                self._reference(check.inputs, wl)
+
+    def _check_sets(self, wl: Workload, wi: int) -> Iterator["CheckSet"]:
+        """The input sets the correctness checks walk on workload `wi`, in order, each drawn as
+        it is asked for: every trial's (`trial_seeds`), then `PROBES` near-duplicates, each
+        perturbed from the set before it (seeded `derive_seed(secret, PROBE, wi, k)`), until
+        the task makes no more. The one walk of the checks (`correctness`) and of what is
+        drawn ahead for them (`_draw_ahead`)."""
+        last: Inputs | None = None
+        for t, seed in enumerate(self.trial_seeds):
+            last = self._make_inputs(wl, seed, wi)
+            yield CheckSet(None, t, seed, last)
+        for k in range(PROBES if last is not None else 0):
+            assert last is not None
+            seed = derive_seed(self.req.secret_seed, PROBE, wi, k)
+            probe = self._perturbed(last, wl, seed, wi)
+            if probe is None:
+                return
+            yield CheckSet(k, None, seed, probe)
+            last = probe
 
     def _perturbed(self, last: Inputs, wl: Workload, seed: int, wi: int) -> Inputs | None:
         """The near-duplicate of `last` for `seed` (TaskCode.perturb), kept like a drawn set when
@@ -1368,54 +1386,40 @@ class Evaluation:
             earlier: list[dict[str, np.ndarray]] = []
             worst = Comparison(True, 0.0, 0.0)
             failed: tuple[Comparison, bool, bool] | None = None
-            last: Inputs | None = None
             audits = self._audits(wl, wi)
-            for t, seed in enumerate(self.trial_seeds):
-                where = f"workload `{wl.name}`, trial {t}"
-                inputs = self._make_inputs(wl, seed, wi)
+            probe_seeds = self.seeds["probe_seeds"].setdefault(wl.name, [])
+            for check in self._check_sets(wl, wi):
+                inputs, t = check.inputs, check.trial
                 truth = self._reference(inputs, wl)
                 self._upload_inputs(bench, inputs)
-                call_a = self._checked_call(bench, inputs, truth, "a", HEAP_BYTE_A, where,
-                                            audit=2 * t in audits)
-                call_b = self._checked_call(bench, inputs, truth, "b", HEAP_BYTE_B, where,
-                                            audit=2 * t + 1 in audits)
-                self._check_written_calls(wl, call_a, call_b, truth, where)
-                # An earlier answer explains a disagreement between the two calls more
-                # precisely than nondeterminism does, so it is looked for first.
-                for call in (call_a, call_b):
+                if t is not None:
+                    where = f"workload `{wl.name}`, trial {t}"
+                    call_a = self._checked_call(bench, inputs, truth, "a", HEAP_BYTE_A, where,
+                                                audit=2 * t in audits)
+                    call_b = self._checked_call(bench, inputs, truth, "b", HEAP_BYTE_B, where,
+                                                audit=2 * t + 1 in audits)
+                    self._check_written_calls(wl, call_a, call_b, truth, where)
+                    # An earlier answer explains a disagreement between the two calls more
+                    # precisely than nondeterminism does, so it is looked for first.
+                    for call in (call_a, call_b):
+                        if not call.cmp.ok:
+                            self._raise_if_stale(wl, call.decoded, earlier, where)
+                    self._check_deterministic(wl, call_a, call_b, truth, where)
+                    call = call_a
+                else:
+                    # A near-duplicate of the set before: one call.
+                    where = f"workload `{wl.name}`, near-duplicate input set {check.probe}"
+                    probe_seeds.append(check.seed)
+                    call = self._checked_call(bench, inputs, truth, "a", HEAP_BYTE_A, where)
+                    self._check_written_calls(wl, call, None, truth, where)
                     if not call.cmp.ok:
                         self._raise_if_stale(wl, call.decoded, earlier, where)
-                self._check_deterministic(wl, call_a, call_b, truth, where)
-                cmp = call_a.cmp
-                worst = worst.merge(cmp)
-                if not cmp.ok:
-                    failed = (cmp, self._precision_consistent(wl, call_a.decoded, truth),
-                              self._near_miss(wl, call_a.decoded, truth))
-                    break
-                earlier.append(truth)
-                last = inputs
-            probe_seeds = self.seeds["probe_seeds"].setdefault(wl.name, [])
-            for k in range(PROBES if failed is None else 0):
-                where = f"workload `{wl.name}`, near-duplicate input set {k}"
-                seed = derive_seed(req.secret_seed, PROBE, wi, k)
-                assert last is not None
-                probe = self._perturbed(last, wl, seed, wi)
-                if probe is None:
-                    break
-                probe_seeds.append(seed)
-                truth = self._reference(probe, wl)
-                self._upload_inputs(bench, probe)
-                call = self._checked_call(bench, probe, truth, "a", HEAP_BYTE_A, where)
-                self._check_written_calls(wl, call, None, truth, where)
-                cmp = call.cmp
-                worst = worst.merge(cmp)
-                if not cmp.ok:
-                    self._raise_if_stale(wl, call.decoded, earlier, where)
-                    failed = (cmp, self._precision_consistent(wl, call.decoded, truth),
+                worst = worst.merge(call.cmp)
+                if not call.cmp.ok:
+                    failed = (call.cmp, self._precision_consistent(wl, call.decoded, truth),
                               self._near_miss(wl, call.decoded, truth))
                     break
                 earlier.append(truth)
-                last = probe
             self.results[wl.name].update({"correct": failed is None,
                                           "max_abs_err": worst.max_abs,
                                           "max_rel_err": worst.max_rel})
