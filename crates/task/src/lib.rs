@@ -17,9 +17,9 @@ mod workload;
 pub use error::{SpecError, TaskError, WorkloadError};
 pub use expr::{Expr, ExprError, Num};
 pub use spec::{
-    Assumption, Axis, AxisType, BackendSpec, DType, DTypeSpec, Distribution, ParamValue, Reach,
-    ReferenceSpec, ResolvedTensor, ResolvedWorkload, Roofline, TaskSpec, TensorSpec, Tolerance,
-    ToleranceRule, WorkloadSpec, FORMAT_VERSION, NORMAL_REACH_STD,
+    placeholder_pieces, Assumption, Axis, AxisType, BackendSpec, DType, DTypeSpec, Distribution,
+    ParamValue, Reach, ReferenceSpec, ResolvedTensor, ResolvedWorkload, Roofline, TaskSpec,
+    TensorSpec, Tolerance, ToleranceRule, WorkloadSpec, FORMAT_VERSION, NORMAL_REACH_STD,
 };
 pub use summary::TaskSummary;
 pub use workload::CustomWorkload;

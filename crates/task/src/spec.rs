@@ -556,6 +556,23 @@ pub struct ResolvedWorkload {
     pub bytes: f64,
 }
 
+/// The literal pieces of `text` around its `{name}` placeholders, in order, one more than the
+/// placeholders: `a_{x}_b` → `["a_", "_b"]`, `f_{x}` → `["f_", ""]`. What an entry named per
+/// workload holds whatever its placeholders are filled with; a `{` never closed ends the text.
+pub fn placeholder_pieces(text: &str) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('{') {
+        pieces.push(&rest[..open]);
+        rest = match rest[open..].find('}') {
+            Some(close) => &rest[open + close + 1..],
+            None => "",
+        };
+    }
+    pieces.push(rest);
+    pieces
+}
+
 /// `{name}` placeholders of `text`, in order.
 pub(crate) fn placeholders(text: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -593,4 +610,24 @@ pub(crate) fn fill_placeholders(
     }
     out.push_str(rest);
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholder_pieces_are_the_text_between_placeholders() {
+        assert_eq!(placeholder_pieces("attention_{dtype}"), ["attention_", ""]);
+        assert_eq!(placeholder_pieces("a_{x}_{y}b"), ["a_", "_", "b"]);
+        assert_eq!(placeholder_pieces("{x}"), ["", ""]);
+        assert_eq!(placeholder_pieces("plain"), ["plain"]);
+        // One more piece than placeholders.
+        let entry = "k_{a}{b}_c";
+        assert_eq!(
+            placeholder_pieces(entry).len(),
+            placeholders(entry).len() + 1
+        );
+        assert_eq!(placeholder_pieces("open_{x"), ["open_", ""]);
+    }
 }

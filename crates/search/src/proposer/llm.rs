@@ -700,25 +700,10 @@ fn mentions_identifier(source: &str, ident: &str) -> bool {
             !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
         });
     }
-    let parts = entry_parts(ident);
+    let parts = ksearch_task::placeholder_pieces(ident);
     source
         .split(|c: char| !is_ident(c))
         .any(|token| !token.is_empty() && fits_parts(token, &parts))
-}
-
-/// An entry name's literal pieces around its `{placeholder}`s: `a_{x}_b` → ["a_", "_b"].
-fn entry_parts(ident: &str) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let mut rest = ident;
-    while let Some(open) = rest.find('{') {
-        parts.push(&rest[..open]);
-        rest = match rest[open..].find('}') {
-            Some(close) => &rest[open + close + 1..],
-            None => "",
-        };
-    }
-    parts.push(rest);
-    parts
 }
 
 /// Whether `token` is `parts` joined by non-empty runs (one between each two pieces). Tokens are
