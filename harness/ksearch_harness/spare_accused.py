@@ -13,7 +13,9 @@ it was started with (the key: backend, sandbox mode, readable paths, limits).
 
 No spare runs while anything is timed: an evaluation stops them where they are (SIGSTOP)
 before its timed calls and lets them go on afterwards (`pause`, `resume`), and so does the
-yardstick op; a start-up stopped half-way holds no CPU and queues no device work. (Waiting
+yardstick op; a start-up stopped half-way holds no CPU and queues no device work. Other
+processes a judge starts ahead wait with them (`pause_also`: the profiler of its next profile,
+profiler.py). (Waiting
 for a spare to be ready instead cost an evaluation on the H200 seconds: a GPU accused's
 start-up was longer than the checks it overlapped.) Spares that are not taken are killed and
 their directories removed: when a request needs another key, and when the judge ends
