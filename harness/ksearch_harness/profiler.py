@@ -172,7 +172,8 @@ class WaitingProfiler:
 
 # A persistent judge keeps one profiler started ahead (keep_ahead): its target's start-up (the
 # profiler's own, the interpreter's, the device's under the profiler) takes seconds, and the
-# profile of a new best is waited for by the search. Started after each profile, for the next.
+# profile of a new best is waited for by the search. Started after each profile, for the next,
+# and after an evaluation that says profiles will follow (`start_ahead`), for the first.
 _keep = False
 _ahead: WaitingProfiler | None = None
 
@@ -223,6 +224,17 @@ def _take(key: tuple) -> tuple[WaitingProfiler | None, str]:
     _signal_tree(got, signal.SIGCONT)
     got.stopped = False
     return got, ""
+
+
+def start_ahead(req: Request) -> None:
+    """Starts the profiler of the first profile a run of `req`'s backend and sandbox will ask
+    for (an evaluation's `profiles_ahead`), where a persistent judge keeps one and a profiler
+    is found; one waiting already for the same sandbox stays."""
+    if not _keep:
+        return
+    ncu, _ = find_ncu(req.backend)
+    if ncu is not None:
+        _start_ahead(_key(req, ncu))
 
 
 def _start_ahead(key: tuple) -> None:

@@ -191,6 +191,9 @@ class Request:
     # Per workload, the baseline and reference times to score against (yardstick.py); `None`
     # times the baseline in the evaluation itself.
     yardstick: dict[str, dict[str, "Measured"]] | None = None
+    # An evaluation of a run that will ask for profiles of its new bests: a persistent judge
+    # starts the first profile's profiler once the evaluation is done (profiler.py).
+    profiles_ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -395,11 +398,12 @@ def parse_request(obj: dict, op: str) -> Request:
                     else f"must be one of {', '.join(SANDBOX_MODES)}")
 
     yardstick = _parse_yardstick(f.sub("yardstick")) if f.has("yardstick") else None
+    profiles_ahead = f.get("profiles_ahead", bool, False)
 
     return Request(op=op, nonce=nonce, secret_seed=secret_seed, backend=backend, task=task,
                    candidate=candidate, build_dir=build_dir, workloads=workloads,
                    tolerance=tolerance, trials=trials, timing=timing, timeout_s=timeout_s,
-                   raw=obj, sandbox=sandbox, yardstick=yardstick)
+                   raw=obj, sandbox=sandbox, yardstick=yardstick, profiles_ahead=profiles_ahead)
 
 
 def _parse_yardstick(f: "_Fields") -> dict[str, dict[str, "Measured"]]:

@@ -44,6 +44,9 @@ def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
         if req.op == "evaluate":
             with collector_paused():
                 core.evaluate(req, out, adapter, roofline_override)
+            if req.profiles_ahead:
+                from . import profiler
+                profiler.start_ahead(req)
         elif req.op == "build":
             core.build(req, out, adapter)
         elif req.op == "check-task":

@@ -293,3 +293,26 @@ def test_a_gpu_profiler_started_ahead_fits_every_workload_of_its_task(tmp_path):
     small, large = driver.SHOWN
     assert key("cuda", small) == key("cuda", large)
     assert key("cpu", small) != key("cpu", large)
+
+
+def test_an_evaluation_that_says_profiles_will_follow_starts_the_first_one_s_profiler(
+        tmp_path, monkeypatch, stand_in_dir, kept_ahead):
+    monkeypatch.setenv(profiler.NCU_ENV, _stand_in(stand_in_dir))
+    for ahead in (False, True):
+        obj = driver.softmax_request(driver.HONEST / "naive.c", tmp_path / "build",
+                                     profiles_ahead=ahead)
+        res = execute(parse_request(obj, "evaluate"))
+        assert res["status"] == "passed", res["message"]
+        # Nothing is started for a run that will not profile.
+        assert (profiler._ahead is not None) == ahead
+    first = _profile(tmp_path, driver.HONEST / "naive.c")
+    w = first["profile"]["workloads"][0]
+    assert w["started_ahead_seconds"] > 0 and "error" not in w, w
+
+
+def test_profiles_ahead_must_be_a_boolean(tmp_path):
+    from ksearch_harness.protocol import TaskError
+    obj = driver.softmax_request(driver.HONEST / "naive.c", tmp_path, profiles_ahead="yes")
+    with pytest.raises(TaskError, match="profiles_ahead"):
+        parse_request(obj, "evaluate")
+    assert not parse_request(driver.softmax_request(None, tmp_path), "evaluate").profiles_ahead

@@ -174,6 +174,11 @@ pub struct EvalRequest {
     /// The baseline and reference times to score against; `None` times the baseline in the
     /// evaluation itself.
     pub yardstick: Option<Yardstick>,
+    /// An evaluation of a run that will ask for profiles of its new bests: a persistent judge
+    /// then starts the first profile's profiler once the evaluation is done (harness
+    /// profiler.py), so the first profile waits no longer than the later ones.
+    #[serde(default)]
+    pub profiles_ahead: bool,
 }
 
 impl EvalRequest {
@@ -259,6 +264,7 @@ impl EvalRequest {
             secret_seed,
             timeout: default_timeout(backend),
             yardstick: None,
+            profiles_ahead: false,
         })
     }
 
@@ -296,6 +302,9 @@ impl EvalRequest {
         });
         if let (Some(y), "evaluate") = (&self.yardstick, op) {
             wire["yardstick"] = y.to_value();
+        }
+        if self.profiles_ahead && op == "evaluate" {
+            wire["profiles_ahead"] = json!(true);
         }
         wire
     }
@@ -385,6 +394,16 @@ mod tests {
             wire["timing"]["max_reps"],
             TimingPreset::Quick.config().max_reps
         );
+        // Said only where profiles will follow, and only to an evaluation.
+        assert!(wire.get("profiles_ahead").is_none());
+        let mut profiled = req.clone();
+        profiled.profiles_ahead = true;
+        let wire = profiled.to_wire("evaluate", "n1", Path::new("/tmp/b"));
+        assert_eq!(wire["profiles_ahead"], true);
+        assert!(profiled
+            .to_wire("build", "n2", Path::new("/tmp/b"))
+            .get("profiles_ahead")
+            .is_none());
 
         let acceptance = EvalRequest::from_task(
             &task,

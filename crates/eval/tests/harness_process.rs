@@ -106,6 +106,7 @@ impl Fixture {
             secret_seed: 4242,
             timeout: Duration::from_secs(30),
             yardstick: None,
+            profiles_ahead: false,
         }
     }
 }

@@ -350,6 +350,19 @@ impl HarnessEvaluator {
     /// furthest from the speed of light, where the advice matters most. Once the profiler says
     /// it cannot run here (none installed, counters not permitted), no profile is tried again;
     /// a failed profile leaves the result as it was measured, with the failure in its section.
+    /// Whether this evaluator profiles the new bests of its search (`new_best_profile`): a GPU
+    /// run that sees profile signals, until the profiler says it cannot run here.
+    fn profiles_new_bests(&self) -> bool {
+        ksearch_eval::is_gpu_backend(&self.backend)
+            && self.signals == ProfileSignals::On
+            && self
+                .profiling
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .unavailable
+                .is_none()
+    }
+
     fn new_best_profile(&self, source: &std::path::Path, result: &EvalResult) -> Option<Value> {
         if !ksearch_eval::is_gpu_backend(&self.backend) {
             return None; // no hardware counters of a cpu kernel (the harness's profile op says so)
@@ -517,6 +530,7 @@ impl CandidateEvaluator for HarnessEvaluator {
         };
         let mut req = EvalRequest::from_task(&self.task, &self.backend, &path, set, seed, preset)
             .map_err(|e| EvalFailure(e.to_string()))?;
+        req.profiles_ahead = purpose == Purpose::Search && self.profiles_new_bests();
         // The run's first evaluation measures its yardstick, which holds the device for many
         // seconds: where builds overlap the device's work, this candidate compiles meanwhile
         // (written ahead now, taken below) instead of before it.
