@@ -208,6 +208,16 @@ def kept_ahead():
     assert profiler._ahead is None
 
 
+def _eventually(read, done, seconds: float = 10.0):
+    """`read()` until `done` holds of it or `seconds` pass; the last reading."""
+    end = time.monotonic() + seconds
+    got = read()
+    while not done(got) and time.monotonic() < end:
+        time.sleep(0.01)
+        got = read()
+    return got
+
+
 def _tree_states(started) -> list[str]:
     from ksearch_harness.machine import child_pids, thread_states
     pids, at = [started.box.pid], 0
@@ -254,10 +264,14 @@ def test_a_profiler_started_ahead_waits_while_anything_is_timed(tmp_path, monkey
     while len(_tree_states(waiting)) < 2 and time.monotonic() < end:
         time.sleep(0.01)  # until the stand-in has started its target
     with spare_accused.paused():
-        states = _tree_states(waiting)
-        # The stand-in and its target, every thread stopped.
+        # The stand-in and its target, every thread stopped (a signal takes effect when its
+        # thread next runs: on a loaded machine, not at once).
+        states = _eventually(lambda: _tree_states(waiting),
+                             lambda st: len(st) >= 2 and all(s in "Tt" for s in st))
         assert len(states) >= 2 and all(s in "Tt" for s in states), states
-    assert not any(s in "Tt" for s in _tree_states(waiting))
+    states = _eventually(lambda: _tree_states(waiting),
+                         lambda st: not any(s in "Tt" for s in st))
+    assert not any(s in "Tt" for s in states), states
     # A profile taking it lets it go on, though the profile op pauses what waits.
     res = _profile(tmp_path, driver.HONEST / "naive.c", shown_only=True)
     assert res["profile"]["workloads"][0]["started_ahead_seconds"] > 0
