@@ -931,8 +931,8 @@ fn profile_classifies_each_timed_workload_of_a_kernel_against_the_roofline() {
     assert_eq!(none.status.code(), Some(2));
 }
 
-/// A stand-in for Nsight Compute: it starts its target as ncu does (after its options, up to
-/// `--log-file PATH` and an optional kernel filter) and writes a page recorded on the H200
+/// A stand-in for Nsight Compute: it starts its target as ncu does (after its options: up to
+/// `--log-file PATH`, then any `--option value` pairs) and writes a page recorded on the H200
 /// where ncu writes its counters.
 const NCU_STAND_IN: &str = r#"#!/bin/sh
 log=""
@@ -942,7 +942,7 @@ while [ $# -gt 0 ]; do
         *) shift ;;
     esac
 done
-if [ "$1" = "--kernel-name-base" ]; then shift 4; fi
+while [ $# -gt 1 ] && [ "${1#--}" != "$1" ]; do shift 2; done
 "$@"
 rc=$?
 cp "$(dirname "$0")/page.csv" "$log"
