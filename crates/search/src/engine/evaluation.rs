@@ -339,17 +339,6 @@ impl HarnessEvaluator {
 }
 
 impl HarnessEvaluator {
-    /// Profiles `result`'s kernel when it is a new best of a GPU run that sees profile
-    /// signals, and returns the harness's `profile` section for it (with `spent_seconds`, the
-    /// profile's wall time, which `ksearch show` accounts): attached to the result, it makes
-    /// the search's summaries classify that workload by the profiler's counters rather than by
-    /// its time alone.
-    ///
-    /// Profiling is slow (a profiler replays each launch once per pass of its metrics), so only
-    /// what the search builds on is profiled, a new best, and only on its shown workload
-    /// furthest from the speed of light, where the advice matters most. Once the profiler says
-    /// it cannot run here (none installed, counters not permitted), no profile is tried again;
-    /// a failed profile leaves the result as it was measured, with the failure in its section.
     /// Whether this evaluator profiles the new bests of its search (`new_best_profile`): a GPU
     /// run that sees profile signals, until the profiler says it cannot run here.
     fn profiles_new_bests(&self) -> bool {
@@ -363,9 +352,22 @@ impl HarnessEvaluator {
                 .is_none()
     }
 
+    /// Profiles `result`'s kernel when it is a new best of a GPU run that sees profile
+    /// signals, and returns the harness's `profile` section for it (with `spent_seconds`, the
+    /// profile's wall time, which `ksearch show` accounts): attached to the result, it makes
+    /// the search's summaries classify that workload by the profiler's counters rather than by
+    /// its time alone.
+    ///
+    /// Profiling is slow (a profiler replays each launch once per pass of its metrics), so only
+    /// what the search builds on is profiled, a new best, and only on its shown workload
+    /// furthest from the speed of light, where the advice matters most. Once the profiler says
+    /// it cannot run here (none installed, counters not permitted), no profile is tried again;
+    /// a failed profile leaves the result as it was measured, with the failure in its section.
     fn new_best_profile(&self, source: &std::path::Path, result: &EvalResult) -> Option<Value> {
-        if !ksearch_eval::is_gpu_backend(&self.backend) {
-            return None; // no hardware counters of a cpu kernel (the harness's profile op says so)
+        if !self.profiles_new_bests() {
+            // No hardware counters of a cpu kernel (the harness's profile op says so), none
+            // asked for, or none to be had here.
+            return None;
         }
         let furthest = self
             .profiling

@@ -1362,7 +1362,7 @@ impl<'a> Engine<'a> {
         written: &Proposal,
         id: Option<i64>,
         known: &mut BTreeSet<String>,
-        levels: &mut Vec<Vec<String>>,
+        levels: &mut [Vec<String>],
         depth: usize,
     ) {
         if depth >= levels.len() || (self.cfg.cycle_cap > 0 && req.attempt >= self.cfg.cycle_cap) {
