@@ -560,34 +560,39 @@ pub struct ResolvedWorkload {
 /// placeholders: `a_{x}_b` → `["a_", "_b"]`, `f_{x}` → `["f_", ""]`. What an entry named per
 /// workload holds whatever its placeholders are filled with; a `{` never closed ends the text.
 pub fn placeholder_pieces(text: &str) -> Vec<&str> {
-    let mut pieces = Vec::new();
-    let mut rest = text;
-    while let Some(open) = rest.find('{') {
-        pieces.push(&rest[..open]);
-        rest = match rest[open..].find('}') {
-            Some(close) => &rest[open + close + 1..],
-            None => "",
-        };
-    }
-    pieces.push(rest);
-    pieces
+    split_placeholders(text).0
 }
 
 /// `{name}` placeholders of `text`, in order.
 pub(crate) fn placeholders(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
+    split_placeholders(text)
+        .1
+        .into_iter()
+        .map(str::to_string)
+        .collect()
+}
+
+/// `text` split at its `{name}` placeholders: the literal pieces (one more than the names) and
+/// the names. A `{` never closed ends the text: an empty last piece, no name.
+fn split_placeholders(text: &str) -> (Vec<&str>, Vec<&str>) {
+    let (mut pieces, mut names) = (Vec::new(), Vec::new());
     let mut rest = text;
     while let Some(open) = rest.find('{') {
+        pieces.push(&rest[..open]);
         let after = &rest[open + 1..];
         match after.find('}') {
             Some(close) => {
-                out.push(after[..close].to_string());
+                names.push(&after[..close]);
                 rest = &after[close + 1..];
             }
-            None => break,
+            None => {
+                rest = "";
+                break;
+            }
         }
     }
-    out
+    pieces.push(rest);
+    (pieces, names)
 }
 
 /// `text` with each `{name}` replaced by `value(name)`; `None` if a name has no value or a
