@@ -561,10 +561,10 @@ class Call:
 @dataclass(frozen=True)
 class CheckSet:
     """One input set the correctness checks call the candidate on (`Evaluation._check_sets`):
-    a trial's (`trial`: its index) or a near-duplicate of the set before it (`probe`: its
-    index), with the seed it was drawn or perturbed with."""
-    probe: int | None
-    trial: int | None
+    a trial's, or (`probe`) a near-duplicate of the set before it; `index` counts each kind
+    apart, and `seed` is what it was drawn or perturbed with."""
+    probe: bool
+    index: int
     seed: int
     inputs: Any
 
@@ -918,14 +918,14 @@ class Evaluation:
         last: Inputs | None = None
         for t, seed in enumerate(self.trial_seeds):
             last = self._make_inputs(wl, seed, wi)
-            yield CheckSet(None, t, seed, last)
+            yield CheckSet(False, t, seed, last)
         for k in range(PROBES if last is not None else 0):
             assert last is not None
             seed = derive_seed(self.req.secret_seed, PROBE, wi, k)
             probe = self._perturbed(last, wl, seed, wi)
             if probe is None:
                 return
-            yield CheckSet(k, None, seed, probe)
+            yield CheckSet(True, k, seed, probe)
             last = probe
 
     def _perturbed(self, last: Inputs, wl: Workload, seed: int, wi: int) -> Inputs | None:
@@ -1378,7 +1378,7 @@ class Evaluation:
     # -- correctness ---------------------------------------------------------------------
 
     def correctness(self) -> None:
-        req, task = self.req, self.task
+        req = self.req
         failures: list[tuple[Workload, Comparison, bool, bool]] = []
         for wi, wl in enumerate(req.workloads):
             since = self.phase.snapshot()
@@ -1389,10 +1389,10 @@ class Evaluation:
             audits = self._audits(wl, wi)
             probe_seeds = self.seeds["probe_seeds"].setdefault(wl.name, [])
             for check in self._check_sets(wl, wi):
-                inputs, t = check.inputs, check.trial
+                inputs, t = check.inputs, check.index
                 truth = self._reference(inputs, wl)
                 self._upload_inputs(bench, inputs)
-                if t is not None:
+                if not check.probe:
                     where = f"workload `{wl.name}`, trial {t}"
                     call_a = self._checked_call(bench, inputs, truth, "a", HEAP_BYTE_A, where,
                                                 audit=2 * t in audits)
@@ -1408,7 +1408,7 @@ class Evaluation:
                     call = call_a
                 else:
                     # A near-duplicate of the set before: one call.
-                    where = f"workload `{wl.name}`, near-duplicate input set {check.probe}"
+                    where = f"workload `{wl.name}`, near-duplicate input set {t}"
                     probe_seeds.append(check.seed)
                     call = self._checked_call(bench, inputs, truth, "a", HEAP_BYTE_A, where)
                     self._check_written_calls(wl, call, None, truth, where)
