@@ -77,6 +77,8 @@ class Accused:
             return self.copy(op, self.slot(msg), msg.get("names") or [])
         if op == "unchanged":
             return self.unchanged(self.slot(msg), msg.get("names") or [])
+        if op == "release":
+            return self.release(self.slot(msg), msg.get("names") or [])
         if op == "call":
             return self.call(self.slot(msg), int(msg.get("heap_byte", 0)),
                              bool(msg.get("timed")), bool(msg.get("audit")))
@@ -198,6 +200,25 @@ class Accused:
                 elif n in slot.outputs:
                     slot.pristine.pop(n, None)
             self.adapter.synchronize()
+        except CommandFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 - a sticky device error is the candidate's
+            raise _failure(e) from None
+        return {}
+
+    def release(self, slot: "Slot", names: list[str]) -> dict[str, Any]:
+        """Drops the outputs a call left (adapters: `release`), where the candidate makes its
+        outputs: what poisoning them did, without copying poison in."""
+        if self.adapter is None or not self.adapter.candidate_makes_outputs:
+            raise CommandFailed("task", "`release` is for backends whose candidates make "
+                                "their outputs")
+        try:
+            for n in names:
+                buf = slot.outputs.get(n)
+                if buf is None:
+                    raise CommandFailed("task", f"no output `{n}` in the slot")
+                self.adapter.release(buf)
+                slot.pristine.pop(n, None)
         except CommandFailed:
             raise
         except Exception as e:  # noqa: BLE001 - a sticky device error is the candidate's

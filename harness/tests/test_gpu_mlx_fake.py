@@ -333,6 +333,46 @@ def test_inputs_are_checked_in_the_accused_without_reading_them_back(tmp_path, f
     assert r["diagnostics"]["outputs_read_to_host"] == r["diagnostics"]["candidate_calls"]
 
 
+def test_outputs_are_released_in_the_accused_not_poisoned_through_the_arena(tmp_path, fake_mx,
+                                                                            monkeypatch):
+    """An MLX candidate returns new output arrays, so poison copied into its output buffers
+    never reached it: the judge has the accused drop the previous outputs instead, once per
+    correctness call and around each priming call, and uploads inputs only."""
+    from ksearch_harness.accused_client import AccusedAdapter
+    uploaded: list[str] = []
+    released: list[int] = []
+    real_upload, real_release = AccusedAdapter.upload, AccusedAdapter.release_outputs
+
+    def upload(self, buf, host):
+        uploaded.append(buf.role)
+        real_upload(self, buf, host)
+
+    def release(self, bufs):
+        released.append(len(bufs))
+        real_release(self, bufs)
+
+    monkeypatch.setattr(AccusedAdapter, "upload", upload)
+    monkeypatch.setattr(AccusedAdapter, "release_outputs", release)
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", (r["status"], r["message"])
+    assert uploaded and set(uploaded) == {"input"}, set(uploaded)
+    assert len(released) >= r["diagnostics"]["candidate_calls"], (
+        len(released), r["diagnostics"]["candidate_calls"])
+    assert set(released) == {1}
+
+
+def test_a_released_output_reads_as_poison_until_a_call_replaces_it(fake_mx):
+    from ksearch_harness.adapters import mlx as mlx_adapter
+    from ksearch_harness.protocol import TensorSpec
+    spec = TensorSpec("y", "f16", (64,))
+    a = mlx_adapter.MlxAdapter.__new__(mlx_adapter.MlxAdapter)
+    buf = mlx_adapter.MlxBuffer(spec, array=fake_mx.array(np.ones(spec.shape, np.float16)))
+    a.release(buf)
+    got = a.to_host(buf)
+    assert buf.array is None
+    assert dtypes.get(spec.dtype).poison_mask(got, "a").all()
+
+
 def test_the_accused_counts_changed_bytes_against_its_copies(fake_mx, tmp_path):
     """Accused.unchanged: an input against its copy at upload, an output against its copy at
     the last read; a poisoned output has nothing to be compared with."""

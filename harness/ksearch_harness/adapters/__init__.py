@@ -143,6 +143,18 @@ class Adapter(abc.ABC):
     # Whether the judge's staged inputs can be device arrays made once and reused (kept with an
     # input set the draw cache keeps: `device_array`, `upload_kept`, `device_memory_bytes`).
     reuses_staged_inputs = False
+    # Whether the candidate returns new output arrays rather than writing into buffers it is
+    # given (MLX: its kernels' outputs are arrays it allocates). Poison in an output buffer
+    # never reaches such a candidate, so the judge has the accused drop the previous call's
+    # outputs (`release`) instead of copying poison in before each call.
+    candidate_makes_outputs = False
+
+    def release(self, buf: Any) -> None:
+        """Drops an output buffer's contents (only where `candidate_makes_outputs`): its memory
+        goes back to the backend's allocator, and until a call replaces it the buffer reads as
+        poison."""
+        raise NotImplementedError(f"the {self.name} backend's candidates write into their "
+                                  f"output buffers")
 
     def check_candidate_clock(self, parts: dict[str, int] | None) -> None:
         """Called with the parts of each of the candidate's timed calls (made in the accused):

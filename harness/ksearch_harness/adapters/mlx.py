@@ -122,6 +122,7 @@ _DEVICE_ROOFLINE: tuple[float, float] | None = None
 class MlxAdapter(DeviceAdapter):
     name = "mlx"
     reuses_staged_inputs = True
+    candidate_makes_outputs = True
 
     def __init__(self, request: Request):
         super().__init__(request)
@@ -229,6 +230,9 @@ class MlxAdapter(DeviceAdapter):
             return
         self.upload_kept(buf, host, self.device_array(host, buf.spec))
 
+    def release(self, buf: MlxBuffer) -> None:
+        buf.array, buf.host = None, None
+
     def device_array(self, host: np.ndarray, spec: TensorSpec) -> Any:
         """An MLX array holding `host` (storage of `spec`'s dtype), for `upload_kept`."""
         return mlx_from_host(host, spec.dtype)
@@ -263,7 +267,8 @@ class MlxAdapter(DeviceAdapter):
         storage = dtypes.get(buf.spec.dtype).storage
         if buf.array is None:
             if buf.host is None:
-                return np.zeros(buf.spec.shape, dtype=storage)
+                # Released (or never written): what a poisoned buffer reads as.
+                return dtypes.get(buf.spec.dtype).poison(buf.spec.shape, "a")
             return buf.host.copy()
         return mlx_to_host(buf.array, storage)
 
