@@ -204,6 +204,28 @@ def test_arch_detection_falls_back_from_nvidia_smi_to_torch_to_sm90a():
     assert cuda.detect_arch({}, lambda: None, lambda: None) == ("sm_90a", "default")
 
 
+def test_nvidia_smi_is_asked_once_per_process_and_set_of_visible_devices(monkeypatch):
+    """A persistent judge finds a built candidate on every evaluation; the architecture it was
+    built for comes from nvidia-smi, which is run once, not once per evaluation."""
+    runs = []
+
+    def run(cmd, **kwargs):
+        runs.append((cmd[0], os.environ.get("CUDA_VISIBLE_DEVICES")))
+        return subprocess.CompletedProcess(cmd, 0, stdout="9.0\n", stderr="")
+
+    monkeypatch.setattr(cuda.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(cuda.subprocess, "run", run)
+    cuda._smi_capability_of.cache_clear()
+    try:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+        assert [cuda.detect_arch({}) for _ in range(3)] == [("sm_90a", "nvidia-smi")] * 3
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+        assert cuda.detect_arch({}) == ("sm_90a", "nvidia-smi")
+    finally:
+        cuda._smi_capability_of.cache_clear()
+    assert runs == [("nvidia-smi", "0"), ("nvidia-smi", "1")]
+
+
 # -- entry symbols ---------------------------------------------------------------------------
 
 

@@ -245,6 +245,15 @@ def arch_for_capability(major: int, minor: int) -> str:
 
 
 def _smi_capability() -> str | None:
+    """The first visible GPU's compute capability as nvidia-smi prints it (`9.0`), or None.
+    Asked once per process and set of visible devices: a persistent judge builds (or finds
+    built) every candidate it evaluates, and nvidia-smi's start-up is tens of milliseconds,
+    while the GPUs a process sees do not change under it."""
+    return _smi_capability_of(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@functools.lru_cache(maxsize=None)
+def _smi_capability_of(visible: str | None) -> str | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
