@@ -447,18 +447,21 @@ def sanity_check(req: Request, task: TaskCode, seed: int,
                  entries: list[dict[str, Any]] | None = None,
                  draw: Callable[[Workload, int, int], Inputs] | None = None,
                  truth_of: Callable[[Inputs, Workload], dict[str, np.ndarray]] | None = None,
-                 ) -> list[dict[str, Any]]:
+                 only: set[str] | None = None) -> list[dict[str, Any]]:
     """A task where an all-zero or a constant output passes the tolerance cannot tell a kernel
     that works from one that does nothing; one whose baseline disagrees with its reference
     times the wrong thing. Both are task errors, raised before any candidate is involved.
     `entries` receives one record per workload, also when the check fails. `draw` and
     `truth_of` stand in for the task's `make_inputs` and `reference`: an evaluation passes its
-    own, which keep the sets it draws, so its first trial (the same seed) draws nothing again."""
+    own, which keep the sets it draws, so its first trial (the same seed) draws nothing again.
+    `only` names the workloads to check (the rest passed before); None checks every one."""
     entries = [] if entries is None else entries
     draw = draw or task.make_inputs
     truth_of = truth_of or task.reference
     problems = []
     for wi, wl in enumerate(req.workloads):
+        if only is not None and wl.name not in only:
+            continue
         inputs = draw(wl, seed, wi)
         truth = truth_of(inputs, wl)
         zero_ok = const_ok = True
@@ -626,6 +629,7 @@ class Evaluation:
         self.soft_deadline = self.started + SOFT_DEADLINE_FRACTION * req.timeout_s
         self.calls = 0
         self.sanity_cached = False
+        self.sanity_checked = 0
         self._task_key: str | None = None
         self.threads_before: set[int] = set()
         self.threads_max = 0
@@ -684,16 +688,20 @@ class Evaluation:
             self.trial_seeds = _trial_seeds(req, out)
             self.seeds = out.data["seeds"]
             self.seeds.update({"probe_seeds": {}, "timing_seeds": {}, "order_seeds": {}})
-            # The check judges the task, not the candidate: a pass is remembered per task
-            # (sanity_cache.py), and later evaluations of the same task skip it.
-            k = sanity_cache.key(req.raw, req.task.dir)  # type: ignore[union-attr]
-            self.sanity_cached = sanity_cache.known_sane(k)
-            if not self.sanity_cached:
+            # The check judges the task, not the candidate: a pass is remembered per task and
+            # workload (sanity_cache.py), and later evaluations check only what is new.
+            keys = sanity_cache.keys(req.raw, req.task.dir)  # type: ignore[union-attr]
+            unchecked = [wl.name for wl in req.workloads
+                         if not sanity_cache.known_sane(keys.get(wl.name) if keys else None)]
+            self.sanity_cached = not unchecked
+            self.sanity_checked = len(unchecked)
+            if unchecked:
                 # Through the evaluation's own draws: the sets are the first trial's, kept
                 # (draw_cache) for it in a persistent judge.
                 sanity_check(req, self.task, self.trial_seeds[0], draw=self._make_inputs,
-                             truth_of=self._reference)
-                sanity_cache.remember(k)
+                             truth_of=self._reference, only=set(unchecked))
+                for name in unchecked:
+                    sanity_cache.remember(keys.get(name) if keys else None)
 
         out.stage = "static"
         with phase("build"):
@@ -772,6 +780,7 @@ class Evaluation:
                 "candidate_calls": self.calls,
                 "lingering_calls": proc.linger_calls if proc else 0,
                 "task_sanity_cached": self.sanity_cached,
+                "task_sanity_checked": self.sanity_checked,
                 "device_share": self.device_share,
                 "accused_prestarted": self.prestarted,
                 "accused_start_seconds": proc.start_seconds if proc else {},

@@ -5,12 +5,12 @@ it draws inputs for every workload and runs the reference (and the baseline) on 
 property of the task, not of a candidate, yet every evaluation paid for it: about 9 s of each
 70-80 s attention evaluation on the H200, most of it drawing 32 MiB inputs on the host. With
 `KSEARCH_HARNESS_SANITY_CACHE` naming a directory (ksearch sets it to its cache directory), an
-evaluation whose task passed before skips the check.
+evaluation skips the check of each workload that passed before.
 
-What a verdict is keyed on: every regular file of the task directory, the request's task and
-workload descriptions and tolerances, the backend, the platform, the installed numpy, torch and
-mlx versions, and every source file of this harness package, so that a change to any of them
-checks again. Left out on purpose: the seed (the check asks whether all-zero or constant outputs
+What a verdict is keyed on, per workload: every regular file of the task directory, the
+request's task description and tolerances, the workload's own description, the backend, the
+platform, the installed numpy, torch and mlx versions, and every source file of this harness
+package, so that a change to any of them checks again. Left out on purpose: the seed (the check asks whether all-zero or constant outputs
 pass the tolerance, a property of the reference's outputs, not of one draw) and the GPU model.
 Only passes are remembered; a failing task is checked (and reported) every time.
 
@@ -61,9 +61,12 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def key(raw_request: dict[str, Any], task_dir: str) -> str | None:
-    """The verdict's key, or None when nothing is cached (no directory, or the task's files
-    cannot all be read: then the check simply runs)."""
+def keys(raw_request: dict[str, Any], task_dir: str) -> dict[str, str] | None:
+    """The verdict's key for each workload of the request, by name, or None when nothing is
+    cached (no directory, a task file that cannot be read, a workload without a name: then
+    the check simply runs). A verdict is per workload, so an evaluation of more workloads
+    than an earlier one (a winner's re-check adds the held-out ones) checks only those it
+    adds."""
     if _directory() is None:
         return None
     h = hashlib.sha256()
@@ -72,11 +75,20 @@ def key(raw_request: dict[str, Any], task_dir: str) -> str | None:
         _hash_tree(h, _HARNESS, "*.py")
     except OSError:
         return None
-    described = {k: raw_request.get(k) for k in ("backend", "task", "workloads", "tolerance")}
+    described = {k: raw_request.get(k) for k in ("backend", "task", "tolerance")}
     described["platform"] = [sys.platform, platform.machine(), platform.python_version()]
     described["versions"] = {d: _version(d) for d in _DISTRIBUTIONS}
     h.update(json.dumps(described, sort_keys=True, default=str).encode())
-    return h.hexdigest()
+    common = h.digest()
+    out: dict[str, str] = {}
+    for w in raw_request.get("workloads") or []:
+        name = w.get("name") if isinstance(w, dict) else None
+        if not isinstance(name, str) or name in out:
+            return None
+        one = hashlib.sha256(common)
+        one.update(json.dumps(w, sort_keys=True, default=str).encode())
+        out[name] = one.hexdigest()
+    return out
 
 
 def known_sane(k: str | None) -> bool:

@@ -183,12 +183,15 @@ def test_a_passing_task_sanity_check_is_remembered_and_a_changed_task_checked_ag
 
     task = tmp_path / "task"
     shutil.copytree(driver.FIXTURES / "softmax", task)
+    workloads = len(driver.SHOWN) + len(driver.HELD_OUT)
     first = evaluate(task, "a")
     assert first["status"] == "passed", first["message"]
     assert first["diagnostics"]["task_sanity_cached"] is False
-    assert len(list(cache.glob("*.json"))) == 1
+    assert first["diagnostics"]["task_sanity_checked"] == workloads
+    assert len(list(cache.glob("*.json"))) == workloads
     again = evaluate(task, "b")
     assert again["status"] == "passed" and again["diagnostics"]["task_sanity_cached"] is True
+    assert again["diagnostics"]["task_sanity_checked"] == 0
     # Any change to the task's code is a new task.
     (task / "reference.py").write_text((task / "reference.py").read_text() + "\n# changed\n")
     changed = evaluate(task, "c")
@@ -197,7 +200,23 @@ def test_a_passing_task_sanity_check_is_remembered_and_a_changed_task_checked_ag
     for sub in ("d", "e"):
         res = evaluate(task, sub, tolerance={"f32": {"rtol": 0.0, "atol": 1.0}})
         assert res["status"] == "task_error" and "sanity" in res["message"], res["message"]
-    assert len(list(cache.glob("*.json"))) == 2
+    assert len(list(cache.glob("*.json"))) == 2 * workloads
+
+
+def test_an_evaluation_of_more_workloads_checks_only_those_not_checked_before(tmp_path):
+    """A winner's re-check adds the held-out workloads to those the search evaluated: the
+    task sanity check runs for the added ones only."""
+    env = {"KSEARCH_HARNESS_SANITY_CACHE": str(tmp_path / "sanity")}
+    full = driver.softmax_request(driver.HONEST / "naive.c", tmp_path / "a")
+    shown = [w for w in full["workloads"] if not w["held_out"]]
+    some = driver.softmax_request(driver.HONEST / "naive.c", tmp_path / "a", workloads=shown)
+    first = driver.run_harness("evaluate", some, env=env).result
+    assert first["status"] == "passed", first["message"]
+    assert first["diagnostics"]["task_sanity_checked"] == len(shown)
+    more = driver.run_harness("evaluate", full, env=env).result
+    assert more["status"] == "passed", more["message"]
+    assert more["diagnostics"]["task_sanity_cached"] is False
+    assert more["diagnostics"]["task_sanity_checked"] == len(full["workloads"]) - len(shown)
 
 
 def test_sanity_cache_keys_skip_what_cannot_be_read_and_need_a_directory(tmp_path, monkeypatch):
@@ -209,15 +228,24 @@ def test_sanity_cache_keys_skip_what_cannot_be_read_and_need_a_directory(tmp_pat
     shutil.copytree(driver.FIXTURES / "softmax", task)
     raw = driver.softmax_request(None, tmp_path, task_dir=task)
     monkeypatch.delenv(sanity_cache.ENV, raising=False)
-    assert sanity_cache.key(raw, str(task)) is None  # no directory: nothing is computed
+    assert sanity_cache.keys(raw, str(task)) is None  # no directory: nothing is computed
     monkeypatch.setenv(sanity_cache.ENV, str(tmp_path / "cache"))
-    k = sanity_cache.key(raw, str(task))
-    # An editor's lock file is a dangling link: skipped, the key unchanged.
+    k = sanity_cache.keys(raw, str(task))
+    assert k is not None and set(k) == {w["name"] for w in raw["workloads"]}
+    assert len(set(k.values())) == len(k)  # one verdict per workload
+    # An editor's lock file is a dangling link: skipped, the keys unchanged.
     (task / ".#reference.py").symlink_to(tmp_path / "nowhere")
-    assert sanity_cache.key(raw, str(task)) == k
+    assert sanity_cache.keys(raw, str(task)) == k
     # Data files count, not only Python.
     (task / "table.bin").write_bytes(b"\x00\x01")
-    assert sanity_cache.key(raw, str(task)) not in (None, k)
+    changed = sanity_cache.keys(raw, str(task))
+    assert changed is not None and not set(changed.values()) & set(k.values())
+    # A workload keeps its key in a request of other workloads; without a name there is none.
+    alone = sanity_cache.keys({**raw, "workloads": raw["workloads"][:1]}, str(task))
+    first = raw["workloads"][0]["name"]
+    assert alone == {first: changed[first]}
+    nameless = [{k2: v for k2, v in raw["workloads"][0].items() if k2 != "name"}]
+    assert sanity_cache.keys({**raw, "workloads": nameless}, str(task)) is None
     assert not sanity_cache.known_sane(None)
     sanity_cache.remember(None)
     assert not (tmp_path / "cache").exists()
