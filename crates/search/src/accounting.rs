@@ -33,7 +33,8 @@
 //!   harness time, not device work, since it measures nothing the scores use.
 //! - **build requests** and **builds written ahead, waited for**: the `build` request the
 //!   search makes before each evaluation (a compile on the cpu, in the timing lock; on a GPU
-//!   usually none: the passed build written ahead is taken, `written_ahead`) and its wait for a
+//!   usually none: the passed build written ahead is taken, `written_ahead`; none for a source
+//!   the evaluator built before, `built_before`) and its wait for a
 //!   build it started ahead of time that was still running (`build_request` of a result:
 //!   `seconds`, `waited_seconds`, engine::evaluation).
 //!   Where sample threads overlap, such a wait can overlap another sample's evaluation.

@@ -210,3 +210,36 @@ fn an_evaluation_records_when_its_build_written_ahead_started_and_what_it_took()
     let took = ahead["build_seconds"].as_f64().expect("what it took");
     assert!(started >= 0.3 && took > 0.0, "{ahead}");
 }
+
+/// A source this evaluator built before (the winner's re-check, the confirmation and the
+/// re-measures evaluate sources the search built) asks for no second build: the evaluation
+/// finds the artefact. A source it never built still gets its build request.
+#[test]
+fn a_source_built_before_asks_for_no_build_again() {
+    if std::env::var_os("KSEARCH_TEST_PYTHON").is_none() {
+        eprintln!("KSEARCH_TEST_PYTHON unset: no harness to evaluate with");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let cpu = harness_evaluator("copy", "cpu", 7, "c", work.path());
+    let naive = std::fs::read_to_string(root().join("tasks/copy/seed/naive.c")).unwrap();
+    let source = format!("{naive}\n// built before {}\n", std::process::id());
+    let search = cpu
+        .evaluate(&source, ksearch_search::engine::Purpose::Search)
+        .expect("an evaluation");
+    assert_eq!(search.summary.status, "passed", "{}", search.summary.message);
+    assert_eq!(search.result["build_request"]["built_before"], false);
+    let again = cpu
+        .evaluate(&source, ksearch_search::engine::Purpose::Acceptance)
+        .expect("an evaluation");
+    assert_eq!(again.summary.status, "passed", "{}", again.summary.message);
+    let request = &again.result["build_request"];
+    assert_eq!(request["built_before"], true, "{request}");
+    assert!(request["seconds"].as_f64().unwrap() < 0.01, "{request}");
+    // Another evaluator has built nothing.
+    let fresh = harness_evaluator("copy", "cpu", 7, "c", work.path());
+    let first = fresh
+        .evaluate(&source, ksearch_search::engine::Purpose::Acceptance)
+        .expect("an evaluation");
+    assert_eq!(first.result["build_request"]["built_before"], false);
+}

@@ -1,6 +1,6 @@
 //! How the engine gets a candidate measured, without knowing the backend.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -83,6 +83,10 @@ pub struct HarnessEvaluator {
     /// Builds started by `prebuild_in_background` and not yet taken by an evaluation, by
     /// source file, in flight or finished (see [`WrittenAhead`]).
     building: Mutex<WrittenAhead>,
+    /// The candidate files (canonical paths) whose build passed in this evaluator, written
+    /// ahead or asked for. Evaluating one again asks for no build: the harness finds the
+    /// artefact (its build directory is keyed by source) and builds it itself if it is gone.
+    built: Mutex<HashSet<PathBuf>>,
     yardstick: std::sync::Mutex<Option<Yardstick>>,
     task: Task,
     backend: String,
@@ -133,6 +137,7 @@ impl HarnessEvaluator {
         Self {
             evaluator: evaluator.into(),
             building: Mutex::new(WrittenAhead::default()),
+            built: Mutex::new(HashSet::new()),
             yardstick: std::sync::Mutex::new(None),
             task,
             backend: backend.to_string(),
@@ -208,6 +213,14 @@ impl HarnessEvaluator {
             .builds
             .remove(path);
         handle.and_then(|(_, h)| h.join().ok().flatten())
+    }
+
+    /// Whether a build of the candidate file at `path` (canonical) passed in this evaluator.
+    fn built_before(&self, path: &std::path::Path) -> bool {
+        self.built
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(path)
     }
 
     /// The result of a build of `source` written ahead (`prebuild_in_background`) that no
@@ -576,23 +589,37 @@ impl CandidateEvaluator for HarnessEvaluator {
         // ends here. A search evaluation whose build written ahead passed takes that build's
         // result as its own: the request was the same (`prebuild_request`), so asking the
         // harness again would only find the artefact. One that failed or was not asked is
-        // built again, which also covers a build that lost to a busy machine.
+        // built again, which also covers a build that lost to a busy machine. A source built
+        // before by this evaluator (a re-measure, the confirmation, the re-check) asks for no
+        // build at all: the evaluation finds its artefact.
         let building = std::time::Instant::now();
         let written_ahead =
             purpose == Purpose::Search && ahead.as_ref().is_some_and(|b| passed(&b.result));
+        let built_before = !written_ahead && self.built_before(&req.candidate.path);
         let built = match ahead {
-            Some(b) if written_ahead => b.result,
-            _ => self
-                .evaluator
-                .build(&req)
-                .map_err(|e| EvalFailure(e.to_string()))?,
+            Some(b) if written_ahead => Some(b.result),
+            _ if built_before => None,
+            _ => Some(
+                self.evaluator
+                    .build(&req)
+                    .map_err(|e| EvalFailure(e.to_string()))?,
+            ),
         };
         let build_seconds = building.elapsed().as_secs_f64();
-        let (result, yardstick) = if matches!(
-            built.status.as_str(),
-            "build_error" | "static_check_failed" | "task_error" | "timeout"
-        ) {
-            (built, None)
+        let build_failed = built.as_ref().filter(|b| {
+            matches!(
+                b.status.as_str(),
+                "build_error" | "static_check_failed" | "task_error" | "timeout"
+            )
+        });
+        if built.as_ref().is_some_and(passed) {
+            self.built
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(req.candidate.path.clone());
+        }
+        let (result, yardstick) = if let Some(failed) = build_failed {
+            (failed.clone(), None)
         } else if let Some(failure) = yardstick_failure {
             return Err(failure);
         } else {
@@ -605,7 +632,8 @@ impl CandidateEvaluator for HarnessEvaluator {
         // The search's own compile before the evaluation, which no harness result times
         // (crate::accounting).
         value["build_request"] = serde_json::json!({"seconds": build_seconds,
-            "waited_seconds": waited, "written_ahead": written_ahead, "ahead": ahead_times});
+            "waited_seconds": waited, "written_ahead": written_ahead, "ahead": ahead_times,
+            "built_before": built_before});
         Ok(Evaluation {
             summary: summarize_result(&result, &self.task, &self.backend, self.signals),
             result: value,
