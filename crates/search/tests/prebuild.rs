@@ -227,7 +227,11 @@ fn a_source_built_before_asks_for_no_build_again() {
     let search = cpu
         .evaluate(&source, ksearch_search::engine::Purpose::Search)
         .expect("an evaluation");
-    assert_eq!(search.summary.status, "passed", "{}", search.summary.message);
+    assert_eq!(
+        search.summary.status, "passed",
+        "{}",
+        search.summary.message
+    );
     assert_eq!(search.result["build_request"]["built_before"], false);
     let again = cpu
         .evaluate(&source, ksearch_search::engine::Purpose::Acceptance)
