@@ -312,22 +312,33 @@ class AccusedProcess:
 
     def kill(self) -> None:
         """SIGKILL; the sandbox takes everything the accused started with it."""
-        if self._launcher is not None:
-            self._launcher.kill()
+        self.kill_now()()
+
+    def kill_now(self) -> Callable[[], None]:
+        """SIGKILL, without waiting for the process to be gone: returns that wait (and the
+        removal of its sandbox's cgroups), which `kill` does at once. A killed accused runs no
+        more of its code; a GPU one may take a while to release its device context."""
+        launcher = self._launcher
+        if launcher is not None:
+            launcher.send_kill()
         try:
             self.sock.close()
         except OSError:
             pass
         self.dead = self.dead or "killed by the judge"
+        return launcher.kill if launcher is not None else _nothing
 
     def close(self) -> None:
-        if self.dead:
-            return
-        try:
-            self.rpc("exit", timeout_s=5.0)
-        except HarnessError:
-            pass
-        self.kill()
+        self.close_now()()
+
+    def close_now(self) -> Callable[[], None]:
+        """Asks the accused to exit, then `kill_now`: returns the wait for it to be gone."""
+        if not self.dead:
+            try:
+                self.rpc("exit", timeout_s=5.0)
+            except HarnessError:
+                pass
+        return self.kill_now()
 
     def exit_description(self) -> str:
         """How the accused ended, when it did (for messages)."""
@@ -705,11 +716,17 @@ class AccusedAdapter:
         return int(self.process.rpc("prime", slot=fn.slot).get("ns", 0))
 
     def close(self) -> None:
-        self.process.close()
+        self.close_now()()
+
+    def close_now(self) -> Callable[[], None]:
+        """Ends the accused (AccusedProcess.close_now) and lets go of the arena and the shared
+        device memory; returns the wait for the process to be gone."""
+        finish = self.process.close_now()
         self.arena.close()
         for m in self.shared:
             m.close()
         self.shared = []
+        return finish
 
 
 def device_to_host(bits: Any, spec: TensorSpec) -> Any:
@@ -803,3 +820,7 @@ def _signal_name(sig: int) -> str:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
+
+
+def _nothing() -> None:
+    """What is left to wait for when nothing was started."""

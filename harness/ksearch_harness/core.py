@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import (adapters, device_checks, draw_cache, dtypes, intervals, machine, parallel,
-               sanity_cache, scratch, spare_accused, static_checks)
+               reaping, sanity_cache, scratch, spare_accused, static_checks)
 from .accused_client import (TAMPER_MIN_CALLS, TAMPER_ROUND_TRIP_QUANTILE, AccusedAdapter,
                              AccusedProcess, RemoteCall, Shortfall, device_to_host,
                              report_shortfall)
@@ -396,6 +396,14 @@ def evaluate(req: Request, out: ResultBuilder, adapter: Adapter | None = None,
     Evaluation(req, out, adapter, roofline_override).run()
 
 
+def _gone(finish: Callable[[], None] | None, workdir: str | None) -> None:
+    """The wait for a killed accused, then the removal of its working directory."""
+    if finish is not None:
+        finish()
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def read_candidate(req: Request) -> bytes:
     assert req.candidate is not None
     try:
@@ -667,12 +675,15 @@ class Evaluation:
         try:
             self._run()
         finally:
+            finish = None
             if self.accused is not None:
-                self.accused.close()
+                finish = self.accused.close_now()
             elif self.process is not None:
-                self.process.kill()
-            if self.workdir is not None:  # nothing of the candidate's is left behind
-                shutil.rmtree(self.workdir, ignore_errors=True)
+                finish = self.process.kill_now()
+            # Killed now; gone, and its directory removed, maybe after the result (reaping):
+            # nothing of the candidate's is left behind.
+            workdir = self.workdir
+            reaping.later(lambda: _gone(finish, workdir))
             if self.accused_log is not None:
                 _append_log(self.accused_log)
             # Also when a check fails: the counts and phase times up to the verdict.

@@ -1397,10 +1397,10 @@ class Sandboxed:
         self._cleanup()
         return out
 
-    def kill(self) -> None:
+    def send_kill(self) -> None:
         """SIGKILL the namespace init (the kernel then kills everything in the namespace and the
         launcher reaps it only after all of them are gone), anything left in the cgroups, and
-        the whole session when there is no PID namespace; then wait for the launcher."""
+        the whole session when there is no PID namespace; without waiting (`kill` waits)."""
         if self._proc.poll() is None:
             self._signal_init(signal.SIGKILL)
             for d in self.cgroup_dirs:
@@ -1411,6 +1411,11 @@ class Sandboxed:
                     os.killpg(self._proc.pid, signal.SIGKILL)
                 except OSError:
                     pass  # the group is already empty
+
+    def kill(self) -> None:
+        """`send_kill`, then wait for the launcher and remove the cgroups."""
+        if self._proc.poll() is None:
+            self.send_kill()
             import subprocess
             try:
                 self._proc.wait(timeout=10)

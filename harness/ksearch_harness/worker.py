@@ -118,13 +118,17 @@ def child_loop(req_fd: int, res_fd: int) -> None:
     try:
         import faulthandler
         import json
-        from . import draw_cache, profiler, spare_accused
+        from . import draw_cache, profiler, reaping, spare_accused
         from .machine import die_with_parent
         from .protocol import parse_request, redirect_output
         die_with_parent()
         draw_cache.enable()
         spare_accused.enable()
         profiler.keep_ahead()
+        # An evaluation's killed accused is waited for after its result, and before anything
+        # is timed (reaping).
+        reaping.enable()
+        spare_accused.pause_also(reaping.wait, _nothing)
         reader = os.fdopen(req_fd, "rb")
         while True:
             line = reader.readline()
@@ -151,11 +155,16 @@ def child_loop(req_fd: int, res_fd: int) -> None:
         code = 70
     finally:
         try:
-            from . import profiler, spare_accused
+            from . import profiler, reaping, spare_accused
             spare_accused.close()  # nothing of a spare is left behind
             profiler.close()
+            reaping.wait()  # nor of an evaluation's accused
         finally:
             os._exit(code)
+
+
+def _nothing() -> None:
+    """Nothing to let go on after a pause: a reaped process stays reaped."""
 
 
 def _forget_device() -> bool:

@@ -470,3 +470,53 @@ def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monk
     finally:
         spare_accused.enable(False)
     assert made[-1].signals[-1] == "KILL"  # untaken spares go with the judge's end
+
+
+def test_a_killed_accused_is_waited_for_after_the_result_and_before_anything_is_timed(
+        tmp_path, monkeypatch):
+    """reaping: in a persistent judge an evaluation's killed accused is waited for (and its
+    directory removed) on a thread of its own, so the result does not wait for it; pausing for
+    a timed call (the judge's worker hooks `reaping.wait` into spare_accused's pause) waits
+    for it; a one-shot harness waits at once. An evaluation in such a judge leaves nothing
+    behind once that wait has returned."""
+    import threading
+
+    from ksearch_harness import reaping, spare_accused, worker
+    from ksearch_harness.protocol import parse_request
+
+    monkeypatch.setattr(spare_accused, "_also", [])
+    released = threading.Event()
+    order: list[str] = []
+
+    def slow() -> None:
+        released.wait(10)
+        order.append("reaped")
+
+    reaping.enable()
+    try:
+        spare_accused.pause_also(reaping.wait, lambda: None)
+        reaping.later(slow)
+        assert reaping.pending() == 1 and order == []
+        paused = threading.Thread(target=lambda: (spare_accused.pause(),
+                                                  order.append("paused")))
+        paused.start()
+        paused.join(0.2)
+        assert paused.is_alive() and order == [], "a pause must wait for the dying accused"
+        released.set()
+        paused.join(10)
+        assert order == ["reaped", "paused"]
+        spare_accused.resume()
+
+        before = _accused_leftovers()
+        req = driver.softmax_request(driver.HONEST / "naive.c", tmp_path)
+        result = worker.execute(parse_request(req, "evaluate"))
+        assert result["status"] == "passed", result["message"]
+        reaping.wait()
+        assert reaping.pending() == 0
+        assert not _accused_leftovers() - before
+    finally:
+        reaping.enable(False)
+    # Not deferring: done before `later` returns.
+    done: list[int] = []
+    reaping.later(lambda: done.append(1))
+    assert done == [1] and reaping.pending() == 0
