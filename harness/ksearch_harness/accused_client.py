@@ -719,14 +719,19 @@ class AccusedAdapter:
         self.close_now()()
 
     def close_now(self) -> Callable[[], None]:
-        """Ends the accused (AccusedProcess.close_now) and lets go of the arena and the shared
-        device memory; returns the wait for the process to be gone."""
+        """Ends the accused (AccusedProcess.close_now); returns the wait for the process to be
+        gone, after which the judge lets go of the arena and the shared device memory (never
+        while the accused may still hold them)."""
         finish = self.process.close_now()
-        self.arena.close()
-        for m in self.shared:
-            m.close()
-        self.shared = []
-        return finish
+
+        def gone() -> None:
+            finish()
+            self.arena.close()
+            for m in self.shared:
+                m.close()
+            self.shared = []
+
+        return gone
 
 
 def device_to_host(bits: Any, spec: TensorSpec) -> Any:
