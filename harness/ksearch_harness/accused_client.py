@@ -719,19 +719,17 @@ class AccusedAdapter:
         self.close_now()()
 
     def close_now(self) -> Callable[[], None]:
-        """Ends the accused (AccusedProcess.close_now); returns the wait for the process to be
-        gone, after which the judge lets go of the arena and the shared device memory (never
-        while the accused may still hold them)."""
+        """Ends the accused (AccusedProcess.close_now) and lets go of the arena and the shared
+        device memory here, on the judge's own thread (the driver calls that unmap it are made
+        where the judge's device context is current); returns the wait for the process to be
+        gone. The accused's own mappings keep the memory until it is gone
+        (device_share.Mapping.close)."""
         finish = self.process.close_now()
-
-        def gone() -> None:
-            finish()
-            self.arena.close()
-            for m in self.shared:
-                m.close()
-            self.shared = []
-
-        return gone
+        self.arena.close()
+        for m in self.shared:
+            m.close()
+        self.shared = []
+        return finish
 
 
 def device_to_host(bits: Any, spec: TensorSpec) -> Any:
