@@ -606,20 +606,19 @@ impl CandidateEvaluator for HarnessEvaluator {
             ),
         };
         let build_seconds = building.elapsed().as_secs_f64();
-        let build_failed = built.as_ref().filter(|b| {
-            matches!(
-                b.status.as_str(),
-                "build_error" | "static_check_failed" | "task_error" | "timeout"
-            )
-        });
         if built.as_ref().is_some_and(passed) {
             self.built
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(req.candidate.path.clone());
         }
-        let (result, yardstick) = if let Some(failed) = build_failed {
-            (failed.clone(), None)
+        let (result, yardstick) = if let Some(failed) = built.filter(|b| {
+            matches!(
+                b.status.as_str(),
+                "build_error" | "static_check_failed" | "task_error" | "timeout"
+            )
+        }) {
+            (failed, None)
         } else if let Some(failure) = yardstick_failure {
             return Err(failure);
         } else {
