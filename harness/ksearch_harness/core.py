@@ -636,8 +636,8 @@ class Evaluation:
         self.started = time.monotonic()
         self.soft_deadline = self.started + SOFT_DEADLINE_FRACTION * req.timeout_s
         self.calls = 0
-        self.sanity_cached = False
-        self.sanity_checked = 0
+        # Workloads whose task sanity check this evaluation ran (None: not yet decided).
+        self.sanity_checked: int | None = None
         self._task_key: str | None = None
         self.threads_before: set[int] = set()
         self.threads_max = 0
@@ -701,10 +701,9 @@ class Evaluation:
             self.seeds.update({"probe_seeds": {}, "timing_seeds": {}, "order_seeds": {}})
             # The check judges the task, not the candidate: a pass is remembered per task and
             # workload (sanity_cache.py), and later evaluations check only what is new.
-            keys = sanity_cache.keys(req.raw, req.task.dir)  # type: ignore[union-attr]
+            keys = sanity_cache.keys(req.raw, req.task.dir) or {}  # type: ignore[union-attr]
             unchecked = [wl.name for wl in req.workloads
-                         if not sanity_cache.known_sane(keys.get(wl.name) if keys else None)]
-            self.sanity_cached = not unchecked
+                         if not sanity_cache.known_sane(keys.get(wl.name))]
             self.sanity_checked = len(unchecked)
             if unchecked:
                 # Through the evaluation's own draws: the sets are the first trial's, kept
@@ -712,7 +711,7 @@ class Evaluation:
                 sanity_check(req, self.task, self.trial_seeds[0], draw=self._make_inputs,
                              truth_of=self._reference, only=set(unchecked))
                 for name in unchecked:
-                    sanity_cache.remember(keys.get(name) if keys else None)
+                    sanity_cache.remember(keys.get(name))
 
         out.stage = "static"
         with phase("build"):
@@ -790,8 +789,8 @@ class Evaluation:
                 "busy_threads_after_return": self.busy_after_return,
                 "candidate_calls": self.calls,
                 "lingering_calls": proc.linger_calls if proc else 0,
-                "task_sanity_cached": self.sanity_cached,
-                "task_sanity_checked": self.sanity_checked,
+                "task_sanity_cached": self.sanity_checked == 0,
+                "task_sanity_checked": self.sanity_checked or 0,
                 "device_share": self.device_share,
                 "accused_prestarted": self.prestarted,
                 "accused_start_seconds": proc.start_seconds if proc else {},

@@ -41,8 +41,9 @@ def later(finish: Callable[[], None]) -> None:
     t = threading.Thread(target=_quietly, args=(finish,), name="ksearch-reap", daemon=True)
     with _lock:
         _pending[:] = [p for p in _pending if p.is_alive()]
+        # Started before `wait` can see it: a thread not yet started cannot be joined.
+        t.start()
         _pending.append(t)
-    t.start()
 
 
 def wait() -> None:

@@ -59,7 +59,7 @@ _spares: list[Started] = []
 _paused: set[int] = set()
 # Other processes started ahead that wait with the spares (profiler.py's profiler): their
 # (pause, resume), each resuming only what it paused.
-_also: list[tuple[Callable[[], None], Callable[[], None]]] = []
+_also: list[tuple[Callable[[], None], Callable[[], None] | None]] = []
 
 
 def enable(on: bool = True) -> None:
@@ -122,8 +122,9 @@ def start(key: tuple, factory: Callable[[], Started]) -> None:
             return
 
 
-def pause_also(stop: Callable[[], None], go_on: Callable[[], None]) -> None:
-    """Has `pause` and `resume` call `stop` and `go_on` too (once, however often asked)."""
+def pause_also(stop: Callable[[], None], go_on: Callable[[], None] | None = None) -> None:
+    """Has `pause` and `resume` call `stop` and `go_on` too (once, however often asked); no
+    `go_on` for what has nothing to go on with once waited for (reaping)."""
     if (stop, go_on) not in _also:
         _also.append((stop, go_on))
 
@@ -150,6 +151,8 @@ def pause() -> None:
 def resume() -> None:
     """Lets what `pause` stopped go on starting."""
     for _, go_on in _also:
+        if go_on is None:
+            continue
         try:
             go_on()
         except Exception:  # noqa: BLE001

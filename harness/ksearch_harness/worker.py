@@ -128,7 +128,7 @@ def child_loop(req_fd: int, res_fd: int) -> None:
         # An evaluation's killed accused is waited for after its result, and before anything
         # is timed (reaping).
         reaping.enable()
-        spare_accused.pause_also(reaping.wait, _nothing)
+        spare_accused.pause_also(reaping.wait)
         reader = os.fdopen(req_fd, "rb")
         while True:
             line = reader.readline()
@@ -161,10 +161,6 @@ def child_loop(req_fd: int, res_fd: int) -> None:
             reaping.wait()  # nor of an evaluation's accused
         finally:
             os._exit(code)
-
-
-def _nothing() -> None:
-    """Nothing to let go on after a pause: a reaped process stays reaped."""
 
 
 def _forget_device() -> bool:

@@ -494,7 +494,7 @@ def test_a_killed_accused_is_waited_for_after_the_result_and_before_anything_is_
 
     reaping.enable()
     try:
-        spare_accused.pause_also(reaping.wait, lambda: None)
+        spare_accused.pause_also(reaping.wait)
         reaping.later(slow)
         assert reaping.pending() == 1 and order == []
         paused = threading.Thread(target=lambda: (spare_accused.pause(),
