@@ -342,7 +342,9 @@ def parse_request(obj: dict, op: str) -> Request:
         candidate = Candidate(path, LANGUAGES[language.lower()])
 
     workloads: tuple[Workload, ...] = ()
-    if needs_workloads:
+    # A build reads them where they are sent: an mlx build ahead records the kernels each
+    # workload's call builds (mlx_prebuild).
+    if needs_workloads or (op == "build" and f.has("workloads")):
         workloads = tuple(_parse_workload(w) for w in f.items("workloads"))
         if not workloads:
             raise TaskError("workloads: empty")

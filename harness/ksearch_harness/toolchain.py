@@ -88,6 +88,77 @@ def compile_confined(make_cmd: Callable[[str, str], list[str]], *, source: bytes
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@dataclass
+class Stepped:
+    """What a confined Python step answered: its output file's bytes (None when it wrote none
+    or failed), its log, its time."""
+    ok: bool
+    output: bytes | None
+    log: str
+    seconds: float
+
+
+def python_step(args: list[str], *, files: dict[str, bytes], timeout_s: float, mode: str,
+                env: dict[str, str], gpu: bool, reveal: tuple[str, ...] = (),
+                output_bytes: int = 1 << 30) -> Stepped:
+    """Runs `python -m ksearch_harness.<args>` in a sandbox of its own, as `compile_confined`
+    runs a compiler: a fresh directory holding `files` (written first; each name also stands
+    for its path in `args` as `{name}`), uid 65534, no network, no new programs, bounded
+    memory, tasks and time. `{out}` in `args` is the output file, whose bytes are answered.
+    `gpu` opens the device files, as for an accused on a GPU backend (accused_policy);
+    otherwise no device is reachable. `env`'s `{workdir}` is the step's directory."""
+    import socket as _socket
+    import sys
+    workdir = tempfile.mkdtemp(prefix="ksearch-step-")
+    try:
+        names = {}
+        for name, content in files.items():
+            path = os.path.join(workdir, name)
+            with open(path, "wb") as fh:
+                fh.write(content)
+            os.chmod(path, 0o644)
+            names[name] = path
+        out = os.path.join(workdir, "answer.out")
+        names["out"] = out
+        argv = [sys.executable, "-m", "ksearch_harness." + args[0]] + [
+            names[a[1:-1]] if a.startswith("{") and a[1:-1] in names else a for a in args[1:]]
+        policy = sandbox.Policy(
+            workdir=workdir, mode=mode, memory_bytes=MEMORY_BYTES, tasks=TASKS,
+            file_bytes=FILE_BYTES, cpu_seconds=int(timeout_s) * 4 + 10,
+            devices=("/dev/nvidia*",) if gpu else (),
+            socket_families=(_socket.AF_UNIX,) if gpu else (),
+            proc_writable=gpu, hide=("/run", "/var/run") if gpu else (),
+            reveal=tuple(dict.fromkeys(sandbox.interpreter_paths() + reveal)))
+        step_env = {k: v.replace("{workdir}", workdir) for k, v in env.items()}
+        t0 = time.monotonic()
+        try:
+            proc = sandbox.launch(argv, policy, env=step_env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  cwd=workdir)
+        except sandbox.SandboxUnavailable as e:
+            return Stepped(False, None, f"the step cannot be confined here: {e}",
+                           time.monotonic() - t0)
+        except OSError as e:
+            return Stepped(False, None, f"cannot start the step: {e}", time.monotonic() - t0)
+        try:
+            data, _ = proc.communicate(timeout=timeout_s)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return Stepped(False, None, f"the step timed out after {timeout_s:.0f} s",
+                           time.monotonic() - t0)
+        log = (data or b"").decode("utf-8", "replace").replace(workdir + "/", "")
+        output = None
+        if code == 0 and os.path.isfile(out) and not os.path.islink(out) and \
+                os.path.getsize(out) <= output_bytes:
+            with open(out, "rb") as fh:
+                output = fh.read()
+        return Stepped(output is not None, output, log[-4000:], time.monotonic() - t0)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 _COMPILER_ENV = ("PATH", "LANG", "LC_ALL", "CC", "CXX", "CUDA_HOME", "CUDA_PATH",
                  "LD_LIBRARY_PATH", "CPATH", "LIBRARY_PATH", "C_INCLUDE_PATH",
                  "CPLUS_INCLUDE_PATH")
