@@ -742,9 +742,6 @@ def device_to_host(bits: Any, spec: TensorSpec) -> Any:
 
 # -- environment -------------------------------------------------------------------------------
 
-# The accused's MLX cache directory, beneath its working directory.
-MLX_MODULES_DIR = "mlx-modules"
-
 _PASSED = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME",
            "PYTHONPATH")
 
@@ -774,10 +771,6 @@ def accused_environment(workdir: str, backend: str) -> dict[str, str]:
     })
     if backend == "cpu":
         env.update({"OMP_PROC_BIND": "true", "OMP_PLACES": "cores"})
-    if backend == "mlx":
-        # MLX's compiled-kernel cache: in the accused's own directory, where the judge puts
-        # the modules a build ahead compiled (mlx_prebuild) before the candidate loads.
-        env["MLX_PTX_CACHE_DIR"] = os.path.join(workdir, MLX_MODULES_DIR)
     # More variables by name, for a machine whose kernels need them (the MLX_* or CUDA_*
     # settings of a device, or a test's fake modules): KSEARCH_HARNESS_ACCUSED_ENV=A,B.
     extra = [n.strip() for n in os.environ.get("KSEARCH_HARNESS_ACCUSED_ENV", "").split(",")]

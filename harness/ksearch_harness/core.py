@@ -388,10 +388,7 @@ def build(req: Request, out: ResultBuilder, adapter: Adapter | None = None) -> B
     run_static_checks(req, source)
     out.stage = "build"
     adapter = adapter or adapters.create(req)
-    info = build_and_record(adapter, source, out)
-    adapter.build_ahead(info)
-    out.data["build"] = info.to_json()
-    return info
+    return build_and_record(adapter, source, out)
 
 
 def evaluate(req: Request, out: ResultBuilder, adapter: Adapter | None = None,
@@ -661,8 +658,6 @@ class Evaluation:
         # A spare accused started by an earlier evaluation (spare_accused), and the file its
         # output went to, copied into this request's log at the end.
         self.prestarted = False
-        # Files of compiled MLX modules a build ahead left for this candidate (mlx_prebuild).
-        self.modules_prebuilt = 0
         self.accused_log: str | None = None
         # Output snapshots copied to the host (every one without shared device memory; with
         # it, only those a failing or host-only check needed).
@@ -798,7 +793,6 @@ class Evaluation:
                 "task_sanity_checked": self.sanity_checked or 0,
                 "device_share": self.device_share,
                 "accused_prestarted": self.prestarted,
-                "mlx_modules_prebuilt": self.modules_prebuilt,
                 "accused_start_seconds": proc.start_seconds if proc else {},
                 "accused_cores": proc.cores if proc else None,
                 "outputs_read_to_host": self.host_reads,
@@ -870,13 +864,6 @@ class Evaluation:
         artifact = os.path.join(self.workdir, os.path.basename(info.artifact))
         shutil.copyfile(info.artifact, artifact)
         os.chmod(artifact, 0o444)
-        if self.req.backend == "mlx":
-            # The kernels a build ahead compiled, where the accused's MLX looks first.
-            from . import mlx_prebuild
-            from .accused_client import MLX_MODULES_DIR
-            from .adapters.mlx import prebuilt_dir
-            self.modules_prebuilt = mlx_prebuild.copy_modules(
-                prebuilt_dir(info.artifact), os.path.join(self.workdir, MLX_MODULES_DIR))
         self.process.wait_ready()
         share = False
         if self.req.backend == "cuda":

@@ -342,9 +342,7 @@ def parse_request(obj: dict, op: str) -> Request:
         candidate = Candidate(path, LANGUAGES[language.lower()])
 
     workloads: tuple[Workload, ...] = ()
-    # A build reads them where they are sent: an mlx build ahead records the kernels each
-    # workload's call builds (mlx_prebuild).
-    if needs_workloads or (op == "build" and f.has("workloads")):
+    if needs_workloads:
         workloads = tuple(_parse_workload(w) for w in f.items("workloads"))
         if not workloads:
             raise TaskError("workloads: empty")

@@ -169,12 +169,6 @@ def _workload(name: str, dtype: str, n: int, held_out: bool = False) -> dict:
 
 
 def _evaluate(tmp_path: Path, source: str) -> dict:
-    return worker.execute(parse_request(_request(tmp_path, source, "evaluate"), "evaluate"),
-                          roofline_override=(1e15, 1e18))
-
-
-def _request(tmp_path: Path, source: str, op: str) -> dict:
-    """The request of `op` for `source` on the fake `scale` task (written under `tmp_path`)."""
     task = tmp_path / "task"
     task.mkdir(exist_ok=True)
     reference = task / "reference.py"
@@ -184,7 +178,7 @@ def _request(tmp_path: Path, source: str, op: str) -> dict:
     cand = tmp_path / "candidate.py"
     cand.write_text(textwrap.dedent(source))
     req = {
-        "protocol": 1, "op": op, "nonce": driver.NONCE,
+        "protocol": 1, "op": "evaluate", "nonce": driver.NONCE,
         "secret_seed": driver.SECRET_SEED, "backend": "mlx",
         "task": {"name": "scale", "dir": str(task),
                  "reference": {"module": "reference.py", "function": "reference_mlx"},
@@ -202,7 +196,7 @@ def _request(tmp_path: Path, source: str, op: str) -> dict:
                    "flush_bytes": 1 << 16},
         "timeout_s": 60,
     }
-    return req
+    return worker.execute(parse_request(req, "evaluate"), roofline_override=(1e15, 1e18))
 
 
 def test_honest_candidate_passes_every_check(tmp_path, fake_mx, monkeypatch, capfd):

@@ -79,12 +79,6 @@ class Adapter(abc.ABC):
     def build(self, source: bytes) -> BuildInfo:
         """Compiles exactly `source` (the text the static checks saw) into the build dir."""
 
-    def build_ahead(self, info: BuildInfo) -> None:
-        """More of the build that only pays where it runs ahead of the evaluation (the `build`
-        op, written ahead by a search while the device times another candidate); notes what it
-        did in `info.extra`. An evaluation never waits for it: what it leaves is used when
-        present. Nothing by default."""
-
     @abc.abstractmethod
     def load(self, build: BuildInfo, entry: Entry) -> None:
         """Loads the artifact and resolves the entry point. Raises BuildFailed."""

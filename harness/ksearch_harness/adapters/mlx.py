@@ -27,10 +27,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import json
 import os
 import platform
-import shutil
 import sys
 import time
 import traceback
@@ -51,20 +49,6 @@ KERNEL_HASH_CHARS = 12
 ROOFLINE_COPY_BYTES = 256 << 20
 ROOFLINE_MATMUL_N = 8192
 ROOFLINE_REPEATS = 5
-# Seconds each step of a build ahead may take at most (mlx_prebuild): a record imports MLX and
-# runs the candidate's Python on the CPU, a compile runs NVRTC once per kernel.
-PREBUILD_STEP_S = 300.0
-
-
-def prebuilt_dir(artifact: str) -> str:
-    """Where `build_ahead` leaves the compiled modules of the candidate built at `artifact`."""
-    return os.path.splitext(artifact)[0] + ".mlx-modules"
-
-
-def _nvidia_gpu() -> bool:
-    """Whether this machine shows an NVIDIA GPU (its device files), without starting a device
-    context in the build."""
-    return os.path.exists("/dev/nvidiactl")
 
 
 def kernel_name(name: str, source: str, header: str = "") -> str:
@@ -181,78 +165,6 @@ class MlxAdapter(DeviceAdapter):
                          seconds=time.monotonic() - t0, log="", artifact=path,
                          extra={"kernel_dialects": sorted(self._dialects),
                                 "mlx": _mlx_version()})
-
-    def build_ahead(self, info: BuildInfo) -> None:
-        """Compiles the candidate's CUDA kernels into MLX's cache format beside the artifact
-        (mlx_prebuild: a record of its kernels without a device, then MLX's compile of them),
-        where the accused of its evaluation finds them. Skipped where MLX is missing or runs no
-        CUDA here, for Metal candidates, and where an earlier build left the modules. A failed
-        step is noted, never a failed build: the accused compiles what is missing."""
-        from .. import mlx_prebuild, toolchain
-        from ..accused_client import accused_environment
-        req = self.request
-        target = prebuilt_dir(info.artifact)
-        note: dict[str, Any] = {}
-        info.extra["prebuild"] = note
-        if os.path.isdir(target):
-            note.update(cached=True, modules=len(os.listdir(target)))
-            return
-        if "cuda" not in self._dialects or importlib.util.find_spec("mlx") is None or \
-                not _nvidia_gpu():
-            note["skipped"] = "no CUDA kernels to compile here"
-            return
-        entry = req.task.entry if req.task is not None else None
-        if entry is None:
-            note["skipped"] = "the task names no entry"
-            return
-        plan = {"entry_symbol": entry.symbol, "entry_args": list(entry.args),
-                "workloads": [{"name": wl.name, "params": dict(wl.params),
-                               "inputs": [{"name": t.name, "shape": list(t.shape),
-                                           "dtype": t.dtype} for t in wl.inputs]}
-                              for wl in req.workloads]}
-        harness_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-            __file__))))
-        budget = max(10.0, min(PREBUILD_STEP_S, float(req.timeout_s) / 2))
-        with open(info.artifact, "rb") as fh:
-            candidate = fh.read()
-        env = accused_environment("{workdir}", "mlx")
-        recorded = toolchain.python_step(
-            ["mlx_prebuild", "record", "{candidate.py}", "{plan.json}", "{out}"],
-            files={"candidate.py": candidate, "plan.json": json.dumps(plan).encode()},
-            timeout_s=budget, mode=req.sandbox, env={**env, "CUDA_VISIBLE_DEVICES": ""},
-            gpu=False, reveal=(harness_dir,))
-        note["record_seconds"] = round(recorded.seconds, 3)
-        try:
-            answer = json.loads(recorded.output or b"null")
-            specs = [mlx_prebuild.KernelSpec.from_json(x) for x in answer["specs"]]
-        except (ValueError, TypeError, KeyError) as e:
-            note["failed"] = f"record: {e}; {recorded.log[-300:]}"
-            return
-        note.update(kernels=len(specs), problems=answer.get("problems") or {})
-        if not specs:
-            return
-        compiled = toolchain.python_step(
-            ["mlx_prebuild", "compile", "{specs.json}", "{out}"],
-            files={"specs.json": json.dumps({"specs": answer["specs"]}).encode()},
-            timeout_s=budget, mode=req.sandbox,
-            env={**env, "MLX_PTX_CACHE_DIR": "{workdir}/ptx"}, gpu=True, reveal=(harness_dir,),
-            output_bytes=mlx_prebuild.MAX_FILES * mlx_prebuild.MAX_FILE_BYTES)
-        note["compile_seconds"] = round(compiled.seconds, 3)
-        try:
-            result = json.loads(compiled.output or b"null")
-            modules = mlx_prebuild.CachedModules.from_answer(result)
-        except (ValueError, TypeError, AttributeError) as e:
-            note["failed"] = f"compile: {e}; {compiled.log[-300:]}"
-            return
-        note["outcomes"] = result.get("kernels", [])[:32]
-        note["modules"] = sum(1 for n in modules.files if n.endswith(".ptx"))
-        tmp = f"{target}.tmp{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        modules.write(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another build of the same source was first
-            shutil.rmtree(tmp, ignore_errors=True)
 
     # -- device --------------------------------------------------------------------------
 

@@ -74,16 +74,12 @@ class FakeMx(types.ModuleType):
             def shape(self):
                 return tuple(self._a.shape)
 
-            @property
-            def ndim(self):
-                return self._a.ndim
-
             def _values(self):
                 if self.dtype is mx.bfloat16:
                     return dtypes.get("bf16").decode(self._a).astype(np.float32)
                 return self._a.astype(np.float32)
 
-            def astype(self, dtype, stream=None):
+            def astype(self, dtype):
                 return mx._from_values(self._values(), dtype)
 
             def reshape(self, shape):
@@ -109,40 +105,14 @@ class FakeMx(types.ModuleType):
         array.__module__ = "mlx.core"
         self.array = array
         self._cls = array  # what the fake's own device-side ops construct
-        self.cpu, self.gpu = "cpu", "gpu"
-        self.default_device = lambda: mx._device
-        self._device = "gpu"
         self.cuda = types.SimpleNamespace(is_available=lambda: True)
         self.metal = types.SimpleNamespace(is_available=lambda: False)
-
-        modules: set[str] = set()
 
         def cuda_kernel(name, input_names, output_names, source, header="", **kw):
             mx.kernel_names.append(name)
             mx.events.append(("kernel_name", name))
 
-            def run(*, inputs, output_shapes, output_dtypes, grid=(1, 1, 1), template=None,
-                    **launch):
-                # As MLX: a module per name and template, read from MLX_PTX_CACHE_DIR where it
-                # is there, else compiled and written there.
-                module = "custom_kernel_" + name + "".join(
-                    f"_{v.name if isinstance(v, Dtype) else v}" for _, v in (template or []))
-                if module not in modules:
-                    modules.add(module)
-                    cache = os.environ.get("MLX_PTX_CACHE_DIR")
-                    path = os.path.join(cache, module + ".ptx") if cache else None
-                    if path and os.path.isfile(path):
-                        mx.events.append(("module", module, "cached"))
-                    else:
-                        mx.events.append(("module", module, "compiled"))
-                        if path:
-                            os.makedirs(cache, exist_ok=True)
-                            with open(path, "w") as fh:
-                                fh.write(source)
-                            with open(path[:-4] + ".txt", "w") as fh:
-                                fh.write(module + "\t_Z" + module + "\n")
-                if grid[0] * grid[1] * grid[2] == 0:  # no blocks: nothing runs
-                    return [mx.zeros(tuple(s), d) for s, d in zip(output_shapes, output_dtypes)]
+            def run(*, inputs, output_shapes, output_dtypes, **launch):
                 mx.events.append(("kernel", inputs[0]._a.tobytes()))
                 return [mx._from_values(inputs[0]._values() * 2, output_dtypes[0])]
             return run
@@ -165,9 +135,6 @@ class FakeMx(types.ModuleType):
         if dtype is self.bfloat16:
             return self._cls(dtypes.get("bf16").encode(values), self.bfloat16)
         return self._cls(np.asarray(values).astype(dtype.np), dtype)
-
-    def set_default_device(self, device):
-        self._device = device
 
     def eval(self, *arrays):
         self.evals += 1
