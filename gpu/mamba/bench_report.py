@@ -47,7 +47,9 @@ def fold(reports: list[dict]) -> dict:
                                 ((r.get("versions") or {}).get("mlx_env") or {}).items())
                        or "MLX's defaults",
             "scan": ((kernel.get("tuning") or {}).get("picks")) or kernel.get("source"),
-            "decode_path": kernel.get("decode_path"),
+            "decode_path": " ".join(x for x in (
+                (kernel.get("decode_tuning") or {}).get("pick"),
+                f"({kernel['decode_path']})" if kernel.get("decode_path") else None) if x),
             "check": (r.get("check") or {}).get("passed"),
         })
     return {"prefill": prefill, "decode": decode, "scan_us": scan_us, "scan_floor": scan_floor,
