@@ -9,7 +9,6 @@ faster than the native), per shape, plus the geometric mean of the per-shape med
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
 from collections import defaultdict
@@ -63,7 +62,7 @@ def fold(paths: list[Path]) -> dict[str, dict]:
 
 def geomean(values: list[float]) -> float | None:
     values = [v for v in values if v > 0]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+    return statistics.geometric_mean(values) if values else None
 
 
 def table(folded: dict[str, dict]) -> str:
