@@ -47,6 +47,8 @@ fn knobs_of(source: &str) -> BTreeMap<String, String> {
 fn model_ms(k: &BTreeMap<String, String>) -> (f64, f64) {
     let on = |name: &str| k.get(name).is_some_and(|v| v == "true");
     let schedule = |name: &str| k.get("wg_schedule").is_some_and(|v| v == name);
+    // The producer schedule is ping-pong plus a warpgroup for the copies.
+    let pingpong = schedule("pingpong") || schedule("producer");
     let num = |name: &str| k.get(name).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
     let (mut nc, mut c) = match k.get("algo").map(String::as_str) {
         // The seed and the naive template: one thread per query row.
@@ -75,7 +77,7 @@ fn model_ms(k: &BTreeMap<String, String>) -> (f64, f64) {
                 t *= 0.98;
             }
             let mut tc = if on("causal_skip") { t * 0.53 } else { t };
-            if schedule("pingpong") || schedule("producer") {
+            if pingpong {
                 t *= 0.80;
                 tc *= 0.85;
             }
@@ -92,11 +94,7 @@ fn model_ms(k: &BTreeMap<String, String>) -> (f64, f64) {
     if num("stages") == 3 {
         // Under ping-pong a third stage gives a late refill room (s2 vs s3 on the H200:
         // 0.574 / 0.552 ms non-causal, 0.330 / 0.314 causal); elsewhere it moved little.
-        let f = if schedule("pingpong") || schedule("producer") {
-            0.96
-        } else {
-            0.99
-        };
+        let f = if pingpong { 0.96 } else { 0.99 };
         nc *= f;
         c *= f;
     }
