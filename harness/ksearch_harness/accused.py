@@ -253,14 +253,17 @@ class Accused:
                 return {"ns": int(ns), **({"parts": parts} if parts else {})}
             set_heap_perturb(heap_byte)
             try:
+                reply: dict[str, Any] = {}
                 if audit and AUDIT.available:
                     kernels = AUDIT.kernels_of(lambda: (fn(), a.synchronize()))
-                    return {"kernels": kernels, "own_kernels": _own_kernels(a)}
-                fn()
-                a.synchronize()
+                    reply = {"kernels": kernels, "own_kernels": _own_kernels(a)}
+                else:
+                    fn()
+                    a.synchronize()
             finally:
                 set_heap_perturb(0)
-            return {}
+            a.check_after_call()
+            return reply
         except Exception as e:  # noqa: BLE001 - everything a call raises is the candidate's
             raise _failure(e) from None
 

@@ -46,7 +46,8 @@
 //! - **device work** = the phases [`DEVICE_PHASES`] plus the yardsticks: the phases in which
 //!   the device (the CPU, for the cpu backend) runs the candidate's, the reference's or the
 //!   baseline's work, or work that sets the device up for a timed call. **Device busy
-//!   fraction** = device work ÷ wall.
+//!   fraction** = device work ÷ wall. A bound from above: a phase counts whole, the round
+//!   trips to the candidate's process inside it included.
 //!
 //! Old stores without these fields still account: what is missing is left out, and the values
 //! that need it are `None`.

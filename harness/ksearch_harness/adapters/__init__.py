@@ -109,6 +109,11 @@ class Adapter(abc.ABC):
     def synchronize(self) -> None:
         """Waits until all work the candidate queued on the device has finished."""
 
+    def check_after_call(self) -> None:
+        """Checks of the last untimed call that need its work finished and that launch work of
+        the harness's own, so they run after the kernel audit's session around the call
+        (cuda: the stream check). Raises a Violation."""
+
     @abc.abstractmethod
     def flush_cache(self) -> None:
         """Evicts the candidate's data from the caches between timed calls."""

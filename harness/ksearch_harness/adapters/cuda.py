@@ -432,6 +432,8 @@ class CudaAdapter(DeviceAdapter):
         self._dead: str | None = None
         self._timed_candidate_calls = 0
         self._escaped_calls = 0
+        # (copy, output) pairs of the last untimed call, for its stream check (check_after_call).
+        self._stream_copies: list[tuple[Any, Any]] | None = None
         self._nvcc: str | None = None
         self._arch: str | None = None
 
@@ -659,11 +661,15 @@ class CudaAdapter(DeviceAdapter):
 
         def candidate_call() -> None:
             self._alive()
+            if self._stream_copies is not None:
+                # A caller that did not ask for the last call's check (not the accused, which
+                # always does) gets it now: no stream check is skipped.
+                self.check_after_call()
             rc = fn(*args)
             if rc != 0:
                 self._returned_error(symbol, rc)
             if not self.timing:
-                self._check_stream(outs)
+                self._stream_copies = self._copy_on_stream(outs)
 
         candidate_call.ksearch_candidate = True  # type: ignore[attr-defined]
         return candidate_call
@@ -683,18 +689,29 @@ class CudaAdapter(DeviceAdapter):
         except Exception:  # noqa: BLE001 - a name is a courtesy
             return CUDA_ERROR_NAMES.get(rc, "unknown error")
 
-    def _check_stream(self, outs: list[Any]) -> None:
-        """Outputs copied on the harness stream right after the call, with only that stream
-        synchronized, must already be final: the entry promised its work is on `stream`. The
-        copies go to the host and are compared there, so the check launches no kernel of its
-        own (the kernel audit sees only copies besides the candidate's work)."""
+    def _copy_on_stream(self, outs: list[Any]) -> list[tuple[Any, Any]]:
+        """Copies of the outputs queued on the harness stream right after an untimed call,
+        for its stream check (check_after_call). Device-to-device copies: the kernel audit
+        around the call sees them as copies, and nothing crosses to the host."""
+        torch = self._torch_mod()
+        with self._cuda_errors("after the candidate's call"), torch.cuda.stream(self._stream):
+            return [(t.clone(), t) for t in outs]
+
+    def check_after_call(self) -> None:
+        """The stream check of the last untimed call: the output copies queued on the harness
+        stream right after it must equal the outputs once the whole device is idle, since
+        the entry promised that its work is on `stream`. Work left on a side stream or on the
+        legacy default stream (which timed calls would not wait for) changes the outputs
+        after the copies were taken. Compared on the device, after the kernel audit's session
+        (the comparison's kernels are the harness's own)."""
+        pairs, self._stream_copies = self._stream_copies, None
+        if not pairs:
+            return
         torch = self._torch_mod()
         with self._cuda_errors("after the candidate's call"):
-            copies = [torch_to_host(t, _storage(t)) for t in outs]
             self._stream.synchronize()
             torch.cuda.synchronize()
-            same = all(np.array_equal(c, torch_to_host(t, _storage(t)))
-                       for c, t in zip(copies, outs))
+            same = all(torch.equal(copy, out) for copy, out in pairs)
         if not same:
             raise Violation("deferred_work", "outputs changed after the stream passed to the "
                             "entry point had finished: work ran outside that stream (a side "

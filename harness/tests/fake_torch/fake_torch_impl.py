@@ -6,6 +6,7 @@ way a sticky CUDA error does; in the accused those settings come from $KSEARCH_F
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -213,7 +214,8 @@ class FakeTorch(types.ModuleType):
                                       L2_cache_size=60 << 20)
         self.cuda = types.SimpleNamespace(
             is_available=lambda: True, Stream=Stream, Event=Event, synchronize=synchronize,
-            set_stream=lambda s: None, get_device_properties=lambda i: props,
+            set_stream=lambda s: None, stream=lambda s: contextlib.nullcontext(),
+            get_device_properties=lambda i: props,
             init=lambda: None)
 
     def empty(self, shape, dtype, device=None):
