@@ -657,23 +657,14 @@ class AccusedAdapter:
         return place
 
     def upload(self, buf: RemoteBuffer, host: Any) -> None:
-        self.upload_all([(buf, host)])
-
-    def upload_all(self, items: list[tuple[RemoteBuffer, Any]]) -> None:
-        """Uploads each (buffer, host array): into the arena, then one copy command per slot
-        to the device (GPU backends), or into the shared device memory."""
-        from . import parallel
-        to_device: dict[int, list[str]] = {}
-        for buf, host in items:
-            if buf.dev is not None:
-                from .adapters.device import torch_upload
-                torch_upload(buf.dev, host)  # complete when it returns, before any later command
-                continue
-            parallel.copy_into(buf.view, host)
-            to_device.setdefault(buf.slot, []).append(buf.spec.name)
+        import numpy as np
+        if buf.dev is not None:
+            from .adapters.device import torch_upload
+            torch_upload(buf.dev, host)  # complete when it returns, before any later command
+            return
+        np.copyto(buf.view, host, casting="no")
         if self.on_device:
-            for slot, names in to_device.items():
-                self.process.rpc("h2d", slot=slot, names=names)
+            self.process.rpc("h2d", slot=buf.slot, names=[buf.spec.name])
 
     def release_outputs(self, bufs: dict[str, RemoteBuffer]) -> None:
         """Has the accused drop the outputs of one slot (Accused.release): for backends whose

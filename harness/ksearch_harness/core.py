@@ -1011,7 +1011,8 @@ class Evaluation:
                 bench.pristine = dict(kept)
                 _judge_sync()  # written before the candidate runs
             else:
-                acc.upload_all([(buf, inputs.stored[name]) for name, buf in bench.inputs.items()])
+                for name, buf in bench.inputs.items():
+                    acc.upload(buf, inputs.stored[name])
                 staged = self._staged_inputs(bench, inputs)
                 for name, buf in bench.judge_inputs.items():
                     if staged is not None:

@@ -92,17 +92,6 @@ def start() -> None:
     list(pool.map(wait, range(n)))
 
 
-def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
-    """np.copyto(dst, src, casting="no"); where both are large C-contiguous arrays of one
-    shape, written by the pool in pieces (the destination's page faults taken in parallel)."""
-    if (dst.shape != src.shape or dst.dtype != src.dtype or dst.size <= COPY_PIECE
-            or not (dst.flags.c_contiguous and src.flags.c_contiguous)):
-        np.copyto(dst, src, casting="no")
-        return
-    d, s = dst.reshape(-1), src.reshape(-1)
-    map_ranges(lambda lo, hi: np.copyto(d[lo:hi], s[lo:hi], casting="no"), d.size, COPY_PIECE)
-
-
 def map_ranges(fn: Callable[[int, int], T], n: int, step: int) -> list[T]:
     """[fn(0, step), fn(step, 2 step), ..., fn(., n)] (the last range may be shorter), computed
     on the pool when there is more than one range."""

@@ -642,29 +642,6 @@ def test_large_comparison_uses_the_pool_and_agrees(threads):
                             _old_compare(out.astype(np.float64), truth.astype(np.float64), tol))
 
 
-def test_copy_into_writes_what_copyto_writes(threads, monkeypatch):
-    """parallel.copy_into: the pool's pieces cover a large array exactly; small, strided or
-    mismatched arrays go to np.copyto, which keeps its errors."""
-    pieces: list[tuple[int, int]] = []
-    real = parallel.map_ranges
-
-    def spy(fn, n, step):
-        pieces.append((n, step))
-        return real(fn, n, step)
-
-    monkeypatch.setattr(parallel, "map_ranges", spy)
-    rng = np.random.default_rng(3)
-    src = rng.integers(0, 1 << 16, 5 * (parallel.COPY_PIECE + 3), dtype=np.uint16).reshape(-1, 5)
-    dst = np.zeros_like(src)
-    parallel.copy_into(dst, src)
-    assert np.array_equal(dst, src) and pieces == [(src.size, parallel.COPY_PIECE)]
-    small = np.zeros(7, np.uint16)
-    parallel.copy_into(small, src[0, :1].repeat(7))
-    assert (small == src[0, 0]).all() and len(pieces) == 1
-    with pytest.raises(TypeError):
-        parallel.copy_into(dst, src.astype(np.float32))
-
-
 # --------------------------------------------------------------------------------------------
 # Odds and ends
 

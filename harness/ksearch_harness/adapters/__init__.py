@@ -95,11 +95,6 @@ class Adapter(abc.ABC):
     def to_host(self, buf: Any) -> np.ndarray:
         """A host copy of `buf` in storage dtype."""
 
-    def read_into(self, buf: Any, out: np.ndarray) -> None:
-        """Copies `buf` into `out`, a host array of its shape in storage dtype (the accused's
-        copy out into the arena)."""
-        np.copyto(out, self.to_host(buf), casting="no")
-
     @abc.abstractmethod
     def call(self, inputs: dict[str, Any], outputs: dict[str, Any],
              params: dict[str, Any]) -> None:

@@ -323,16 +323,6 @@ def _device_copy(mx, arr):
     return copy.reshape(arr.shape)
 
 
-def mlx_host_view(arr) -> np.ndarray:
-    """`arr`'s values (bf16 as raw bits), evaluated, as numpy sees MLX's memory: without a copy
-    where MLX hands its buffer over (its CUDA memory is managed, so the host can read it)."""
-    mx = _import_mlx()
-    if arr.dtype == mx.bfloat16:
-        arr = mx.view(arr, mx.uint16)
-    mx.eval(arr)
-    return np.asarray(arr)
-
-
 def mlx_to_host(arr, storage: np.dtype) -> np.ndarray:
     mx = _import_mlx()
     storage = np.dtype(storage)

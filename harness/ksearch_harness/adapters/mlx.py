@@ -42,7 +42,7 @@ from .. import dtypes, kernel_clock, machine, static_checks
 from ..protocol import Entry, Incorrect, Request, TaskError, TensorSpec
 from . import BuildFailed, BuildInfo
 from .device import (DeviceAdapter, LazyOutput, HostLater, _bits, _device_copy, mlx_dtype,
-                     mlx_from_host, mlx_host_view, mlx_to_host, resolve_entry)
+                     mlx_from_host, mlx_to_host, resolve_entry)
 
 BUILDERS = ("cuda_kernel", "metal_kernel")
 KERNEL_HASH_CHARS = 12
@@ -271,13 +271,6 @@ class MlxAdapter(DeviceAdapter):
                 return dtypes.get(buf.spec.dtype).poison(buf.spec.shape, "a")
             return buf.host.copy()
         return mlx_to_host(buf.array, storage)
-
-    def read_into(self, buf: MlxBuffer, out: np.ndarray) -> None:
-        # Straight from MLX's memory into `out`: one copy where to_host made two.
-        if buf.array is None:
-            super().read_into(buf, out)
-            return
-        np.copyto(out, mlx_host_view(buf.array), casting="unsafe")
 
     def keep_pristine(self, buf: MlxBuffer) -> Any:
         """A bit-exact device copy of an uploaded input: comparing it with the input after a
