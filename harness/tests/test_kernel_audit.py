@@ -57,3 +57,50 @@ def test_mlx_kernels_built_at_run_time_are_the_candidates_own():
 ])
 def test_kernel_base_names(name, base):
     assert core.kernel_base(name) == base
+
+
+@pytest.mark.parametrize("audit", [True, False])
+def test_a_correctness_calls_own_checks_run_after_the_audit_session(monkeypatch, audit):
+    """The accused runs the adapter's checks of an untimed call (cuda: the stream check, whose
+    comparison launches kernels of the harness's own) after the kernel audit's session has
+    closed, so the audit sees only the call's kernels; a check that fails is the reply."""
+    from ksearch_harness import accused
+    order: list[str] = []
+
+    class Audit:
+        available = True
+
+        def kernels_of(self, fn):
+            order.append("audit begins")
+            fn()
+            order.append("audit ends")
+            return ["k"]
+
+    class Adapter:
+        built_kernels: list[str] = []
+        fail = False
+
+        def synchronize(self):
+            order.append("sync")
+
+        def check_after_call(self):
+            order.append("check")
+            if self.fail:
+                raise Violation("deferred_work", "changed after the stream had finished")
+
+    monkeypatch.setattr(accused, "AUDIT", Audit())
+    one = accused.Accused("cuda")
+    one.adapter = Adapter()
+    slot = accused.Slot({})
+    slot.fn = lambda: order.append("call")
+    reply = one.call(slot, 0, timed=False, audit=audit)
+    if audit:
+        assert order == ["audit begins", "call", "sync", "audit ends", "check"]
+        assert reply["kernels"] == ["k"]
+    else:
+        assert order == ["call", "sync", "check"]
+    one.adapter.fail = True
+    with pytest.raises(accused.CommandFailed) as failed:
+        one.call(slot, 0, timed=False, audit=audit)
+    assert failed.value.violation == "deferred_work"
+    assert "changed after the stream" in failed.value.message
