@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# One harness change on the device (issue: evaluation at search speed): one attention kernel
+# evaluated FILES times in one `ksearch eval --timing quick --json-lines`, with the harness and
+# tasks of an older commit (`old`) and of the working tree (`new`), alternated PAIRS times on
+# one machine, one backend per call (BACKEND=cuda or BACKEND=mlx). Prints per evaluation its
+# wall, score and the harness's phase seconds, then the medians per tree over the evaluations
+# after each call's first.
+#
+#   here:   bash gpu/tree_check.sh prepare <commit>     (the old tree, .device-carry/oldtree)
+#           bash gpu/ksearch_bin.sh pack
+#   run(command="BACKEND=cuda bash gpu/tree_check.sh", timeout_s=600,
+#       carry=[".device-carry/ks", ".device-carry/oldtree"])
+#   mlx: as gpu/score_check.sh says (two carry halves), .device-carry/oldtree with the second.
+#
+# KERNEL names the attention variant (gpu/attention/variants.toml). Results in $OUT:
+# tree-<old|new>-<pair>.jsonl, summary.txt, log.txt. Measured: docs/results/evaluation-speed.
+set -uo pipefail
+
+if [ "${1:-}" = prepare ]; then
+    cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+    commit=${2:?usage: bash gpu/tree_check.sh prepare <commit>}
+    rm -rf .device-carry/oldtree && mkdir -p .device-carry/oldtree &&
+        git archive "$commit" harness tasks | tar -x -C .device-carry/oldtree &&
+        echo "$commit" > .device-carry/oldtree/COMMIT && du -sh .device-carry/oldtree
+    exit $?
+fi
+
+BACKEND=${BACKEND:?set BACKEND=cuda or BACKEND=mlx}
+source "$(dirname "${BASH_SOURCE[0]}")/ksearch_env.sh" tree-check
+OLD="$ROOT/.device-carry/oldtree"
+[ -d "$OLD/harness" ] || { echo "no old tree: run 'bash gpu/tree_check.sh prepare <commit>' here and carry .device-carry/oldtree" >&2; exit 2; }
+echo "old tree: $(cat "$OLD/COMMIT" 2>/dev/null || echo unknown)"
+
+case "$BACKEND" in
+cuda) KERNEL=${KERNEL:-wg_m128n128s3_pp}; EXT=cu ;;
+mlx) KERNEL=${KERNEL:-s7_causal_skip}; EXT=py ;;
+*) echo "unknown BACKEND $BACKEND" >&2; exit 2 ;;
+esac
+F="$WORK/$KERNEL.$EXT"
+python3 gpu/ksearch_render.py attention "$BACKEND" --variants-backend cuda \
+    --variants gpu/attention/variants.toml --name "$KERNEL" -o "$F" || exit 2
+files=()
+for _ in $(seq "${FILES:-4}"); do files+=("$F"); done
+
+for pair in $(seq "${PAIRS:-2}"); do
+    for tree in old new; do
+        root=$ROOT
+        [ "$tree" = old ] && root=$OLD
+        started=$SECONDS
+        KSEARCH_ROOT=$root "$KS" eval --task attention --backend "$BACKEND" --timing quick \
+            --json-lines "${files[@]}" > "$OUT/tree-$tree-$pair.jsonl"
+        echo "tree $tree, pair $pair: $((SECONDS - started)) s"
+    done
+done
+
+python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
+import glob, json, os, statistics, sys
+out = sys.argv[1]
+later = {"old": [], "new": []}
+for path in sorted(glob.glob(os.path.join(out, "tree-*.jsonl"))):
+    tree = os.path.basename(path).split("-")[1]
+    for k, line in enumerate(open(path)):
+        r = json.loads(line).get("result") or {}
+        ph = (r.get("diagnostics") or {}).get("phase_seconds") or {}
+        wall = r.get("wall_seconds") or 0.0
+        print(f"{os.path.basename(path)} #{k}: {r.get('status')} score {r.get('score')} "
+              f"wall {wall:.2f} s  " + " ".join(f"{p} {v:.2f}" for p, v in sorted(ph.items())
+                                                  if v >= 0.05 and p != "total"))
+        if k > 0:
+            later[tree].append(wall)
+for tree, walls in later.items():
+    if walls:
+        print(f"{tree}: median wall after each call's first evaluation "
+              f"{statistics.median(walls):.2f} s ({min(walls):.2f}-{max(walls):.2f}) over "
+              f"{len(walls)}")
+PY
