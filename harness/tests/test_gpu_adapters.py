@@ -252,6 +252,58 @@ def test_escape_check_needs_a_majority_of_suspicious_timed_calls():
     assert _escape_verdict(20_000_000, 20_000_000, 40_100_000, calls=3) is not None
 
 
+# -- cuda: the stream check of untimed calls --------------------------------------------------
+
+
+class _Tensor:
+    def __init__(self, values):
+        self.a = np.array(values)
+
+    def clone(self):
+        return _Tensor(self.a)
+
+
+def _stream_check_adapter(late_write=None):
+    """A cuda adapter over a stand-in for torch whose device-wide synchronize runs
+    `late_write` (work that finished outside the harness stream)."""
+    import contextlib
+    import types
+    a = cuda.CudaAdapter(_request("cuda"))
+    device.deactivate()
+    syncs = []
+
+    def synchronize():
+        syncs.append("device")
+        if late_write is not None:
+            late_write()
+
+    a._torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(stream=lambda s: contextlib.nullcontext(),
+                                   synchronize=synchronize),
+        equal=lambda x, y: bool(np.array_equal(x.a, y.a)))
+    a._stream = types.SimpleNamespace(synchronize=lambda: syncs.append("stream"))
+    return a, syncs
+
+
+def test_the_stream_check_compares_copies_taken_on_the_stream_after_a_device_sync():
+    out = _Tensor([1.0, 2.0])
+    a, syncs = _stream_check_adapter()
+    a._stream_copies = a._copy_on_stream([out])
+    a.check_after_call()
+    assert syncs == ["stream", "device"] and a._stream_copies is None
+    a.check_after_call()  # nothing pending: nothing to check, nothing synchronized
+    assert syncs == ["stream", "device"]
+
+    def late():
+        out.a[1] = 7.0
+
+    a, _ = _stream_check_adapter(late)
+    a._stream_copies = a._copy_on_stream([out])
+    with pytest.raises(Violation) as v:
+        a.check_after_call()
+    assert v.value.violation == "deferred_work" and "outside that stream" in v.value.message
+
+
 # -- mlx: kernel names and dialects ---------------------------------------------------------
 
 
