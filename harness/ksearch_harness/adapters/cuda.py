@@ -848,8 +848,3 @@ class CudaAdapter(DeviceAdapter):
             except (TaskError, RuntimeError):
                 pass
         return env
-
-
-def _storage(t: Any) -> np.dtype:
-    """The numpy storage type of a tensor's elements (raw bits of the same width)."""
-    return np.dtype({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[t.element_size()])
