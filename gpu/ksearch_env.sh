@@ -15,3 +15,17 @@ export KSEARCH_ROOT=${KSEARCH_ROOT:-$ROOT} KSEARCH_PYTHON=$(command -v python3) 
 export KSEARCH_CACHE_DIR=${KSEARCH_CACHE_DIR:-$WORK/cache}
 nvidia-smi -L
 "$KS" --version || { echo "cannot run $KS" >&2; exit 2; }
+
+# The attention variant KERNEL (gpu/attention/variants.toml; by default the ping-pong kernel on
+# cuda, s7_causal_skip on mlx) rendered for $BACKEND into $WORK; sets KERNEL and F (its path).
+render_attention_kernel() {
+    local ext
+    case "$BACKEND" in
+    cuda) KERNEL=${KERNEL:-wg_m128n128s3_pp}; ext=cu ;;
+    mlx) KERNEL=${KERNEL:-s7_causal_skip}; ext=py ;;
+    *) echo "unknown BACKEND $BACKEND" >&2; exit 2 ;;
+    esac
+    F="$WORK/$KERNEL.$ext"
+    python3 "$ROOT/gpu/ksearch_render.py" attention "$BACKEND" --variants-backend cuda \
+        --variants "$ROOT/gpu/attention/variants.toml" --name "$KERNEL" -o "$F" || exit 2
+}

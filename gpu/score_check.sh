@@ -31,16 +31,12 @@ case "$BACKEND" in
 # The copy calibration: a candidate making the baseline's own copy, three times (cuda: the seed's
 # cudaMemcpyAsync; mlx: mx.array(x), which the task allows), and on mlx the seed once more, whose
 # mx.fast.cuda_kernel copy also weighs that call path's per-call cost.
-cuda) KERNEL=${KERNEL:-wg_m128n128s3_pp}; EXT=cu
-    COPIES=(tasks/copy/seed/copy.cu tasks/copy/seed/copy.cu tasks/copy/seed/copy.cu) ;;
-mlx) KERNEL=${KERNEL:-s7_causal_skip}; EXT=py
-    NATIVE=tasks/copy/calibration/copy_mlx_native.py
+cuda) COPIES=(tasks/copy/seed/copy.cu tasks/copy/seed/copy.cu tasks/copy/seed/copy.cu) ;;
+mlx) NATIVE=tasks/copy/calibration/copy_mlx_native.py
     COPIES=("$NATIVE" "$NATIVE" "$NATIVE" tasks/copy/seed/copy_mlx.py) ;;
 *) echo "unknown BACKEND $BACKEND" >&2; exit 2 ;;
 esac
-F="$WORK/$KERNEL.$EXT"
-python3 gpu/ksearch_render.py attention "$BACKEND" --variants-backend cuda \
-    --variants gpu/attention/variants.toml --name "$KERNEL" -o "$F" || exit 2
+render_attention_kernel
 
 run_eval() {
     local started=$SECONDS copies=()

@@ -31,14 +31,7 @@ OLD="$ROOT/.device-carry/oldtree"
 [ -d "$OLD/harness" ] || { echo "no old tree: run 'bash gpu/tree_check.sh prepare <commit>' here and carry .device-carry/oldtree" >&2; exit 2; }
 echo "old tree: $(cat "$OLD/COMMIT" 2>/dev/null || echo unknown)"
 
-case "$BACKEND" in
-cuda) KERNEL=${KERNEL:-wg_m128n128s3_pp}; EXT=cu ;;
-mlx) KERNEL=${KERNEL:-s7_causal_skip}; EXT=py ;;
-*) echo "unknown BACKEND $BACKEND" >&2; exit 2 ;;
-esac
-F="$WORK/$KERNEL.$EXT"
-python3 gpu/ksearch_render.py attention "$BACKEND" --variants-backend cuda \
-    --variants gpu/attention/variants.toml --name "$KERNEL" -o "$F" || exit 2
+render_attention_kernel
 files=()
 for _ in $(seq "${FILES:-4}"); do files+=("$F"); done
 
@@ -53,24 +46,4 @@ for pair in $(seq "${PAIRS:-2}"); do
     done
 done
 
-python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
-import glob, json, os, statistics, sys
-out = sys.argv[1]
-later = {"old": [], "new": []}
-for path in sorted(glob.glob(os.path.join(out, "tree-*.jsonl"))):
-    tree = os.path.basename(path).split("-")[1]
-    for k, line in enumerate(open(path)):
-        r = json.loads(line).get("result") or {}
-        ph = (r.get("diagnostics") or {}).get("phase_seconds") or {}
-        wall = r.get("wall_seconds") or 0.0
-        print(f"{os.path.basename(path)} #{k}: {r.get('status')} score {r.get('score')} "
-              f"wall {wall:.2f} s  " + " ".join(f"{p} {v:.2f}" for p, v in sorted(ph.items())
-                                                  if v >= 0.05 and p != "total"))
-        if k > 0:
-            later[tree].append(wall)
-for tree, walls in later.items():
-    if walls:
-        print(f"{tree}: median wall after each call's first evaluation "
-              f"{statistics.median(walls):.2f} s ({min(walls):.2f}-{max(walls):.2f}) over "
-              f"{len(walls)}")
-PY
+python3 gpu/alternated_summary.py "$OUT" tree | tee "$OUT/summary.txt"
