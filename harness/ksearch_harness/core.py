@@ -793,6 +793,7 @@ class Evaluation:
                 "task_sanity_checked": self.sanity_checked or 0,
                 "device_share": self.device_share,
                 "accused_prestarted": self.prestarted,
+                "spare_accused_depth": spare_accused.wanted_depth(),
                 "accused_start_seconds": proc.start_seconds if proc else {},
                 "accused_cores": proc.cores if proc else None,
                 "outputs_read_to_host": self.host_reads,
@@ -865,6 +866,9 @@ class Evaluation:
         shutil.copyfile(info.artifact, artifact)
         os.chmod(artifact, 0o444)
         self.process.wait_ready()
+        # How long a start-up takes, for the depth of spares the judge keeps.
+        spare_accused.note_ready(sum(v for k, v in self.process.start_seconds.items()
+                                     if k != "waited"))
         share = False
         if self.req.backend == "cuda":
             from . import device_share

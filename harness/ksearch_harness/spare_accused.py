@@ -4,12 +4,15 @@ GPU backends only).
 Starting an accused costs seconds on a GPU (its imports, its CUDA context, the kernel audit's
 profiler, the lock-down), all before the candidate's first call; on the cpu backend it costs a
 tenth of a second, and core.py starts no spare there. A persistent judge
-(supervisor.serve_loop) keeps a small number of spares (its depth, three by default) starting
-while evaluations run: each evaluation takes the oldest and starts one to replace it, so a
-spare has had about three evaluations to get ready. A spare is a fresh process that has never
-loaded candidate code: it gets its arena, its artifact and its buffers from the evaluation
-that takes it, exactly as one started then would. It is taken only by a request whose sandbox
-it was started with (the key: backend, sandbox mode, readable paths, limits).
+(supervisor.serve_loop) keeps spares starting while evaluations run: each evaluation takes the
+oldest and starts one to replace it. How many it keeps (its depth) follows what it measures: as
+many as one start-up takes evaluations, plus one (`wanted_depth`: the median of the last
+start-ups, from launch to ready, over the median time between evaluations), never fewer than
+three and at most `MAX_DEPTH`; `KSEARCH_HARNESS_SPARE_ACCUSED` pins it. So a spare has had about
+as long as a start takes to get ready when its evaluation comes. A spare is a fresh process
+that has never loaded candidate code: it gets its arena, its artifact and its buffers from the
+evaluation that takes it, exactly as one started then would. It is taken only by a request
+whose sandbox it was started with (the key: backend, sandbox mode, readable paths, limits).
 
 No spare runs while anything is timed: an evaluation stops them where they are (SIGSTOP)
 before its timed calls and lets them go on afterwards (`pause`, `resume`), and so does the
@@ -24,8 +27,12 @@ their directories removed: when a request needs another key, and when the judge 
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
+import statistics
+import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -42,17 +49,28 @@ class Started:
 
 
 # `0`: no spares (every evaluation starts its own accused, as a one-shot harness does); a
-# number: how many to keep started ahead (DEFAULT_DEPTH otherwise).
+# number: how many to keep started ahead, whatever is measured (`wanted_depth` otherwise).
 ENV = "KSEARCH_HARNESS_SPARE_ACCUSED"
-# Three: an accused's start-up on a GPU is mostly the kernel audit's profiler coming up, and it
-# took longer than a whole evaluation, so a spare started by the evaluation before the next one
-# was often not ready in time. Two ahead still left evaluations waiting when starts were slowed
-# by the compiles written ahead beside them and stopped while a profile ran (on the H100, 4.5 to
-# 13 s per start against evaluations of about 3.5 s; docs/results/evaluation-speed).
+# Three at least: an accused's start-up on a GPU is mostly the kernel audit's profiler coming
+# up, and it took longer than a whole evaluation, so a spare started by the evaluation before
+# the next one was often not ready in time. Two ahead still left evaluations waiting when
+# starts were slowed by the compiles written ahead beside them and stopped while a profile ran
+# (on the H100, 4.5 to 13 s per start against evaluations of about 3.5 s). Once evaluations took
+# under two seconds, three left a third of them waiting too (docs/results/evaluation-speed),
+# so the depth follows the measured start-ups and evaluations, up to MAX_DEPTH: each spare
+# holds a device context and an interpreter with the backend imported.
 DEFAULT_DEPTH = 3
-MAX_DEPTH = 4
+MAX_DEPTH = 8
+# How many recent start-ups and evaluation starts `wanted_depth` looks at.
+RECENT = 5
 _depth = 0
+# Whether the environment pinned the depth (no measuring then).
+_pinned = False
 _key: tuple | None = None
+# Seconds from launch to ready of recent accused processes (`note_ready`), and the times
+# (monotonic) recent evaluations asked for one (`take`).
+_starts: deque[float] = deque(maxlen=RECENT)
+_takes: deque[float] = deque(maxlen=RECENT + 1)
 # Oldest first: the oldest has had longest to start.
 _spares: list[Started] = []
 # The spares `pause` stopped (by id), for `resume` to let go on.
@@ -65,31 +83,60 @@ _also: list[tuple[Callable[[], None], Callable[[], None] | None]] = []
 def enable(on: bool = True) -> None:
     """Only a persistent judge's worker keeps spares (worker.child_loop): a one-shot harness
     would start some that nobody takes."""
-    global _depth
-    _depth = _configured_depth() if on else 0
+    global _depth, _pinned
+    pinned = _configured_depth()
+    _pinned = pinned is not None
+    _depth = (DEFAULT_DEPTH if pinned is None else pinned) if on else 0
+    _starts.clear()
+    _takes.clear()
     if not _depth:
         close()
 
 
-def _configured_depth() -> int:
+def _configured_depth() -> int | None:
     raw = os.environ.get(ENV, "").strip()
     if not raw:
-        return DEFAULT_DEPTH
+        return None
     try:
         return max(0, min(int(raw), MAX_DEPTH))
     except ValueError:
+        return None
+
+
+def note_ready(seconds: float) -> None:
+    """An accused of this judge took `seconds` from its launch to ready (pauses included:
+    what a spare needs ahead of its evaluation)."""
+    if seconds > 0 and math.isfinite(seconds):
+        _starts.append(seconds)
+
+
+def wanted_depth() -> int:
+    """The depth to keep: pinned by the environment, else as many spares as one start-up
+    takes evaluations, plus one, from the medians of the last `RECENT` start-ups and of the
+    times between the last evaluations (DEFAULT_DEPTH until both are measured), within
+    DEFAULT_DEPTH and MAX_DEPTH."""
+    if _pinned or not _depth:
+        return _depth
+    times = list(_takes)
+    gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
+    if not _starts or len(gaps) < 2:
         return DEFAULT_DEPTH
+    ahead = math.ceil(statistics.median(_starts) / statistics.median(gaps)) + 1
+    return max(DEFAULT_DEPTH, min(ahead, MAX_DEPTH))
 
 
 def enabled() -> bool:
     return _depth > 0
 
 
-def take(key: tuple) -> Started | None:
+def take(key: tuple, now: float | None = None) -> Started | None:
     """The oldest spare started for `key` that is still alive; None when there is none (spares
     for another key are discarded, and so are dead ones). The caller owns what it takes
-    (process, directory, log)."""
+    (process, directory, log). Each call is an evaluation asking (at `now`, monotonic: the
+    clock's time when not given), which `wanted_depth` measures."""
     global _key
+    if _depth:
+        _takes.append(time.monotonic() if now is None else now)
     if not _spares:
         return None
     _resume_spares()
@@ -106,16 +153,18 @@ def take(key: tuple) -> Started | None:
 
 
 def start(key: tuple, factory: Callable[[], Started]) -> None:
-    """Starts spares for `key` until the judge keeps its depth of them (replacing any for
-    another key); nothing when spares are off. A failure to start one is not an error: the
-    next evaluation starts its own."""
+    """Starts spares for `key` until the judge keeps its depth of them (`wanted_depth`;
+    replacing any for another key); nothing when spares are off. A failure to start one is not
+    an error: the next evaluation starts its own. Spares beyond a depth that has fallen are
+    not stopped: they are taken in turn."""
     global _key
     if not _depth:
         return
     if key != _key:
         close()
     _key = key
-    while len(_spares) < _depth:
+    depth = wanted_depth()
+    while len(_spares) < depth:
         try:
             _spares.append(factory())
         except Exception:  # noqa: BLE001 - a spare is an optimisation

@@ -472,6 +472,82 @@ def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monk
     assert made[-1].signals[-1] == "KILL"  # untaken spares go with the judge's end
 
 
+def test_spare_depth_follows_the_measured_start_ups_and_evaluations(monkeypatch):
+    """Unpinned, the judge keeps as many spares as one start-up takes evaluations, plus one:
+    three until it has measured a start-up and two gaps between evaluations, then
+    ceil(median start-up / median gap) + 1, never fewer than three nor more than MAX_DEPTH.
+    Pinned by the environment, the depth is what it says whatever is measured."""
+    from ksearch_harness import spare_accused
+
+    class Process:
+        stopped, dead = False, None
+
+        def stop(self):
+            self.stopped = True
+
+        def cont(self):
+            self.stopped = False
+
+        def _alive(self):
+            return True
+
+        def kill(self):
+            pass
+
+    def factory():
+        fd, log = tempfile.mkstemp()
+        os.close(fd)
+        return spare_accused.Started(Process(), tempfile.mkdtemp(), log)
+
+    def evaluations(at):
+        for t in at:
+            got = spare_accused.take(("k",), now=t)
+            if got is not None:
+                spare_accused.discard(got)
+            spare_accused.start(("k",), factory)
+
+    monkeypatch.delenv(spare_accused.ENV, raising=False)
+    spare_accused.enable()
+    try:
+        evaluations([0.0])
+        assert len(spare_accused._spares) == spare_accused.DEFAULT_DEPTH  # nothing measured
+        spare_accused.note_ready(8.0)
+        evaluations([1.5])
+        assert spare_accused.wanted_depth() == spare_accused.DEFAULT_DEPTH  # one gap only
+        # Evaluations 1.5 s apart, start-ups of 8 s: ceil(8 / 1.5) + 1 = 7 ahead.
+        evaluations([3.0])
+        assert spare_accused.wanted_depth() == 7
+        assert len(spare_accused._spares) == 7
+        # Slow evaluations: never fewer than the default (and spares already started stay).
+        spare_accused.note_ready(8.0)
+        spare_accused.note_ready(8.0)
+        evaluations([23.0, 43.0, 63.0, 83.0, 103.0])
+        assert spare_accused.wanted_depth() == spare_accused.DEFAULT_DEPTH
+        # Start-ups far longer than evaluations: at most MAX_DEPTH.
+        for _ in range(spare_accused.RECENT):
+            spare_accused.note_ready(60.0)
+        evaluations([104.0, 105.0, 106.0, 107.0, 108.0])
+        assert spare_accused.wanted_depth() == spare_accused.MAX_DEPTH
+        assert len(spare_accused._spares) == spare_accused.MAX_DEPTH
+        # A nonsensical figure is not a start-up.
+        spare_accused.note_ready(float("nan"))
+        spare_accused.note_ready(-1.0)
+        assert list(spare_accused._starts) == [60.0] * spare_accused.RECENT
+        # Pinned: the environment's number, whatever was measured. The spares started for
+        # the deeper pool are taken in turn, not killed; then the pool stays at two.
+        monkeypatch.setenv(spare_accused.ENV, "2")
+        spare_accused.enable()
+        spare_accused.note_ready(60.0)
+        evaluations([200.0, 201.0, 202.0, 203.0])
+        assert spare_accused.wanted_depth() == 2
+        assert len(spare_accused._spares) == spare_accused.MAX_DEPTH - 4
+        evaluations([204.0, 205.0, 206.0, 207.0])
+        assert len(spare_accused._spares) == 2
+    finally:
+        spare_accused.enable(False)
+    assert not spare_accused._spares
+
+
 def test_a_killed_accused_is_waited_for_after_the_result_and_before_anything_is_timed(
         tmp_path, monkeypatch):
     """reaping: in a persistent judge an evaluation's killed accused is waited for (and its
