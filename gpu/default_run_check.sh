@@ -22,23 +22,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/ksearch_env.sh" "default-run-$BACKEND-$SE
 RUNS=$WORK/runs
 mkdir -p "$RUNS"
 
-dmon=
-if command -v nvidia-smi > /dev/null; then
-    nvidia-smi dmon -s u -o T -d 1 > "$OUT/dmon.txt" 2>&1 &
-    dmon=$!
-fi
+dmon_start
 started=$SECONDS
-from=$(date +%T)
 # ROUNDS (unset: the default budget) tries another round budget with everything else default.
 "$KS" run --task attention --backend "$BACKEND" --seed "$SEED" --runs-dir "$RUNS" \
     ${ROUNDS:+--rounds "$ROUNDS"} --max-wall-time "${GUARD_S:-540}" --json > "$OUT/run.json"
 echo "run exit code $?, $((SECONDS - started)) s"
-to=$(date +%T)
-if [ -n "$dmon" ]; then
-    sleep 1
-    kill "$dmon" 2> /dev/null
-    python3 "$(dirname "${BASH_SOURCE[0]}")/dmon_busy.py" "$OUT/dmon.txt" "$from" "$to"
-fi
+dmon_report
 RUN=$(ls -t "$RUNS" | head -n 1)
 [ -n "$RUN" ] || { echo "no run in $RUNS" >&2; exit 1; }
 "$KS" show "$RUN" --runs-dir "$RUNS" > "$OUT/show.txt"

@@ -29,3 +29,23 @@ render_attention_kernel() {
     python3 "$ROOT/gpu/ksearch_render.py" attention "$BACKEND" --variants-backend cuda \
         --variants "$ROOT/gpu/attention/variants.toml" --name "$KERNEL" -o "$F" || exit 2
 }
+
+# The driver's samples of the device's activity while a run goes (`nvidia-smi dmon`, into
+# $OUT/dmon.txt), where there is an NVIDIA driver: `dmon_start` before the run, `dmon_report`
+# after it prints the mean share of time a kernel ran (gpu/dmon_busy.py), an independent check
+# of `ksearch show`'s device busy fraction.
+dmon_start() {
+    DMON_PID=
+    DMON_FROM=$(date +%T)
+    command -v nvidia-smi > /dev/null || return 0
+    nvidia-smi dmon -s u -o T -d 1 > "$OUT/dmon.txt" 2>&1 &
+    DMON_PID=$!
+}
+dmon_report() {
+    local to
+    to=$(date +%T)
+    [ -n "${DMON_PID:-}" ] || return 0
+    sleep 1
+    kill "$DMON_PID" 2> /dev/null
+    python3 "$ROOT/gpu/dmon_busy.py" "$OUT/dmon.txt" "$DMON_FROM" "$to"
+}

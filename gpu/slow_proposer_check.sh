@@ -13,7 +13,8 @@
 #
 # Prepare here: bash gpu/ksearch_bin.sh pack. Results in
 # $OUT: run.json, show.txt, show.json, log.txt, and store.tar.gz (the run directory: its
-# events, proposer exchanges and every evaluation).
+# events, proposer exchanges and every evaluation); on NVIDIA also dmon.txt, the driver's
+# samples of the device's activity (ksearch_env.sh's dmon_start, gpu/dmon_busy.py).
 set -uo pipefail
 
 STRATEGY=${STRATEGY:-world-model}
@@ -44,12 +45,14 @@ for i, (name, src) in enumerate(kernels):
 print(f"{len(kernels)} kernels for the scripted proposer")
 PY
 export KSEARCH_AGENT_KERNELS=$KERNELS KSEARCH_AGENT_DELAY=${DELAY:-10}
+dmon_start
 started=$SECONDS
 "$KS" run --task attention --backend cuda --strategy "$STRATEGY" --proposer command \
     --command "python3 $ROOT/gpu/scripted_proposer.py" --samples "${SAMPLES:-4}" \
     --rounds "${ROUNDS:-5}" --runs-dir "$RUNS" --max-wall-time "${GUARD_S:-500}" --json \
     > "$OUT/run.json"
 echo "run exit code $?, $((SECONDS - started)) s"
+dmon_report
 RUN=$(ls -t "$RUNS" | head -n 1)
 [ -n "$RUN" ] || { echo "no run in $RUNS" >&2; exit 1; }
 "$KS" show "$RUN" --runs-dir "$RUNS" > "$OUT/show.txt"
