@@ -7,8 +7,8 @@ tenth of a second, and core.py starts no spare there. A persistent judge
 (supervisor.serve_loop) keeps spares starting while evaluations run: each evaluation takes the
 oldest and starts one to replace it. How many it keeps (its depth) follows what it measures: as
 many as one start-up takes evaluations, plus one (`wanted_depth`: the median of the last
-start-ups, from launch to ready, over the median time between evaluations), never fewer than
-three and at most `MAX_DEPTH`; `KSEARCH_HARNESS_SPARE_ACCUSED` pins it. So a spare has had about
+start-ups, from launch to ready, over the median time between evaluations; INITIAL_DEPTH until
+that is measured), at most `MAX_DEPTH`; `KSEARCH_HARNESS_SPARE_ACCUSED` pins it. So a spare has had about
 as long as a start takes to get ready when its evaluation comes. A spare is a fresh process
 that has never loaded candidate code: it gets its arena, its artifact and its buffers from the
 evaluation that takes it, exactly as one started then would. It is taken only by a request
@@ -51,15 +51,14 @@ class Started:
 # `0`: no spares (every evaluation starts its own accused, as a one-shot harness does); a
 # number: how many to keep started ahead, whatever is measured (`wanted_depth` otherwise).
 ENV = "KSEARCH_HARNESS_SPARE_ACCUSED"
-# Three at least: an accused's start-up on a GPU is mostly the kernel audit's profiler coming
-# up, and it took longer than a whole evaluation, so a spare started by the evaluation before
-# the next one was often not ready in time. Two ahead still left evaluations waiting when
-# starts were slowed by the compiles written ahead beside them and stopped while a profile ran
-# (on the H100, 4.5 to 13 s per start against evaluations of about 3.5 s). Once evaluations took
-# under two seconds, three left a third of them waiting too (docs/results/evaluation-speed),
-# so the depth follows the measured start-ups and evaluations, up to MAX_DEPTH: each spare
-# holds a device context and an interpreter with the backend imported.
-DEFAULT_DEPTH = 3
+# Before anything is measured: six. An accused's start-up on a GPU is mostly the kernel audit's
+# profiler coming up, 6-14 s on the H100 while evaluations took 1.4-4 s, and the depths the
+# measurement then asked for were 4-8; a spare added once the first evaluations are measured is
+# ready only a start-up later, so a pool that starts small leaves the evaluations of that time
+# waiting (three did, for a third of them: docs/results/evaluation-speed). Where evaluations are
+# slow the measured depth falls to two or three, and the surplus is taken in turn. At most
+# MAX_DEPTH: each spare holds a device context and an interpreter with the backend imported.
+INITIAL_DEPTH = 6
 MAX_DEPTH = 8
 # How many recent start-ups and evaluation starts `wanted_depth` looks at.
 RECENT = 5
@@ -86,7 +85,7 @@ def enable(on: bool = True) -> None:
     global _depth, _pinned
     pinned = _configured_depth()
     _pinned = pinned is not None
-    _depth = (DEFAULT_DEPTH if pinned is None else pinned) if on else 0
+    _depth = (INITIAL_DEPTH if pinned is None else pinned) if on else 0
     _starts.clear()
     _takes.clear()
     if not _depth:
@@ -113,16 +112,16 @@ def note_ready(seconds: float) -> None:
 def wanted_depth() -> int:
     """The depth to keep: pinned by the environment, else as many spares as one start-up
     takes evaluations, plus one, from the medians of the last `RECENT` start-ups and of the
-    times between the last evaluations (DEFAULT_DEPTH until both are measured), within
-    DEFAULT_DEPTH and MAX_DEPTH."""
+    times between the last evaluations (INITIAL_DEPTH until both are measured), at most
+    MAX_DEPTH."""
     if _pinned or not _depth:
         return _depth
     times = list(_takes)
     gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
     if not _starts or len(gaps) < 2:
-        return DEFAULT_DEPTH
+        return INITIAL_DEPTH
     ahead = math.ceil(statistics.median(_starts) / statistics.median(gaps)) + 1
-    return max(DEFAULT_DEPTH, min(ahead, MAX_DEPTH))
+    return min(ahead, MAX_DEPTH)
 
 
 def enabled() -> bool:

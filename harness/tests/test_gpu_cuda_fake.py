@@ -436,7 +436,7 @@ def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch, monkeypatch)
 
     def timing(self):
         spares = spare_accused._spares
-        assert len(spares) == spare_accused.DEFAULT_DEPTH
+        assert len(spares) == spare_accused.INITIAL_DEPTH
         spare_states.append({s for spare in spares
                              for s, _ in thread_states(spare.process.pid).values()})
         return untimed(self)

@@ -466,7 +466,7 @@ def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monk
         monkeypatch.delenv(spare_accused.ENV)
         spare_accused.enable()
         spare_accused.start(("k",), factory())
-        assert len(spare_accused._spares) == spare_accused.DEFAULT_DEPTH == 3
+        assert len(spare_accused._spares) == spare_accused.INITIAL_DEPTH == 6
     finally:
         spare_accused.enable(False)
     assert made[-1].signals[-1] == "KILL"  # untaken spares go with the judge's end
@@ -474,9 +474,10 @@ def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monk
 
 def test_spare_depth_follows_the_measured_start_ups_and_evaluations(monkeypatch):
     """Unpinned, the judge keeps as many spares as one start-up takes evaluations, plus one:
-    three until it has measured a start-up and two gaps between evaluations, then
-    ceil(median start-up / median gap) + 1, never fewer than three nor more than MAX_DEPTH.
-    Pinned by the environment, the depth is what it says whatever is measured."""
+    INITIAL_DEPTH until it has measured a start-up and two gaps between evaluations, then
+    ceil(median start-up / median gap) + 1, at most MAX_DEPTH; spares beyond a depth that fell
+    are taken in turn, not killed. Pinned by the environment, the depth is what it says
+    whatever is measured."""
     from ksearch_harness import spare_accused
 
     class Process:
@@ -510,39 +511,40 @@ def test_spare_depth_follows_the_measured_start_ups_and_evaluations(monkeypatch)
     spare_accused.enable()
     try:
         evaluations([0.0])
-        assert len(spare_accused._spares) == spare_accused.DEFAULT_DEPTH  # nothing measured
+        assert len(spare_accused._spares) == spare_accused.INITIAL_DEPTH  # nothing measured
         spare_accused.note_ready(8.0)
         evaluations([1.5])
-        assert spare_accused.wanted_depth() == spare_accused.DEFAULT_DEPTH  # one gap only
+        assert spare_accused.wanted_depth() == spare_accused.INITIAL_DEPTH  # one gap only
         # Evaluations 1.5 s apart, start-ups of 8 s: ceil(8 / 1.5) + 1 = 7 ahead.
         evaluations([3.0])
         assert spare_accused.wanted_depth() == 7
         assert len(spare_accused._spares) == 7
-        # Slow evaluations: never fewer than the default (and spares already started stay).
+        # Slow evaluations (20 s apart): two once their gaps are the median, a start-up within
+        # one evaluation, plus one (the first slow one still refilled to seven). The spares
+        # started are taken in turn, and then the pool stays at two.
         spare_accused.note_ready(8.0)
         spare_accused.note_ready(8.0)
-        evaluations([23.0, 43.0, 63.0, 83.0, 103.0])
-        assert spare_accused.wanted_depth() == spare_accused.DEFAULT_DEPTH
+        evaluations([23.0, 43.0, 63.0, 83.0])
+        assert spare_accused.wanted_depth() == 2
+        assert len(spare_accused._spares) == 4
+        evaluations([103.0, 123.0, 143.0])
+        assert len(spare_accused._spares) == 2
         # Start-ups far longer than evaluations: at most MAX_DEPTH.
         for _ in range(spare_accused.RECENT):
             spare_accused.note_ready(60.0)
-        evaluations([104.0, 105.0, 106.0, 107.0, 108.0])
+        evaluations([124.0, 125.0, 126.0, 127.0, 128.0])
         assert spare_accused.wanted_depth() == spare_accused.MAX_DEPTH
         assert len(spare_accused._spares) == spare_accused.MAX_DEPTH
         # A nonsensical figure is not a start-up.
         spare_accused.note_ready(float("nan"))
         spare_accused.note_ready(-1.0)
         assert list(spare_accused._starts) == [60.0] * spare_accused.RECENT
-        # Pinned: the environment's number, whatever was measured. The spares started for
-        # the deeper pool are taken in turn, not killed; then the pool stays at two.
+        # Pinned: the environment's number, whatever was measured.
         monkeypatch.setenv(spare_accused.ENV, "2")
         spare_accused.enable()
         spare_accused.note_ready(60.0)
-        evaluations([200.0, 201.0, 202.0, 203.0])
-        assert spare_accused.wanted_depth() == 2
-        assert len(spare_accused._spares) == spare_accused.MAX_DEPTH - 4
-        evaluations([204.0, 205.0, 206.0, 207.0])
-        assert len(spare_accused._spares) == 2
+        evaluations([200.0, 201.0, 202.0, 203.0, 204.0, 205.0, 206.0, 207.0])
+        assert spare_accused.wanted_depth() == 2 and len(spare_accused._spares) == 2
     finally:
         spare_accused.enable(False)
     assert not spare_accused._spares
