@@ -60,8 +60,12 @@ ENV = "KSEARCH_HARNESS_SPARE_ACCUSED"
 # MAX_DEPTH: each spare holds a device context and an interpreter with the backend imported.
 INITIAL_DEPTH = 6
 MAX_DEPTH = 8
-# How many recent start-ups and evaluation starts `wanted_depth` looks at.
+# How many recent start-ups and evaluation starts `wanted_depth` looks at, and how many gaps
+# between evaluations it waits for: three, so that the median is not the first evaluation's
+# (a judge's first draws the run's inputs and checks the task: seconds longer than the rest;
+# with two gaps it halved the depth for a while on the H100 and two evaluations waited).
 RECENT = 5
+MIN_GAPS = 3
 _depth = 0
 # Whether the environment pinned the depth (no measuring then).
 _pinned = False
@@ -112,13 +116,13 @@ def note_ready(seconds: float) -> None:
 def wanted_depth() -> int:
     """The depth to keep: pinned by the environment, else as many spares as one start-up
     takes evaluations, plus one, from the medians of the last `RECENT` start-ups and of the
-    times between the last evaluations (INITIAL_DEPTH until both are measured), at most
-    MAX_DEPTH."""
+    times between the last evaluations (INITIAL_DEPTH until a start-up and MIN_GAPS gaps are
+    measured), at most MAX_DEPTH."""
     if _pinned or not _depth:
         return _depth
     times = list(_takes)
     gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
-    if not _starts or len(gaps) < 2:
+    if not _starts or len(gaps) < MIN_GAPS:
         return INITIAL_DEPTH
     ahead = math.ceil(statistics.median(_starts) / statistics.median(gaps)) + 1
     return min(ahead, MAX_DEPTH)

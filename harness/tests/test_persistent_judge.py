@@ -474,7 +474,8 @@ def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monk
 
 def test_spare_depth_follows_the_measured_start_ups_and_evaluations(monkeypatch):
     """Unpinned, the judge keeps as many spares as one start-up takes evaluations, plus one:
-    INITIAL_DEPTH until it has measured a start-up and two gaps between evaluations, then
+    INITIAL_DEPTH until it has measured a start-up and three gaps between evaluations (the
+    first evaluation's, longer than the rest, is not the median then), then
     ceil(median start-up / median gap) + 1, at most MAX_DEPTH; spares beyond a depth that fell
     are taken in turn, not killed. Pinned by the environment, the depth is what it says
     whatever is measured."""
@@ -510,23 +511,24 @@ def test_spare_depth_follows_the_measured_start_ups_and_evaluations(monkeypatch)
     monkeypatch.delenv(spare_accused.ENV, raising=False)
     spare_accused.enable()
     try:
-        evaluations([0.0])
+        evaluations([-20.0])
         assert len(spare_accused._spares) == spare_accused.INITIAL_DEPTH  # nothing measured
         spare_accused.note_ready(8.0)
-        evaluations([1.5])
-        assert spare_accused.wanted_depth() == spare_accused.INITIAL_DEPTH  # one gap only
-        # Evaluations 1.5 s apart, start-ups of 8 s: ceil(8 / 1.5) + 1 = 7 ahead.
+        evaluations([0.0, 1.5])
+        assert spare_accused.wanted_depth() == spare_accused.INITIAL_DEPTH  # two gaps only
+        # Evaluations 1.5 s apart after a first of 20 s, start-ups of 8 s:
+        # ceil(8 / 1.5) + 1 = 7 ahead.
         evaluations([3.0])
         assert spare_accused.wanted_depth() == 7
         assert len(spare_accused._spares) == 7
         # Slow evaluations (20 s apart): two once their gaps are the median, a start-up within
-        # one evaluation, plus one (the first slow one still refilled to seven). The spares
-        # started are taken in turn, and then the pool stays at two.
+        # one evaluation, plus one. The spares started are taken in turn, and then the pool
+        # stays at two.
         spare_accused.note_ready(8.0)
         spare_accused.note_ready(8.0)
         evaluations([23.0, 43.0, 63.0, 83.0])
         assert spare_accused.wanted_depth() == 2
-        assert len(spare_accused._spares) == 4
+        assert len(spare_accused._spares) == 3
         evaluations([103.0, 123.0, 143.0])
         assert len(spare_accused._spares) == 2
         # Start-ups far longer than evaluations: at most MAX_DEPTH.
