@@ -31,7 +31,8 @@ pub fn render_time(t: &TimeAccount) -> String {
         })
         .unwrap_or_else(|| "n/a".into());
     let busy = match (t.busy_fraction, t.device_seconds) {
-        (Some(f), Some(d)) => format!("{:.1}% ({d:.1} s)", f * 100.0),
+        // The phases bound the device's work from above (accounting): "at most".
+        (Some(f), Some(d)) => format!("≤ {:.1}% ({d:.1} s)", f * 100.0),
         _ => "n/a".into(),
     };
     let _ = writeln!(
