@@ -6,7 +6,7 @@ that contain device work and so bounds that work from above (docs/cli.md).
 
     python3 gpu/dmon_busy.py dmon.txt START END     (START, END: HH:MM:SS, as `date +%T`)
 
-Reads `nvidia-smi dmon -s u -o T -d 1` output; prints one line, or says why it cannot."""
+Reads `nvidia-smi dmon -i GPU -s u -o T -d 1` output; prints one line, or says why it cannot."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ def seconds(hms: str) -> int:
 
 def samples(lines: list[str], start: int, end: int) -> list[int]:
     """The `sm` values of the dmon rows stamped within [start, end] (seconds of the day; a
-    span past midnight wraps)."""
+    span past midnight wraps). Rows of one GPU only (dmon -i): ValueError if there are
+    several."""
     wraps = end < start
     out = []
+    gpus = set()
     for line in lines:
         parts = line.split()
         if len(parts) < 3 or line.lstrip().startswith("#") or not parts[2].isdigit():
@@ -34,7 +36,11 @@ def samples(lines: list[str], start: int, end: int) -> list[int]:
             continue
         inside = (t >= start or t <= end) if wraps else start <= t <= end
         if inside:
+            gpus.add(parts[1])
             out.append(int(parts[2]))
+    if len(gpus) > 1:
+        raise ValueError(f"samples of {len(gpus)} GPUs ({', '.join(sorted(gpus))}): "
+                         "sample one (nvidia-smi dmon -i)")
     return out
 
 
@@ -43,7 +49,11 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[-3], file=sys.stderr)
         return 2
     with open(argv[1]) as f:
-        got = samples(f.readlines(), seconds(argv[2]), seconds(argv[3]))
+        try:
+            got = samples(f.readlines(), seconds(argv[2]), seconds(argv[3]))
+        except ValueError as e:
+            print(f"driver-sampled device busy: {e}")
+            return 1
     if not got:
         print(f"driver-sampled device busy: no dmon samples between {argv[2]} and {argv[3]}")
         return 1

@@ -30,22 +30,32 @@ render_attention_kernel() {
         --variants "$ROOT/gpu/attention/variants.toml" --name "$KERNEL" -o "$F" || exit 2
 }
 
-# The driver's samples of the device's activity while a run goes (`nvidia-smi dmon`, into
-# $OUT/dmon.txt), where there is an NVIDIA driver: `dmon_start` before the run, `dmon_report`
-# after it prints the mean share of time a kernel ran (gpu/dmon_busy.py), an independent check
-# of `ksearch show`'s device busy fraction.
+# The driver's samples of the device's activity while a run goes (`nvidia-smi dmon` of the
+# first GPU CUDA_VISIBLE_DEVICES names, else GPU 0, into $OUT/dmon.txt), where there is an
+# NVIDIA driver: `dmon_start` before the run, `dmon_report` after it prints the mean share of
+# time a kernel ran (gpu/dmon_busy.py), an independent check of `ksearch show`'s device busy
+# fraction. The sampler is stopped when the script exits, however it ends (an EXIT trap).
 dmon_start() {
+    local gpu=${CUDA_VISIBLE_DEVICES%%,*}
     DMON_PID=
     DMON_FROM=$(date +%T)
     command -v nvidia-smi > /dev/null || return 0
-    nvidia-smi dmon -s u -o T -d 1 > "$OUT/dmon.txt" 2>&1 &
+    case "$gpu" in '' | *[!0-9]*) gpu=0 ;; esac
+    nvidia-smi dmon -i "$gpu" -s u -o T -d 1 > "$OUT/dmon.txt" 2>&1 &
     DMON_PID=$!
+    trap 'dmon_stop' EXIT
+}
+dmon_stop() {
+    [ -n "${DMON_PID:-}" ] || return 0
+    kill "$DMON_PID" 2> /dev/null
+    wait "$DMON_PID" 2> /dev/null
+    DMON_PID=
 }
 dmon_report() {
     local to
     to=$(date +%T)
     [ -n "${DMON_PID:-}" ] || return 0
     sleep 1
-    kill "$DMON_PID" 2> /dev/null
+    dmon_stop
     python3 "$ROOT/gpu/dmon_busy.py" "$OUT/dmon.txt" "$DMON_FROM" "$to"
 }

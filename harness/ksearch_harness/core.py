@@ -658,6 +658,8 @@ class Evaluation:
         # A spare accused started by an earlier evaluation (spare_accused), and the file its
         # output went to, copied into this request's log at the end.
         self.prestarted = False
+        # How many spares this evaluation's start kept starting for the next ones.
+        self.spare_depth = 0
         self.accused_log: str | None = None
         # Output snapshots copied to the host (every one without shared device memory; with
         # it, only those a failing or host-only check needed).
@@ -793,7 +795,7 @@ class Evaluation:
                 "task_sanity_checked": self.sanity_checked or 0,
                 "device_share": self.device_share,
                 "accused_prestarted": self.prestarted,
-                "spare_accused_depth": spare_accused.wanted_depth(),
+                "spare_accused_depth": self.spare_depth,
                 "accused_start_seconds": proc.start_seconds if proc else {},
                 "accused_cores": proc.cores if proc else None,
                 "outputs_read_to_host": self.host_reads,
@@ -858,6 +860,7 @@ class Evaluation:
         # only share the cores with this evaluation.
         if req.backend != "cpu":
             spare_accused.start(key, make_spare)
+            self.spare_depth = spare_accused.depth_used()
 
     def _accused_ready(self, info: BuildInfo) -> tuple[AccusedAdapter, str]:
         """The started accused, ready, with a copy of the artifact in its directory."""

@@ -7,10 +7,11 @@ tenth of a second, and core.py starts no spare there. A persistent judge
 (supervisor.serve_loop) keeps spares starting while evaluations run: each evaluation takes the
 oldest and starts one to replace it. How many it keeps (its depth) follows what it measures: as
 many as one start-up takes evaluations, plus one (`wanted_depth`: the median of the last
-start-ups, from launch to ready, over the median time between evaluations; INITIAL_DEPTH until
-that is measured), at most `MAX_DEPTH`; `KSEARCH_HARNESS_SPARE_ACCUSED` pins it. So a spare has had about
-as long as a start takes to get ready when its evaluation comes. A spare is a fresh process
-that has never loaded candidate code: it gets its arena, its artifact and its buffers from the
+start-ups, from launch to ready, over the median time between evaluations; INITIAL_DEPTH
+until that is measured), at most `MAX_DEPTH` and half the judge's cores;
+`KSEARCH_HARNESS_SPARE_ACCUSED` pins it. So a spare has had about as long as a start takes to
+get ready when its evaluation comes. A spare is a fresh process that has never loaded
+candidate code: it gets its arena, its artifact and its buffers from the
 evaluation that takes it, exactly as one started then would. It is taken only by a request
 whose sandbox it was started with (the key: backend, sandbox mode, readable paths, limits).
 
@@ -37,6 +38,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from . import machine
+
 
 @dataclass
 class Started:
@@ -57,7 +60,9 @@ ENV = "KSEARCH_HARNESS_SPARE_ACCUSED"
 # ready only a start-up later, so a pool that starts small leaves the evaluations of that time
 # waiting (three did, for a third of them: docs/results/evaluation-speed). Where evaluations are
 # slow the measured depth falls to two or three, and the surplus is taken in turn. At most
-# MAX_DEPTH: each spare holds a device context and an interpreter with the backend imported.
+# MAX_DEPTH: each spare holds a device context and an interpreter with the backend imported;
+# and at most half the cores (`_core_cap`): a start-up keeps about one core busy, beside the
+# evaluation it overlaps.
 INITIAL_DEPTH = 6
 MAX_DEPTH = 8
 # How many recent start-ups and evaluation starts `wanted_depth` looks at, and how many gaps
@@ -74,6 +79,8 @@ _key: tuple | None = None
 # (monotonic) recent evaluations asked for one (`take`).
 _starts: deque[float] = deque(maxlen=RECENT)
 _takes: deque[float] = deque(maxlen=RECENT + 1)
+# The depth the last `start` filled the pool to (0 before any: `depth_used`).
+_last_depth = 0
 # Oldest first: the oldest has had longest to start.
 _spares: list[Started] = []
 # The spares `pause` stopped (by id), for `resume` to let go on.
@@ -86,7 +93,8 @@ _also: list[tuple[Callable[[], None], Callable[[], None] | None]] = []
 def enable(on: bool = True) -> None:
     """Only a persistent judge's worker keeps spares (worker.child_loop): a one-shot harness
     would start some that nobody takes."""
-    global _depth, _pinned
+    global _depth, _pinned, _last_depth
+    _last_depth = 0
     pinned = _configured_depth()
     _pinned = pinned is not None
     _depth = (INITIAL_DEPTH if pinned is None else pinned) if on else 0
@@ -117,15 +125,26 @@ def wanted_depth() -> int:
     """The depth to keep: pinned by the environment, else as many spares as one start-up
     takes evaluations, plus one, from the medians of the last `RECENT` start-ups and of the
     times between the last evaluations (INITIAL_DEPTH until a start-up and MIN_GAPS gaps are
-    measured), at most MAX_DEPTH."""
+    measured), at most MAX_DEPTH and `_core_cap`."""
     if _pinned or not _depth:
         return _depth
     times = list(_takes)
     gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
     if not _starts or len(gaps) < MIN_GAPS:
-        return INITIAL_DEPTH
+        return min(INITIAL_DEPTH, _core_cap())
     ahead = math.ceil(statistics.median(_starts) / statistics.median(gaps)) + 1
-    return min(ahead, MAX_DEPTH)
+    return min(ahead, MAX_DEPTH, _core_cap())
+
+
+def _core_cap() -> int:
+    """Half the cores this judge may use, at least two."""
+    return max(2, machine.cores() // 2)
+
+
+def depth_used() -> int:
+    """How many spares the last `start` kept started (0 where none was started: spares off, or
+    a backend that keeps none), for the result's diagnostics."""
+    return _last_depth
 
 
 def enabled() -> bool:
@@ -160,13 +179,13 @@ def start(key: tuple, factory: Callable[[], Started]) -> None:
     replacing any for another key); nothing when spares are off. A failure to start one is not
     an error: the next evaluation starts its own. Spares beyond a depth that has fallen are
     not stopped: they are taken in turn."""
-    global _key
+    global _key, _last_depth
     if not _depth:
         return
     if key != _key:
         close()
     _key = key
-    depth = wanted_depth()
+    depth = _last_depth = wanted_depth()
     while len(_spares) < depth:
         try:
             _spares.append(factory())

@@ -436,13 +436,20 @@ def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch, monkeypatch)
 
     def timing(self):
         spares = spare_accused._spares
-        assert len(spares) == spare_accused.INITIAL_DEPTH
+        assert len(spares) == 2  # the pinned depth
         spare_states.append({s for spare in spares
                              for s, _ in thread_states(spare.process.pid).values()})
         return untimed(self)
 
     monkeypatch.setattr(core.Evaluation, "timing", timing)
+    noted: list[float] = []
+    note_ready = spare_accused.note_ready
+    monkeypatch.setattr(spare_accused, "note_ready",
+                        lambda seconds: (noted.append(seconds), note_ready(seconds)))
     before = ours()
+    # Two spares (a depth pinned by the environment: the measured one is
+    # test_persistent_judge's), so that a 2-core machine starts few processes.
+    monkeypatch.setenv(spare_accused.ENV, "2")
     spare_accused.enable()
     draw_cache.clear()
     draw_cache.enable()
@@ -483,6 +490,11 @@ def test_a_gpu_judge_starts_the_next_accused_ahead(tmp_path, torch, monkeypatch)
         start = result["diagnostics"]["accused_start_seconds"]
         assert {"main", "import", "lockdown", "waited"} <= set(start), start
         assert all(v >= 0 for v in start.values()), start
+        assert result["diagnostics"]["spare_accused_depth"] == 2
+    # Each accused's launch-to-ready went into the measured depth, once.
+    assert len(noted) == 2 and all(n > 0 for n in noted), noted
+    assert noted[1] == pytest.approx(sum(v for k, v in second["diagnostics"][
+        "accused_start_seconds"].items() if k != "waited"), abs=1e-3)
     errors = [(w["name"], w["max_abs_err"]) for w in first["workloads"]]
     assert [(w["name"], w["max_abs_err"]) for w in second["workloads"]] == errors
     assert ours() - before == set()

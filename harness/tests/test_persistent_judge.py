@@ -417,6 +417,7 @@ def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monk
             return spare_accused.Started(made[-1], tempfile.mkdtemp(), log)
         return started
 
+    monkeypatch.setattr(spare_accused.machine, "cores", lambda: 16)
     monkeypatch.setenv(spare_accused.ENV, "2")
     spare_accused.enable()
     try:
@@ -508,9 +509,11 @@ def test_spare_depth_follows_the_measured_start_ups_and_evaluations(monkeypatch)
                 spare_accused.discard(got)
             spare_accused.start(("k",), factory)
 
+    monkeypatch.setattr(spare_accused.machine, "cores", lambda: 16)
     monkeypatch.delenv(spare_accused.ENV, raising=False)
     spare_accused.enable()
     try:
+        assert spare_accused.depth_used() == 0  # nothing started yet
         evaluations([-20.0])
         assert len(spare_accused._spares) == spare_accused.INITIAL_DEPTH  # nothing measured
         spare_accused.note_ready(8.0)
@@ -519,7 +522,7 @@ def test_spare_depth_follows_the_measured_start_ups_and_evaluations(monkeypatch)
         # Evaluations 1.5 s apart after a first of 20 s, start-ups of 8 s:
         # ceil(8 / 1.5) + 1 = 7 ahead.
         evaluations([3.0])
-        assert spare_accused.wanted_depth() == 7
+        assert spare_accused.wanted_depth() == spare_accused.depth_used() == 7
         assert len(spare_accused._spares) == 7
         # Slow evaluations (20 s apart): two once their gaps are the median, a start-up within
         # one evaluation, plus one. The spares started are taken in turn, and then the pool
@@ -534,9 +537,12 @@ def test_spare_depth_follows_the_measured_start_ups_and_evaluations(monkeypatch)
         # Start-ups far longer than evaluations: at most MAX_DEPTH.
         for _ in range(spare_accused.RECENT):
             spare_accused.note_ready(60.0)
-        evaluations([124.0, 125.0, 126.0, 127.0, 128.0])
+        evaluations([144.0, 145.0, 146.0, 147.0, 148.0])
         assert spare_accused.wanted_depth() == spare_accused.MAX_DEPTH
         assert len(spare_accused._spares) == spare_accused.MAX_DEPTH
+        # And at most half the cores: a start-up keeps about one busy.
+        monkeypatch.setattr(spare_accused.machine, "cores", lambda: 6)
+        assert spare_accused.wanted_depth() == 3
         # A nonsensical figure is not a start-up.
         spare_accused.note_ready(float("nan"))
         spare_accused.note_ready(-1.0)
@@ -547,6 +553,9 @@ def test_spare_depth_follows_the_measured_start_ups_and_evaluations(monkeypatch)
         spare_accused.note_ready(60.0)
         evaluations([200.0, 201.0, 202.0, 203.0, 204.0, 205.0, 206.0, 207.0])
         assert spare_accused.wanted_depth() == 2 and len(spare_accused._spares) == 2
+        # Off: none, and no depth reported.
+        spare_accused.enable(False)
+        assert spare_accused.wanted_depth() == spare_accused.depth_used() == 0
     finally:
         spare_accused.enable(False)
     assert not spare_accused._spares

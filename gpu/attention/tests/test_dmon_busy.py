@@ -34,3 +34,11 @@ def test_the_summary_is_the_mean_and_says_when_there_is_nothing(tmp_path, capsys
     assert "23.3%" in capsys.readouterr().out
     assert dmon_busy.main(["x", str(f), "12:00:00", "12:00:05"]) == 1
     assert "no dmon samples" in capsys.readouterr().out
+
+
+def test_samples_of_several_gpus_are_refused(tmp_path, capsys):
+    two = DMON + " 00:00:02       1      0      0      0      0      0      0\n"
+    f = tmp_path / "dmon.txt"
+    f.write_text(two)
+    assert dmon_busy.main(["x", str(f), "23:59:59", "00:00:02"]) == 1
+    assert "samples of 2 GPUs" in capsys.readouterr().out
