@@ -3,10 +3,13 @@
 # `ksearch run --task attention --backend cuda` with no tuning flags, proposer seed SEED, then
 # `ksearch show` of the run. Whether it finishes within 5 minutes, reaches the ping-pong wgmma
 # kernel, and where its time went (the `time:` block: evaluations per hour, phases, device busy).
-# One seed per device call (a run takes about 5 minutes); the wall limit is only a guard.
+# The wall limit (GUARD_S) is only a guard. SEEDS (instead of SEED) runs one seed after another,
+# each into $OUT/seed-S, and packs them into $OUT/runs.tgz (a device call brings back only a few
+# files); the measured walls are in docs/results/evaluation-speed.
 #
 #   run(command="SEED=1 bash gpu/default_run_check.sh", timeout_s=600,
 #       carry=[".device-carry/ks"])
+#   run(command="SEEDS='1 2 3' GUARD_S=240 bash gpu/default_run_check.sh", ...)
 #
 # Prepare here: bash gpu/ksearch_bin.sh pack. BACKEND
 # (default cuda) may be mlx, with MLX carried as gpu/score_check.sh says. Results in $OUT:
@@ -17,7 +20,18 @@
 set -uo pipefail
 
 BACKEND=${BACKEND:-cuda}
-SEED=${SEED:?set SEED to the proposer seed (1, 2, 3, ...)}
+if [ -n "${SEEDS:-}" ] && [ -z "${SEED:-}" ]; then
+    all=${OUT:-/tmp/ksearch-default-runs-$BACKEND}
+    mkdir -p "$all"
+    for s in $SEEDS; do
+        OUT=$all/seed-$s WORK=${WORK:-/tmp/ksearch-default-run-$BACKEND}-seed-$s SEED=$s \
+            bash "${BASH_SOURCE[0]}" |
+            grep -E "^(time:|status:|confirmed:|run exit|driver-sampled|re-check)|builds written"
+    done
+    (cd "$all" && tar czf runs.tgz seed-* && rm -rf seed-*)
+    exit 0
+fi
+SEED=${SEED:?set SEED to the proposer seed (1, 2, 3, ...), or SEEDS to a list of them}
 source "$(dirname "${BASH_SOURCE[0]}")/ksearch_env.sh" "default-run-$BACKEND-$SEED"
 RUNS=$WORK/runs
 mkdir -p "$RUNS"

@@ -36,7 +36,8 @@ render_attention_kernel() {
 # time a kernel ran (gpu/dmon_busy.py), an independent check of `ksearch show`'s device busy
 # fraction. The sampler is stopped when the script exits, however it ends (an EXIT trap).
 dmon_start() {
-    local gpu=${CUDA_VISIBLE_DEVICES%%,*}
+    local gpu=${CUDA_VISIBLE_DEVICES:-0}
+    gpu=${gpu%%,*}
     DMON_PID=
     DMON_FROM=$(date +%T)
     command -v nvidia-smi > /dev/null || return 0
