@@ -859,8 +859,7 @@ class Evaluation:
         # seconds); a cpu one starts in a tenth of a second, and starting its successor would
         # only share the cores with this evaluation.
         if req.backend != "cpu":
-            spare_accused.start(key, make_spare)
-            self.spare_depth = spare_accused.depth_used()
+            self.spare_depth = spare_accused.start(key, make_spare)
 
     def _accused_ready(self, info: BuildInfo) -> tuple[AccusedAdapter, str]:
         """The started accused, ready, with a copy of the artifact in its directory."""

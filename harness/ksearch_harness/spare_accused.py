@@ -79,8 +79,6 @@ _key: tuple | None = None
 # (monotonic) recent evaluations asked for one (`take`).
 _starts: deque[float] = deque(maxlen=RECENT)
 _takes: deque[float] = deque(maxlen=RECENT + 1)
-# The depth the last `start` filled the pool to (0 before any: `depth_used`).
-_last_depth = 0
 # Oldest first: the oldest has had longest to start.
 _spares: list[Started] = []
 # The spares `pause` stopped (by id), for `resume` to let go on.
@@ -93,8 +91,7 @@ _also: list[tuple[Callable[[], None], Callable[[], None] | None]] = []
 def enable(on: bool = True) -> None:
     """Only a persistent judge's worker keeps spares (worker.child_loop): a one-shot harness
     would start some that nobody takes."""
-    global _depth, _pinned, _last_depth
-    _last_depth = 0
+    global _depth, _pinned
     pinned = _configured_depth()
     _pinned = pinned is not None
     _depth = (INITIAL_DEPTH if pinned is None else pinned) if on else 0
@@ -141,12 +138,6 @@ def _core_cap() -> int:
     return max(2, machine.cores() // 2)
 
 
-def depth_used() -> int:
-    """How many spares the last `start` kept started (0 where none was started: spares off, or
-    a backend that keeps none), for the result's diagnostics."""
-    return _last_depth
-
-
 def enabled() -> bool:
     return _depth > 0
 
@@ -174,23 +165,25 @@ def take(key: tuple, now: float | None = None) -> Started | None:
     return None
 
 
-def start(key: tuple, factory: Callable[[], Started]) -> None:
+def start(key: tuple, factory: Callable[[], Started]) -> int:
     """Starts spares for `key` until the judge keeps its depth of them (`wanted_depth`;
-    replacing any for another key); nothing when spares are off. A failure to start one is not
-    an error: the next evaluation starts its own. Spares beyond a depth that has fallen are
-    not stopped: they are taken in turn."""
-    global _key, _last_depth
+    replacing any for another key); nothing when spares are off. Returns that depth (0 when
+    off), for the result's diagnostics. A failure to start one is not an error: the next
+    evaluation starts its own. Spares beyond a depth that has fallen are not stopped: they are
+    taken in turn."""
+    global _key
     if not _depth:
-        return
+        return 0
     if key != _key:
         close()
     _key = key
-    depth = _last_depth = wanted_depth()
+    depth = wanted_depth()
     while len(_spares) < depth:
         try:
             _spares.append(factory())
         except Exception:  # noqa: BLE001 - a spare is an optimisation
-            return
+            break
+    return depth
 
 
 def pause_also(stop: Callable[[], None], go_on: Callable[[], None] | None = None) -> None:

@@ -503,26 +503,27 @@ def test_spare_depth_follows_the_measured_start_ups_and_evaluations(monkeypatch)
         return spare_accused.Started(Process(), tempfile.mkdtemp(), log)
 
     def evaluations(at):
+        """Each evaluation's take and start; the depth the last start kept."""
+        depth = None
         for t in at:
             got = spare_accused.take(("k",), now=t)
             if got is not None:
                 spare_accused.discard(got)
-            spare_accused.start(("k",), factory)
+            depth = spare_accused.start(("k",), factory)
+        return depth
 
     monkeypatch.setattr(spare_accused.machine, "cores", lambda: 16)
     monkeypatch.delenv(spare_accused.ENV, raising=False)
     spare_accused.enable()
     try:
-        assert spare_accused.depth_used() == 0  # nothing started yet
-        evaluations([-20.0])
+        assert evaluations([-20.0]) == spare_accused.INITIAL_DEPTH
         assert len(spare_accused._spares) == spare_accused.INITIAL_DEPTH  # nothing measured
         spare_accused.note_ready(8.0)
         evaluations([0.0, 1.5])
         assert spare_accused.wanted_depth() == spare_accused.INITIAL_DEPTH  # two gaps only
         # Evaluations 1.5 s apart after a first of 20 s, start-ups of 8 s:
         # ceil(8 / 1.5) + 1 = 7 ahead.
-        evaluations([3.0])
-        assert spare_accused.wanted_depth() == spare_accused.depth_used() == 7
+        assert evaluations([3.0]) == spare_accused.wanted_depth() == 7
         assert len(spare_accused._spares) == 7
         # Slow evaluations (20 s apart): two once their gaps are the median, a start-up within
         # one evaluation, plus one. The spares started are taken in turn, and then the pool
@@ -555,7 +556,7 @@ def test_spare_depth_follows_the_measured_start_ups_and_evaluations(monkeypatch)
         assert spare_accused.wanted_depth() == 2 and len(spare_accused._spares) == 2
         # Off: none, and no depth reported.
         spare_accused.enable(False)
-        assert spare_accused.wanted_depth() == spare_accused.depth_used() == 0
+        assert spare_accused.wanted_depth() == spare_accused.start(("k",), factory) == 0
     finally:
         spare_accused.enable(False)
     assert not spare_accused._spares
