@@ -358,3 +358,40 @@ fn the_cuda_search_reaches_pingpong_within_the_default_rounds() {
         assert!(best > 1.0, "seed {seed}: best {best:.3}");
     }
 }
+
+#[test]
+fn the_cuda_search_reaches_the_producer_kernel_within_the_default_rounds() {
+    // The producer schedule (a follow-up of ping-pong in the catalog) is the cuda family's
+    // fastest kernel on the main shape (docs/results/attention-gpu): a default run should try
+    // it before its 20 rounds run out, not leave it open under the ping-pong node.
+    let mut missed = Vec::new();
+    for seed in 1..=4 {
+        let Climb { seen, .. } = climb_on("cuda", 20, 4, 3, seed);
+        let tried = seen.iter().position(|k| {
+            k.get("algo").is_some_and(|a| a == "wgmma")
+                && k.get("wg_schedule").is_some_and(|v| v == "producer")
+        });
+        if tried.is_none() {
+            let path: Vec<String> = seen.iter().map(|k| format_step(k)).collect();
+            missed.push(format!("seed {seed}: {}", path.join(" | ")));
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "no producer kernel in 20 rounds:\n{}",
+        missed.join("\n")
+    );
+}
+
+fn format_step(k: &BTreeMap<String, String>) -> String {
+    let (nc, c) = model_ms(k);
+    format!(
+        "{}/{}/{} cs={} sch={} e2={} {nc:.3}/{c:.3}",
+        k.get("algo").map(String::as_str).unwrap_or("-"),
+        k.get("wg_schedule").map(String::as_str).unwrap_or("-"),
+        k.get("block_n").map(String::as_str).unwrap_or("-"),
+        k.get("causal_skip").map(String::as_str).unwrap_or("-"),
+        k.get("schedule").map(String::as_str).unwrap_or("-"),
+        k.get("exp2").map(String::as_str).unwrap_or("-"),
+    )
+}

@@ -227,24 +227,59 @@ impl OfflineProposer {
         )
     }
 
-    /// Settings one step away from `start` that keep `fixed`, in a seeded order, dropping the
-    /// ones whose rendered source was evaluated already.
+    /// Settings one step away from `start` that keep `fixed`, or that take the step to one of
+    /// `followups` (knob settings that may change a fixed knob), in a seeded order, dropping
+    /// the ones whose rendered source was evaluated already.
     fn fresh_neighbours(
         &self,
         start: &Knobs,
         fixed: &Knobs,
+        followups: &[Knobs],
         known: &BTreeSet<String>,
         rng: &mut ChaCha8Rng,
     ) -> Vec<Knobs> {
+        let holds = |n: &Knobs, knobs: &Knobs| knobs.iter().all(|(k, v)| n.get(k) == Some(v));
         let mut out: Vec<Knobs> = self
             .family
             .neighbours(start)
             .into_iter()
-            .filter(|n| fixed.iter().all(|(k, v)| n.get(k) == Some(v)))
+            .filter(|n| {
+                holds(n, fixed)
+                    || followups.iter().any(|f| {
+                        holds(n, f)
+                            && fixed
+                                .iter()
+                                .all(|(k, v)| f.contains_key(k) || n.get(k) == Some(v))
+                    })
+            })
             .filter(|n| !self.is_known(n, known))
             .collect();
         out.shuffle(rng);
         out
+    }
+
+    /// The knob settings of the catalog's follow-ups to `node`'s path: the actions that
+    /// require only actions applied on it (the node's own among them), are not applied on it
+    /// themselves and were not measured not to pay. An improve attempt may take a step that
+    /// completes one of them although it changes a knob the path fixed: the follow-up builds
+    /// on the action that set it (the producer schedule on ping-pong), so the cycle's best is
+    /// still what the path chose, refined. Without this a cycle spent its last attempts on
+    /// steps no action speaks for while the follow-up waited for a cycle of its own, past the
+    /// default rounds (docs/results/attention-gpu, the default cuda search).
+    fn followup_knobs(&self, wm: &WorldModel, node: &NodeId) -> Vec<Knobs> {
+        let applied: BTreeSet<String> = wm
+            .path_to_root(node)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|id| wm.node(id).and_then(|n| n.label.clone()))
+            .collect();
+        self.actions
+            .iter()
+            .filter(|a| !a.requires.is_empty() && !a.knobs.is_empty())
+            .filter(|a| a.requires.iter().all(|r| applied.contains(r)))
+            .filter(|a| !applied.contains(&a.id) && !measured_not_to_pay(wm, &a.id))
+            .map(|a| a.knobs.clone())
+            .collect()
     }
 
     /// Orders `neighbours` of `start` by what the catalog expects of each step
@@ -628,7 +663,13 @@ impl Proposer for OfflineProposer {
         {
             options.push(first.clone());
         }
-        let mut neighbours = self.fresh_neighbours(&start, &fixed, req.known_sources, &mut rng);
+        let followups = if req.step == Step::Improve {
+            self.followup_knobs(req.wm, &req.node.id)
+        } else {
+            Vec::new()
+        };
+        let mut neighbours =
+            self.fresh_neighbours(&start, &fixed, &followups, req.known_sources, &mut rng);
         // Moving on from a setting: the steps the catalog expects most of come first (the
         // seeded order breaks ties); a debug move only needs to get away from the failure.
         if req.step != Step::Debug {
@@ -703,7 +744,13 @@ impl Proposer for OfflineProposer {
         if req.mutation != Mutation::Diff && !self.is_known(&start, req.known_sources) {
             options.push(start.clone());
         }
-        options.extend(self.fresh_neighbours(&start, &Knobs::new(), req.known_sources, &mut rng));
+        options.extend(self.fresh_neighbours(
+            &start,
+            &Knobs::new(),
+            &[],
+            req.known_sources,
+            &mut rng,
+        ));
         if options.is_empty() {
             options.extend(self.fresh_anywhere(&Knobs::new(), req.known_sources, &mut rng));
         }
