@@ -372,7 +372,7 @@ fn the_cuda_search_reaches_the_producer_kernel_within_the_default_rounds() {
                 && k.get("wg_schedule").is_some_and(|v| v == "producer")
         });
         if tried.is_none() {
-            let path: Vec<String> = seen.iter().map(|k| format_step(k)).collect();
+            let path: Vec<String> = seen.iter().map(format_step).collect();
             missed.push(format!("seed {seed}: {}", path.join(" | ")));
         }
     }
