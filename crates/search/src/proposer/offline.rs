@@ -296,10 +296,16 @@ impl OfflineProposer {
     /// What the catalog expects of a one-knob step from `start` to a setting: the largest
     /// expected factor among the actions the step applies (it sets the last of an action's
     /// knobs) or moves toward (a step along an integer knob in the direction of the action's
-    /// value, credited the square root of the factor); 1.0 when no action speaks to the step.
-    /// An action the tree measured as not paying on this machine (a node of it closed no
-    /// faster than its parent, or given up as too hard) is credited nothing. The tree and
-    /// `start` are read once, for every step rated.
+    /// value, credited the square root of the factor); where no action credits the step but it
+    /// undoes actions (`start` has an action's value for the knob and the step leaves it), the
+    /// smallest inverse of their factors; 1.0 when no action speaks to the step. An action the
+    /// tree measured as not paying on this machine (a node of it closed no faster than its
+    /// parent, or given up as too hard) is credited nothing and undoing it costs nothing. The
+    /// tree and `start` are read once, for every step rated.
+    ///
+    /// Undoing comes last so that a cycle's remaining attempts do not go to a step the catalog
+    /// expects to lose while steps it is silent on remain: the default cuda search spent a
+    /// round turning exp2 off its ping-pong kernel (docs/results/attention-gpu).
     ///
     /// Without this an improve attempt took a random neighbour: on the softmax family the
     /// tree spent three attempts per cycle on steps no action recommends while the catalog's
@@ -332,22 +338,35 @@ impl OfflineProposer {
                 };
                 (i < j && j < t) || (t < j && j < i)
             };
-            live.iter()
-                .filter_map(|&(a, factor)| {
-                    let target = a.knobs.get(name)?;
-                    let rest_held = a
-                        .knobs
-                        .iter()
-                        .all(|(k, v)| k == name || next.get(k) == Some(v));
-                    if target == to && rest_held {
-                        Some(factor)
-                    } else if toward(target) {
-                        Some(factor.max(1e-6).sqrt())
-                    } else {
-                        None
-                    }
-                })
-                .fold(1.0, f64::max)
+            let mut credit: Option<f64> = None;
+            let mut undo: Option<f64> = None;
+            for &(a, factor) in &live {
+                let Some(target) = a.knobs.get(name) else {
+                    continue;
+                };
+                let rest_held = a
+                    .knobs
+                    .iter()
+                    .all(|(k, v)| k == name || next.get(k) == Some(v));
+                let step = if target == to && rest_held {
+                    Some(factor)
+                } else if toward(target) {
+                    Some(factor.max(1e-6).sqrt())
+                } else {
+                    None
+                };
+                if let Some(f) = step {
+                    credit = Some(credit.map_or(f, |c| c.max(f)));
+                } else if start.get(name) == Some(target) && factor > 1.0 {
+                    let f = 1.0 / factor;
+                    undo = Some(undo.map_or(f, |u| u.min(f)));
+                }
+            }
+            match (credit, undo) {
+                (Some(c), _) => c.max(1.0),
+                (None, Some(u)) => u,
+                (None, None) => 1.0,
+            }
         }
     }
 
@@ -1052,7 +1071,7 @@ mod tests {
 
         // One knob step from the poly kernel: the step an action takes is worth its factor,
         // a step of an integer knob toward an action's value the factor's square root, a step
-        // no action speaks to nothing.
+        // away from an action's value that no action credits the inverse of its factor.
         let step = |wm: &WorldModel, k: &str, v: KnobValue| {
             let mut next = poly.clone();
             next.insert(k.into(), v);
@@ -1064,7 +1083,16 @@ mod tests {
         );
         assert_eq!(step(&wm, "algorithm", KnobValue::Str("store3".into())), 1.6);
         assert!((step(&wm, "lanes", KnobValue::Int(8)) - 2.0f64.sqrt()).abs() < 1e-12);
-        assert_eq!(step(&wm, "exp_impl", KnobValue::Str("libm".into())), 1.0);
+        let poly_action = p
+            .actions
+            .iter()
+            .find(|a| a.knobs.get("exp_impl") == Some(&KnobValue::Str("poly".into())))
+            .unwrap();
+        let poly_factor = poly_action.expected_factor_from(&family.with_defaults(&poly));
+        assert!(
+            (step(&wm, "exp_impl", KnobValue::Str("libm".into())) - 1.0 / poly_factor).abs()
+                < 1e-12
+        );
         // A stored setting that leaves knobs out has them at their defaults.
         let partial: Knobs = [("exp_impl".to_string(), KnobValue::Str("poly".into()))].into();
         let mut with_simd = poly.clone();
@@ -1073,6 +1101,12 @@ mod tests {
             p.prospects_from(&wm, &partial)(&with_simd),
             simd.expected_factor
         );
+        // A step that undoes an action the kernel has is worth the inverse of the action's
+        // factor: it comes after the steps no action speaks to.
+        let undo = |wm: &WorldModel| p.prospects_from(wm, &with_simd)(&poly);
+        let simd_from = simd.expected_factor_from(&family.with_defaults(&with_simd));
+        assert!(simd_from > 1.0);
+        assert!((undo(&wm) - 1.0 / simd_from).abs() < 1e-12, "{}", undo(&wm));
 
         let improve = |p: &OfflineProposer, wm: &WorldModel| -> Knobs {
             let node = wm.node(&simd_node).unwrap().clone();
@@ -1115,6 +1149,8 @@ mod tests {
         wm.attach_solution(&simd_node, solution("simd", 0.97))
             .unwrap();
         assert_eq!(step(&wm, "simd", KnobValue::Bool(true)), 1.0);
+        // and undoing it costs nothing.
+        assert_eq!(undo(&wm), 1.0);
         let next = improve(&p, &wm);
         assert_eq!(
             next.get("threads"),
