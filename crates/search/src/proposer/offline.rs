@@ -147,12 +147,7 @@ impl OfflineProposer {
     /// Catalog actions worth trying below `node` whose solution has `knobs`: not already on the
     /// node's path or among its live children, prerequisites met, and not a no-op.
     fn follow_ups(&self, wm: &WorldModel, node: &NodeId, knobs: &Knobs) -> Vec<&CatalogAction> {
-        let on_path: BTreeSet<String> = wm
-            .path_to_root(node)
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|id| wm.node(id).and_then(|n| n.label.clone()))
-            .collect();
+        let on_path = path_labels(wm, node);
         let path_keys = path_keys(wm, node);
         let children: BTreeSet<String> = wm
             .children(node)
@@ -267,12 +262,7 @@ impl OfflineProposer {
     /// steps no action speaks for while the follow-up waited for a cycle of its own, past the
     /// default rounds (docs/results/attention-gpu, the default cuda search).
     fn followup_knobs(&self, wm: &WorldModel, node: &NodeId) -> Vec<Knobs> {
-        let applied: BTreeSet<String> = wm
-            .path_to_root(node)
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|id| wm.node(id).and_then(|n| n.label.clone()))
-            .collect();
+        let applied = path_labels(wm, node);
         self.actions
             .iter()
             .filter(|a| !a.requires.is_empty() && !a.knobs.is_empty())
@@ -467,6 +457,15 @@ fn path_action_knobs(wm: &WorldModel, node: &NodeId) -> Vec<Result<Knobs, Propos
     path.iter()
         .filter_map(|id| wm.node(id).and_then(|n| n.action.as_ref()))
         .map(|a| action_knobs(&a.knobs))
+        .collect()
+}
+
+/// The catalog actions applied on `node`'s path (its own included), by id.
+fn path_labels(wm: &WorldModel, node: &NodeId) -> BTreeSet<String> {
+    wm.path_to_root(node)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|id| wm.node(id).and_then(|n| n.label.clone()))
         .collect()
 }
 
