@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One-shot H200 check of the wgmma ping-pong schedules (knob `wg_schedule`: pingpong and
-# producer, docs/gpu-attention.md)
+# One-shot H200 check of the wgmma ping-pong schedules (knob `wg_schedule`: pingpong, producer
+# and producer_tma, docs/gpu-attention.md)
 # against the two measured references, in one device call of at most ~150 s:
 #   1. the libraries: unpacked from .gpu-carry/pingpong.tar.xz when it was built from this
 #      checkout's templates, else built here with nvcc (python3, and a ksearch binary that
@@ -27,7 +27,7 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
-VARIANTS=${VARIANTS:-"wg_m128n128s3_prod wg_m128n128s2_pp wg_m128n128s3_pp wg_m128n64s2_pp wg_m128n64s3_pp wg_m128n64s2_pp_ns wg_m128n128s2 wg_m64n64s2"}
+VARIANTS=${VARIANTS:-"wg_m128n128s3_prodtma wg_m128n128s3_prod wg_m128n128s2_pp wg_m128n128s3_pp wg_m128n64s2_pp wg_m128n64s3_pp wg_m128n64s2_pp_ns wg_m128n128s2 wg_m64n64s2"}
 CARRY=.gpu-carry/pingpong.tar.xz
 # What the libraries are built from; a carry built from other sources is not used.
 source_hash() {

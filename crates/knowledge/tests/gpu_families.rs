@@ -56,7 +56,7 @@ fn for_mlx(knobs: &Knobs) -> Knobs {
 /// Whether a cuda setting is one the mlx family cannot express: the producer schedule, whose
 /// register split needs launch bounds.
 fn cuda_only(knobs: &Knobs) -> bool {
-    knobs["wg_schedule"] == KnobValue::Str("producer".into())
+    matches!(&knobs["wg_schedule"], KnobValue::Str(s) if s == "producer" || s == "producer_tma")
 }
 
 /// The text between `namespace ksa {` and `}  // namespace ksa`, both included.
@@ -91,7 +91,7 @@ fn each_backend_finds_its_own_family() {
 }
 
 #[test]
-fn the_mlx_family_has_the_cuda_knobs_but_min_blocks_and_the_producer_schedule() {
+fn the_mlx_family_has_the_cuda_knobs_but_min_blocks_and_the_producer_schedules() {
     let cuda = gpu_family("cuda");
     let mlx = gpu_family("mlx");
     let names = |f: &TemplateFamily| -> Vec<String> {
@@ -100,11 +100,14 @@ fn the_mlx_family_has_the_cuda_knobs_but_min_blocks_and_the_producer_schedule() 
     let mut expected = names(&cuda);
     expected.retain(|n| n != "min_blocks");
     assert_eq!(names(&mlx), expected);
-    let producer = KnobValue::Str("producer".into());
+    let producers = [
+        KnobValue::Str("producer".into()),
+        KnobValue::Str("producer_tma".into()),
+    ];
     for k in mlx.knobs() {
         let c = cuda.knob(k.name()).unwrap();
         let mut values = c.values().to_vec();
-        values.retain(|v| k.name() != "wg_schedule" || *v != producer);
+        values.retain(|v| k.name() != "wg_schedule" || !producers.contains(v));
         assert_eq!(k.values(), &values[..], "{}", k.name());
         assert_eq!(k.default_value(), c.default_value(), "{}", k.name());
     }
@@ -138,9 +141,9 @@ fn the_mlx_family_has_the_cuda_knobs_but_min_blocks_and_the_producer_schedule() 
     assert_eq!(cuda_valid, mlx_valid);
     // 16 naive, 256 tiled, 912 mma, 256 wgmma and 64 wgmma ping-pong settings with both
     // values of min_blocks, less the 64 two-warpgroup wgmma settings at two blocks per SM
-    // that spill (docs/gpu-attention.md), plus 32 producer settings at one block per SM; 752
-    // on mlx, which has neither min_blocks nor the producer schedule.
-    assert_eq!(cuda.enumerate().len(), 1472);
+    // that spill (docs/gpu-attention.md), plus 32 producer and 32 producer_tma settings at one
+    // block per SM; 752 on mlx, which has neither min_blocks nor the producer schedules.
+    assert_eq!(cuda.enumerate().len(), 1504);
     assert_eq!(mlx_valid.len(), 752);
 }
 
@@ -195,6 +198,22 @@ fn the_producer_schedule_is_cuda_only_at_one_block_per_sm() {
         plain.contains("constexpr int THREADS = 256;")
             && plain.contains("constexpr bool PRODUCER = false;")
     );
+    assert!(!src.contains("cp.async.bulk.tensor") && !src.contains("CUtensorMap"));
+    // producer_tma: the same warpgroups, their copies TMA bulk copies from tensor maps the
+    // cuda entry point encodes; neither schedule exists on mlx.
+    let tma = Knobs::from([(
+        "wg_schedule".to_string(),
+        KnobValue::Str("producer_tma".into()),
+    )]);
+    let with_tma = cuda.apply(&two_blocks, &tma).unwrap();
+    assert_eq!(with_tma["min_blocks"], KnobValue::Int(1));
+    let src = cuda.render(&with_tma).unwrap();
+    assert!(src.contains("constexpr int THREADS = 384;") && src.contains("setmaxnreg.dec"));
+    assert!(src.contains("cp.async.bulk.tensor.3d") && src.contains("mbarrier.arrive.expect_tx"));
+    assert!(
+        src.contains("__grid_constant__ CUtensorMap") && src.contains("cuTensorMapEncodeTiled")
+    );
+    assert!(mlx.apply(&for_mlx(pp), &tma).is_err());
 }
 
 #[test]

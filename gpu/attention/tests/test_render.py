@@ -30,9 +30,10 @@ def variants():
 
 def test_every_named_variant_renders_for_both_backends(cuda, variants):
     assert len(variants) >= 10
-    # The mlx family lacks the producer schedule: those are cuda only, and the only ones.
+    # The mlx family lacks the producer schedules: those are cuda only, and the only ones.
     cuda_only = [n for n in variants if not family.on_mlx(variants[n])]
-    assert cuda_only == [n for n in variants if variants[n]["wg_schedule"] == "producer"]
+    assert cuda_only == [n for n in variants
+                         if variants[n]["wg_schedule"] in ("producer", "producer_tma")]
     assert cuda_only, "a named cuda-only setting"
     for n in cuda_only:
         with pytest.raises(RenderError, match="outside its domain"):
