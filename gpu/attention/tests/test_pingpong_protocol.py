@@ -1,10 +1,11 @@
-"""Model check of the wgmma ping-pong schedules (knob `wg_schedule`: pingpong, producer), on
-the CPU.
+"""Model check of the wgmma ping-pong schedules (knob `wg_schedule`: pingpong, producer,
+producer_tma), on the CPU.
 
 The schedule in tasks/attention/templates-cuda/device.cuh.j2 (attn_body, the `pingpong` branch)
 replaces __syncthreads with per-stage mbarriers and orders the two warpgroups with two named
 barriers; the producer schedule moves every copy to a third warpgroup, which refills a stage
-once the computing warpgroups release it. No GPU runs here, so two things are replayed in
+once the computing warpgroups release it; producer_tma has one thread of it issue TMA copies
+whose bytes complete the stage's barrier. No GPU runs here, so two things are replayed in
 Python:
 
 - the barrier protocol: eight computing warps (and four producer warps), each running the
@@ -49,6 +50,31 @@ class MBarrier:
         return (self.phase & 1) != parity
 
 
+class TxBarrier(MBarrier):
+    """An mbarrier that also counts transaction bytes (TMA): a phase completes once its
+    arrivals are in and every byte announced with `arrive.expect_tx` has landed."""
+
+    def __init__(self, count):
+        super().__init__(count)
+        self.tx = 0
+
+    def _complete_if_due(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def arrive_expect_tx(self, units):
+        assert self.pending > 0, "more arrivals than the phase expects"
+        self.tx += units
+        self.pending -= 1
+        self._complete_if_due()
+
+    def complete_tx(self, units):
+        assert self.tx >= units, "bytes landed that no arrival announced"
+        self.tx -= units
+        self._complete_if_due()
+
+
 class NamedBarrier:
     """bar.sync / bar.arrive id, 256: completes when 256 threads have arrived."""
 
@@ -65,11 +91,14 @@ class NamedBarrier:
 
 
 class Machine:
-    def __init__(self, n, stages, rng, producer=False):
-        self.n, self.S, self.rng = n, stages, rng
-        # The warps that copy: all computing warps, or the producer's.
-        self.loaders = list(PRODUCER_WARPS if producer else range(WARPS))
-        self.full = [MBarrier(32 * len(self.loaders)) for _ in range(stages)]
+    def __init__(self, n, stages, rng, producer=False, tma=False):
+        self.n, self.S, self.rng, self.tma = n, stages, rng, tma
+        # The warps that copy: all computing warps, or the producer's (with TMA, one thread of
+        # its first warp).
+        self.loaders = ([PRODUCER_WARPS[0]] if tma else
+                        list(PRODUCER_WARPS if producer else range(WARPS)))
+        self.full = ([TxBarrier(1) for _ in range(stages)] if tma else
+                     [MBarrier(32 * len(self.loaders)) for _ in range(stages)])
         self.empty = [MBarrier(WARPS) for _ in range(stages)]
         self.turn = {1: NamedBarrier(), 2: NamedBarrier()}
         # tag[st][w]: which iteration's data loader w's share of stage st holds (-1: nothing yet)
@@ -86,6 +115,11 @@ class Machine:
     def load_iter(self, w, it, st):
         seq = self.seq[w]
         self.seq[w] += 1
+        if self.tma:
+            # arrive.expect_tx first (the stage's one arrival, with its bytes), then the copies.
+            self.full[st].arrive_expect_tx(1)
+            self.copies.append((w, seq, st, it))
+            return
         self.copies.append((w, seq, st, it))
         self.arrivals.append((w, seq, st))
 
@@ -111,6 +145,8 @@ class Machine:
                 self.errors.append(f"copy of iteration {it} into stage {st} while {older} still read it")
             self.tag[st][w] = it
             self.landed[w].add(seq)
+            if self.tma:
+                self.full[st].complete_tx(1)
         elif kind == "arrive":
             w, seq, st = item
             self.arrivals.remove(item)
@@ -177,12 +213,12 @@ def producer_program(m, w, wait_empty=True, flip_parity=True):
         m.load_iter(w, it, st)
 
 
-def run_schedule(n, stages, seed, producer=False, **program_flags):
+def run_schedule(n, stages, seed, producer=False, tma=False, **program_flags):
     rng = random.Random(seed)
-    m = Machine(n, stages, rng, producer=producer)
-    if producer:
+    m = Machine(n, stages, rng, producer=producer or tma, tma=tma)
+    if producer or tma:
         progs = {w: warp_program(m, w, producer=True) for w in range(WARPS)}
-        progs.update({w: producer_program(m, w, **program_flags) for w in PRODUCER_WARPS})
+        progs.update({w: producer_program(m, w, **program_flags) for w in m.loaders})
     else:
         progs = {w: warp_program(m, w, **program_flags) for w in range(WARPS)}
     waiting = {w: None for w in progs}
@@ -226,15 +262,23 @@ def test_the_producer_schedule_never_deadlocks_or_reads_a_wrong_tile(n, stages):
         run_schedule(n, stages, seed, producer=True)
 
 
-@pytest.mark.parametrize("producer", [False, True])
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_the_tma_producer_schedule_never_deadlocks_or_reads_a_wrong_tile(n, stages):
+    for seed in range(60):
+        run_schedule(n, stages, seed, tma=True)
+
+
+@pytest.mark.parametrize("schedule", ["pingpong", "producer", "producer_tma"])
 @pytest.mark.parametrize("flags", [{"wait_empty": False}, {"flip_parity": False}])
-def test_the_model_catches_broken_protocols(flags, producer):
+def test_the_model_catches_broken_protocols(flags, schedule):
     # A refill that does not wait for the stage's release, or a wait that never flips its
     # parity, must fail under some interleaving, or the check above proves nothing.
     failures = 0
     for seed in range(40):
         try:
-            run_schedule(5, 2, seed, producer=producer, **flags)
+            run_schedule(5, 2, seed, producer=schedule == "producer",
+                         tma=schedule == "producer_tma", **flags)
         except AssertionError:
             failures += 1
     assert failures > 0
