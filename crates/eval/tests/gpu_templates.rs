@@ -172,11 +172,13 @@ fn mlx_modules_pass_the_harness_static_checks_and_compile() {
     let work = tempfile::tempdir().unwrap();
     let ev = evaluator(python, &work.path().join("work"));
     let cuda_fam = family("mlx");
-    // The named variants less the cuda-only ones (the producer schedule, which the mlx family
+    // The named variants less the cuda-only ones (the producer schedules, which the mlx family
     // does not have), as mlx settings.
     let mut settings: Vec<(String, Knobs)> = variants()
         .into_iter()
-        .filter(|(_, k)| k["wg_schedule"] != KnobValue::Str("producer".into()))
+        .filter(|(_, k)| {
+            !matches!(&k["wg_schedule"], KnobValue::Str(s) if s == "producer" || s == "producer_tma")
+        })
         .map(|(n, mut k)| {
             k.remove("min_blocks");
             (n, k)
