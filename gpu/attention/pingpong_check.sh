@@ -27,7 +27,7 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
-VARIANTS=${VARIANTS:-"wg_m128n128s3_prodtma wg_m128n128s3_prod wg_m128n128s2_pp wg_m128n128s3_pp wg_m128n64s2_pp wg_m128n64s3_pp wg_m128n64s2_pp_ns wg_m128n128s2 wg_m64n64s2"}
+VARIANTS=${VARIANTS:-"wg_m128n128s3_prodtma_pers wg_m128n128s3_prodtma wg_m128n128s3_prod wg_m128n128s2_pp wg_m128n128s3_pp wg_m128n64s2_pp wg_m128n64s3_pp wg_m128n64s2_pp_ns wg_m128n128s2 wg_m64n64s2"}
 CARRY=.gpu-carry/pingpong.tar.xz
 # What the libraries are built from; a carry built from other sources is not used.
 source_hash() {

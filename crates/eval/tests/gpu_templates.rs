@@ -181,6 +181,7 @@ fn mlx_modules_pass_the_harness_static_checks_and_compile() {
         })
         .map(|(n, mut k)| {
             k.remove("min_blocks");
+            k.remove("persistent");
             (n, k)
         })
         .collect();

@@ -36,7 +36,7 @@ pub fn backend_templates_dir(backend: &str) -> String {
 
 /// Families larger than this are refused: `enumerate` and the repair in `apply` walk the whole
 /// space, and the search is meant to explore it, not sample a sliver of it.
-pub const MAX_SPACE: u64 = 100_000;
+pub const MAX_SPACE: u64 = 250_000;
 
 /// Names a template may not use for a knob: they are given to templates by the renderer, or
 /// are words of the expression language.

@@ -47,7 +47,7 @@ fn each_kind_has_a_meaningful_tree() {
     for (kind, backend, _) in scopes(&c) {
         let actions = c.for_kind_on(&kind, &backend);
         assert!(
-            (6..=16).contains(&actions.len()),
+            (6..=18).contains(&actions.len()),
             "{kind}/{backend}: {} actions",
             actions.len()
         );

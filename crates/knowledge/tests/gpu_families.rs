@@ -44,11 +44,14 @@ fn variants() -> Vec<(String, Knobs)> {
     out
 }
 
-/// The knob setting of the mlx family for a cuda setting: everything but `min_blocks`.
+/// The knobs only the cuda family has: launch bounds and persistent tiles.
+const CUDA_ONLY_KNOBS: [&str; 2] = ["min_blocks", "persistent"];
+
+/// The knob setting of the mlx family for a cuda setting: everything but the cuda-only knobs.
 fn for_mlx(knobs: &Knobs) -> Knobs {
     knobs
         .iter()
-        .filter(|(k, _)| k.as_str() != "min_blocks")
+        .filter(|(k, _)| !CUDA_ONLY_KNOBS.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -91,14 +94,14 @@ fn each_backend_finds_its_own_family() {
 }
 
 #[test]
-fn the_mlx_family_has_the_cuda_knobs_but_min_blocks_and_the_producer_schedules() {
+fn the_mlx_family_has_the_cuda_knobs_but_launch_bounds_persistence_and_the_producer_schedules() {
     let cuda = gpu_family("cuda");
     let mlx = gpu_family("mlx");
     let names = |f: &TemplateFamily| -> Vec<String> {
         f.knobs().iter().map(|k| k.name().to_string()).collect()
     };
     let mut expected = names(&cuda);
-    expected.retain(|n| n != "min_blocks");
+    expected.retain(|n| !CUDA_ONLY_KNOBS.contains(&n.as_str()));
     assert_eq!(names(&mlx), expected);
     let producers = [
         KnobValue::Str("producer".into()),
@@ -112,13 +115,14 @@ fn the_mlx_family_has_the_cuda_knobs_but_min_blocks_and_the_producer_schedules()
         assert_eq!(k.default_value(), c.default_value(), "{}", k.name());
     }
     // Same rules, plus the one that confines mlx-metal to the naive kernel, less the cuda
-    // family's rules on min_blocks (launch bounds, which MLX's kernels do not have). The rules
-    // name the producer schedule on both, though only cuda's knob has it.
+    // family's rules on min_blocks (launch bounds, which MLX's kernels do not have) and on
+    // persistent tiles. The rules name the producer schedules on both, though only cuda's knob
+    // has them.
     let rules = |f: &TemplateFamily| -> Vec<String> {
         f.rules()
             .iter()
             .map(|r| format!("{r:?}"))
-            .filter(|r| !r.contains("min_blocks"))
+            .filter(|r| !CUDA_ONLY_KNOBS.iter().any(|k| r.contains(k)))
             .collect()
     };
     let (c, m) = (rules(&cuda), rules(&mlx));
@@ -134,16 +138,21 @@ fn the_mlx_family_has_the_cuda_knobs_but_min_blocks_and_the_producer_schedules()
     let cuda_valid: BTreeSet<Knobs> = cuda
         .enumerate()
         .into_iter()
-        .filter(|k| k["min_blocks"] == KnobValue::Int(1) && !cuda_only(k))
+        .filter(|k| {
+            k["min_blocks"] == KnobValue::Int(1)
+                && k["persistent"] == KnobValue::Bool(false)
+                && !cuda_only(k)
+        })
         .map(|k| for_mlx(&k))
         .collect();
     let mlx_valid: BTreeSet<Knobs> = mlx.enumerate().into_iter().collect();
     assert_eq!(cuda_valid, mlx_valid);
     // 16 naive, 256 tiled, 912 mma, 256 wgmma and 64 wgmma ping-pong settings with both
     // values of min_blocks, less the 64 two-warpgroup wgmma settings at two blocks per SM
-    // that spill (docs/gpu-attention.md), plus 32 producer and 32 producer_tma settings at one
-    // block per SM; 752 on mlx, which has neither min_blocks nor the producer schedules.
-    assert_eq!(cuda.enumerate().len(), 1504);
+    // that spill (docs/gpu-attention.md), plus 32 producer and 64 producer_tma settings (with
+    // and without persistent tiles) at one block per SM; 752 on mlx, which has neither
+    // min_blocks, persistent tiles nor the producer schedules.
+    assert_eq!(cuda.enumerate().len(), 1536);
     assert_eq!(mlx_valid.len(), 752);
 }
 

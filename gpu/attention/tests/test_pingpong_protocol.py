@@ -8,7 +8,8 @@ once the computing warpgroups release it; producer_tma has one thread of it issu
 whose bytes complete the stage's barrier. No GPU runs here, so two things are replayed in
 Python:
 
-- the barrier protocol: eight computing warps (and four producer warps), each running the
+- the barrier protocol (also across the tiles of a persistent block, producer_tma with
+  `persistent`: the stage counters carry over, and Q has a full and an empty barrier of its own): eight computing warps (and four producer warps), each running the
   kernel's sequence of waits, arrivals, copies and GEMM issues, under many random interleavings, with copies landing and GEMMs
   reading shared memory at random later times. Every interleaving must finish (no deadlock, no
   parity aliasing), every GEMM must read the tile it means to, no copy may overwrite a stage a
@@ -91,8 +92,12 @@ class NamedBarrier:
 
 
 class Machine:
-    def __init__(self, n, stages, rng, producer=False, tma=False):
-        self.n, self.S, self.rng, self.tma = n, stages, rng, tma
+    def __init__(self, n, stages, rng, producer=False, tma=False, tiles=None):
+        self.S, self.rng, self.tma = stages, rng, tma
+        # The key tiles of each query block the block walks: one block (n), or with persistent
+        # tiles several, whose iterations are numbered on (gi) across the block's tiles.
+        self.persistent = tiles is not None
+        self.tiles = list(tiles) if self.persistent else [n]
         # The warps that copy: all computing warps, or the producer's (with TMA, one thread of
         # its first warp).
         self.loaders = ([PRODUCER_WARPS[0]] if tma else
@@ -109,6 +114,11 @@ class Machine:
         self.arrivals = []     # cp.async.mbarrier.arrive in flight: (warp, seq, stage)
         self.seq = [0] * every
         self.reads = {}        # (warp, iteration, kind) -> stage, GEMM reads not yet done
+        self.read_tile = {}    # (warp, iteration, "qk") -> the tile whose Q the GEMM reads
+        # Persistent tiles: Q's barriers, the tile Q holds, and Q copies in flight (tiles).
+        self.q_full, self.q_empty = TxBarrier(1), MBarrier(WARPS)
+        self.q_tag = -1
+        self.q_copies = []
         self.errors = []
 
     # --- what the kernel's threads do (per warp: its 32 threads act alike) ---
@@ -124,10 +134,16 @@ class Machine:
         self.arrivals.append((w, seq, st))
 
     # --- the asynchronous side: copies landing, arrivals firing, GEMMs reading ---
+    def load_q(self, tc):
+        self.q_full.arrive_expect_tx(1)
+        self.q_copies.append(tc)
+
     def async_events(self):
         ev = []
         for c in self.copies:
             ev.append(("land", c))
+        for tc in self.q_copies:
+            ev.append(("qland", tc))
         for a in self.arrivals:
             w, seq, _ = a
             if all(s in self.landed[w] for s in range(seq + 1)):
@@ -147,6 +163,14 @@ class Machine:
             self.landed[w].add(seq)
             if self.tma:
                 self.full[st].complete_tx(1)
+        elif kind == "qland":
+            tc = item
+            self.q_copies.remove(tc)
+            older = [k for k, t in self.read_tile.items() if t != tc]
+            if older:
+                self.errors.append(f"Q of tile {tc} landed while {older} still read Q")
+            self.q_tag = tc
+            self.q_full.complete_tx(1)
         elif kind == "arrive":
             w, seq, st = item
             self.arrivals.remove(item)
@@ -157,65 +181,86 @@ class Machine:
             want = i  # stage of iteration i holds K(i) and V(i - 1), loaded together
             if any(t != want for t in self.tag[st].values()):
                 self.errors.append(f"warp {w} {what}({i}) read stage {st} holding {self.tag[st]}")
+            tile = self.read_tile.pop(item, None)
+            if self.persistent and tile is not None and self.q_tag != tile:
+                self.errors.append(f"warp {w} S({i}) of tile {tile} read Q of tile {self.q_tag}")
 
 
 def warp_program(m, w, wait_empty=True, flip_parity=True, producer=False):
     """One computing warp of attn_body's ping-pong branch; yields a predicate whenever it
     blocks. With `producer` it copies nothing (the producer warps do). The two flags break the
-    protocol on purpose (test_the_model_catches_broken_protocols)."""
-    n, S = m.n, m.S
+    protocol on purpose (test_the_model_catches_broken_protocols). Iterations are numbered
+    over the block's tiles (gi), as the stage counters run on from tile to tile."""
+    S = m.S
     wg = w // 4
     for st in range(S if not producer else 0):  # prologue (Q rides with stage 0)
-        if st <= n:
+        if st <= m.tiles[0]:
             m.load_iter(w, st, st)
-    if wg == 1:
-        m.turn[1].arrive()
     st = pst = 0
     ph = pph = 0
-    for i in range(n + 1):
-        qk, pv = i < n, i > 0
-        yield (lambda st=st, ph=ph: m.full[st].done(ph))
-        gen = m.turn[1 + wg].generation
-        m.turn[1 + wg].arrive()  # bar.sync: arrive, then wait for the barrier to complete
-        yield (lambda gen=gen: m.turn[1 + wg].generation != gen)
-        if qk:
-            m.reads[(w, i, "qk")] = st
-        if pv:
-            m.reads[(w, i, "pv")] = st
-        if qk or wg == 0:
-            m.turn[2 - wg].arrive()
-        if not producer and i >= 1 and i - 1 + S <= n:
-            if wait_empty:
-                yield (lambda pst=pst, pph=pph: m.empty[pst].done(pph))
-            m.load_iter(w, i - 1 + S, pst)
-        if qk:  # wgmma.wait_group 1 (or 0 without a P V): S(i) is done
-            yield (lambda i=i: (w, i, "qk") not in m.reads)
-        yield (lambda i=i: (w, i, "pv") not in m.reads and (w, i, "qk") not in m.reads)
-        m.empty[st].arrive(1)
-        pst, pph = st, ph
-        st += 1
-        if st == S:
-            st = 0
-            if flip_parity:
-                ph ^= 1
+    gi = 0
+    for tc, n in enumerate(m.tiles):
+        if wg == 1:
+            m.turn[1].arrive()
+        for i in range(n + 1):
+            qk, pv = i < n, i > 0
+            if m.persistent and i == n:
+                m.q_empty.arrive(1)  # S(n - 1), Q's last reader, was waited for
+            yield (lambda st=st, ph=ph: m.full[st].done(ph))
+            if m.persistent and i == 0:
+                yield (lambda tc=tc: m.q_full.done(tc & 1))
+            gen = m.turn[1 + wg].generation
+            m.turn[1 + wg].arrive()  # bar.sync: arrive, then wait for the barrier to complete
+            yield (lambda gen=gen: m.turn[1 + wg].generation != gen)
+            if qk:
+                m.reads[(w, gi, "qk")] = st
+                m.read_tile[(w, gi, "qk")] = tc
+            if pv:
+                m.reads[(w, gi, "pv")] = st
+            if qk or wg == 0:
+                m.turn[2 - wg].arrive()
+            if not producer and i >= 1 and i - 1 + S <= n:
+                if wait_empty:
+                    yield (lambda pst=pst, pph=pph: m.empty[pst].done(pph))
+                m.load_iter(w, i - 1 + S, pst)
+            if qk:  # wgmma.wait_group 1 (or 0 without a P V): S(i) is done
+                yield (lambda gi=gi: (w, gi, "qk") not in m.reads)
+            yield (lambda gi=gi: (w, gi, "pv") not in m.reads and (w, gi, "qk") not in m.reads)
+            m.empty[st].arrive(1)
+            pst, pph = st, ph
+            st += 1
+            if st == S:
+                st = 0
+                if flip_parity:
+                    ph ^= 1
+            gi += 1
 
 
-def producer_program(m, w, wait_empty=True, flip_parity=True):
+def producer_program(m, w, wait_empty=True, flip_parity=True, wait_q=True):
     """One warp of the producer warpgroup: Q with stage 0, then every iteration into its stage,
-    once the computing warps released the stage's previous use (iteration it - S, the
-    (it / S - 1)-th completion of empty[st])."""
-    n, S = m.n, m.S
-    for it in range(n + 1):
-        st = it % S
-        if it >= S and wait_empty:
-            parity = (it // S - 1) & 1 if flip_parity else 0
-            yield (lambda st=st, parity=parity: m.empty[st].done(parity))
-        m.load_iter(w, it, st)
+    once the computing warps released the stage's previous use (iteration gi - S, the
+    (gi / S - 1)-th completion of empty[st]). With persistent tiles the iterations run on
+    over the block's tiles, and each tile's Q follows its first K, once the computing warps
+    released the last tile's Q (q_empty); `wait_q` False breaks that on purpose."""
+    S = m.S
+    gi = 0
+    for tc, n in enumerate(m.tiles):
+        for it in range(n + 1):
+            st = gi % S
+            if gi >= S and wait_empty:
+                parity = (gi // S - 1) & 1 if flip_parity else 0
+                yield (lambda st=st, parity=parity: m.empty[st].done(parity))
+            m.load_iter(w, gi, st)
+            if m.persistent and it == 0:
+                if tc > 0 and wait_q:
+                    yield (lambda tc=tc: m.q_empty.done((tc - 1) & 1))
+                m.load_q(tc)
+            gi += 1
 
 
-def run_schedule(n, stages, seed, producer=False, tma=False, **program_flags):
+def run_schedule(n, stages, seed, producer=False, tma=False, tiles=None, **program_flags):
     rng = random.Random(seed)
-    m = Machine(n, stages, rng, producer=producer or tma, tma=tma)
+    m = Machine(n, stages, rng, producer=producer or tma, tma=tma, tiles=tiles)
     if producer or tma:
         progs = {w: warp_program(m, w, producer=True) for w in range(WARPS)}
         progs.update({w: producer_program(m, w, **program_flags) for w in m.loaders})
@@ -243,9 +288,12 @@ def run_schedule(n, stages, seed, producer=False, tma=False, **program_flags):
     assert not stuck, f"deadlock: warps {stuck} blocked (n={n}, stages={stages}, seed={seed})"
     assert all(b.arrived == 0 for b in m.turn.values()), "a named barrier ends with stray arrivals"
     assert all(b.pending == b.count for b in m.full), "a full barrier ends mid-phase"
-    assert not m.copies and not m.arrivals and not m.reads
+    assert not m.copies and not m.arrivals and not m.reads and not m.q_copies
     # Each stage was filled once per iteration that uses it.
-    assert [b.phase for b in m.full] == [len(range(s, n + 1, stages)) for s in range(stages)]
+    total = sum(t + 1 for t in m.tiles)
+    assert [b.phase for b in m.full] == [len(range(s, total, stages)) for s in range(stages)]
+    if m.persistent:
+        assert m.q_full.phase == m.q_empty.phase == len(m.tiles)
 
 
 @pytest.mark.parametrize("stages", [2, 3])
@@ -267,6 +315,26 @@ def test_the_producer_schedule_never_deadlocks_or_reads_a_wrong_tile(n, stages):
 def test_the_tma_producer_schedule_never_deadlocks_or_reads_a_wrong_tile(n, stages):
     for seed in range(60):
         run_schedule(n, stages, seed, tma=True)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("tiles", [[1], [2, 1], [3, 1, 2], [1, 1, 1, 1], [4, 2, 7]])
+def test_persistent_tiles_never_deadlock_or_read_a_wrong_tile_or_q(tiles, stages):
+    for seed in range(40):
+        run_schedule(0, stages, seed, tma=True, tiles=tiles)
+
+
+@pytest.mark.parametrize("flags", [{"wait_q": False}, {"wait_empty": False}, {"flip_parity": False}])
+def test_the_model_catches_broken_persistent_protocols(flags):
+    # Q reloaded before the computing warps released it (three stages let the producer reach
+    # the next tile while S of this one is still running), and the stage breaks as above.
+    failures = 0
+    for seed in range(40):
+        try:
+            run_schedule(0, 3, seed, tma=True, tiles=[3, 3, 2], **flags)
+        except AssertionError:
+            failures += 1
+    assert failures > 0
 
 
 @pytest.mark.parametrize("schedule", ["pingpong", "producer", "producer_tma"])
