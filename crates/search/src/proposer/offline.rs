@@ -285,8 +285,10 @@ impl OfflineProposer {
 
     /// What the catalog expects of a one-knob step from `start` to a setting: the largest
     /// expected factor among the actions the step applies (it sets the last of an action's
-    /// knobs) or moves toward (a step along an integer knob in the direction of the action's
-    /// value, credited the square root of the factor); where no action credits the step but it
+    /// knobs), sets part of (one of k knobs the action sets and `start` lacks, credited the
+    /// factor's k-th root: causal skipping is causal_skip and schedule) or moves toward (a
+    /// step along an integer knob in the direction of the action's value, credited the square
+    /// root of the factor); where no action credits the step but it
     /// undoes actions (`start` has an action's value for the knob and the step leaves it), the
     /// smallest inverse of their factors; 1.0 when no action speaks to the step. An action the
     /// tree measured as not paying on this machine (a node of it closed no faster than its
@@ -340,6 +342,15 @@ impl OfflineProposer {
                     .all(|(k, v)| k == name || next.get(k) == Some(v));
                 let step = if target == to && rest_held {
                     Some(factor)
+                } else if target == to {
+                    // Part of the way: the k-th root of the factor, k the action's knobs that
+                    // `start` does not have yet (this one among them).
+                    let k = a
+                        .knobs
+                        .iter()
+                        .filter(|(n, v)| start.get(*n) != Some(*v))
+                        .count();
+                    Some(factor.max(1e-6).powf(1.0 / k.max(1) as f64))
                 } else if toward(target) {
                     Some(factor.max(1e-6).sqrt())
                 } else {
@@ -1036,6 +1047,67 @@ mod tests {
         let mma_keys = path_keys(&wm, &mma);
         assert!(!p.undoes_the_path(&p.path_knobs(&wm, &mma), narrow, &mma_keys));
         assert!(p.undoes_the_path(&knobs, narrow, &path_keys(&wm, &wgmma)));
+    }
+
+    #[test]
+    fn a_step_part_of_the_way_to_an_action_earns_a_root_of_its_factor() {
+        // Causal skipping is one action of two knobs (causal_skip, schedule). A default cuda
+        // run on the H100 reached the producer kernels without it and its improve steps never
+        // turned it on: causal_skip alone was credited nothing, like a step no action speaks
+        // to (docs/results/attention-gpu, seed 2 of the persistent-tiles runs).
+        let c = catalog();
+        let p =
+            OfflineProposer::for_task(&attention_dir(), "attention", "cuda", None, &c, 1).unwrap();
+        let skip = p
+            .actions
+            .iter()
+            .find(|a| a.id == "gpu-attn-causal-skip")
+            .unwrap();
+        let knobs = |pairs: &[(&str, KnobValue)]| -> Knobs {
+            let changes: Knobs = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect();
+            p.family.apply(&p.family.default_knobs(), &changes).unwrap()
+        };
+        let s = |v: &str| KnobValue::Str(v.into());
+        let (i, on) = (KnobValue::Int, KnobValue::Bool(true));
+        let pingpong = knobs(&[
+            ("algo", s("wgmma")),
+            ("cp_async", on.clone()),
+            ("block_m", i(128)),
+            ("block_n", i(128)),
+            ("warps", i(8)),
+            ("stages", i(3)),
+            ("wg_schedule", s("pingpong")),
+            ("exp2", on.clone()),
+        ]);
+        assert_eq!(pingpong["causal_skip"], KnobValue::Bool(false));
+        assert_eq!(pingpong["schedule"], s("natural"));
+        let wm = WorldModel::new_root("attention", vec![]);
+        let factor = skip.expected_factor_from(&pingpong);
+        assert!(factor > 1.2, "{factor}");
+        // One knob of the two: the square root of the factor, above any step no action
+        // speaks to; the second knob then completes the action and earns all of it.
+        let mut half = pingpong.clone();
+        half.insert("causal_skip".into(), on.clone());
+        let first = p.prospects_from(&wm, &pingpong)(&half);
+        assert!((first - factor.sqrt()).abs() < 1e-12, "{first}");
+        let mut whole = half.clone();
+        whole.insert("schedule".into(), s("heavy_first"));
+        let second = p.prospects_from(&wm, &half)(&whole);
+        assert!(
+            (second - skip.expected_factor_from(&half)).abs() < 1e-12,
+            "{second}"
+        );
+        // Ranked among the ping-pong kernel's neighbours, the half step comes before every
+        // step that no catalog action credits.
+        let mut neighbours = p.family.neighbours(&pingpong);
+        p.rank_by_prospect(&wm, &pingpong, &mut neighbours);
+        let at = neighbours.iter().position(|n| n == &half).unwrap();
+        let prospect = p.prospects_from(&wm, &pingpong);
+        assert!(neighbours[at..].iter().all(|n| prospect(n) <= first));
+        assert!(neighbours[..at].iter().all(|n| prospect(n) > 1.0));
     }
 
     #[test]
