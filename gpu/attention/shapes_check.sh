@@ -11,8 +11,9 @@
 #             carry=[".device-carry/mlx2", ".device-carry/ks"])
 # (on a machine where the carry was assembled before: PYTHONPATH=/tmp/ksearch-site bash ...)
 # Settings: CUDA_VARIANT (wg_m128n128s3_prod), MLX_VARIANT (wg_m128n128s3_pp), RUNS (3),
-# BACKENDS ("cuda mlx"), BUDGET_S (540). What comes back in $OUT: log.txt, one JSON per bench
-# (<backend>-<run>.json) and table.md (gpu/attention/shapes_report.py's table of all of them).
+# BACKENDS ("cuda mlx"), BUDGET_S (540). What comes back in $OUT: log.txt, table.md
+# (gpu/attention/shapes_report.py's table of all benches) and benches.tgz, one JSON per bench
+# (benches/<backend>-<run>.json), packed because a device call brings back only a few files.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../ksearch_env.sh" attention-shapes
 CUDA_VARIANT=${CUDA_VARIANT:-wg_m128n128s3_prod}
@@ -36,6 +37,7 @@ SHAPES+=';B=8,H=16,L=1024,D=128,causal=1,dtype=f16'
 SHAPES+=';B=16,H=8,L=512,D=64,causal=1,dtype=bf16'
 SHAPES+=';B=2,H=32,L=2048,D=64,causal=1,dtype=f16'
 
+mkdir -p "$OUT/benches"
 step "render $CUDA_VARIANT (cuda) and $MLX_VARIANT (mlx)"
 "$KSEARCH_PYTHON" gpu/ksearch_render.py attention cuda --variants gpu/attention/variants.toml \
     --name "$CUDA_VARIANT" -o "$WORK/$CUDA_VARIANT.cu" || exit 2
@@ -49,9 +51,11 @@ for run in $(seq "$RUNS"); do
         step "bench $backend, run $run"
         T=$(cap 240)
         timeout "$T" "$KS" bench attention --kernel "$kernel" --backend "$backend" \
-            --timeout $((T - 5)) --json --shapes "$SHAPES" > "$OUT/$backend-$run.json"
+            --timeout $((T - 5)) --json --shapes "$SHAPES" > "$OUT/benches/$backend-$run.json"
         echo "exit $?"
     done
 done
 step "table"
-"$KSEARCH_PYTHON" gpu/attention/shapes_report.py "$OUT"/cuda-*.json "$OUT"/mlx-*.json | tee "$OUT/table.md"
+shopt -s nullglob
+"$KSEARCH_PYTHON" gpu/attention/shapes_report.py "$OUT"/benches/*.json | tee "$OUT/table.md"
+tar -C "$OUT" -czf "$OUT/benches.tgz" benches && rm -rf "$OUT/benches"

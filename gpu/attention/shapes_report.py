@@ -3,7 +3,7 @@ or more runs per backend, folded into the median and spread (min–max) over run
 time, its TFLOP/s and its ratio against each native (native time / kernel time: above 1 is
 faster than the native), per shape, plus the geometric mean of the per-shape medians.
 
-    python3 gpu/attention/shapes_report.py OUT/cuda-*.json OUT/mlx-*.json
+    tar -xzf OUT/benches.tgz && python3 gpu/attention/shapes_report.py benches/*.json
 """
 
 from __future__ import annotations
