@@ -34,8 +34,9 @@ pub fn backend_templates_dir(backend: &str) -> String {
     format!("{TEMPLATES_DIR}-{backend}")
 }
 
-/// Families larger than this are refused: `enumerate` and the repair in `apply` walk the whole
-/// space, and the search is meant to explore it, not sample a sliver of it.
+/// Families larger than this are refused: `enumerate` walks the space (pruned where a rule
+/// breaks, but a loose family walks most of it), and the search is meant to explore it, not
+/// sample a sliver of it.
 pub const MAX_SPACE: u64 = 250_000;
 
 /// Names a template may not use for a knob: they are given to templates by the renderer, or
@@ -898,36 +899,52 @@ impl TemplateFamily {
         self.valid.get_or_init(|| self.enumerate_fresh())
     }
 
+    /// The valid settings, depth first over the knobs in declaration order (so in odometer
+    /// order), each rule checked as soon as every knob it names is set: a prefix that breaks
+    /// a rule is not extended. Walking the whole product instead cost a second per process for
+    /// the attention cuda family (184 320 combinations, 1 536 valid).
     fn enumerate_fresh(&self) -> Vec<Knobs> {
         let Ok(checker) = self.checker() else {
             return Vec::new();
         };
+        if self.knobs.is_empty() {
+            let none = Knobs::new();
+            return match checker.check(self, &none) {
+                Ok(()) => vec![none],
+                Err(_) => Vec::new(),
+            };
+        }
+        // due[d]: the rules whose knobs are all set once knob d is.
+        let mut due = vec![Vec::new(); self.knobs.len()];
+        for (i, rule) in self.rules.iter().enumerate() {
+            due[checker.last_knob(self, i, rule)].push(i);
+        }
         let mut out = Vec::new();
-        let mut index = vec![0usize; self.knobs.len()];
-        loop {
-            let knobs: Knobs = self
-                .knobs
-                .iter()
-                .zip(&index)
-                .map(|(k, &i)| (k.name.clone(), k.values[i].clone()))
-                .collect();
-            if checker.check(self, &knobs).is_ok() {
-                out.push(knobs);
-            }
-            // Advance the odometer; done when every digit wrapped.
-            let mut pos = self.knobs.len();
-            loop {
-                if pos == 0 {
-                    return out;
+        self.extend_valid(&checker, &due, &mut Knobs::new(), &mut out);
+        out
+    }
+
+    /// Every valid completion of `prefix` (the knobs before `prefix.len()` set) into `out`.
+    fn extend_valid(
+        &self,
+        checker: &Checker<'_>,
+        due: &[Vec<usize>],
+        prefix: &mut Knobs,
+        out: &mut Vec<Knobs>,
+    ) {
+        let depth = prefix.len();
+        let knob = &self.knobs[depth];
+        for v in &knob.values {
+            prefix.insert(knob.name.clone(), v.clone());
+            if checker.holds(self, prefix, &due[depth]) {
+                if depth + 1 == self.knobs.len() {
+                    out.push(prefix.clone());
+                } else {
+                    self.extend_valid(checker, due, prefix, out);
                 }
-                pos -= 1;
-                index[pos] += 1;
-                if index[pos] < self.knobs[pos].values.len() {
-                    break;
-                }
-                index[pos] = 0;
             }
         }
+        prefix.remove(&knob.name);
     }
 
     /// `base` with `changes` applied. When the result breaks a rule, the other knobs are
@@ -990,30 +1007,71 @@ struct Checker<'env> {
 }
 
 impl Checker<'_> {
+    /// The position of the last knob rule `i` reads: an expression's names (knobs, or the
+    /// constant `target`, as loading checked), a forbidden combination's knobs; 0 for a rule
+    /// that reads none.
+    fn last_knob(&self, family: &TemplateFamily, i: usize, rule: &Rule) -> usize {
+        let names: Vec<String> = match (rule, &self.exprs[i]) {
+            (Rule::Expr { .. }, Some(expr)) => {
+                expr.undeclared_variables(false).into_iter().collect()
+            }
+            (Rule::Forbid { knobs, .. }, _) => knobs.keys().cloned().collect(),
+            (Rule::Expr { .. }, None) => Vec::new(),
+        };
+        names
+            .iter()
+            .filter_map(|n| family.knobs.iter().position(|k| &k.name == n))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether `knobs` keeps the rules numbered in `which` (every knob they read is set).
+    fn holds(&self, family: &TemplateFamily, knobs: &Knobs, which: &[usize]) -> bool {
+        if which.is_empty() {
+            return true;
+        }
+        let ctx = family.context(knobs);
+        which
+            .iter()
+            .all(|&i| matches!(self.broken(family, i, &ctx, knobs), Ok(false)))
+    }
+
+    /// Whether rule `i` is broken in `ctx` (the context of `knobs`); an error when its
+    /// expression cannot be evaluated.
+    fn broken(
+        &self,
+        family: &TemplateFamily,
+        i: usize,
+        ctx: &Value,
+        knobs: &Knobs,
+    ) -> Result<bool, TemplateError> {
+        let rule = &family.rules[i];
+        Ok(match (rule, &self.exprs[i]) {
+            (Rule::Expr { .. }, Some(expr)) => match expr.eval(ctx.clone()) {
+                Ok(v) => !v.is_true(),
+                Err(e) => {
+                    return Err(TemplateError::Constraint {
+                        family: family.name.clone(),
+                        message: format!("the rule cannot be evaluated: {e}"),
+                        rule: rule.describe(),
+                        knobs: format_knobs(knobs),
+                    })
+                }
+            },
+            (
+                Rule::Forbid {
+                    knobs: forbidden, ..
+                },
+                _,
+            ) => forbidden.iter().all(|(k, v)| knobs.get(k) == Some(v)),
+            (Rule::Expr { .. }, None) => false,
+        })
+    }
+
     fn check(&self, family: &TemplateFamily, knobs: &Knobs) -> Result<(), TemplateError> {
         let ctx = family.context(knobs);
-        for (rule, expr) in family.rules.iter().zip(&self.exprs) {
-            let broken = match (rule, expr) {
-                (Rule::Expr { .. }, Some(expr)) => match expr.eval(ctx.clone()) {
-                    Ok(v) => !v.is_true(),
-                    Err(e) => {
-                        return Err(TemplateError::Constraint {
-                            family: family.name.clone(),
-                            message: format!("the rule cannot be evaluated: {e}"),
-                            rule: rule.describe(),
-                            knobs: format_knobs(knobs),
-                        })
-                    }
-                },
-                (
-                    Rule::Forbid {
-                        knobs: forbidden, ..
-                    },
-                    _,
-                ) => forbidden.iter().all(|(k, v)| knobs.get(k) == Some(v)),
-                (Rule::Expr { .. }, None) => false,
-            };
-            if broken {
+        for (i, rule) in family.rules.iter().enumerate() {
+            if self.broken(family, i, &ctx, knobs)? {
                 return Err(TemplateError::Constraint {
                     family: family.name.clone(),
                     message: rule.message().to_string(),
