@@ -10,7 +10,8 @@
 # Call 2: run(command="source .device-carry/mlx2/assemble.sh && bash gpu/attention/shapes_check.sh",
 #             carry=[".device-carry/mlx2", ".device-carry/ks"])
 # (on a machine where the carry was assembled before: PYTHONPATH=/tmp/ksearch-site bash ...)
-# Settings: CUDA_VARIANT (wg_m128n128s3_prod), MLX_VARIANT (wg_m128n128s3_pp), RUNS (3),
+# Settings: CUDA_VARIANT (wg_m128n128s3_prod), CUDA_KERNEL (a rendered .cu benched under that
+# name instead, e.g. a variant rendered from another tree), MLX_VARIANT (wg_m128n128s3_pp), RUNS (3),
 # BACKENDS ("cuda mlx"), BUDGET_S (540). What comes back in $OUT: log.txt, table.md
 # (gpu/attention/shapes_report.py's table of all benches) and benches.tgz, one JSON per bench
 # (benches/<backend>-<run>.json), packed because a device call brings back only a few files.
@@ -39,8 +40,12 @@ SHAPES+=';B=2,H=32,L=2048,D=64,causal=1,dtype=f16'
 
 mkdir -p "$OUT/benches"
 step "render $CUDA_VARIANT (cuda) and $MLX_VARIANT (mlx)"
-"$KSEARCH_PYTHON" gpu/ksearch_render.py attention cuda --variants gpu/attention/variants.toml \
-    --name "$CUDA_VARIANT" -o "$WORK/$CUDA_VARIANT.cu" || exit 2
+if [ -n "${CUDA_KERNEL:-}" ]; then
+    cp "$CUDA_KERNEL" "$WORK/$CUDA_VARIANT.cu" || exit 2
+else
+    "$KSEARCH_PYTHON" gpu/ksearch_render.py attention cuda --variants gpu/attention/variants.toml \
+        --name "$CUDA_VARIANT" -o "$WORK/$CUDA_VARIANT.cu" || exit 2
+fi
 "$KSEARCH_PYTHON" gpu/ksearch_render.py attention mlx --variants-backend cuda \
     --variants gpu/attention/variants.toml --name "$MLX_VARIANT" -o "$WORK/${MLX_VARIANT}_mlx.py" || exit 2
 
