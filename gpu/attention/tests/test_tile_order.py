@@ -9,9 +9,8 @@ the checks here hold for what it prints:
 
 - every (query block, head) is done exactly once, by one block per work item or by the
   persistent blocks' turns together;
-- under heavy_first, the heads go in sections whose K and V fit the L2 budget together (at
-  least one head each), one section after the other, longest query blocks first within each;
-  where every head fits, the order is the plain longest-first one over all heads;
+- under heavy_first the longest query blocks of every head go first, in both launch orders;
+- persistent turns snake under causal masking and are dealt round robin otherwise;
 - the natural order takes the query block fastest.
 """
 
@@ -39,11 +38,11 @@ static ksa_dim3 gridDim, blockIdx;
 #define __device__
 #define __forceinline__ inline
 namespace ksa {
-using i64 = long long;
 constexpr bool HEAVY_FIRST = %(heavy)s;
 %(code)s
 }
-template <int D> static void run(bool causal, bool persistent, int nq, int nbh, int L, int grid) {
+// Prints "block turn item qblk head" for every work item.
+static void run(bool causal, bool persistent, int nq, int nbh, int grid) {
   if (persistent) {
     gridDim = {static_cast<unsigned>(grid), 1, 1};
     for (int b = 0; b < grid; ++b) {
@@ -51,8 +50,8 @@ template <int D> static void run(bool causal, bool persistent, int nq, int nbh, 
       for (int k = 0, tile; (tile = causal ? ksa::tile_index<true>(k, nq * nbh)
                                            : ksa::tile_index<false>(k, nq * nbh)) >= 0; ++k) {
         int qblk, bh;
-        if (causal) ksa::tile_coords<true, D>(tile, nq, nbh, L, qblk, bh);
-        else ksa::tile_coords<false, D>(tile, nq, nbh, L, qblk, bh);
+        if (causal) ksa::tile_coords<true>(tile, nq, nbh, qblk, bh);
+        else ksa::tile_coords<false>(tile, nq, nbh, qblk, bh);
         std::printf("%%d %%d %%d %%d %%d\n", b, k, tile, qblk, bh);
       }
     }
@@ -64,28 +63,24 @@ template <int D> static void run(bool causal, bool persistent, int nq, int nbh, 
     for (int x = 0; x < nq; ++x) {
       blockIdx = {static_cast<unsigned>(x), static_cast<unsigned>(h), 0};
       int qblk, bh;
-      if (causal) ksa::block_coords<true, D>(L, qblk, bh);
-      else ksa::block_coords<false, D>(L, qblk, bh);
+      if (causal) ksa::block_coords<true>(qblk, bh);
+      else ksa::block_coords<false>(qblk, bh);
       std::printf("%%d 0 %%d %%d %%d\n", x + nq * h, x + nq * h, qblk, bh);
     }
 }
 int main(int argc, char** argv) {
-  const int D = std::atoi(argv[1]), causal = std::atoi(argv[2]), persistent = std::atoi(argv[3]);
-  const int nq = std::atoi(argv[4]), nbh = std::atoi(argv[5]), L = std::atoi(argv[6]);
-  const int grid = std::atoi(argv[7]);
-  if (D == 64) run<64>(causal, persistent, nq, nbh, L, grid);
-  else run<128>(causal, persistent, nq, nbh, L, grid);
+  if (argc != 6) return 2;
+  run(std::atoi(argv[1]), std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
+      std::atoi(argv[5]));
   return 0;
 }
 """
 
-BUDGET = 32 << 20  # L2_SECTION_BYTES of device.cuh.j2
-
 
 def scheduling_code(source: str) -> str:
-    """The template's scheduling functions, as rendered: from the L2 budget through
-    tile_coords (the persistent kernels') or block_coords."""
-    start = source.index("constexpr i64 L2_SECTION_BYTES")
+    """The template's scheduling functions as rendered: block_coords through tile_coords (a
+    persistent variant's source)."""
+    start = source.index("template <bool CAUSAL>\n__device__ __forceinline__ void block_coords")
     end = source.index("__device__ __forceinline__ u32 smem_u32")
     code = source[start:end]
     assert "tile_coords" in code and "block_coords" in code, "a persistent variant's source"
@@ -97,10 +92,9 @@ def drivers(tmp_path_factory):
     if CXX is None:
         pytest.skip("no C++ compiler on PATH")
     variants = family.load_variants()
-    name = "wg_m128n128s3_prodtma_pers"
     out = {}
     for schedule in ("heavy_first", "natural"):
-        knobs = dict(variants[name], schedule=schedule)
+        knobs = dict(variants["wg_m128n128s3_prodtma_pers"], schedule=schedule)
         source = family.cuda().render(knobs)
         heavy = re.search(r"constexpr bool HEAVY_FIRST = (true|false);", source).group(1)
         assert heavy == ("true" if schedule == "heavy_first" else "false")
@@ -112,65 +106,69 @@ def drivers(tmp_path_factory):
     return out
 
 
-def order(driver: Path, D: int, causal: bool, persistent: bool, nq: int, nbh: int, L: int,
-          grid: int = 0) -> list[tuple[int, int, int, int, int]]:
+def order(driver: Path, causal: bool, persistent: bool, nq: int, nbh: int,
+          grid: int = 0) -> list[tuple[int, ...]]:
     """(block, turn, work item in launch order, query block, head) of every work item."""
-    args = [str(a) for a in (D, int(causal), int(persistent), nq, nbh, L, grid)]
+    args = [str(a) for a in (int(causal), int(persistent), nq, nbh, grid)]
     text = subprocess.run([str(driver), *args], check=True, capture_output=True, text=True).stdout
     return [tuple(int(x) for x in line.split()) for line in text.splitlines()]
 
 
-def heads_per_section(L: int, D: int, nbh: int) -> int:
-    return max(1, min(nbh, BUDGET // (L * D * 4)))
-
-
-# (D, L, heads): every head fits, two full sections, a last section that is partial, one head
-# per section (a head's K and V alone exceed the budget).
-SHAPES = [(128, 1024, 8), (128, 1024, 128), (64, 1000, 300), (128, 2048, 40), (128, 1 << 17, 3),
-          (64, 4096, 70)]
-
-
-@pytest.mark.parametrize("D,L,nbh", SHAPES)
-@pytest.mark.parametrize("persistent", [False, True])
-def test_heavy_first_goes_longest_first_within_sections_that_fit_l2(drivers, D, L, nbh,
-                                                                     persistent):
-    nq = -(-L // 128)
-    if nq * nbh > 200_000:
-        nq = 8  # L only sets the section size; keep the listing short
-    items = order(drivers["heavy_first"], D, True, persistent, nq, nbh, L, grid=132)
+def by_item(items: list[tuple[int, ...]], nq: int, nbh: int) -> list[tuple[int, int]]:
+    """(query block, head) of each work item in launch order, once every item is seen to be
+    done exactly once."""
     assert len(items) == nq * nbh
     assert sorted((q, h) for *_, q, h in items) == [(q, h) for q in range(nq) for h in range(nbh)]
-    by_item = sorted(items, key=lambda it: it[2])
-    assert [it[2] for it in by_item] == list(range(nq * nbh))
-    hs = heads_per_section(L, D, nbh)
-    for lin, (*_, q, h) in enumerate(x[2:] for x in by_item):
-        section = h // hs
-        first, heads = section * hs, min(hs, nbh - section * hs)
-        assert first * nq <= lin < (first + heads) * nq, "sections one after the other"
-        w = lin - first * nq
-        assert (q, h) == (nq - 1 - w // heads, first + w % heads), "longest first in a section"
-    if hs == nbh:  # the plain longest-first order over every head
-        assert [(q, h) for *_, q, h in by_item] == [(nq - 1 - lin // nbh, lin % nbh)
-                                                    for lin in range(nq * nbh)]
-    if L * D * 4 <= BUDGET:
-        assert hs * L * D * 4 <= BUDGET
+    ordered = sorted(items, key=lambda it: it[2])
+    assert [it[2] for it in ordered] == list(range(nq * nbh))
+    return [(q, h) for *_, q, h in ordered]
+
+
+def longest_first(nq: int, nbh: int) -> list[tuple[int, int]]:
+    return [(nq - 1 - lin // nbh, lin % nbh) for lin in range(nq * nbh)]
+
+
+# (query blocks, heads, persistent blocks): more tiles than blocks in several shapes of rounds,
+# more query blocks than a round takes, fewer tiles than blocks.
+SHAPES = [(8, 128, 132), (32, 32, 132), (2, 512, 132), (64, 8, 132), (9, 50, 20), (200, 3, 132),
+          (4, 5, 64)]
+
+
+@pytest.mark.parametrize("nq,nbh,grid", SHAPES)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_heavy_first_takes_the_longest_query_blocks_of_every_head_first(drivers, nq, nbh, grid,
+                                                                        persistent):
+    blocks = min(grid, nq * nbh)  # the entry point launches no more blocks than tiles
+    got = by_item(order(drivers["heavy_first"], True, persistent, nq, nbh, blocks), nq, nbh)
+    assert got == longest_first(nq, nbh)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_the_natural_order_takes_the_query_block_fastest(drivers, causal, persistent):
     nq, nbh = 9, 13
-    items = order(drivers["natural"], 128, causal, persistent, nq, nbh, 1100, grid=20)
-    by_item = sorted(items, key=lambda it: it[2])
-    assert [(q, h) for *_, q, h in by_item] == [(lin % nq, lin // nq) for lin in range(nq * nbh)]
+    got = by_item(order(drivers["natural"], causal, persistent, nq, nbh, grid=20), nq, nbh)
+    assert got == [(lin % nq, lin // nq) for lin in range(nq * nbh)]
 
 
-def test_persistent_turns_snake_under_causal_masking(drivers):
+@pytest.mark.parametrize("schedule", ["heavy_first", "natural"])
+def test_persistent_turns_snake_under_causal_masking(drivers, schedule):
     """Block b takes items b, 2G - 1 - b, 2G + b, ... (G blocks), so the block that took one of
-    a round's longest tiles takes one of the next round's shortest."""
+    a round's longest tiles takes one of the next round's shortest; dealt round robin
+    without causal masking."""
     G, nq, nbh = 7, 5, 6
-    items = order(drivers["heavy_first"], 128, True, True, nq, nbh, 640, grid=G)
-    for b, k, lin, *_ in items:
+    for b, k, lin, *_ in order(drivers[schedule], True, True, nq, nbh, G):
         assert lin == k * G + (G - 1 - b if k % 2 else b)
-    turns = order(drivers["heavy_first"], 128, False, True, nq, nbh, 640, grid=G)
-    assert all(lin == k * G + b for b, k, lin, *_ in turns)  # dealt round robin otherwise
+    for b, k, lin, *_ in order(drivers[schedule], False, True, nq, nbh, G):
+        assert lin == k * G + b
+
+
+def test_heavy_first_evens_the_persistent_blocks_work(drivers):
+    """With a query block's cost its key tiles (qblk + 1), no persistent block's total exceeds
+    the mean by more than the longest tile."""
+    for nq, nbh in [(8, 128), (32, 32), (64, 8), (8, 64)]:
+        work = [0] * 132
+        for b, _, _, q, _ in order(drivers["heavy_first"], True, True, nq, nbh, 132):
+            work[b] += q + 1
+        mean = sum(work) / len(work)
+        assert max(work) <= mean + nq, (nq, nbh, max(work), mean)
