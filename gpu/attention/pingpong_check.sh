@@ -7,7 +7,7 @@
 #      renders the variants: $KSEARCH_BIN or the checkout's target/*/ksearch; ~15 s);
 #   2. smoke: every variant on many sequence lengths (1 .. 1000, partial tiles), D 64 and 128,
 #      f16 and bf16, causal and not, against SDPA in f32, no sanitizer (the last two shapes have
-#      more heads than one L2 section of the heavy_first order holds, the last section partial).
+#      80 and 150 heads: persistent blocks walk several tiles each, the last round partial).
 #      A deadlock in the barrier protocol shows up here as a timeout; then each variant runs
 #      alone (15 s each) and those that hang are left out of the later steps;
 #   3. compute-sanitizer memcheck, then racecheck, on B1 H2 L300 D128 and D64 (both dtypes,
