@@ -239,13 +239,13 @@ impl OfflineProposer {
             .neighbours(start)
             .into_iter()
             .filter(|n| {
-                holds(n, fixed)
-                    || followups.iter().any(|f| {
-                        holds(n, f)
-                            && fixed
-                                .iter()
-                                .all(|(k, v)| f.contains_key(k) || n.get(k) == Some(v))
-                    })
+                // A knob the path fixed may differ where a follow-up the setting holds sets
+                // it: the persistent action's natural order on a kernel whose producer
+                // schedule an earlier step of the cycle took.
+                let held: Vec<&Knobs> = followups.iter().filter(|f| holds(n, f)).collect();
+                fixed
+                    .iter()
+                    .all(|(k, v)| n.get(k) == Some(v) || held.iter().any(|f| f.contains_key(k)))
             })
             .filter(|n| !self.is_known(n, known))
             .collect();
@@ -253,20 +253,31 @@ impl OfflineProposer {
         out
     }
 
-    /// The knob settings of the catalog's follow-ups to `node`'s path: the actions that
-    /// require only actions applied on it (the node's own among them), are not applied on it
-    /// themselves and were not measured not to pay. An improve attempt may take a step that
-    /// completes one of them although it changes a knob the path fixed: the follow-up builds
-    /// on the action that set it (the producer schedule on ping-pong), so the cycle's best is
-    /// still what the path chose, refined. Without this a cycle spent its last attempts on
-    /// steps no action speaks for while the follow-up waited for a cycle of its own, past the
-    /// default rounds (docs/results/attention-gpu, the default cuda search).
-    fn followup_knobs(&self, wm: &WorldModel, node: &NodeId) -> Vec<Knobs> {
+    /// The knob settings of the catalog's follow-ups to `node`'s path, from the kernel
+    /// `start`: the actions whose every requirement is applied on the path (the node's own
+    /// among them) or held by `start` (all of its knobs at the action's values, as when an
+    /// improve step of the cycle reached the producer schedule), that are not applied on the
+    /// path themselves and were not measured not to pay. An improve attempt may take a step
+    /// that completes one of them although it changes a knob the path fixed: the follow-up
+    /// builds on the action that set it (the producer schedule on ping-pong), so the cycle's
+    /// best is still what the path chose, refined. Without this a cycle spent its last
+    /// attempts on steps no action speaks for while the follow-up waited for a cycle of its
+    /// own, past the default rounds (docs/results/attention-gpu, the default cuda search).
+    /// Counting what `start` holds lets the persistent action (persistent tiles and the
+    /// natural order, after the producer) complete within the cycle whose improve steps
+    /// reached the producer, though causal skipping fixed `heavy_first` on the path.
+    fn followup_knobs(&self, wm: &WorldModel, node: &NodeId, start: &Knobs) -> Vec<Knobs> {
         let applied = path_labels(wm, node);
+        let held = |id: &String| {
+            self.actions
+                .iter()
+                .find(|r| &r.id == id)
+                .is_some_and(|r| r.knobs.iter().all(|(k, v)| start.get(k) == Some(v)))
+        };
         self.actions
             .iter()
             .filter(|a| !a.requires.is_empty() && !a.knobs.is_empty())
-            .filter(|a| a.requires.iter().all(|r| applied.contains(r)))
+            .filter(|a| a.requires.iter().all(|r| applied.contains(r) || held(r)))
             .filter(|a| !applied.contains(&a.id) && !measured_not_to_pay(wm, &a.id))
             .map(|a| a.knobs.clone())
             .collect()
@@ -693,7 +704,7 @@ impl Proposer for OfflineProposer {
             options.push(first.clone());
         }
         let followups = if req.step == Step::Improve {
-            self.followup_knobs(req.wm, &req.node.id)
+            self.followup_knobs(req.wm, &req.node.id, &start)
         } else {
             Vec::new()
         };
