@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{cc, family, knob, sample, task_dir, KINDS};
+use common::{cc, family, knob, product, sample, task_dir, KINDS};
 use ksearch_knowledge::{Knobs, TemplateError, TemplateFamily};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -50,19 +50,7 @@ fn enumerate_is_exactly_the_valid_settings() {
             "{kind}: invalid setting enumerated"
         );
         // Brute force over the raw product: the valid ones are exactly the enumerated ones.
-        let mut product: Vec<Knobs> = vec![Knobs::new()];
-        for k in f.knobs() {
-            product = product
-                .into_iter()
-                .flat_map(|p| {
-                    k.values().iter().map(move |v| {
-                        let mut q = p.clone();
-                        q.insert(k.name().to_string(), v.clone());
-                        q
-                    })
-                })
-                .collect();
-        }
+        let product = product(&f);
         assert_eq!(product.len() as u64, f.space_size());
         // In the product's order, too (the last knob fastest).
         let valid: Vec<Knobs> = product.into_iter().filter(|k| f.is_valid(k)).collect();

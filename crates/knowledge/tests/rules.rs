@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::knob;
+use common::{knob, product};
 use ksearch_knowledge::{Knobs, KnowledgeError, TemplateError, TemplateFamily};
 use std::path::Path;
 
@@ -289,20 +289,7 @@ expr = "true"
 message = "always"
 "#;
     let f = load(&toml).unwrap().unwrap();
-    let mut product: Vec<Knobs> = vec![Knobs::new()];
-    for k in f.knobs() {
-        product = product
-            .into_iter()
-            .flat_map(|p| {
-                k.values().iter().map(move |v| {
-                    let mut q = p.clone();
-                    q.insert(k.name().to_string(), v.clone());
-                    q
-                })
-            })
-            .collect();
-    }
-    let valid: Vec<Knobs> = product.into_iter().filter(|k| f.is_valid(k)).collect();
+    let valid: Vec<Knobs> = product(&f).into_iter().filter(|k| f.is_valid(k)).collect();
     // 16 as above, less mode b at width 4 and 8 (two fast values each): 12.
     assert_eq!(valid.len(), 12);
     assert_eq!(f.enumerate(), valid);

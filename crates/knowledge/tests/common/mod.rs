@@ -24,6 +24,25 @@ pub fn family(kind: &str) -> TemplateFamily {
     }
 }
 
+/// Every combination of the family's knob values, in odometer order (the last knob fastest):
+/// the brute-force oracle the enumeration is checked against.
+pub fn product(f: &TemplateFamily) -> Vec<Knobs> {
+    let mut product: Vec<Knobs> = vec![Knobs::new()];
+    for k in f.knobs() {
+        product = product
+            .into_iter()
+            .flat_map(|p| {
+                k.values().iter().map(move |v| {
+                    let mut q = p.clone();
+                    q.insert(k.name().to_string(), v.clone());
+                    q
+                })
+            })
+            .collect();
+    }
+    product
+}
+
 /// A small deterministic generator, so samples are the same on every run.
 pub struct Lcg(u64);
 
