@@ -89,6 +89,7 @@ def _eval(expr: str, ctx: dict[str, Any]) -> int:
 def launch(knobs: dict[str, Any], head_dim: int) -> dict[str, int]:
     """Threads per block and dynamic shared-memory bytes for one head dim."""
     ctx = dict(knobs, head_dim=head_dim)
+    ctx["q_bufs"] = _eval(GPU["launch"]["q_bufs"], ctx)
     return {"threads": _eval(GPU["launch"]["threads"], ctx),
             "smem_bytes": _eval(GPU["launch"]["smem_bytes"], ctx)}
 

@@ -225,14 +225,18 @@ fn the_producer_schedule_is_cuda_only_at_one_block_per_sm() {
     assert!(mlx.apply(&for_mlx(pp), &tma).is_err());
     // Persistent tiles are a form of producer_tma: asked for on the ping-pong kernel, the
     // repair makes it producer_tma at one block per SM; the source launches one block per SM
-    // and gives Q barriers of its own. The mlx family has no such knob.
+    // and gives Q barriers of its own (two Q tiles where shared memory holds them). The mlx
+    // family has no such knob.
     let persistent = Knobs::from([("persistent".to_string(), KnobValue::Bool(true))]);
     let pers = cuda.apply(&two_blocks, &persistent).unwrap();
     assert_eq!(pers["wg_schedule"], KnobValue::Str("producer_tma".into()));
     assert_eq!(pers["min_blocks"], KnobValue::Int(1));
     let src = cuda.render(&pers).unwrap();
     assert!(src.contains("tile_index<CAUSAL>") && src.contains("ksa_sm_count()"));
-    assert!(src.contains("mbar_init(q_full, 1)") && src.contains("mbar_arrive(q_empty)"));
+    assert!(
+        src.contains("mbar_init(q_full(b), 1)") && src.contains("mbar_arrive(q_empty(tc % QB))")
+    );
+    assert!(src.contains("constexpr int QB = q_bufs<D>();"));
     let plain_tma = cuda.render(&with_tma).unwrap();
     assert!(!plain_tma.contains("tile_index") && !plain_tma.contains("q_full"));
     assert!(mlx.knob("persistent").is_none());

@@ -92,7 +92,7 @@ class NamedBarrier:
 
 
 class Machine:
-    def __init__(self, n, stages, rng, producer=False, tma=False, tiles=None):
+    def __init__(self, n, stages, rng, producer=False, tma=False, tiles=None, q_bufs=1):
         self.S, self.rng, self.tma = stages, rng, tma
         # The key tiles of each query block the block walks: one block (n), or with persistent
         # tiles several, whose iterations are numbered on (gi) across the block's tiles.
@@ -115,9 +115,13 @@ class Machine:
         self.seq = [0] * every
         self.reads = {}        # (warp, iteration, kind) -> stage, GEMM reads not yet done
         self.read_tile = {}    # (warp, iteration, "qk") -> the tile whose Q the GEMM reads
+        # Persistent tiles: Q tiles (tile t uses Q tile t % q_bufs), each with its barriers,
+        # the tile it holds, and Q copies in flight (tiles).
+        self.QB = q_bufs
         # Persistent tiles: Q's barriers, the tile Q holds, and Q copies in flight (tiles).
-        self.q_full, self.q_empty = TxBarrier(1), MBarrier(WARPS)
-        self.q_tag = -1
+        self.q_full = [TxBarrier(1) for _ in range(q_bufs)]
+        self.q_empty = [MBarrier(WARPS) for _ in range(q_bufs)]
+        self.q_tag = [-1] * q_bufs
         self.q_copies = []
         self.errors = []
 
@@ -135,7 +139,7 @@ class Machine:
 
     # --- the asynchronous side: copies landing, arrivals firing, GEMMs reading ---
     def load_q(self, tc):
-        self.q_full.arrive_expect_tx(1)
+        self.q_full[tc % self.QB].arrive_expect_tx(1)
         self.q_copies.append(tc)
 
     def async_events(self):
@@ -166,11 +170,12 @@ class Machine:
         elif kind == "qland":
             tc = item
             self.q_copies.remove(tc)
-            older = [k for k, t in self.read_tile.items() if t != tc]
+            b = tc % self.QB
+            older = [k for k, t in self.read_tile.items() if t != tc and t % self.QB == b]
             if older:
-                self.errors.append(f"Q of tile {tc} landed while {older} still read Q")
-            self.q_tag = tc
-            self.q_full.complete_tx(1)
+                self.errors.append(f"Q of tile {tc} landed while {older} still read its Q tile")
+            self.q_tag[b] = tc
+            self.q_full[b].complete_tx(1)
         elif kind == "arrive":
             w, seq, st = item
             self.arrivals.remove(item)
@@ -182,8 +187,9 @@ class Machine:
             if any(t != want for t in self.tag[st].values()):
                 self.errors.append(f"warp {w} {what}({i}) read stage {st} holding {self.tag[st]}")
             tile = self.read_tile.pop(item, None)
-            if self.persistent and tile is not None and self.q_tag != tile:
-                self.errors.append(f"warp {w} S({i}) of tile {tile} read Q of tile {self.q_tag}")
+            if self.persistent and tile is not None and self.q_tag[tile % self.QB] != tile:
+                self.errors.append(f"warp {w} S({i}) of tile {tile} read Q of tile "
+                                   f"{self.q_tag[tile % self.QB]}")
 
 
 def warp_program(m, w, wait_empty=True, flip_parity=True, producer=False):
@@ -205,10 +211,10 @@ def warp_program(m, w, wait_empty=True, flip_parity=True, producer=False):
         for i in range(n + 1):
             qk, pv = i < n, i > 0
             if m.persistent and i == n:
-                m.q_empty.arrive(1)  # S(n - 1), Q's last reader, was waited for
+                m.q_empty[tc % m.QB].arrive(1)  # S(n - 1), Q's last reader, was waited for
             yield (lambda st=st, ph=ph: m.full[st].done(ph))
             if m.persistent and i == 0:
-                yield (lambda tc=tc: m.q_full.done(tc & 1))
+                yield (lambda tc=tc: m.q_full[tc % m.QB].done((tc // m.QB) & 1))
             gen = m.turn[1 + wg].generation
             m.turn[1 + wg].arrive()  # bar.sync: arrive, then wait for the barrier to complete
             yield (lambda gen=gen: m.turn[1 + wg].generation != gen)
@@ -252,15 +258,16 @@ def producer_program(m, w, wait_empty=True, flip_parity=True, wait_q=True):
                 yield (lambda st=st, parity=parity: m.empty[st].done(parity))
             m.load_iter(w, gi, st)
             if m.persistent and it == 0:
-                if tc > 0 and wait_q:
-                    yield (lambda tc=tc: m.q_empty.done((tc - 1) & 1))
+                if tc >= m.QB and wait_q:
+                    yield (lambda tc=tc: m.q_empty[tc % m.QB].done((tc // m.QB - 1) & 1))
                 m.load_q(tc)
             gi += 1
 
 
-def run_schedule(n, stages, seed, producer=False, tma=False, tiles=None, **program_flags):
+def run_schedule(n, stages, seed, producer=False, tma=False, tiles=None, q_bufs=1,
+                 **program_flags):
     rng = random.Random(seed)
-    m = Machine(n, stages, rng, producer=producer or tma, tma=tma, tiles=tiles)
+    m = Machine(n, stages, rng, producer=producer or tma, tma=tma, tiles=tiles, q_bufs=q_bufs)
     if producer or tma:
         progs = {w: warp_program(m, w, producer=True) for w in range(WARPS)}
         progs.update({w: producer_program(m, w, **program_flags) for w in m.loaders})
@@ -293,7 +300,9 @@ def run_schedule(n, stages, seed, producer=False, tma=False, tiles=None, **progr
     total = sum(t + 1 for t in m.tiles)
     assert [b.phase for b in m.full] == [len(range(s, total, stages)) for s in range(stages)]
     if m.persistent:
-        assert m.q_full.phase == m.q_empty.phase == len(m.tiles)
+        for b in range(m.QB):
+            uses = len(range(b, len(m.tiles), m.QB))
+            assert m.q_full[b].phase == m.q_empty[b].phase == uses
 
 
 @pytest.mark.parametrize("stages", [2, 3])
@@ -317,11 +326,12 @@ def test_the_tma_producer_schedule_never_deadlocks_or_reads_a_wrong_tile(n, stag
         run_schedule(n, stages, seed, tma=True)
 
 
+@pytest.mark.parametrize("q_bufs", [1, 2])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("tiles", [[1], [2, 1], [3, 1, 2], [1, 1, 1, 1], [4, 2, 7]])
-def test_persistent_tiles_never_deadlock_or_read_a_wrong_tile_or_q(tiles, stages):
+def test_persistent_tiles_never_deadlock_or_read_a_wrong_tile_or_q(tiles, stages, q_bufs):
     for seed in range(40):
-        run_schedule(0, stages, seed, tma=True, tiles=tiles)
+        run_schedule(0, stages, seed, tma=True, tiles=tiles, q_bufs=q_bufs)
 
 
 @pytest.mark.parametrize("flags", [{"wait_q": False}, {"wait_empty": False}, {"flip_parity": False}])

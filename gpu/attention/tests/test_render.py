@@ -125,16 +125,27 @@ def test_pingpong_renders_the_mbarrier_schedule_only_when_asked(cuda):
         assert launch["threads"] == (384 if schedule == "producer" else 256)
 
 
+def _arithmetic(expr: str, values: dict[str, int]) -> int:
+    for k, v in values.items():
+        expr = re.sub(rf"\b{k}\b", str(v), expr)
+    assert re.fullmatch(r"[0-9+*() ]+", expr), expr
+    return eval(expr)  # noqa: S307 - digits and arithmetic only, checked above
+
+
 def _template_smem(source: str, knobs: dict, head_dim: int) -> int:
     m = re.search(r"constexpr int smem_bytes\(\) \{ return (.*?); \}", source)
     assert m, "smem_bytes<D>() not found"
     expr = m.group(1)
     values = {"BLOCK_M": knobs["block_m"], "BLOCK_N": knobs["block_n"], "D": head_dim,
               "STAGES": knobs["stages"] if knobs["algo"] in ("mma", "wgmma") else 1}
-    for k, v in values.items():
-        expr = re.sub(rf"\b{k}\b", str(v), expr)
-    assert re.fullmatch(r"[0-9+*() ]+", expr), expr
-    return eval(expr)  # noqa: S307 - digits and arithmetic only, checked above
+    if "q_bufs<D>()" in expr:
+        # Persistent tiles: two Q tiles where they fit (q_bufs<D>(), "X <= SMEM_MAX ? 2 : 1").
+        q = re.search(r"constexpr int q_bufs\(\) \{ return (.*?) <= SMEM_MAX \? 2 : 1; \}", source)
+        limit = re.search(r"constexpr int SMEM_MAX = (.*?);", source)
+        assert q and limit, "q_bufs<D>() or SMEM_MAX not found"
+        fits = _arithmetic(q.group(1), values) <= _arithmetic(limit.group(1), {})
+        expr = expr.replace("q_bufs<D>()", "2" if fits else "1")
+    return _arithmetic(expr, values)
 
 
 def test_family_smem_formula_matches_the_kernel(cuda, variants):
