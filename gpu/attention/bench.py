@@ -354,7 +354,7 @@ def main(argv=None):
 
     def best(shape, dt, causal):
         # The fastest cuda kernel that the mlx backend can also run (the picks go through mlx;
-        # the producer schedule is cuda only).
+        # the TMA producer is cuda only).
         cands = [r for r in rows if r["shape"] == shape_name(shape) and r["dtype"] == dt and r["causal"] == causal
                  and r["backend"] == "cuda" and r.get("ok") and r.get("ms") and family.on_mlx(knobs[r["impl"]])]
         return min(cands, key=lambda r: r["ms"])["impl"] if cands else "s7_causal_skip"

@@ -8,7 +8,8 @@ Targets sm_90a through -gencode (the -arch=sm_90a shorthand also runs an sm_90 p
 
 --mlx-wrap also compiles each variant the way the mlx backend runs it, without MLX: the header
 (device code) and body of mx.fast.cuda_kernel in a __global__ function of our own that, like
-MLX's, has no __launch_bounds__ and gets T, HEAD_DIM and CAUSAL as constexpr lines. Its ptxas
+MLX's, follows the header, is written without __launch_bounds__ (the producer schedule's header
+adds them by redefining __global__) and gets T, HEAD_DIM and CAUSAL as constexpr lines. Its ptxas
 report goes to build.json under "mlx_kernels", with "mlx_regs_fit" (registers x threads within
 the 65536 of an SM).
 """
@@ -123,8 +124,8 @@ MLX_MANGLED = re.compile(r"ksa_attention_kernel_mlx_(\w+?)_(\d+)_([01])")
 
 
 def build_mlx_wrap(nvcc: str, name: str, knobs: dict, out: Path) -> dict:
-    """The header and body of the mlx backend in a __global__ function without launch bounds,
-    compiled as the harness compiles (-arch=sm_90a: the sm_90a code and a compute_90 pass)."""
+    """The header and body of the mlx backend in a __global__ function written as MLX writes
+    its kernel (no launch bounds of its own), compiled as the harness compiles (-arch=sm_90a: the sm_90a code and a compute_90 pass)."""
     header, body = family.render_mlx(knobs)
     kernels = "".join(
         MLX_KERNEL.format(ty=ty, d=d, c=int(c), causal="true" if c else "false", body=body)
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--probe", action="store_true", help="also build probe/wgmma_probe.cu against wg_m64n64s2")
     ap.add_argument("--mlx-wrap", action="store_true",
-                    help="also compile each variant as the mlx backend's kernel (no launch bounds)")
+                    help="also compile each variant as the mlx backend's kernel (MLX's signature)")
     args = ap.parse_args(argv)
     nvcc = find_nvcc(args.nvcc)
     variants = family.load_variants(args.variants)

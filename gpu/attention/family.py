@@ -45,14 +45,14 @@ def mlx() -> Family:
 
 
 def mlx_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
-    """A cuda setting as the mlx family's: MLX's generated kernel has no launch bounds, so the
-    mlx family has no min_blocks."""
+    """A cuda setting as the mlx family's: MLX writes its kernel's signature itself, so the mlx
+    family has no min_blocks (its header bounds the producer schedule's kernel to one block)."""
     return mlx().restrict(knobs)
 
 
 def on_mlx(knobs: dict[str, Any]) -> bool:
     """Whether the mlx family can express a cuda setting: every value it keeps lies in the mlx
-    family's domain (the producer schedule is cuda only)."""
+    family's domain (the TMA producer is cuda only)."""
     domains = {k["name"]: k["values"] for k in mlx().describe()["knobs"]}
     return all(v in domains[k] for k, v in mlx_knobs(knobs).items())
 

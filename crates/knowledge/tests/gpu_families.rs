@@ -56,11 +56,15 @@ fn for_mlx(knobs: &Knobs) -> Knobs {
         .collect()
 }
 
-/// Whether a cuda setting is one the mlx family cannot express: the producer schedule, whose
-/// register split needs launch bounds.
+/// Whether a cuda setting is one the mlx family cannot express: the TMA producer, whose tensor
+/// maps the cuda entry point encodes on the host.
 fn cuda_only(knobs: &Knobs) -> bool {
-    matches!(&knobs["wg_schedule"], KnobValue::Str(s) if s == "producer" || s == "producer_tma")
+    matches!(&knobs["wg_schedule"], KnobValue::Str(s) if s == "producer_tma")
 }
+
+/// The line of the mlx header that bounds MLX's generated kernel for the producer schedule.
+const MLX_LAUNCH_BOUNDS: &str =
+    "#define __global__ __attribute__((global)) __launch_bounds__(::ksa::THREADS, 1)";
 
 /// The text between `namespace ksa {` and `}  // namespace ksa`, both included.
 fn device_code(src: &str) -> &str {
@@ -94,7 +98,7 @@ fn each_backend_finds_its_own_family() {
 }
 
 #[test]
-fn the_mlx_family_has_the_cuda_knobs_but_launch_bounds_persistence_and_the_producer_schedules() {
+fn the_mlx_family_has_the_cuda_knobs_but_launch_bounds_persistence_and_the_tma_producer() {
     let cuda = gpu_family("cuda");
     let mlx = gpu_family("mlx");
     let names = |f: &TemplateFamily| -> Vec<String> {
@@ -103,21 +107,18 @@ fn the_mlx_family_has_the_cuda_knobs_but_launch_bounds_persistence_and_the_produ
     let mut expected = names(&cuda);
     expected.retain(|n| !CUDA_ONLY_KNOBS.contains(&n.as_str()));
     assert_eq!(names(&mlx), expected);
-    let producers = [
-        KnobValue::Str("producer".into()),
-        KnobValue::Str("producer_tma".into()),
-    ];
+    let tma = KnobValue::Str("producer_tma".into());
     for k in mlx.knobs() {
         let c = cuda.knob(k.name()).unwrap();
         let mut values = c.values().to_vec();
-        values.retain(|v| k.name() != "wg_schedule" || !producers.contains(v));
+        values.retain(|v| k.name() != "wg_schedule" || *v != tma);
         assert_eq!(k.values(), &values[..], "{}", k.name());
         assert_eq!(k.default_value(), c.default_value(), "{}", k.name());
     }
     // Same rules, plus the one that confines mlx-metal to the naive kernel, less the cuda
     // family's rules on min_blocks (launch bounds, which MLX's kernels do not have) and on
-    // persistent tiles. The rules name the producer schedules on both, though only cuda's knob
-    // has them.
+    // persistent tiles. The rules name the TMA producer on both, though only cuda's knob has
+    // it.
     let rules = |f: &TemplateFamily| -> Vec<String> {
         f.rules()
             .iter()
@@ -134,7 +135,7 @@ fn the_mlx_family_has_the_cuda_knobs_but_launch_bounds_persistence_and_the_produ
     assert_eq!(&m[..c.len()], &c[..]);
     assert!(m[c.len()].contains("mlx-metal"), "{}", m[c.len()]);
     // Every valid mlx-cuda setting is a valid cuda setting with min_blocks at its default,
-    // and the reverse but for the producer schedule: one search space on both backends.
+    // and the reverse but for the TMA producer: one search space on both backends.
     let cuda_valid: BTreeSet<Knobs> = cuda
         .enumerate()
         .into_iter()
@@ -150,10 +151,10 @@ fn the_mlx_family_has_the_cuda_knobs_but_launch_bounds_persistence_and_the_produ
     // 16 naive, 256 tiled, 912 mma, 256 wgmma and 64 wgmma ping-pong settings with both
     // values of min_blocks, less the 64 two-warpgroup wgmma settings at two blocks per SM
     // that spill (docs/gpu-attention.md), plus 32 producer and 64 producer_tma settings (with
-    // and without persistent tiles) at one block per SM; 752 on mlx, which has neither
-    // min_blocks, persistent tiles nor the producer schedules.
+    // and without persistent tiles) at one block per SM; 784 on mlx, which has neither
+    // min_blocks, persistent tiles nor the TMA producer.
     assert_eq!(cuda.enumerate().len(), 1536);
-    assert_eq!(mlx_valid.len(), 752);
+    assert_eq!(mlx_valid.len(), 784);
 }
 
 #[test]
@@ -181,7 +182,7 @@ fn pingpong_is_a_wgmma_schedule_for_two_warpgroups() {
 }
 
 #[test]
-fn the_producer_schedule_is_cuda_only_at_one_block_per_sm() {
+fn the_producer_schedules_run_at_one_block_per_sm_and_the_tma_one_is_cuda_only() {
     let (cuda, mlx) = (gpu_family("cuda"), gpu_family("mlx"));
     let named = variants();
     let (_, pp) = named.iter().find(|(n, _)| n == "wg_m128n128s3_pp").unwrap();
@@ -192,8 +193,18 @@ fn the_producer_schedule_is_cuda_only_at_one_block_per_sm() {
     let mut expected = pp.clone();
     expected.extend(producer.clone());
     assert_eq!(applied, expected, "min_blocks back to 1, nothing else");
-    // MLX's generated kernel has no launch bounds: the mlx family has no such schedule.
-    assert!(mlx.apply(&for_mlx(pp), &producer).is_err());
+    // MLX generates the kernel's signature without launch bounds: the mlx header redefines
+    // __global__ for that kernel with the cuda entry point's bounds, and only for the
+    // producer, whose register split needs them.
+    let on_mlx = mlx.apply(&for_mlx(pp), &producer).unwrap();
+    assert_eq!(on_mlx, for_mlx(&expected));
+    let module = mlx.render(&on_mlx).unwrap();
+    assert!(module.contains(MLX_LAUNCH_BOUNDS) && module.contains("\nTHREADS = 384\n"));
+    assert!(module.contains("setmaxnreg.dec") && module.contains("setmaxnreg.inc"));
+    let plain_module = mlx.render(&for_mlx(pp)).unwrap();
+    assert!(
+        !plain_module.contains("#define __global__") && plain_module.contains("\nTHREADS = 256\n")
+    );
     // The cuda source has the producer warpgroup and its register split.
     let src = cuda.render(&expected).unwrap();
     assert!(
@@ -202,6 +213,8 @@ fn the_producer_schedule_is_cuda_only_at_one_block_per_sm() {
     );
     assert!(src.contains("constexpr bool PRODUCER = true;"));
     assert!(src.contains("setmaxnreg.dec") && src.contains("setmaxnreg.inc"));
+    // The cuda entry point carries its own bounds.
+    assert!(!src.contains("#define __global__"));
     let plain = cuda.render(pp).unwrap();
     assert!(
         plain.contains("constexpr int THREADS = 256;")
@@ -209,7 +222,7 @@ fn the_producer_schedule_is_cuda_only_at_one_block_per_sm() {
     );
     assert!(!src.contains("cp.async.bulk.tensor") && !src.contains("CUtensorMap"));
     // producer_tma: the same warpgroups, their copies TMA bulk copies from tensor maps the
-    // cuda entry point encodes; neither schedule exists on mlx.
+    // cuda entry point encodes; it does not exist on mlx.
     let tma = Knobs::from([(
         "wg_schedule".to_string(),
         KnobValue::Str("producer_tma".into()),
@@ -296,7 +309,7 @@ fn the_named_variants_are_valid_and_start_from_naive() {
             "{name} spells out every knob"
         );
         assert!(cuda.is_valid(knobs), "{name}: {:?}", cuda.validate(knobs));
-        // The producer schedule is cuda only; every other named setting is one of mlx's too.
+        // The TMA producer is cuda only; every other named setting is one of mlx's too.
         assert_eq!(mlx.is_valid(&for_mlx(knobs)), !cuda_only(knobs), "{name}");
     }
     let (first, knobs) = &vs[0];
@@ -340,7 +353,7 @@ fn every_valid_setting_renders_a_complete_candidate() {
 fn both_backends_run_the_same_device_code() {
     let cuda = gpu_family("cuda");
     let mlx = gpu_family("mlx");
-    // The cuda-only producer schedule has no mlx module to compare.
+    // The cuda-only TMA producer has no mlx module to compare.
     for (name, knobs) in variants().into_iter().filter(|(_, k)| !cuda_only(k)) {
         let c = cuda.render(&knobs).unwrap();
         let m = mlx.render(&for_mlx(&knobs)).unwrap();

@@ -30,10 +30,9 @@ def variants():
 
 def test_every_named_variant_renders_for_both_backends(cuda, variants):
     assert len(variants) >= 10
-    # The mlx family lacks the producer schedules: those are cuda only, and the only ones.
+    # The mlx family lacks the TMA producer: it is cuda only, and the only one.
     cuda_only = [n for n in variants if not family.on_mlx(variants[n])]
-    assert cuda_only == [n for n in variants
-                         if variants[n]["wg_schedule"] in ("producer", "producer_tma")]
+    assert cuda_only == [n for n in variants if variants[n]["wg_schedule"] == "producer_tma"]
     assert cuda_only, "a named cuda-only setting"
     for n in cuda_only:
         with pytest.raises(RenderError, match="outside its domain"):
@@ -54,7 +53,12 @@ def test_every_named_variant_renders_for_both_backends(cuda, variants):
             assert banned not in header, (name, banned)
         assert "q_shape[2]" in body and "::ksa::attn_body<T, HEAD_DIM, CAUSAL>" in body
         assert header in module and body in module, name
-        assert header in cu, name  # one device code for both backends
+        # One device code for both backends; the mlx header adds MLX's launch bounds for the
+        # producer schedule (the cuda entry point has its own).
+        end = header.index("}  // namespace ksa") + len("}  // namespace ksa")
+        assert header[:end] in cu, name
+        assert ("#define __global__" in header) == (knobs["wg_schedule"] == "producer"), name
+        assert "#define __global__" not in cu, name
         compile(module, name, "exec")
         for text in (cu, header, body, module):
             assert "{{" not in text and "{%" not in text, name
