@@ -83,8 +83,9 @@ fn model_ms(k: &BTreeMap<String, String>) -> (f64, f64) {
                 t *= 0.80;
                 tc *= 0.85;
             }
-            // The producer warpgroup over ping-pong (cuda only), as measured on the H100
-            // (docs/results/attention-gpu, the producer schedule's first check).
+            // The producer warpgroup over ping-pong, as measured on the H100 through the cuda
+            // backend (docs/results/attention-gpu, the producer schedule's first check); the
+            // mlx family has its cp.async form.
             if producer {
                 t *= 0.94;
                 tc *= 0.96;
@@ -375,12 +376,12 @@ fn the_cuda_search_reaches_pingpong_within_the_default_rounds() {
     }
 }
 
-/// Panics, with the path of every seed that missed, unless the default cuda climb (20 rounds,
-/// seeds 1 to 4) evaluates a setting `hit` accepts; `what` names it.
-fn every_seed_tries(what: &str, hit: impl Fn(&BTreeMap<String, String>) -> bool) {
+/// Panics, with the path of every seed that missed, unless the default climb on `backend` (20
+/// rounds, seeds 1 to 4) evaluates a setting `hit` accepts; `what` names it.
+fn every_seed_tries_on(backend: &str, what: &str, hit: impl Fn(&BTreeMap<String, String>) -> bool) {
     let mut missed = Vec::new();
     for seed in 1..=4 {
-        let Climb { seen, .. } = climb_on("cuda", 20, 4, 3, seed);
+        let Climb { seen, .. } = climb_on(backend, 20, 4, 3, seed);
         if !seen.iter().any(&hit) {
             let path: Vec<String> = seen.iter().map(format_step).collect();
             missed.push(format!("seed {seed}: {}", path.join(" | ")));
@@ -388,9 +389,24 @@ fn every_seed_tries(what: &str, hit: impl Fn(&BTreeMap<String, String>) -> bool)
     }
     assert!(
         missed.is_empty(),
-        "no {what} in 20 rounds:\n{}",
+        "no {what} in 20 rounds on {backend}:\n{}",
         missed.join("\n")
     );
+}
+
+/// `every_seed_tries_on` the cuda backend.
+fn every_seed_tries(what: &str, hit: impl Fn(&BTreeMap<String, String>) -> bool) {
+    every_seed_tries_on("cuda", what, hit);
+}
+
+#[test]
+fn the_mlx_search_reaches_the_producer_kernel_within_the_default_rounds() {
+    // Through MLX the producer schedule copies with cp.async (its header bounds MLX's kernel
+    // for the register split; the catalog's gpu-attn-producer-mlx follows ping-pong).
+    every_seed_tries_on("mlx", "producer kernel", |k| {
+        k.get("algo").is_some_and(|a| a == "wgmma")
+            && k.get("wg_schedule").is_some_and(|v| v == "producer")
+    });
 }
 
 #[test]
