@@ -125,7 +125,8 @@ MLX_MANGLED = re.compile(r"ksa_attention_kernel_mlx_(\w+?)_(\d+)_([01])")
 
 def build_mlx_wrap(nvcc: str, name: str, knobs: dict, out: Path) -> dict:
     """The header and body of the mlx backend in a __global__ function written as MLX writes
-    its kernel (no launch bounds of its own), compiled as the harness compiles (-arch=sm_90a: the sm_90a code and a compute_90 pass)."""
+    its kernel (no launch bounds of its own), compiled as the harness compiles (-arch=sm_90a:
+    the sm_90a code and a compute_90 pass)."""
     header, body = family.render_mlx(knobs)
     kernels = "".join(
         MLX_KERNEL.format(ty=ty, d=d, c=int(c), causal="true" if c else "false", body=body)

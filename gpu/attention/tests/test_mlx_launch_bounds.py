@@ -4,8 +4,6 @@ entry point's bounds. Compiled the way MLX compiles it (build.py --mlx-wrap: the
 kernel written as MLX writes it), ptxas must honour the register split; without the header's
 line it must not (C7508: setmaxnreg ignored), which shows that line is what bounds the kernel."""
 
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,8 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import build  # noqa: E402
 import family  # noqa: E402
 
-NVCC = next((c for c in (os.environ.get("NVCC"), shutil.which("nvcc")) if c and Path(c).exists()), None)
-pytestmark = pytest.mark.skipif(NVCC is None, reason="no nvcc (set NVCC)")
+
+@pytest.fixture(scope="module")
+def nvcc():
+    try:
+        return build.find_nvcc(None)
+    except SystemExit as e:  # build.py's own lookup: $NVCC, PATH, /usr/local/cuda
+        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +28,8 @@ def producer():
     return family.load_variants()["wg_m128n128s3_prod"]
 
 
-def test_the_header_bounds_the_producer_kernel_as_mlx_compiles_it(producer, tmp_path):
-    report = build.build_mlx_wrap(NVCC, "prod", producer, tmp_path)
+def test_the_header_bounds_the_producer_kernel_as_mlx_compiles_it(nvcc, producer, tmp_path):
+    report = build.build_mlx_wrap(nvcc, "prod", producer, tmp_path)
     assert report["mlx_ok"], report["mlx_log"]
     kernels = report["mlx_kernels"]
     assert len(kernels) == 8  # two dtypes, two head dims, causal or not
@@ -36,7 +39,7 @@ def test_the_header_bounds_the_producer_kernel_as_mlx_compiles_it(producer, tmp_
     assert report["mlx_regs_fit"] and report["mlx_perf_warnings"] == []
 
 
-def test_without_the_header_line_ptxas_ignores_the_split(producer, tmp_path, monkeypatch):
+def test_without_the_header_line_ptxas_ignores_the_split(nvcc, producer, tmp_path, monkeypatch):
     render = family.render_mlx
 
     def unbounded(knobs):
@@ -45,6 +48,6 @@ def test_without_the_header_line_ptxas_ignores_the_split(producer, tmp_path, mon
         return header.replace("#undef __global__\n#define __global__", "// "), body
 
     monkeypatch.setattr(family, "render_mlx", unbounded)
-    report = build.build_mlx_wrap(NVCC, "prod_unbounded", producer, tmp_path)
+    report = build.build_mlx_wrap(nvcc, "prod_unbounded", producer, tmp_path)
     assert report["mlx_ok"], report["mlx_log"]
     assert any(w.startswith("C7508") for w in report["mlx_perf_warnings"]), report["mlx_perf_warnings"]
