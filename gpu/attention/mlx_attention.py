@@ -79,13 +79,16 @@ class MlxAttention:
         return out
 
 
-# Fastest correct variant per (causal, head dim) on an H200, B1 H32 L4096 f16: names in
-# variants.toml (round r3's meta.picks, docs/results/attention-gpu/). Re-measure elsewhere.
+# The default variant per (causal, head dim): names in variants.toml. Through MLX on an H200
+# the producer schedule beat ping-pong from L 2048 up and stayed within a few percent of it on
+# the shorter of gpu/attention/shapes_check.sh's twelve shapes, at both head dims, causal or not
+# (docs/results/attention-gpu, "The producer schedule through MLX, two Q tiles, and the default
+# search"). Re-measure elsewhere.
 PICKS: dict[tuple[bool, int], str] = {
-    (False, 128): "wg_m128n128s2",
-    (False, 64): "wg_m64n64s2",
-    (True, 128): "wg_m64n64s2",
-    (True, 64): "wg_m64n64s2",
+    (False, 128): "wg_m128n128s3_prod",
+    (False, 64): "wg_m128n128s3_prod",
+    (True, 128): "wg_m128n128s3_prod",
+    (True, 64): "wg_m128n128s3_prod",
 }
 
 _CACHE: dict[str, MlxAttention] = {}
