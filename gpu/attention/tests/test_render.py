@@ -161,6 +161,24 @@ def test_family_smem_formula_matches_the_kernel(cuda, variants):
             assert family.launch(knobs, d)["smem_bytes"] == _template_smem(src, knobs, d), (name, d)
 
 
+def test_every_launch_of_a_block_has_the_kernels_thread_count(cuda, variants):
+    # One formula (templates-cuda/launch.j2) sizes the block for the cuda device code and the
+    # mlx wrapper; gpu.toml repeats it for the GPU tools. A block launched with other than
+    # THREADS threads leaves a warpgroup out of the kernel's barriers or its register split.
+    names = list(variants)
+    srcs = cuda.render_many([variants[n] for n in names])
+    on_mlx = [n for n in names if family.on_mlx(variants[n])]
+    modules = dict(zip(on_mlx, family.mlx().render_many(
+        [family.mlx_knobs(variants[n]) for n in on_mlx])))
+    for name, src in zip(names, srcs):
+        want = family.launch(variants[name], 128)["threads"]
+        assert f"constexpr int THREADS = {want};" in src, name
+        if name in modules:
+            assert f"\nTHREADS = {want}\n" in modules[name], name
+            assert f"in blocks of {want}," in modules[name], name
+    assert {family.launch(variants[n], 128)["threads"] for n in names} >= {256, 384}
+
+
 def test_grid_and_threads_follow_the_knobs(cuda):
     knobs = cuda.resolve({"algo": "mma", "block_m": 128, "warps": 8})
     assert family.grid(knobs, 2, 3, 1) == (1, 3, 2)
