@@ -215,14 +215,15 @@ def test_host_later_converts_only_when_read():
 # -- cuda: escaped work in timed calls -------------------------------------------------------
 
 
-def _escape_verdict(event_ns: int, tail_ns: int, wall_ns: int, calls: int) -> Violation | None:
+def _escape_verdict(event_ns: int, tail_ns: int, wall_ns: int, calls: int,
+                    hold_ns: int = 0) -> Violation | None:
     """Feeds `calls` timed calls of these times to a fresh cuda adapter's escape check; the
     violation it raised, if any (no call follows it)."""
     a = cuda.CudaAdapter(_request("cuda"))
     device.deactivate()
     for _ in range(calls):
         try:
-            a._check_escape(event_ns, tail_ns, wall_ns)
+            a._check_escape(event_ns, tail_ns, wall_ns, hold_ns)
         except Violation as v:
             return v
     return None
@@ -237,8 +238,9 @@ def test_escape_check_needs_a_majority_of_suspicious_timed_calls():
         a._check_escape(10_000, tail_ns, 40_000 + tail_ns)
     # A side stream: ~2 us of work on the harness stream, the device busy for 1.5 ms more.
     assert _escape_verdict(2_000, 1_500_000, 1_530_000, calls=2) is None
-    v = _escape_verdict(2_000, 1_500_000, 1_530_000, calls=3)
+    v = _escape_verdict(2_000, 1_500_000, 1_530_000, calls=3, hold_ns=250_000)
     assert v is not None and v.violation == "deferred_work" and "1500.0 us more" in v.message
+    assert "behind a 250.0 us stream hold" in v.message
     # Long kernels on the stream leave no tail.
     assert _escape_verdict(5_000_000, 8_000, 5_050_000, calls=5) is None
     # The naive seed on the H200: 42.5 ms on the stream, then 145 us until the device was idle,
@@ -468,7 +470,8 @@ def test_timed_cuda_calls_hold_the_stream_while_the_host_enqueues(monkeypatch):
     slow.ksearch_candidate = True
     a._hold_ns = cuda.HOLD_MAX_NS
     ns, _ = a.time_call(slow)
-    assert ns == 2_000_000 and a.last_parts == {"device_ns": 10_000, "host_ns": 2_000_000}
+    assert ns == 2_000_000 and a.last_parts == {"device_ns": 10_000, "host_ns": 2_000_000,
+                                                "tail_ns": 0, "hold_ns": cuda.HOLD_MAX_NS}
     ns, _ = a.time_call(clock.launch(host_ns=2_000_000, device_ns=10_000))
     assert ns == 10_000 and a.last_parts["host_ns"] == 2_000_000
     # The harness's input lookups inside the task's call are not the task's host time: 200 us

@@ -737,6 +737,7 @@ class CudaAdapter(DeviceAdapter):
         self._device_sync("before a timed call")
         start, end = self._events
         wall0 = time.perf_counter_ns()
+        hold_ns = self._hold_ns  # the hold this call queues behind
         with self._cuda_errors("in a timed call"):
             self._hold_stream()
             start.record(self._stream)
@@ -759,17 +760,21 @@ class CudaAdapter(DeviceAdapter):
             ns = int(round(start.elapsed_time(end) * 1e6))
             # Both parts go into the candidate's result (which of them made the figure is
             # evidence when a short call reads long); the anchor's host part is the candidate's
-            # allowance (adapters.charged_ns).
-            self.last_parts = {"device_ns": ns, "host_ns": call_ns}
+            # allowance (adapters.charged_ns). The tail (the escape check's measure) and the
+            # hold the call waited behind are kept beside them as evidence: an escape verdict
+            # or a slow repetition can be read against every call's, not only the last one's.
+            self.last_parts = {"device_ns": ns, "host_ns": call_ns, "tail_ns": tail,
+                               "hold_ns": hold_ns}
             if getattr(fn, "ksearch_candidate", False):
                 ns = max(ns, call_ns)
         if getattr(fn, "ksearch_candidate", False):
-            self._check_escape(ns, tail, time.perf_counter_ns() - wall0)
+            self._check_escape(ns, tail, time.perf_counter_ns() - wall0, hold_ns)
         self.verify_reference_inputs()
         return ns, value
 
-    def _check_escape(self, event_ns: int, tail_ns: int, wall_ns: int) -> None:
-        """`tail_ns`: how long the device stayed busy after the harness stream had finished."""
+    def _check_escape(self, event_ns: int, tail_ns: int, wall_ns: int, hold_ns: int = 0) -> None:
+        """`tail_ns`: how long the device stayed busy after the harness stream had finished;
+        `hold_ns`: the hold the call was queued behind (in the verdict's evidence)."""
         self._timed_candidate_calls += 1
         if tail_ns > max(ESCAPE_TAIL_NS, ESCAPE_TAIL_FRACTION * event_ns):
             self._escaped_calls += 1
@@ -780,7 +785,8 @@ class CudaAdapter(DeviceAdapter):
                             f"busy after the harness stream had finished (last call: "
                             f"{event_ns / 1e3:.1f} us on the stream, {tail_ns / 1e3:.1f} us "
                             f"more until the device was idle, {wall_ns / 1e3:.1f} us of wall "
-                            f"time): work escaped the stream")
+                            f"time behind a {hold_ns / 1e3:.1f} us stream hold): work escaped "
+                            f"the stream")
 
     # -- machine facts -------------------------------------------------------------------
 
