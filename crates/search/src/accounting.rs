@@ -43,6 +43,11 @@
 //! - **other** = the wall minus all of the above: the search's own work, what older stores did
 //!   not record (discarded yardstick attempts, first tries of repeated evaluations), the
 //!   offline proposer, waiting.
+//! - **typical evaluation**: over the stored harness runs with phases, the median of their
+//!   `total` and the median of their device phases' share of it. The first evaluation and the
+//!   re-checks pay the run's draws and fresh processes; the median is what a search evaluation
+//!   costs in between, and its device share bounds the busy fraction a run could reach if
+//!   nothing but such evaluations filled its wall.
 //! - **device work** = the phases [`DEVICE_PHASES`] plus the yardsticks: the phases in which
 //!   the device (the CPU, for the cpu backend) runs the candidate's, the reference's or the
 //!   baseline's work, or work that sets the device up for a timed call. **Device busy
@@ -179,6 +184,18 @@ pub struct AheadBuilds {
     pub head_start_median_seconds: f64,
 }
 
+/// A typical stored evaluation (see the module's definitions).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TypicalEvaluation {
+    /// Stored harness runs with phase times (what the medians are taken over).
+    pub count: u64,
+    /// The median of their harness `total` seconds.
+    pub median_seconds: f64,
+    /// The median of their device phases' share of `total` (a bound from above, as the busy
+    /// fraction is).
+    pub median_device_share: f64,
+}
+
 /// A wait for a build written ahead shorter than this is not counted as one (taking a finished
 /// build takes microseconds).
 pub const AHEAD_WAIT_NOTED: f64 = 0.05;
@@ -205,6 +222,8 @@ pub struct TimeAccount {
     pub overlap_seconds: f64,
     /// The builds written ahead that evaluations took; `None` when no result records one.
     pub builds_ahead: Option<AheadBuilds>,
+    /// A typical stored evaluation; `None` when no stored result carries phase times.
+    pub typical_evaluation: Option<TypicalEvaluation>,
     /// Where the profiled processes' own time went, summed over the profiles of new bests, by
     /// step (`profile.workloads[].target_seconds`: device, load, inputs, calls); the rest of
     /// the profiler's seconds is its start and end and the interpreter's.
@@ -250,6 +269,7 @@ impl TimeAccount {
                 acc.counts.reused += 1;
             } else if acc.add(&e.result) {
                 acc.counts.stored += 1;
+                acc.add_stored_shape(&e.result);
                 if let Some(s) = seconds(&e.result["profile"]["spent_seconds"]) {
                     acc.counts.profiled += 1;
                     if e.result["profile"]["workloads"][0]["started_ahead_seconds"].is_number() {
@@ -338,6 +358,7 @@ impl TimeAccount {
         });
         let positive_wall = wall_seconds.filter(|w| *w > 0.0);
         let builds_ahead = acc.builds_ahead();
+        let typical_evaluation = acc.typical_evaluation();
         TimeAccount {
             wall_seconds,
             wall_end,
@@ -350,6 +371,7 @@ impl TimeAccount {
             parts,
             overlap_seconds,
             builds_ahead,
+            typical_evaluation,
             profile_steps: acc.profile_steps,
         }
     }
@@ -376,6 +398,8 @@ struct Accumulator {
     build_wait_seconds: f64,
     /// Per build written ahead and taken: its compile seconds, its head start, whether waited for.
     ahead: Vec<(f64, f64, bool)>,
+    /// Per stored harness run with phases: its `total` seconds and its device phases' seconds.
+    stored_shapes: Vec<(f64, f64)>,
     profile_steps: BTreeMap<String, f64>,
 }
 
@@ -434,14 +458,43 @@ impl Accumulator {
         }
     }
 
+    /// The total and device seconds of a stored result's phases (not of the first try of an
+    /// unsteady repeat, which `add` counts in the wall's parts only).
+    fn add_stored_shape(&mut self, result: &Value) {
+        let Some(phases) = result["diagnostics"]["phase_seconds"].as_object() else {
+            return;
+        };
+        let device: f64 = phases
+            .iter()
+            .filter(|(name, _)| DEVICE_PHASES.contains(&name.as_str()))
+            .filter_map(|(_, v)| seconds(v))
+            .sum();
+        let named: f64 = phases
+            .iter()
+            .filter(|(name, _)| name.as_str() != "total")
+            .filter_map(|(_, v)| seconds(v))
+            .sum();
+        let total = phases.get("total").and_then(seconds).unwrap_or(named);
+        if total > 0.0 {
+            self.stored_shapes.push((total, device.min(total)));
+        }
+    }
+
+    fn typical_evaluation(&self) -> Option<TypicalEvaluation> {
+        if self.stored_shapes.is_empty() {
+            return None;
+        }
+        Some(TypicalEvaluation {
+            count: self.stored_shapes.len() as u64,
+            median_seconds: median(self.stored_shapes.iter().map(|s| s.0).collect()),
+            median_device_share: median(self.stored_shapes.iter().map(|s| s.1 / s.0).collect()),
+        })
+    }
+
     fn builds_ahead(&self) -> Option<AheadBuilds> {
         if self.ahead.is_empty() {
             return None;
         }
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
         let compiles: Vec<f64> = self.ahead.iter().map(|a| a.0).collect();
         Some(AheadBuilds {
             taken: self.ahead.len() as u64,
@@ -481,6 +534,12 @@ impl Accumulator {
             }
         }
     }
+}
+
+/// The middle value (the upper of the two middle ones for an even count); `v` is not empty.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn part(name: &str, seconds: f64, kind: TimeKind) -> TimePart {

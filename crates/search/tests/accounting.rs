@@ -218,6 +218,13 @@ fn phases_yardsticks_proposer_and_other_add_up_to_the_wall() {
     assert!(close(t.busy_fraction.unwrap(), 14.0 / 60.0));
     assert_eq!(t.overlap_seconds, 0.0);
     assert!(close(t.share(15.0).unwrap(), 0.25));
+    // A typical evaluation, over the stored harness runs A (4 s, device 2 s) and B (3 s,
+    // device 1.5 + 0.5 s); not the re-measure C, the reused row or the lint rejection. With
+    // two, the median is the upper one.
+    let typ = t.typical_evaluation.expect("stored runs with phases");
+    assert_eq!(typ.count, 2);
+    assert!(close(typ.median_seconds, 4.0));
+    assert!(close(typ.median_device_share, 2.0 / 3.0));
 }
 
 #[test]
@@ -277,8 +284,12 @@ fn an_old_unfinished_store_accounts_what_it_has() {
     assert_eq!(part(&t, "build"), None);
     assert_eq!(part(&t, PROPOSER), None);
     assert!(close(part(&t, OTHER).unwrap(), 90.0 - 7.75));
-    // One result with phases: the device figure exists, from it alone.
+    // One result with phases: the device figure exists, from it alone; so does the typical
+    // evaluation, whose total (none recorded) is its named phases'.
     assert!(close(t.device_seconds.unwrap(), 0.25));
+    let typ = t.typical_evaluation.expect("one stored run with phases");
+    assert_eq!(typ.count, 1);
+    assert!(close(typ.median_seconds, 0.25) && close(typ.median_device_share, 1.0));
 
     // No phase data at all: no device figure, no busy fraction.
     let bare = tempfile::tempdir().unwrap();
@@ -289,6 +300,7 @@ fn an_old_unfinished_store_accounts_what_it_has() {
         .unwrap();
     let t = TimeAccount::of_run(&store).unwrap();
     assert_eq!((t.device_seconds, t.busy_fraction), (None, None));
+    assert_eq!(t.typical_evaluation, None);
     assert_eq!(t.evaluations.harness_runs(), 1);
     assert_eq!(t.parts.len(), 1);
     assert_eq!(t.parts[0].name, OTHER);

@@ -50,6 +50,15 @@ pub fn render_time(t: &TimeAccount) -> String {
         );
         let _ = writeln!(s, "  evaluations: {}", made.join(" + "));
     }
+    if let Some(typ) = &t.typical_evaluation {
+        let _ = writeln!(
+            s,
+            "  typical evaluation (median of {} stored): {:.2} s, device work ≤ {:.1}% of it",
+            typ.count,
+            typ.median_seconds,
+            typ.median_device_share * 100.0
+        );
+    }
     let mut notes = Vec::new();
     if t.yardsticks > 0 {
         let plural = if t.yardsticks == 1 { "" } else { "s" };
@@ -231,6 +240,11 @@ mod tests {
                 compile_max_seconds: 9.02,
                 head_start_median_seconds: 3.41,
             }),
+            typical_evaluation: Some(crate::accounting::TypicalEvaluation {
+                count: 23,
+                median_seconds: 1.514,
+                median_device_share: 0.288,
+            }),
             profile_steps: [
                 ("calls".to_string(), 1.2),
                 ("device".to_string(), 4.1),
@@ -259,6 +273,7 @@ mod tests {
             busy_fraction: None,
             overlap_seconds: 0.0,
             builds_ahead: None,
+            typical_evaluation: None,
             profile_steps: Default::default(),
         };
         insta::assert_snapshot!(render_time(&t));
