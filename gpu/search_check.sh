@@ -7,11 +7,12 @@
 # (SEARCH_SEED). The search stops itself between rounds once RUN_WALL_S seconds have passed:
 # no `timeout` around it, since on the device a `timeout` that fired took the whole script down.
 #
-#   cuda, one call (an evaluation takes 45-50 s on the H200):
+#   cuda, one call:
 #     run(command="BACKEND=cuda bash gpu/search_check.sh", timeout_s=600,
 #         carry=[".device-carry/ks"])
 #   mlx (MLX in two carry halves, ../shared/device/prepare-mlx-cuda.sh; an evaluation takes
-#   65-70 s, so the climb needs two calls): a call that runs `bash .device-carry/mlx1/stash.sh`
+#   tens of seconds, most of it NVRTC and host copies, so the climb may need two calls; times
+#   per host in docs/results/attention-gpu): a call that runs `bash .device-carry/mlx1/stash.sh`
 #   (carry [".device-carry/mlx1"]), then
 #     run(command="source .device-carry/mlx2/assemble.sh && BACKEND=mlx bash gpu/search_check.sh",
 #         timeout_s=600, carry=[".device-carry/mlx2", ".device-carry/ks"])
