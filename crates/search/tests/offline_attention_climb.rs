@@ -321,6 +321,15 @@ fn the_offline_search_reaches_pingpong_wgmma_within_a_device_sessions_evaluation
     let pp = &seen[reached.unwrap()];
     assert_eq!(pp.get("stages").map(String::as_str), Some("3"), "{pp:?}");
     assert_eq!(pp.get("block_n").map(String::as_str), Some("128"), "{pp:?}");
+    // Causal skipping, measured better in round 2, stays on the path to ping-pong: the actions
+    // the catalog placed under the mma node before it was measured expect the mma kernel's
+    // score, not the baseline's, once it is known (on the device, 2026-12-06, the climb built
+    // ping-pong on a branch without it while they did not).
+    assert_eq!(
+        pp.get("causal_skip").map(String::as_str),
+        Some("true"),
+        "{path:?}"
+    );
     // The model's ping-pong kernel beats MLX native's causal time and reaches 0.8x of its
     // non-causal one; the search must have kept it.
     assert!(best > 0.9, "best {best:.3} after {path:?}");

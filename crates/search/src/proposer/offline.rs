@@ -842,6 +842,32 @@ impl Proposer for OfflineProposer {
             },
         }];
         let knobs = knobs_from(best.knobs.as_ref()).unwrap_or_default();
+        // The catalog's tree placed actions under this node before it was measured, expecting
+        // the baseline's score times their factor. Now the node's own score is known: against a
+        // baseline the early kernels do not reach, the stale expectation would rank them above
+        // the follow-ups placed from a measurement and draw the climb away from its best.
+        for child in wm.children(node) {
+            let Some(a) = child
+                .label
+                .as_deref()
+                .filter(|_| child.is_open() && child.is_action())
+                .and_then(|label| self.actions.iter().find(|a| a.id == label))
+            else {
+                continue;
+            };
+            ops.push(PatchOp::Update {
+                node_id: child.id.clone(),
+                set: NodePatch {
+                    action: Some(ActionPatch {
+                        expected_vs_baseline_factor: Some(Some(
+                            (measured * a.expected_factor_from(&knobs)).max(1e-6),
+                        )),
+                        ..ActionPatch::default()
+                    }),
+                    ..NodePatch::default()
+                },
+            });
+        }
         // What bounds the cycle's best kernel weighs the follow-ups (addresses).
         let bound = best.outcome.bottleneck_class;
         ops.extend(
