@@ -842,10 +842,13 @@ impl Proposer for OfflineProposer {
             },
         }];
         let knobs = knobs_from(best.knobs.as_ref()).unwrap_or_default();
-        // The catalog's tree placed actions under this node before it was measured, expecting
-        // the baseline's score times their factor. Now the node's own score is known: against a
-        // baseline the early kernels do not reach, the stale expectation would rank them above
-        // the follow-ups placed from a measurement and draw the climb away from its best.
+        // What bounds the cycle's best kernel weighs the follow-ups (addresses).
+        let bound = best.outcome.bottleneck_class;
+        // The catalog's first tree placed actions under this node before it was measured, their
+        // expectations and priorities taken from the baseline's score and no knobs. Now that the
+        // node's kernel is measured, those still open are set as its follow-ups would be:
+        // against a baseline the early kernels do not reach, the first-tree expectation would
+        // rank them above follow-ups placed from a measurement and draw the climb off its best.
         for child in wm.children(node) {
             let Some(a) = child
                 .label
@@ -857,19 +860,9 @@ impl Proposer for OfflineProposer {
             };
             ops.push(PatchOp::Update {
                 node_id: child.id.clone(),
-                set: NodePatch {
-                    action: Some(ActionPatch {
-                        expected_vs_baseline_factor: Some(Some(
-                            (measured * a.expected_factor_from(&knobs)).max(1e-6),
-                        )),
-                        ..ActionPatch::default()
-                    }),
-                    ..NodePatch::default()
-                },
+                set: self.node_patch(a, &knobs, measured, bound),
             });
         }
-        // What bounds the cycle's best kernel weighs the follow-ups (addresses).
-        let bound = best.outcome.bottleneck_class;
         ops.extend(
             self.follow_ups(wm, node, &knobs)
                 .into_iter()
