@@ -464,19 +464,10 @@ impl Accumulator {
         let Some(phases) = result["diagnostics"]["phase_seconds"].as_object() else {
             return;
         };
-        let device: f64 = phases
-            .iter()
-            .filter(|(name, _)| DEVICE_PHASES.contains(&name.as_str()))
-            .filter_map(|(_, v)| seconds(v))
-            .sum();
-        let named: f64 = phases
-            .iter()
-            .filter(|(name, _)| name.as_str() != "total")
-            .filter_map(|(_, v)| seconds(v))
-            .sum();
-        let total = phases.get("total").and_then(seconds).unwrap_or(named);
-        if total > 0.0 {
-            self.stored_shapes.push((total, device.min(total)));
+        let sums = PhaseSums::of(phases);
+        if sums.total > 0.0 {
+            self.stored_shapes
+                .push((sums.total, sums.device.min(sums.total)));
         }
     }
 
@@ -511,20 +502,15 @@ impl Accumulator {
         match result["diagnostics"]["phase_seconds"].as_object() {
             Some(phases) => {
                 self.counts.with_phases += 1;
-                let mut named = 0.0;
                 for (name, v) in phases {
-                    if name == "total" {
-                        continue;
-                    }
-                    if let Some(s) = seconds(v) {
+                    if let Some(s) = seconds(v).filter(|_| name != "total") {
                         *self.phases.entry(name.clone()).or_default() += s;
-                        named += s;
                     }
                 }
-                let total = phases.get("total").and_then(seconds).unwrap_or(named);
-                self.unclaimed += (total - named).max(0.0);
+                let sums = PhaseSums::of(phases);
+                self.unclaimed += (sums.total - sums.named).max(0.0);
                 if let Some(w) = wall {
-                    self.start_exit += (w - total).max(0.0);
+                    self.start_exit += (w - sums.total).max(0.0);
                 }
             }
             None => {
@@ -532,6 +518,37 @@ impl Accumulator {
                     self.no_phase_data += w;
                 }
             }
+        }
+    }
+}
+
+/// One result's `phase_seconds` summed.
+struct PhaseSums {
+    /// The named phases (every entry but `total`).
+    named: f64,
+    /// The recorded `total`, or the named phases' sum where none is recorded.
+    total: f64,
+    /// The [`DEVICE_PHASES`].
+    device: f64,
+}
+
+impl PhaseSums {
+    fn of(phases: &serde_json::Map<String, Value>) -> PhaseSums {
+        let (mut named, mut device) = (0.0, 0.0);
+        for (name, v) in phases {
+            let Some(s) = seconds(v).filter(|_| name != "total") else {
+                continue;
+            };
+            named += s;
+            if DEVICE_PHASES.contains(&name.as_str()) {
+                device += s;
+            }
+        }
+        let total = phases.get("total").and_then(seconds).unwrap_or(named);
+        PhaseSums {
+            named,
+            total,
+            device,
         }
     }
 }
