@@ -235,7 +235,7 @@ def test_escape_check_needs_a_majority_of_suspicious_timed_calls():
     # Honest: the device is idle microseconds after the stream's end event, except once when
     # the host thread was preempted for 2 ms between the two synchronizes.
     for tail_ns in [5_000] * 6 + [2_000_000]:
-        a._check_escape(10_000, tail_ns, 40_000 + tail_ns)
+        a._check_escape(10_000, tail_ns, 40_000 + tail_ns, 50_000)
     # A side stream: ~2 us of work on the harness stream, the device busy for 1.5 ms more.
     assert _escape_verdict(2_000, 1_500_000, 1_530_000, calls=2) is None
     v = _escape_verdict(2_000, 1_500_000, 1_530_000, calls=3, hold_ns=250_000)

@@ -772,7 +772,7 @@ class CudaAdapter(DeviceAdapter):
         self.verify_reference_inputs()
         return ns, value
 
-    def _check_escape(self, event_ns: int, tail_ns: int, wall_ns: int, hold_ns: int = 0) -> None:
+    def _check_escape(self, event_ns: int, tail_ns: int, wall_ns: int, hold_ns: int) -> None:
         """`tail_ns`: how long the device stayed busy after the harness stream had finished;
         `hold_ns`: the hold the call was queued behind (in the verdict's evidence)."""
         self._timed_candidate_calls += 1
