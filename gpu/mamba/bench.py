@@ -119,7 +119,12 @@ def check_logits(stock, ours_forward, vocab: int, prompt: int, steps: int, seed:
 class OursForward:
     """forward(tokens, state) -> (logits, state) over our patched model; state is (conv
     states, ssm states) per layer or None. The function is mx.compile'd (one trace per token
-    count) unless compile is off or tracing fails, in which case it runs eagerly."""
+    count) unless compile is off or tracing fails, in which case it runs eagerly.
+
+    With the whole-model decode (patched_copy(..., decode="model")) a single token goes through
+    every block in one launch (mm.model_decode) and the state it returns is the two stacked
+    arrays [layers, ...], which index and iterate per layer like the lists; the first such
+    step stacks a list state once, a prompt after it splits a stacked one into views."""
 
     def __init__(self, model, compile: bool = True):
         self.model = model
@@ -152,6 +157,21 @@ class OursForward:
         self._fns[key] = fn
         return fn
 
+    def _decode_fn(self):
+        if "model" in self._fns:
+            return self._fns["model"]
+        model = self.model
+
+        def decode(tokens, conv_all, ssm_all):
+            x = model.backbone.embeddings(tokens)[:, 0]
+            x, conv2, ssm2 = mm.model_decode(model, x, conv_all, ssm_all)
+            x = model.backbone.norm_f(x[:, None])
+            return model.backbone.embeddings.as_linear(x), conv2, ssm2
+
+        fn = mx.compile(decode) if self.compile else decode
+        self._fns["model"] = fn
+        return fn
+
     def initial_state(self, batch: int = 1):
         a = self.args
         dtype = self.model.backbone.embeddings.weight.dtype
@@ -166,9 +186,16 @@ class OursForward:
 
     def __call__(self, tokens, state=None, all_positions=False):
         conv, ssm = state if state is not None else self.initial_state(tokens.shape[0])
+        whole = tokens.shape[1] == 1 and getattr(self.model, "ks_stack", None) is not None
+        if whole and isinstance(conv, list):
+            conv, ssm = mx.stack(conv), mx.stack(ssm)
+        elif not whole and not isinstance(conv, list):
+            conv, ssm = ([conv[i] for i in range(conv.shape[0])],
+                         [ssm[i] for i in range(ssm.shape[0])])
         key = (all_positions, tokens.shape)
         try:
-            logits, conv2, ssm2 = self._fn(all_positions)(tokens, conv, ssm)
+            fn = self._decode_fn() if whole else self._fn(all_positions)
+            logits, conv2, ssm2 = fn(tokens, conv, ssm)
             if self.compile and key not in self._seen:
                 # A compiled graph can also fail when it first runs: try each shape once here.
                 mx.eval(logits, conv2, ssm2)
@@ -180,7 +207,8 @@ class OursForward:
             log(f"mx.compile failed ({self.compile_error}); running uncompiled")
             self.compile = False
             self._fns.clear()
-            logits, conv2, ssm2 = self._fn(all_positions)(tokens, conv, ssm)
+            fn = self._decode_fn() if whole else self._fn(all_positions)
+            logits, conv2, ssm2 = fn(tokens, conv, ssm)
         if not all_positions:
             logits = logits[:, -1]
         return logits, (conv2, ssm2)
@@ -559,17 +587,19 @@ def parse_args(argv):
     ap.add_argument("--ops-scan", action="store_true",
                     help="use the MLX-ops scan even where our kernels could run")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--model-kernels", choices=("auto", "layer", "fused", "conv", "off"),
+    ap.add_argument("--model-kernels", choices=("auto", "model", "layer", "fused", "conv",
+                                                "off"),
                     default="auto",
                     help="our kernels around the scan (model_kernels.py). conv: the convolution "
                     "and a fused dt/state/gate decode step beside MLX's matmuls; fused: also a "
                     "whole block per token in four launches; layer: in one launch (a grid "
-                    "barrier between its phases); off: mlx-lm's ops; auto: layer, else fused, "
-                    "else conv where MLX has a CUDA device (each falling back when it fails to "
-                    "build, to match stock or, for layer, when its barrier times out), else off")
+                    "barrier between its phases); model: every block of a decode step in one "
+                    "launch; off: mlx-lm's ops; auto: every kernel path that builds, matches "
+                    "stock and (model, layer) never times out a barrier, the fastest at decode "
+                    "on this machine, where MLX has a CUDA device; else off")
     ap.add_argument("--layer-blocks", type=int, default=None,
-                    help="grid of the one-kernel decode (default: one block per SM as far as "
-                    "MLX tells, else 64); all blocks must be resident at once")
+                    help="grid of the one-kernel decodes, model and layer (default: one block "
+                    "per SM as far as MLX tells, else 64); all blocks must be resident at once")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
     return ap.parse_args(argv)
@@ -608,9 +638,12 @@ def main(argv=None) -> int:
     kernel_info["model_kernels"] = mode != "off"
     kernel_info["decode_path"] = {"off": "mlx-lm ops", "conv": "conv and step kernels",
                                   "fused": "four kernels per block",
-                                  "layer": "one kernel per block"}[mode]
+                                  "layer": "one kernel per block",
+                                  "model": "one kernel per token"}[mode]
     if mode == "layer":
         kernel_info["layer_blocks"] = ours.backbone.layers[0].mixer.ks_grid.blocks
+    elif mode == "model":
+        kernel_info["layer_blocks"] = ours.ks_stack.grid.blocks
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "model": {"name": "mamba-370m" if args.config == "370m" and not args.weights else
@@ -676,8 +709,8 @@ def main(argv=None) -> int:
 def choose_model(stock, scan, args, kernel_info: dict):
     """Our model for the bench: (decode mode, model, forward, logits check).
 
-    auto: every path with our kernels is checked (layer, fused, conv); one whose kernels fail
-    to build or run, or whose logits disagree with stock mlx-lm, drops out (recorded in
+    auto: every path with our kernels is checked (model, layer, fused, conv); one whose kernels
+    fail to build or run, or whose logits disagree with stock mlx-lm, drops out (recorded in
     kernel.fallbacks), and of those left the fastest at decode on this machine is used
     (kernel.decode_tuning): the one-launch path is not always the fastest (measured on the
     H200: 209 tok/s against 262 for four launches per block). mlx-lm's own ops ("off") only run
@@ -686,7 +719,7 @@ def choose_model(stock, scan, args, kernel_info: dict):
     a = stock.args
     auto = args.model_kernels == "auto"
     if auto:
-        modes = ["layer", "fused", "conv", "off"] if mx.cuda.is_available() else ["off"]
+        modes = ["model", "layer", "fused", "conv", "off"] if mx.cuda.is_available() else ["off"]
     else:
         modes = [args.model_kernels]
     log("checking our logits against stock mlx-lm")

@@ -90,7 +90,8 @@ def kernel_source(name: str, body: str, inputs: list[tuple[str, str]],
 
 
 def model_kernel_unit(module, dtype: str = "float16", d_model: int = 1024, dim: int = 2048,
-                      n: int = 16, rank: int = 64, k: int = 4) -> tuple[str, list[str]]:
+                      n: int = 16, rank: int = 64, k: int = 4,
+                      layers: int = 48) -> tuple[str, list[str]]:
     """(source, kernel names): every kernel of model_kernels.py at mamba-370m's shapes."""
     t = CTYPES[dtype]
     f, u, i = "float", "uint32_t", "int32_t"
@@ -116,6 +117,14 @@ def model_kernel_unit(module, dtype: str = "float16", d_model: int = 1024, dim: 
           ("status", i)],
          [("T", t), ("DM", d_model), ("DI", dim), ("K", k), ("NS", n), ("R", rank),
           ("SPIN_LIMIT", module.SPIN_LIMIT), ("GRID_SYNC", True)]),
+        ("ksm_model", module.MODEL_BODY,
+         [("x", t), ("norm_w", t), ("eps", f), ("w_in", t), ("cache", t), ("conv_w", t),
+          ("conv_b", t), ("w_x", t), ("w_dt", t), ("dt_bias", f), ("A", f), ("D", f),
+          ("w_out", t), ("h0", f), ("barrier", u), ("poison", u)],
+         [("x_out", t), ("new_cache", t), ("h_out", f), ("xs", t), ("xcz", t), ("dbc", t),
+          ("y", t), ("status", i)],
+         [("T", t), ("NL", layers), ("DM", d_model), ("DI", dim), ("K", k), ("NS", n),
+          ("R", rank), ("SPIN_LIMIT", module.SPIN_LIMIT), ("GRID_SYNC", True)]),
     ]
     parts = [PRELUDE, module.HEADER]
     names = []

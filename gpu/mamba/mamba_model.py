@@ -14,8 +14,10 @@ The scan is chosen when the model is built (`choose_scan`):
 
 `patched_copy(..., kernels, decode=...)` also replaces the ops around the scan with
 model_kernels.py's kernels: the convolution, and for a single token either the conv and step
-kernels beside MLX's matmuls (decode="conv"), the whole block in four launches ("fused") or in
-one launch with a grid barrier ("layer"). `layer_forward` is one residual block either way.
+kernels beside MLX's matmuls (decode="conv"), the whole block in four launches ("fused"), in
+one launch with a grid barrier ("layer"), or every block of the model in one launch ("model":
+the weights stacked along a layer axis once, `model_decode`). `layer_forward` is one residual
+block either way.
 
 The SSM state in the cache is float32 (mlx-lm keeps it in the activation dtype); A, D and the
 dt bias enter the scan in float32. `mamba_module()` imports `mlx_lm.models.mamba` without
@@ -391,8 +393,18 @@ def make_block_class():
     return KsMambaBlock
 
 
-# How a single token goes through a block with our kernels (patched_copy's `decode`).
-DECODE_PATHS = ("layer", "fused", "conv")
+# How a single token goes through a block with our kernels (patched_copy's `decode`). "model"
+# is a decode step of the whole model in one launch (model_decode, through the bench's
+# forward); a single token that reaches a block on its own then takes the four-launch path.
+DECODE_PATHS = ("model", "layer", "fused", "conv")
+
+
+def _plain(mixer) -> bool:
+    """Whether a block has the form the fused decode kernels implement: no projection biases,
+    no B/C/dt norms, a power-of-two state size up to 32."""
+    N = mixer.ssm_state_size
+    return (not mixer.use_bcdt_rms and "bias" not in mixer.in_proj
+            and "bias" not in mixer.out_proj and N <= 32 and N & (N - 1) == 0)
 
 
 def layer_forward(layer, x, conv_cache, state_cache):
@@ -402,9 +414,8 @@ def layer_forward(layer, x, conv_cache, state_cache):
     (no projection biases, no B/C/dt norms); everything else through the mixer's ks_mix."""
     mixer = layer.mixer
     kern, N = mixer.ks_kernels, mixer.ssm_state_size
-    if (x.shape[1] == 1 and mixer.ks_decode in ("layer", "fused") and kern is not None
-            and not mixer.use_bcdt_rms and "bias" not in mixer.in_proj
-            and "bias" not in mixer.out_proj and N <= 32 and N & (N - 1) == 0):
+    if (x.shape[1] == 1 and mixer.ks_decode in ("model", "layer", "fused") and kern is not None
+            and _plain(mixer)):
         batch = x.shape[0]
         dim, K = mixer.intermediate_size, mixer.conv_kernel_size
         if conv_cache is None:
@@ -460,18 +471,77 @@ class GridBarrierTimeout(RuntimeError):
 
 
 def check_grid(model) -> None:
-    """Raises GridBarrierTimeout if any grid-barrier wait of `model`'s one-kernel decode has
-    timed out since patched_copy built it (its results since then are garbage). One device
-    synchronisation: call it after a check or a run, not per token. No-op for other paths."""
+    """Raises GridBarrierTimeout if any grid-barrier wait of `model`'s one-kernel decode (per
+    block or whole model) has timed out since patched_copy built it (its results since then
+    are garbage). One device synchronisation: call it after a check or a run, not per token.
+    No-op for other paths."""
     grids = [l.mixer.ks_grid for l in model.backbone.layers
              if getattr(l.mixer, "ks_decode", None) == "layer" and l.mixer.ks_grid is not None]
+    stack = getattr(model, "ks_stack", None)
+    if stack is not None:
+        grids.append(stack.grid)
     if not grids:
         return
     kern = model.backbone.layers[0].mixer.ks_kernels
-    if kern.grid_failed(grids[0].poison):
+    if kern.grid_failed(grids[0].poison):  # one poison flag per model, shared by its grids
         raise GridBarrierTimeout(
             f"a grid barrier of the one-kernel decode timed out: its {grids[0].blocks} blocks "
             "were not all resident on the GPU at once (fewer blocks, or another decode path)")
+
+
+class _Stack:
+    """The whole-model decode's arrays (a plain holder, for the same reason as _Consts): every
+    block's weights and float32 constants stacked along a leading layer axis, in
+    fused_model_decode's order after x and before the cache; its grid (_Grid: the launch
+    site's barrier, the model's poison flag, the grid size); the kernels."""
+
+    def __init__(self, arrays, grid, kernels):
+        self.arrays = arrays
+        self.grid = grid
+        self.kernels = kernels
+
+
+def _stack_blocks(model, kernels, grid) -> _Stack:
+    """Stacks the blocks' decode weights once (a copy of them: about 13 MB a block for
+    mamba-370m in f16), evaluated here so that a compiled forward sees constants."""
+    mixers = [l.mixer for l in model.backbone.layers]
+    if not all(_plain(m) for m in mixers):
+        raise ValueError("the one-launch model decode needs every block in its plain form (no "
+                         "projection biases, no B/C/dt norms, a power-of-two state size up to 32)")
+    layers = model.backbone.layers
+
+    def conv_b(m):
+        dim = m.intermediate_size
+        return m.conv1d.bias if "bias" in m.conv1d else mx.zeros((dim,), m.in_proj.weight.dtype)
+
+    parts = [
+        [l.norm.weight for l in layers],
+        [m.ks_consts.eps for m in mixers],
+        [m.in_proj.weight for m in mixers],
+        [m.conv1d.weight for m in mixers],
+        [conv_b(m) for m in mixers],
+        [m.x_proj.weight for m in mixers],
+        [m.dt_proj.weight for m in mixers],
+        [m.ks_consts.arrays[2] for m in mixers],  # dt bias
+        [m.ks_consts.arrays[0] for m in mixers],  # A
+        [m.ks_consts.arrays[1] for m in mixers],  # D
+        [m.out_proj.weight for m in mixers],
+    ]
+    arrays = [mx.concatenate(p) if i == 1 else mx.stack(p) for i, p in enumerate(parts)]
+    mx.eval(arrays)
+    return _Stack(tuple(arrays), grid, kernels)
+
+
+def model_decode(model, x, conv_all, ssm_all):
+    """One token through every block of `model` (patched_copy(..., decode="model")) in one
+    launch: x [batch, DM] the embedded token, conv_all [NL, batch, K-1, dim] and ssm_all [NL,
+    batch, dim, N] f32 the stacked caches -> (the residual stream after the last block
+    [batch, DM], the new stacked caches)."""
+    st = model.ks_stack
+    norm_w, eps, w_in, conv_w, conv_b, w_x, w_dt, dt_bias, A, D, w_out = st.arrays
+    return st.kernels.fused_model_decode(x, norm_w, eps, w_in, conv_all, conv_w, conv_b, w_x,
+                                         w_dt, dt_bias, A, D, w_out, ssm_all, st.grid.barrier,
+                                         st.grid.poison, blocks=st.grid.blocks)
 
 
 class _Consts:
@@ -531,7 +601,10 @@ def patched_copy(stock, scan, kernels=None, decode: str | None = None, *, fused_
     how a single token goes through a block with kernels: "conv" (the default: the conv and
     step kernels beside MLX's matmuls), "fused" (four launches per block; `fused_decode=True`
     is the older spelling), "layer" (one launch per block over a grid of `blocks` blocks,
-    default one per SM; check_grid(model) then tells whether its barrier ever timed out)."""
+    default one per SM; check_grid(model) then tells whether its barrier ever timed out),
+    "model" (one launch per token for every block, through `model_decode` with the caches
+    stacked: the bench's forward does that; the blocks' stacked weights are `model.ks_stack`,
+    and a token given to a block alone takes the "fused" path)."""
     global _ADDMM_WORKS
     if isinstance(decode, bool):  # the fourth positional argument used to be fused_decode
         decode, fused_decode = None, decode
@@ -546,15 +619,16 @@ def patched_copy(stock, scan, kernels=None, decode: str | None = None, *, fused_
     poison = None
     if kernels is not None:
         _ADDMM_WORKS = _probe_addmm()
-        if decode == "layer":
+        if decode in ("layer", "model"):
             blocks = int(blocks or kernels.sm_count())
             poison = kernels.grid_state()
     for layer in model.backbone.layers:
         layer.mixer.__class__ = block_cls
         layer.mixer.ks_scan = scan
         layer.mixer.ks_kernels = kernels
-        layer.mixer.ks_decode = decode if kernels is not None else "conv"
-        if poison is not None:
+        layer.mixer.ks_decode = ("fused" if decode == "model" else decode) if kernels is not None \
+            else "conv"
+        if poison is not None and decode == "layer":
             # One barrier per layer (see fused_layer_decode for why), one poison flag in all.
             layer.mixer.ks_grid = _Grid(kernels.grid_state(), poison, blocks)
         if kernels is not None:
@@ -564,6 +638,9 @@ def patched_copy(stock, scan, kernels=None, decode: str | None = None, *, fused_
             eps = mx.array([float(getattr(layer.norm, "eps", 1e-5))], dtype=mx.float32)
             mx.eval(consts, eps)
             layer.mixer.ks_consts = _Consts(consts, eps)
+    model.ks_stack = None
+    if kernels is not None and decode == "model":
+        model.ks_stack = _stack_blocks(model, kernels, _Grid(kernels.grid_state(), poison, blocks))
     return model
 
 

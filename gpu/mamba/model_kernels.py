@@ -18,7 +18,11 @@ of a single token, decode is bound by the number of launches, so these kernels f
 - `fused_layer_decode(...)`: the same block in ONE launch: a persistent grid (at most one block
   per SM) runs the four phases one after the other, separated by a software grid barrier whose
   state lives in two small arrays the caller keeps (`grid_state()`); `grid_failed(poison)` says
-  whether any wait ever timed out (a grid that was not all resident).
+  whether any wait ever timed out (a grid that was not all resident);
+- `fused_model_decode(...)`: every block of the model for one token in ONE launch: the same
+  phases for each layer in turn (weights, caches and states stacked along a layer axis), a
+  grid barrier between layers, so a decode step is one primitive for MLX to dispatch instead
+  of one or four per block.
 
 The module imports only `mlx.core` and calls nothing but `mx.fast.cuda_kernel` and the kernels
 it makes, so the tests run it on the CPU emulation (emu/fake_mlx.py) unchanged.
@@ -93,12 +97,14 @@ __device__ __forceinline__ float warp_dot_n(const T* w, const float* v, const in
 }
 
 // Phase 1 of a block's decode step, the same in the four-launch (IN_CONV_BODY) and the
-// one-launch (LAYER_BODY) kernels: per batch row, the RMS norm of the residual x into v (every
+// one-launch kernels (layer_phases): per batch row, the RMS norm of the residual x into v (every
 // block computes it, DM values), then the in_proj rows row0, row0 + stride, ... < 2 DI, one warp
 // per row. Rows < DI go through the causal conv with the cache and silu (the token's x rounded
 // to T first, as in_proj's output would be) and shift the cache; rows >= DI are z. Writes xcz
-// [batch, 2 DI] = [silu(conv), z] and new_cache. v holds DM floats, red 32.
-template <typename T, int DM, int K>
+// [batch, 2 DI] = [silu(conv), z] and new_cache. v holds DM floats, red 32. FRESH_X: x was
+// written by other blocks of this launch (the one-kernel model decode's residual stream), so
+// it is read through L2 (__ldcg) like every such value.
+template <typename T, int DM, int K, bool FRESH_X = false>
 __device__ __forceinline__ void norm_in_conv(const T* x, const T* norm_w, const float* eps,
                                              const T* w_in, const T* cache, const T* conv_w,
                                              const T* conv_b, T* xcz, T* new_cache, float* v,
@@ -109,7 +115,7 @@ __device__ __forceinline__ void norm_in_conv(const T* x, const T* norm_w, const 
   for (long long b = 0; b < batch; ++b) {
     float ss = 0.f;
     for (int c = threadIdx.x; c < DM; c += blockDim.x) {
-      const float xv = to_f(x[b * DM + c]);
+      const float xv = to_f(FRESH_X ? __ldcg(x + b * DM + c) : x[b * DM + c]);
       v[c] = xv;
       ss += xv * xv;
     }
@@ -245,6 +251,101 @@ __device__ __forceinline__ void grid_sync(unsigned int* bar, unsigned int* poiso
   // carries that ordering to them.
   __syncthreads();
 }
+// ---- One residual block's decode step on a persistent grid ----------------------------------
+// The four phases of the four-launch decode (IN_CONV_BODY, XPROJ_BODY, STEP_BODY, OUT_BODY),
+// each strided over the whole grid (any number of blocks is correct as long as all are
+// resident), separated by grid barriers: x_out = x + block(x), new_cache, h_out. xcz [batch,
+// 2 DI], dbc [batch, R + 2 NS] and y [batch, DI] are the scratch vectors the phases hand on.
+// Used once by the one-block kernel (LAYER_BODY) and once per layer by the whole-model kernel
+// (MODEL_BODY), which puts a barrier between layers. FRESH_X: x was written by other blocks of
+// this launch (read through L2, as xcz, dbc and y are).
+//
+// Invariant: shared memory is never read across a grid barrier; every phase fills `v` (and
+// `red`) before reading it. The CPU emulation depends on it (its __shared__ is one static
+// array for all blocks, and a block resumes from a barrier after others have run); the device
+// does not, but a phase must not count on what an earlier one left there.
+//
+// Values other blocks wrote in this launch (xcz, dbc, y, and x where FRESH_X) are read with
+// __ldcg, which caches in L2 only. The barrier's acquire already orders these reads after
+// those writes, and on current GPUs a GPU-scope acquire also invalidates the SM's L1; __ldcg
+// makes that second point moot (L2 is where all SMs meet) at no cost here, each value being
+// read once per block. The kernel's own inputs never change while it runs and use ordinary
+// loads.
+template <typename T, int DM, int DI, int K, int NS, int R, bool GRID_SYNC, int SPIN_LIMIT,
+          bool FRESH_X>
+__device__ __forceinline__ void layer_phases(
+    const T* x, const T* norm_w, const float* eps, const T* w_in, const T* cache,
+    const T* conv_w, const T* conv_b, const T* w_x, const T* w_dt, const float* dt_bias,
+    const float* A, const float* D, const T* w_out, const float* h0, T* x_out, T* new_cache,
+    float* h_out, T* xcz, T* dbc, T* y, float* v, float* red, const long long batch,
+    unsigned int* bar, unsigned int* bad, int& failed) {
+  constexpr int RN = R + 2 * NS;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const long long gw = (long long)blockIdx.x * warps + warp, nw = (long long)gridDim.x * warps;
+
+  // A. norm + in_proj + conv (norm_in_conv), in_proj rows over all warps of the grid.
+  norm_in_conv<T, DM, K, FRESH_X>(x, norm_w, eps, w_in, cache, conv_w, conv_b, xcz, new_cache,
+                                  v, red, batch, DI, gw, nw);
+  grid_sync<GRID_SYNC, SPIN_LIMIT>(bar, bad, failed);
+
+  // B. x_proj: dbc [batch, RN] = w_x . u, u the first DI values of xcz.
+  for (long long b = 0; b < batch; ++b) {
+    for (int c = threadIdx.x; c < DI; c += blockDim.x) v[c] = to_f(__ldcg(xcz + b * 2 * DI + c));
+    __syncthreads();
+    for (long long r = gw; r < RN; r += nw) {
+      const float val = warp_dot_n<T, DI>(w_x + r * DI, v, lane);
+      if (lane == 0) from_f(val, dbc[b * RN + r]);
+    }
+    __syncthreads();
+  }
+  grid_sync<GRID_SYNC, SPIN_LIMIT>(bar, bad, failed);
+
+  // C. The step, one thread per (channel, state) as in STEP_BODY, strided over the grid. The
+  // stride is a multiple of 32 and NS divides 32, so the NS lanes of a channel stay together
+  // and leave the loop together.
+  {
+    const long long total = batch * DI * NS, stride = (long long)gridDim.x * blockDim.x;
+    const unsigned int mask = (unsigned int)((1ull << NS) - 1ull)
+                              << ((threadIdx.x & 31u) & ~(unsigned int)(NS - 1));
+    for (long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x; gid < total;
+         gid += stride) {
+      const long long ch = gid / NS, b = ch / DI, d = ch % DI;
+      const int n = (int)(gid % NS);
+      const T* row = dbc + b * RN;
+      float dt = 0.f;
+      for (int r = n; r < R; r += NS) dt += to_f(__ldcg(row + r)) * to_f(w_dt[d * R + r]);
+#pragma unroll
+      for (int off = NS / 2; off > 0; off >>= 1) dt += __shfl_xor_sync(mask, dt, off, NS);
+      dt = softplus(dt + dt_bias[d]);
+      const float u = to_f(__ldcg(xcz + b * 2 * DI + d));
+      const long long s = ch * NS + n;
+      const float h = expf(dt * A[d * NS + n]) * h0[s] + dt * u * to_f(__ldcg(row + R + n));
+      h_out[s] = h;
+      float part = h * to_f(__ldcg(row + R + NS + n));
+#pragma unroll
+      for (int off = NS / 2; off > 0; off >>= 1) part += __shfl_xor_sync(mask, part, off, NS);
+      if (n == 0) {
+        const float z = to_f(__ldcg(xcz + b * 2 * DI + DI + d));
+        from_f((part + D[d] * u) * silu(z), y[ch]);
+      }
+    }
+  }
+  grid_sync<GRID_SYNC, SPIN_LIMIT>(bar, bad, failed);
+
+  // D. out_proj with the residual: x_out = x + w_out . y.
+  for (long long b = 0; b < batch; ++b) {
+    for (int c = threadIdx.x; c < DI; c += blockDim.x) v[c] = to_f(__ldcg(y + b * DI + c));
+    __syncthreads();
+    for (long long r = gw; r < DM; r += nw) {
+      const float val = warp_dot_n<T, DI>(w_out + r * DI, v, lane);
+      if (lane == 0) {
+        const float res = to_f(FRESH_X ? __ldcg(x + b * DM + r) : x[b * DM + r]);
+        from_f(res + val, x_out[b * DM + r]);
+      }
+    }
+    __syncthreads();
+  }
+}
 }  // namespace ksm_model
 """
 
@@ -361,101 +462,67 @@ OUT_BODY = r"""
   }
 """
 
-# The whole block in one launch (fused_layer_decode): phases 1, 2, the step and 4 above, each
-# strided over the whole grid (any number of blocks is correct), separated by grid barriers.
-# Extra inputs: barrier (uint32 [4]: this layer's arrivals and generation) and poison (uint32
-# [4]: the model's time-out flag), both mutated in place. Extra outputs: the scratch vectors xcz
-# [batch, 2 DI], dbc [batch, R + 2 NS], y [batch, DI] that the phases hand on, and status
-# [blocks] (1 where a block's barrier wait timed out or the model was already poisoned).
-# GRID_SYNC = false drops the barriers (only for the test that shows they are needed).
+# The whole block in one launch (fused_layer_decode): layer_phases above once. Extra inputs:
+# barrier (uint32 [4]: this layer's arrivals and generation) and poison (uint32 [4]: the model's
+# time-out flag), both mutated in place. Extra outputs: the scratch vectors xcz [batch, 2 DI],
+# dbc [batch, R + 2 NS], y [batch, DI] that the phases hand on, and status [blocks] (1 where a
+# block's barrier wait timed out or the model was already poisoned). GRID_SYNC = false drops
+# the barriers (only for the test that shows they are needed).
 LAYER_BODY = r"""
   using namespace ksm_model;
-  // Invariant: shared memory is never read across a grid barrier; every phase fills `v` (and
-  // `red`) before reading it. The CPU emulation depends on it (its __shared__ is one static
-  // array for all blocks, and a block resumes from a barrier after others have run); the
-  // device does not, but a phase must not count on what an earlier one left there.
   __shared__ float v[DM > DI ? DM : DI];
   __shared__ float red[32];
   // MLX passes inputs as const and treats them as unchanging; these two are changed on purpose
   // (why that is sound: fused_layer_decode in model_kernels.py).
   unsigned int* const bar = const_cast<unsigned int*>(barrier);
   unsigned int* const bad = const_cast<unsigned int*>(poison);
-  constexpr int RN = R + 2 * NS;
-  const long long batch = x_shape[0];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const long long gw = (long long)blockIdx.x * warps + warp, nw = (long long)gridDim.x * warps;
   int failed = ksm_model::grid_begin<GRID_SYNC>(bad);
+  layer_phases<T, DM, DI, K, NS, R, GRID_SYNC, SPIN_LIMIT, false>(
+      x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, dt_bias, A, D, w_out, h0, x_out,
+      new_cache, h_out, xcz, dbc, y, v, red, x_shape[0], bar, bad, failed);
+  if (threadIdx.x == 0) status[blockIdx.x] = failed;
+"""
 
-  // A. norm + in_proj + conv (norm_in_conv), in_proj rows over all warps of the grid.
-  norm_in_conv<T, DM, K>(x, norm_w, eps, w_in, cache, conv_w, conv_b, xcz, new_cache, v, red,
-                         batch, DI, gw, nw);
-  ksm_model::grid_sync<GRID_SYNC, SPIN_LIMIT>(bar, bad, failed);
-
-  // Values other blocks wrote in this launch (xcz, dbc, y) are read with __ldcg, which caches
-  // in L2 only. The barrier's acquire already orders these reads after those writes, and on
-  // current GPUs a GPU-scope acquire also invalidates the SM's L1; __ldcg makes that second
-  // point moot (L2 is where all SMs meet) at no cost here, each value being read once per
-  // block. The kernel's own inputs never change while it runs and use ordinary loads.
-
-  // B. x_proj: dbc [batch, RN] = w_x . u, u the first DI values of xcz.
-  for (long long b = 0; b < batch; ++b) {
-    for (int c = threadIdx.x; c < DI; c += blockDim.x) v[c] = to_f(__ldcg(xcz + b * 2 * DI + c));
-    __syncthreads();
-    for (long long r = gw; r < RN; r += nw) {
-      const float val = warp_dot_n<T, DI>(w_x + r * DI, v, lane);
-      if (lane == 0) from_f(val, dbc[b * RN + r]);
+# A whole decode step of the model in one launch (fused_model_decode): layer_phases for each
+# of the NL layers, a grid barrier between layers (the next layer's norm reads every row of the
+# residual stream the last phase wrote). The weights, conv caches and states are stacked along
+# a leading layer axis; the residual stream between layers lives in xs [2, batch, DM] (layer l
+# writes half l % 2 and reads the other), the last layer writes x_out. One barrier state for
+# the launch site: consecutive tokens' launches are ordered by their data (each reads the
+# caches and states the one before wrote), so two launches never share it at once.
+MODEL_BODY = r"""
+  using namespace ksm_model;
+  __shared__ float v[DM > DI ? DM : DI];
+  __shared__ float red[32];
+  unsigned int* const bar = const_cast<unsigned int*>(barrier);
+  unsigned int* const bad = const_cast<unsigned int*>(poison);
+  constexpr long long RN = R + 2 * NS;
+  const long long batch = x_shape[0];
+  int failed = ksm_model::grid_begin<GRID_SYNC>(bad);
+  for (int l = 0; l < NL; ++l) {
+    T* const out = l == NL - 1 ? x_out : xs + (long long)(l & 1) * batch * DM;
+    const T* const in = l == 0 ? x : xs + (long long)((l + 1) & 1) * batch * DM;
+    const long long cache_at = l * batch * (K - 1) * DI, state_at = l * batch * DI * NS;
+#define KSM_LAYER_ARGS                                                                        \
+    in, norm_w + l * DM, eps + l, w_in + l * 2LL * DI * DM, cache + cache_at,               \
+        conv_w + l * (long long)DI * K, conv_b + l * DI, w_x + l * RN * DI,                   \
+        w_dt + l * (long long)DI * R, dt_bias + l * DI, A + l * (long long)DI * NS,           \
+        D + l * DI, w_out + l * (long long)DM * DI, h0 + state_at, out,                       \
+        new_cache + cache_at, h_out + state_at, xcz, dbc, y, v, red, batch, bar, bad, failed
+    if (l == 0) {
+      layer_phases<T, DM, DI, K, NS, R, GRID_SYNC, SPIN_LIMIT, false>(KSM_LAYER_ARGS);
+    } else {
+      layer_phases<T, DM, DI, K, NS, R, GRID_SYNC, SPIN_LIMIT, true>(KSM_LAYER_ARGS);
     }
-    __syncthreads();
-  }
-  ksm_model::grid_sync<GRID_SYNC, SPIN_LIMIT>(bar, bad, failed);
-
-  // C. The step, one thread per (channel, state) as in STEP_BODY, strided over the grid. The
-  // stride is a multiple of 32 and NS divides 32, so the NS lanes of a channel stay together
-  // and leave the loop together.
-  {
-    const long long total = batch * DI * NS, stride = (long long)gridDim.x * blockDim.x;
-    const unsigned int mask = (unsigned int)((1ull << NS) - 1ull)
-                              << ((threadIdx.x & 31u) & ~(unsigned int)(NS - 1));
-    for (long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x; gid < total;
-         gid += stride) {
-      const long long ch = gid / NS, b = ch / DI, d = ch % DI;
-      const int n = (int)(gid % NS);
-      const T* row = dbc + b * RN;
-      float dt = 0.f;
-      for (int r = n; r < R; r += NS) dt += to_f(__ldcg(row + r)) * to_f(w_dt[d * R + r]);
-#pragma unroll
-      for (int off = NS / 2; off > 0; off >>= 1) dt += __shfl_xor_sync(mask, dt, off, NS);
-      dt = softplus(dt + dt_bias[d]);
-      const float u = to_f(__ldcg(xcz + b * 2 * DI + d));
-      const long long s = ch * NS + n;
-      const float h = expf(dt * A[d * NS + n]) * h0[s] + dt * u * to_f(__ldcg(row + R + n));
-      h_out[s] = h;
-      float part = h * to_f(__ldcg(row + R + NS + n));
-#pragma unroll
-      for (int off = NS / 2; off > 0; off >>= 1) part += __shfl_xor_sync(mask, part, off, NS);
-      if (n == 0) {
-        const float z = to_f(__ldcg(xcz + b * 2 * DI + DI + d));
-        from_f((part + D[d] * u) * silu(z), y[ch]);
-      }
-    }
-  }
-  ksm_model::grid_sync<GRID_SYNC, SPIN_LIMIT>(bar, bad, failed);
-
-  // D. out_proj with the residual: x_out = x + w_out . y.
-  for (long long b = 0; b < batch; ++b) {
-    for (int c = threadIdx.x; c < DI; c += blockDim.x) v[c] = to_f(__ldcg(y + b * DI + c));
-    __syncthreads();
-    for (long long r = gw; r < DM; r += nw) {
-      const float val = warp_dot_n<T, DI>(w_out + r * DI, v, lane);
-      if (lane == 0) from_f(to_f(x[b * DM + r]) + val, x_out[b * DM + r]);
-    }
-    __syncthreads();
+#undef KSM_LAYER_ARGS
+    if (l + 1 < NL) ksm_model::grid_sync<GRID_SYNC, SPIN_LIMIT>(bar, bad, failed);
   }
   if (threadIdx.x == 0) status[blockIdx.x] = failed;
 """
 
+
 _TAG = hashlib.sha256((HEADER + CONV_BODY + STEP_BODY + IN_CONV_BODY + XPROJ_BODY
-                       + OUT_BODY + LAYER_BODY).encode()).hexdigest()[:12]
+                       + OUT_BODY + LAYER_BODY + MODEL_BODY).encode()).hexdigest()[:12]
 THREADS = 256
 
 _CONV = mx.fast.cuda_kernel(
@@ -485,6 +552,12 @@ _LAYER = mx.fast.cuda_kernel(
                  "dt_bias", "A", "D", "w_out", "h0", "barrier", "poison"],
     output_names=["x_out", "new_cache", "h_out", "xcz", "dbc", "y", "status"],
     source=LAYER_BODY, header=HEADER, ensure_row_contiguous=True)
+_MODEL = mx.fast.cuda_kernel(
+    name=f"ksm_model_{_TAG}",
+    input_names=["x", "norm_w", "eps", "w_in", "cache", "conv_w", "conv_b", "w_x", "w_dt",
+                 "dt_bias", "A", "D", "w_out", "h0", "barrier", "poison"],
+    output_names=["x_out", "new_cache", "h_out", "xs", "xcz", "dbc", "y", "status"],
+    source=MODEL_BODY, header=HEADER, ensure_row_contiguous=True)
 ROWS_PER_BLOCK = THREADS // 32  # one warp per output row
 # Polls before a grid-barrier wait gives up: a GPU-scope load per poll, ~0.3-0.5 us on an H200
 # (an estimate, not measured), so about 1-2 s, against a few microseconds for a normal wait.
@@ -574,18 +647,23 @@ def fused_decode(x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, dt_bias
 
 
 def _decode_shapes(name, x, w_in, cache, conv_w, w_x, w_dt, A, w_out):
-    batch, d_model = x.shape
-    dim, N = A.shape
-    K = conv_w.shape[1]
-    R = w_dt.shape[1]
+    return _decode_dims(name, *(tuple(a.shape) for a in (x, w_in, cache, conv_w, w_x, w_dt, A,
+                                                          w_out)))
+
+
+def _decode_dims(name, x, w_in, cache, conv_w, w_x, w_dt, A, w_out):
+    """(batch, d_model, dim, N, K, R) from one block's decode shapes, or ValueError."""
+    batch, d_model = x
+    dim, N = A
+    K = conv_w[1]
+    R = w_dt[1]
     if N > 32 or N & (N - 1):
         raise ValueError(f"{name} needs a power-of-two state size up to 32, got {N}")
-    if w_in.shape != (2 * dim, d_model) or w_out.shape != (d_model, dim):
-        raise ValueError(f"projections {w_in.shape}, {w_out.shape} do not fit x {x.shape} and "
-                         f"dim {dim}")
-    if w_x.shape != (R + 2 * N, dim) or cache.shape != (batch, K - 1, dim) or K < 2:
-        raise ValueError(f"x_proj {w_x.shape} or conv cache {cache.shape} do not fit dim {dim}, "
-                         f"N {N}, rank {R}, K {K}")
+    if w_in != (2 * dim, d_model) or w_out != (d_model, dim):
+        raise ValueError(f"projections {w_in}, {w_out} do not fit x {x} and dim {dim}")
+    if w_x != (R + 2 * N, dim) or cache != (batch, K - 1, dim) or K < 2:
+        raise ValueError(f"x_proj {w_x} or conv cache {cache} do not fit dim {dim}, N {N}, "
+                         f"rank {R}, K {K}")
     return batch, d_model, dim, N, K, R
 
 
@@ -665,6 +743,64 @@ def fused_layer_decode(x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, d
         output_shapes=[(batch, d_model), (batch, K - 1, dim), (batch, dim, N), (batch, 2 * dim),
                        (batch, R + 2 * N), (batch, dim), (blocks,)],
         output_dtypes=[t, t, mx.float32, t, t, t, mx.int32])
+    if with_status:
+        return x_out, new_cache, h, status
+    return x_out, new_cache, h
+
+
+def fused_model_decode(x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, dt_bias, A, D,
+                       w_out, h0, barrier, poison, *, blocks: int | None = None,
+                       spin_limit: int = SPIN_LIMIT, grid_sync: bool = True,
+                       with_status: bool = False):
+    """One token through every residual block of the model in ONE launch: fused_layer_decode's
+    arguments with each block's weights, conv cache and state stacked along a leading layer
+    axis (norm_w [NL, DM], eps [NL] f32, w_in [NL, 2 dim, DM], cache [NL, batch, K-1, dim],
+    conv_w [NL, dim, K, 1], conv_b [NL, dim], w_x [NL, R + 2N, dim], w_dt [NL, dim, R],
+    dt_bias and D [NL, dim] f32, A [NL, dim, N] f32, w_out [NL, DM, dim], h0 [NL, batch, dim,
+    N] f32); x [batch, DM] is the residual stream entering the first block. Returns (the
+    stream after the last block [batch, DM], the new caches and states, stacked), plus status
+    [blocks] with with_status. `barrier` is this launch site's grid_state() (one per model:
+    consecutive tokens' launches are ordered by their data), `poison` the model's.
+
+    Same phases and order of summation as fused_layer_decode, layer after layer: the same bits
+    as NL launches of it. What it saves is the launches and MLX's work around them: one
+    primitive per token instead of one (or four) per block. The soundness of changing the two
+    state arrays in place is argued at fused_layer_decode."""
+    layers = int(A.shape[0]) if A.ndim == 3 else 0
+    stacked = {"norm_w": norm_w, "eps": eps, "w_in": w_in, "cache": cache, "conv_w": conv_w,
+               "conv_b": conv_b, "w_x": w_x, "w_dt": w_dt, "dt_bias": dt_bias, "A": A, "D": D,
+               "w_out": w_out, "h0": h0}
+    bad = [k for k, a in stacked.items() if a.ndim < 1 or a.shape[0] != layers]
+    if layers < 1 or bad:
+        raise ValueError(f"fused_model_decode needs every stacked argument's first axis to be "
+                         f"the layer count {layers}: {', '.join(bad) or 'no layers'}")
+    batch, d_model, dim, N, K, R = _decode_dims(
+        "fused_model_decode", tuple(x.shape), *(tuple(a.shape[1:]) for a in (
+            w_in, cache, conv_w, w_x, w_dt, A, w_out)))
+    want = {"norm_w": (layers, d_model), "eps": (layers,), "conv_b": (layers, dim),
+            "dt_bias": (layers, dim), "D": (layers, dim), "h0": (layers, batch, dim, N)}
+    wrong = [f"{k} {tuple(stacked[k].shape)} (want {w})" for k, w in want.items()
+             if tuple(stacked[k].shape) != w]
+    if wrong:
+        raise ValueError("fused_model_decode: " + "; ".join(wrong))
+    for name, arr in (("barrier", barrier), ("poison", poison)):
+        if arr.dtype != mx.uint32 or tuple(arr.shape) != (4,):
+            raise ValueError(f"{name} must be a uint32 [4] from grid_state(), got "
+                             f"{arr.dtype} {tuple(arr.shape)}")
+    blocks = int(blocks or sm_count())
+    if blocks < 1 or not 1 <= spin_limit < 2 ** 31:
+        raise ValueError(f"need blocks >= 1 and 1 <= spin_limit < 2^31, got {blocks}, {spin_limit}")
+    t = x.dtype
+    x_out, new_cache, h, _xs, _xcz, _dbc, _y, status = _MODEL(
+        inputs=[x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, dt_bias, A, D, w_out, h0,
+                barrier, poison],
+        template=[("T", t), ("NL", layers), ("DM", d_model), ("DI", dim), ("K", K), ("NS", N),
+                  ("R", R), ("SPIN_LIMIT", int(spin_limit)), ("GRID_SYNC", bool(grid_sync))],
+        grid=(blocks * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
+        output_shapes=[(batch, d_model), (layers, batch, K - 1, dim), (layers, batch, dim, N),
+                       (2, batch, d_model), (batch, 2 * dim), (batch, R + 2 * N), (batch, dim),
+                       (blocks,)],
+        output_dtypes=[t, t, mx.float32, t, t, t, t, mx.int32])
     if with_status:
         return x_out, new_cache, h, status
     return x_out, new_cache, h

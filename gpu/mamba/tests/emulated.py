@@ -42,6 +42,9 @@ class EmulatedModelKernels:
     def fused_layer_decode(self, *arrays, **kw):
         return self._call(self.mod.fused_layer_decode, *arrays, **kw, **self.layer_options)
 
+    def fused_model_decode(self, *arrays, **kw):
+        return self._call(self.mod.fused_model_decode, *arrays, **kw, **self.layer_options)
+
     def sm_count(self):
         return self.mod.sm_count()
 
@@ -59,5 +62,5 @@ class EmulatedModelKernels:
         return self.mod.grid_failed(self._in(poison))
 
     def calls(self):
-        """Launches per kernel: {"conv_silu": n, ..., "layer": n}."""
+        """Launches per kernel: {"conv_silu": n, ..., "layer": n, "model": n}."""
         return {k.name.split("_", 1)[1].rsplit("_", 1)[0]: len(k.calls) for k in self.fake.kernels}

@@ -84,9 +84,9 @@ def test_wrong_logits_are_not_reported(tmp_path):
 
 
 def test_auto_model_kernels_fall_back_when_they_fail(tmp_path, monkeypatch):
-    """On a CUDA device `--model-kernels auto` tries the one-kernel decode, the four-kernel
-    decode, then the conv and step kernels, then mlx-lm's ops; a path whose kernels raise gives
-    way and is recorded."""
+    """On a CUDA device `--model-kernels auto` tries the whole-model and the per-block
+    one-kernel decodes, the four-kernel decode, then the conv and step kernels, then mlx-lm's
+    ops; a path whose kernels raise gives way and is recorded."""
     import mamba_model as mm
 
     class Broken:
@@ -110,7 +110,7 @@ def test_auto_model_kernels_fall_back_when_they_fail(tmp_path, monkeypatch):
     out = tmp_path / "b.json"
     assert bench.main(QUICK + ["--impls", "ksearch", "--ops-scan", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert [f["mode"] for f in got["kernel"]["fallbacks"]] == ["layer", "fused", "conv"]
+    assert [f["mode"] for f in got["kernel"]["fallbacks"]] == ["model", "layer", "fused", "conv"]
     assert "cannot build the kernel module" in got["kernel"]["fallbacks"][0]["problem"]
     assert all("NVRTC said no" in f["problem"] for f in got["kernel"]["fallbacks"][1:])
     assert got["kernel"]["decode_path"] == "mlx-lm ops" and got["check"]["passed"]
@@ -130,14 +130,14 @@ def _emulated_cuda(monkeypatch, resident: int) -> None:
     monkeypatch.setattr(mm, "model_kernels", lambda: EmulatedModelKernels(resident))
 
 
-@pytest.mark.parametrize("resident", [0, 2], ids=["layer-passes", "layer-times-out"])
+@pytest.mark.parametrize("resident", [0, 2], ids=["grids-pass", "grids-time-out"])
 def test_auto_times_every_decode_path_that_passes_and_uses_the_fastest(tmp_path, monkeypatch,
                                                                        resident):
     """`--model-kernels auto` with model_kernels.py run by the CPU emulation and a grid of 3
-    blocks. When the emulated GPU holds all 3 blocks at once, the one-launch path passes its
-    check and is timed beside the four-kernel and conv paths. When it holds 2, the barrier
-    times out: the bench names that and times the other two. The path used is the fastest
-    timed one, whatever its place in the order."""
+    blocks. When the emulated GPU holds all 3 blocks at once, the two one-launch paths (the
+    whole model, one block) pass their checks and are timed beside the four-kernel and conv
+    paths. When it holds 2, their barriers time out: the bench names that and times the other
+    two. The path used is the fastest timed one, whatever its place in the order."""
     _emulated_cuda(monkeypatch, resident)
     out = tmp_path / "b.json"
     assert bench.main(QUICK + ["--impls", "ksearch", "--ops-scan", "--layer-blocks", "3",
@@ -147,16 +147,18 @@ def test_auto_times_every_decode_path_that_passes_and_uses_the_fastest(tmp_path,
     assert got["rows"][0]["decode_tok_s"] > 0 and "error" not in got["rows"][0]
     tuning = got["kernel"]["decode_tuning"]
     timed = tuning["tok_s"]
-    assert set(timed) == ({"fused", "conv"} if resident else {"layer", "fused", "conv"})
+    assert set(timed) == ({"fused", "conv"} if resident else {"model", "layer", "fused", "conv"})
     assert all(v > 0 for v in timed.values())
     assert tuning["pick"] == max(timed, key=timed.get)
-    names = {"layer": "one kernel per block", "fused": "four kernels per block",
-             "conv": "conv and step kernels"}
+    names = {"model": "one kernel per token", "layer": "one kernel per block",
+             "fused": "four kernels per block", "conv": "conv and step kernels"}
     assert got["kernel"]["decode_path"] == names[tuning["pick"]]
     if resident:
-        (fallback,) = got["kernel"]["fallbacks"]
-        assert fallback["mode"] == "layer" and "GridBarrierTimeout" in fallback["problem"]
-        assert "not all resident" in fallback["problem"]
+        fallbacks = got["kernel"]["fallbacks"]
+        assert [f["mode"] for f in fallbacks] == ["model", "layer"]
+        for fallback in fallbacks:
+            assert "GridBarrierTimeout" in fallback["problem"]
+            assert "not all resident" in fallback["problem"]
     else:
         assert "fallbacks" not in got["kernel"]
 
@@ -177,7 +179,7 @@ def test_a_decode_path_that_fails_while_timed_drops_out(tmp_path, monkeypatch):
     assert bench.main(QUICK + ["--impls", "ksearch", "--ops-scan", "--layer-blocks", "3",
                                "--decode-tokens", "2", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert set(got["kernel"]["decode_tuning"]["tok_s"]) == {"fused", "conv"}
+    assert set(got["kernel"]["decode_tuning"]["tok_s"]) == {"model", "fused", "conv"}
     (fallback,) = got["kernel"]["fallbacks"]
     assert fallback["mode"] == "layer" and "made-up failure" in fallback["problem"]
 

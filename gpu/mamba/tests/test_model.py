@@ -200,13 +200,15 @@ def _emulation_or_skip():
 
 
 @pytest.mark.parametrize("decode,blocks", [("conv", None), ("fused", None), ("layer", 3),
-                                           ("layer", 1)],
-                         ids=["conv", "fused", "layer-3-blocks", "layer-1-block"])
+                                           ("layer", 1), ("model", 3), ("model", 1)],
+                         ids=["conv", "fused", "layer-3-blocks", "layer-1-block",
+                              "model-3-blocks", "model-1-block"])
 def test_model_kernels_on_the_emulation(models, decode, blocks):
-    """The convolution kernel (prompt, continuation and single tokens) and the three decode
+    """The convolution kernel (prompt, continuation and single tokens) and the four decode
     paths against stock mlx-lm: the conv and step kernels with the residual folded into
     out_proj's matmul, the block in four launches, the block in one launch (a grid of several
-    blocks with grid barriers between the phases, and of one block)."""
+    blocks with grid barriers between the phases, and of one block), every block of the model
+    in one launch (its state stacked; a prompt after decode steps splits it again)."""
     _emulation_or_skip()
     from emulated import EmulatedModelKernels
 
@@ -223,7 +225,8 @@ def test_model_kernels_on_the_emulation(models, decode, blocks):
     want = {"conv": {"conv_silu": (1 + 3) * layers, "ssm_step": steps},
             "fused": {"conv_silu": layers, "ssm_step": steps, "in_conv": steps, "xproj": steps,
                       "out_res": steps},
-            "layer": {"conv_silu": layers, "layer": steps}}[decode]
+            "layer": {"conv_silu": layers, "layer": steps},
+            "model": {"conv_silu": layers, "model": 3}}[decode]
     got = {k: v for k, v in kernels.calls().items() if v}
     assert got == want
     if decode == "layer":
@@ -235,6 +238,24 @@ def test_model_kernels_on_the_emulation(models, decode, blocks):
             g = layer.mixer.ks_grid
             assert kernels.grid_words(g.barrier) == [0, 3 * 3, 0, 0]
             assert kernels.grid_words(g.poison) == [0, 0, 0, 0] and g.blocks == blocks
+    if decode == "model":
+        mm.check_grid(ours)
+        g = ours.ks_stack.grid
+        # Per launch three barriers in each block and one between blocks.
+        assert kernels.grid_words(g.barrier) == [0, (4 * layers - 1) * 3, 0, 0]
+        assert kernels.grid_words(g.poison) == [0, 0, 0, 0] and g.blocks == blocks
+        assert all(l.mixer.ks_grid is None for l in ours.backbone.layers)
+        # The decode steps' state is stacked; a prompt continuing from it gets the same
+        # logits as one continuing from the per-layer state of the same tokens.
+        toks = mx.array(np.random.default_rng(6).integers(0, 256, (1, 12)))
+        _, st = fwd(toks[:, :10], None, all_positions=True)
+        for i in (10, 11):
+            _, st = fwd(toks[:, i:i + 1], st, all_positions=True)
+        assert not isinstance(st[0], list) and st[0].shape[0] == layers
+        more = mx.array([[7, 9, 11]])
+        cont, _ = fwd(more, st, all_positions=True)
+        ref_cont, _ = fwd(more, ([c for c in st[0]], [h for h in st[1]]), all_positions=True)
+        assert rel(cont, ref_cont) == 0.0
     # A prompt in two pieces: the second starts from the first one's conv cache and state.
     tokens = mx.array(np.random.default_rng(5).integers(0, 256, (1, 30)))
     whole, _ = fwd(tokens, None, all_positions=True)

@@ -60,6 +60,63 @@ def test_one_kernel_decode_equals_the_four_kernels(fake, dtype, DM, DI, grids):
             assert poison.np.tolist() == [0, 0, 0, 0] and not mod.grid_failed(poison)
 
 
+def stacked_inputs(f, dtype, layers, batch=2, DM=64, DI=128, seed=0):
+    """block_inputs of `layers` blocks (different weights each) and their stacked form:
+    (x, [per-layer argument lists without x], stacked arguments without x)."""
+    per = [block_inputs(f, dtype, batch=batch, DM=DM, DI=DI, seed=seed + i) for i in range(layers)]
+    x = per[0][0]
+    rest = [p[1:] for p in per]
+    stack = [f.array(np.stack([np.asarray(r[k].np) for r in rest]).reshape(
+        (layers,) + (rest[0][k].shape if k != 1 else ()))) for k in range(len(rest[0]))]
+    return x, rest, stack
+
+
+@pytest.mark.parametrize("dtype,DM,DI,layers,grids", [(np.float32, 64, 128, 3, (1, 4)),
+                                                      (np.float16, 64, 128, 2, (3,)),
+                                                      (np.float16, 256, 512, 2, (2,))],
+                         ids=["f32", "f16", "f16-vector-rows"])
+def test_the_model_kernel_equals_a_layer_launch_per_block(fake, dtype, DM, DI, layers, grids):
+    """The whole-model decode against fused_layer_decode launched block after block, each
+    feeding the next its residual stream: the same bits for the output, every block's conv
+    cache and state. Its barrier state moves four generations per block but one (three within
+    a block, one between blocks) and ends with its count at 0."""
+    f, mod = fake
+    x, rest, stack = stacked_inputs(f, dtype, layers, DM=DM, DI=DI)
+    xs, caches, states = x, [], []
+    for args in rest:
+        xs, c, h = mod.fused_layer_decode(xs, *args, mod.grid_state(), mod.grid_state(),
+                                          blocks=2)
+        caches.append(c.np)
+        states.append(h.np)
+    for blocks in grids:
+        barrier, poison = mod.grid_state(), mod.grid_state()
+        for launch in (1, 2):
+            out, cache, state, status = mod.fused_model_decode(x, *stack, barrier, poison,
+                                                               blocks=blocks, with_status=True)
+            assert out.shape == xs.shape and out.dtype == xs.dtype
+            assert np.array_equal(out.np, xs.np), blocks
+            assert cache.shape == (layers,) + caches[0].shape
+            assert np.array_equal(cache.np, np.stack(caches))
+            assert state.dtype == f.float32 and np.array_equal(state.np, np.stack(states))
+            assert status.np.tolist() == [0] * blocks
+            assert barrier.np.tolist() == [0, (4 * layers - 1) * launch, 0, 0]
+            assert not mod.grid_failed(poison)
+
+
+def test_the_model_kernel_checks_its_stacks(fake):
+    f, mod = fake
+    x, _, stack = stacked_inputs(f, np.float32, 2)
+    with pytest.raises(ValueError, match="layer count 2: w_out"):
+        mod.fused_model_decode(x, *stack[:-2], f.array(stack[-2].np[:1]), stack[-1],
+                               mod.grid_state(), mod.grid_state(), blocks=2)
+    short_eps = list(stack)
+    short_eps[1] = f.array(np.zeros((2, 1), np.float32))
+    with pytest.raises(ValueError, match="eps"):
+        mod.fused_model_decode(x, *short_eps, mod.grid_state(), mod.grid_state(), blocks=2)
+    with pytest.raises(ValueError, match="barrier must be a uint32"):
+        mod.fused_model_decode(x, *stack, f.zeros((4,)), mod.grid_state(), blocks=2)
+
+
 def test_the_four_kernels_need_no_state_and_the_one_kernel_checks_it(fake):
     f, mod = fake
     args = block_inputs(f, np.float32)
@@ -187,9 +244,10 @@ def test_model_kernels_compile_for_sm90a():
     assert report["rc"] == 0, report.get("log")
     kernels = report["kernels"]
     assert set(kernels) == {"ksm_conv_silu", "ksm_ssm_step", "ksm_in_conv", "ksm_xproj",
-                            "ksm_out_res", "ksm_layer"}
+                            "ksm_out_res", "ksm_layer", "ksm_model"}
     for name, k in kernels.items():
         assert k["spill_store_bytes"] == k["spill_load_bytes"] == k["stack_bytes"] == 0, name
     # One block per SM must always fit: 256 threads, a few KB of shared memory.
-    assert kernels["ksm_layer"]["registers"] <= 255
-    assert kernels["ksm_layer"]["smem_bytes"] <= 48 * 1024
+    for name in ("ksm_layer", "ksm_model"):
+        assert kernels[name]["registers"] <= 255
+        assert kernels[name]["smem_bytes"] <= 48 * 1024
