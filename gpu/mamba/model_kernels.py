@@ -96,6 +96,36 @@ __device__ __forceinline__ float warp_dot_n(const T* w, const float* v, const in
   return acc;
 }
 
+// v[0, N) = src[0, N) as floats, src written by other blocks of this launch (read through
+// L2, __ldcg): 16-byte loads, each thread issuing all of its loads (up to 4 per pass) before
+// its first store, so a fill costs one L2 round trip per pass instead of one per element a
+// thread handles. Falls back to element loads where src is not 16-byte aligned or N is not a
+// whole number of 16-byte pieces.
+template <typename T, int N>
+__device__ __forceinline__ void fill_fresh(float* v, const T* src) {
+  constexpr int E = 16 / sizeof(T);
+  if (N % E != 0 || reinterpret_cast<unsigned long long>(src) % 16 != 0) {
+    for (int c = threadIdx.x; c < N; c += blockDim.x) v[c] = to_f(__ldcg(src + c));
+    return;
+  }
+  constexpr int P = 4;
+  const int step = blockDim.x * E;
+  for (int base = threadIdx.x * E; base < N; base += P * step) {
+    int4 raw[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (base + p * step < N) raw[p] = __ldcg(reinterpret_cast<const int4*>(src + base + p * step));
+    }
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (base + p * step >= N) continue;
+      const T* e = reinterpret_cast<const T*>(&raw[p]);
+#pragma unroll
+      for (int j = 0; j < E; ++j) v[base + p * step + j] = to_f(e[j]);
+    }
+  }
+}
+
 // Phase 1 of a block's decode step, the same in the four-launch (IN_CONV_BODY) and the
 // one-launch kernels (layer_phases): per batch row, the RMS norm of the residual x into v (every
 // block computes it, DM values), then the in_proj rows row0, row0 + stride, ... < 2 DI, one warp
@@ -114,10 +144,17 @@ __device__ __forceinline__ void norm_in_conv(const T* x, const T* norm_w, const 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (long long b = 0; b < batch; ++b) {
     float ss = 0.f;
-    for (int c = threadIdx.x; c < DM; c += blockDim.x) {
-      const float xv = to_f(FRESH_X ? __ldcg(x + b * DM + c) : x[b * DM + c]);
-      v[c] = xv;
-      ss += xv * xv;
+    if (FRESH_X) {
+      // Filled in 16-byte pieces, summed in the same per-thread order as below.
+      fill_fresh<T, DM>(v, x + b * DM);
+      __syncthreads();
+      for (int c = threadIdx.x; c < DM; c += blockDim.x) ss += v[c] * v[c];
+    } else {
+      for (int c = threadIdx.x; c < DM; c += blockDim.x) {
+        const float xv = to_f(x[b * DM + c]);
+        v[c] = xv;
+        ss += xv * xv;
+      }
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
@@ -129,18 +166,27 @@ __device__ __forceinline__ void norm_in_conv(const T* x, const T* norm_w, const 
     for (int c = threadIdx.x; c < DM; c += blockDim.x) v[c] = v[c] * inv * to_f(norm_w[c]);
     __syncthreads();
     for (long long r = row0; r < 2 * DI; r += stride) {
+      // The conv's operands are loaded before the row's product, so that their round trip
+      // overlaps the product's instead of following it.
+      float cb = 0.f, cw[K], cc[K - 1];
+      if (lane == 0 && r < DI) {
+        cb = to_f(conv_b[r]);
+#pragma unroll
+        for (int k = 0; k < K; ++k) cw[k] = to_f(conv_w[r * K + k]);
+#pragma unroll
+        for (int k = 0; k < K - 1; ++k) cc[k] = to_f(cache[(b * (K - 1) + k) * DI + r]);
+      }
       const float val = warp_dot_n<T, DM>(w_in + r * DM, v, lane);
       if (lane != 0) continue;
       if (r < DI) {
         T xr;
         from_f(val, xr);
-        float acc = to_f(conv_b[r]) + to_f(conv_w[r * K + K - 1]) * to_f(xr);
-        for (int k = 0; k < K - 1; ++k) {
-          acc += to_f(conv_w[r * K + k]) * to_f(cache[(b * (K - 1) + k) * DI + r]);
-        }
-        for (int k = 0; k < K - 2; ++k) {
-          new_cache[(b * (K - 1) + k) * DI + r] = cache[(b * (K - 1) + k + 1) * DI + r];
-        }
+        float acc = cb + cw[K - 1] * to_f(xr);
+#pragma unroll
+        for (int k = 0; k < K - 1; ++k) acc += cw[k] * cc[k];
+        // The cache's values come back exactly: T to float and back is the identity.
+#pragma unroll
+        for (int k = 0; k < K - 2; ++k) from_f(cc[k + 1], new_cache[(b * (K - 1) + k) * DI + r]);
         new_cache[(b * (K - 1) + K - 2) * DI + r] = xr;
         from_f(silu(acc), xcz[b * 2 * DI + r]);
       } else {
@@ -290,7 +336,7 @@ __device__ __forceinline__ void layer_phases(
 
   // B. x_proj: dbc [batch, RN] = w_x . u, u the first DI values of xcz.
   for (long long b = 0; b < batch; ++b) {
-    for (int c = threadIdx.x; c < DI; c += blockDim.x) v[c] = to_f(__ldcg(xcz + b * 2 * DI + c));
+    fill_fresh<T, DI>(v, xcz + b * 2 * DI);
     __syncthreads();
     for (long long r = gw; r < RN; r += nw) {
       const float val = warp_dot_n<T, DI>(w_x + r * DI, v, lane);
@@ -334,7 +380,7 @@ __device__ __forceinline__ void layer_phases(
 
   // D. out_proj with the residual: x_out = x + w_out . y.
   for (long long b = 0; b < batch; ++b) {
-    for (int c = threadIdx.x; c < DI; c += blockDim.x) v[c] = to_f(__ldcg(y + b * DI + c));
+    fill_fresh<T, DI>(v, y + b * DI);
     __syncthreads();
     for (long long r = gw; r < DM; r += nw) {
       const float val = warp_dot_n<T, DI>(w_out + r * DI, v, lane);

@@ -284,6 +284,11 @@ void launch(dim3 grid, unsigned int threads, F body) {
 template <typename T>
 inline T __ldcg(const T* p) { return *p; }
 
+// CUDA's 16-byte vector type, for the kernels' 16-byte loads.
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
+
 // CUDA's reciprocal square root (the device has it as one instruction).
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 
