@@ -96,6 +96,86 @@ __device__ __forceinline__ float warp_dot_n(const T* w, const float* v, const in
   return acc;
 }
 
+// warp_dot_n of two rows at once: every load of both rows is issued before the first
+// multiply, so a warp that walks several rows pays one round trip per pair. Each row summed in
+// warp_dot_n's order (the same bits); falls back to two warp_dot_n where the rows are not
+// whole 16-byte pieces.
+template <typename T, int COLS>
+__device__ __forceinline__ void warp_dot2_n(const T* w0, const T* w1, const float* v,
+                                            const int lane, float& out0, float& out1) {
+  constexpr int NL = COLS % 256 == 0 ? COLS / 256 : 1;
+  if (COLS % 256 != 0 || reinterpret_cast<unsigned long long>(w0) % 16 != 0 ||
+      reinterpret_cast<unsigned long long>(w1) % 16 != 0) {
+    out0 = warp_dot_n<T, COLS>(w0, v, lane);
+    out1 = warp_dot_n<T, COLS>(w1, v, lane);
+    return;
+  }
+  Vec8<T> p0[NL], p1[NL];
+#pragma unroll
+  for (int i = 0; i < NL; ++i) {
+    p0[i] = *reinterpret_cast<const Vec8<T>*>(w0 + i * 256 + lane * 8);
+    p1[i] = *reinterpret_cast<const Vec8<T>*>(w1 + i * 256 + lane * 8);
+  }
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < NL; ++i) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      a0 += to_f(p0[i].x[j]) * v[i * 256 + lane * 8 + j];
+      a1 += to_f(p1[i].x[j]) * v[i * 256 + lane * 8 + j];
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    a0 += __shfl_xor_sync(0xffffffffu, a0, off);
+    a1 += __shfl_xor_sync(0xffffffffu, a1, off);
+  }
+  out0 = a0;
+  out1 = a1;
+}
+
+// A conv row's operands (bias, K taps, the K-1 cached inputs), loaded by lane 0 before the
+// row's product so that their round trip overlaps the product's.
+template <int K>
+struct ConvIn {
+  float b = 0.f, w[K], c[K - 1];
+};
+
+template <typename T, int K>
+__device__ __forceinline__ ConvIn<K> conv_in(const T* conv_w, const T* conv_b, const T* cache,
+                                             const long long b, const long long DI,
+                                             const long long r) {
+  ConvIn<K> in;
+  in.b = to_f(conv_b[r]);
+#pragma unroll
+  for (int k = 0; k < K; ++k) in.w[k] = to_f(conv_w[r * K + k]);
+#pragma unroll
+  for (int k = 0; k < K - 1; ++k) in.c[k] = to_f(cache[(b * (K - 1) + k) * DI + r]);
+  return in;
+}
+
+// Lane 0's end of in_proj row r with product val: rows < DI through the conv and silu (the
+// token's x rounded to T first) with the shifted cache written; rows >= DI are z.
+template <typename T, int K>
+__device__ __forceinline__ void in_row_out(const float val, const ConvIn<K>& in, T* xcz,
+                                           T* new_cache, const long long b, const long long DI,
+                                           const long long r) {
+  if (r < DI) {
+    T xr;
+    from_f(val, xr);
+    float acc = in.b + in.w[K - 1] * to_f(xr);
+#pragma unroll
+    for (int k = 0; k < K - 1; ++k) acc += in.w[k] * in.c[k];
+    // The cache's values come back exactly: T to float and back is the identity.
+#pragma unroll
+    for (int k = 0; k < K - 2; ++k) from_f(in.c[k + 1], new_cache[(b * (K - 1) + k) * DI + r]);
+    new_cache[(b * (K - 1) + K - 2) * DI + r] = xr;
+    from_f(silu(acc), xcz[b * 2 * DI + r]);
+  } else {
+    from_f(val, xcz[b * 2 * DI + r]);
+  }
+}
+
 // v[0, N) = src[0, N) as floats, src written by other blocks of this launch (read through
 // L2, __ldcg): 16-byte loads, each thread issuing all of its loads (up to 4 per pass) before
 // its first store, so a fill costs one L2 round trip per pass instead of one per element a
@@ -129,8 +209,9 @@ __device__ __forceinline__ void fill_fresh(float* v, const T* src) {
 // Phase 1 of a block's decode step, the same in the four-launch (IN_CONV_BODY) and the
 // one-launch kernels (layer_phases): per batch row, the RMS norm of the residual x into v (every
 // block computes it, DM values), then the in_proj rows row0, row0 + stride, ... < 2 DI, one warp
-// per row. Rows < DI go through the causal conv with the cache and silu (the token's x rounded
-// to T first, as in_proj's output would be) and shift the cache; rows >= DI are z. Writes xcz
+// per row (two at a time: warp_dot2_n). Rows < DI go through the causal conv with the cache and
+// silu (the token's x rounded to T first, as in_proj's output would be) and shift the cache;
+// rows >= DI are z (in_row_out). Writes xcz
 // [batch, 2 DI] = [silu(conv), z] and new_cache. v holds DM floats, red 32. FRESH_X: x was
 // written by other blocks of this launch (the one-kernel model decode's residual stream), so
 // it is read through L2 (__ldcg) like every such value.
@@ -165,33 +246,22 @@ __device__ __forceinline__ void norm_in_conv(const T* x, const T* norm_w, const 
     const float inv = rsqrtf(total / DM + eps[0]);
     for (int c = threadIdx.x; c < DM; c += blockDim.x) v[c] = v[c] * inv * to_f(norm_w[c]);
     __syncthreads();
-    for (long long r = row0; r < 2 * DI; r += stride) {
-      // The conv's operands are loaded before the row's product, so that their round trip
-      // overlaps the product's instead of following it.
-      float cb = 0.f, cw[K], cc[K - 1];
-      if (lane == 0 && r < DI) {
-        cb = to_f(conv_b[r]);
-#pragma unroll
-        for (int k = 0; k < K; ++k) cw[k] = to_f(conv_w[r * K + k]);
-#pragma unroll
-        for (int k = 0; k < K - 1; ++k) cc[k] = to_f(cache[(b * (K - 1) + k) * DI + r]);
-      }
-      const float val = warp_dot_n<T, DM>(w_in + r * DM, v, lane);
-      if (lane != 0) continue;
-      if (r < DI) {
-        T xr;
-        from_f(val, xr);
-        float acc = cb + cw[K - 1] * to_f(xr);
-#pragma unroll
-        for (int k = 0; k < K - 1; ++k) acc += cw[k] * cc[k];
-        // The cache's values come back exactly: T to float and back is the identity.
-#pragma unroll
-        for (int k = 0; k < K - 2; ++k) from_f(cc[k + 1], new_cache[(b * (K - 1) + k) * DI + r]);
-        new_cache[(b * (K - 1) + K - 2) * DI + r] = xr;
-        from_f(silu(acc), xcz[b * 2 * DI + r]);
+    // A warp's rows two at a time (r and r + stride): one round trip per pair.
+    for (long long r = row0; r < 2 * DI; r += 2 * stride) {
+      const long long r1 = r + stride;
+      const bool pair = r1 < 2 * DI;  // the same for the whole warp
+      ConvIn<K> in0, in1;
+      if (lane == 0 && r < DI) in0 = conv_in<T, K>(conv_w, conv_b, cache, b, DI, r);
+      if (lane == 0 && pair && r1 < DI) in1 = conv_in<T, K>(conv_w, conv_b, cache, b, DI, r1);
+      float val0, val1 = 0.f;
+      if (pair) {
+        warp_dot2_n<T, DM>(w_in + r * DM, w_in + r1 * DM, v, lane, val0, val1);
       } else {
-        from_f(val, xcz[b * 2 * DI + r]);
+        val0 = warp_dot_n<T, DM>(w_in + r * DM, v, lane);
       }
+      if (lane != 0) continue;
+      in_row_out<T, K>(val0, in0, xcz, new_cache, b, DI, r);
+      if (pair) in_row_out<T, K>(val1, in1, xcz, new_cache, b, DI, r1);
     }
     __syncthreads();  // v and red are rewritten for the next batch row
   }
