@@ -1,7 +1,8 @@
 """The table of gpu/mamba/bench_check.sh: reports of `ksearch bench mamba --save` (one per run)
 folded into the median and spread (min–max, and max/min − 1) over runs of our prefill tok/s per
 length, decode tok/s and the scan alone per layer (µs and share of its floor), plus what each
-run picked (MLX setting, scan per length, decode path) and whether its logits check passed.
+run picked (MLX setting, scan per length, decode path, with the decode rate of every path it
+timed) and whether its logits check passed.
 
     python3 gpu/mamba/bench_report.py OUT/bench-*.json
 """
@@ -50,6 +51,9 @@ def fold(reports: list[dict]) -> dict:
             "decode_path": " ".join(x for x in (
                 (kernel.get("decode_tuning") or {}).get("pick"),
                 f"({kernel['decode_path']})" if kernel.get("decode_path") else None) if x),
+            "decode_paths": ", ".join(
+                f"{m} {v:,.0f}" for m, v in
+                ((kernel.get("decode_tuning") or {}).get("tok_s") or {}).items()) or "–",
             "check": (r.get("check") or {}).get("passed"),
         })
     return {"prefill": prefill, "decode": decode, "scan_us": scan_us, "scan_floor": scan_floor,
@@ -67,9 +71,11 @@ def table(f: dict) -> str:
                      f"{spread(f['scan_us'][length], '{:.1f}')} |")
         lines.append(f"| scan alone L={length}, share of its floor | "
                      f"{spread([100 * x for x in f['scan_floor'][length]], '{:.1f}%')} |")
-    lines += ["", "| run | MLX setting | scan | decode path | logits check |", "|---|---|---|---|---|"]
+    lines += ["", "| run | MLX setting | scan | decode path | decode paths timed, tok/s | "
+              "logits check |", "|---|---|---|---|---|---|"]
     for i, p in enumerate(f["picks"], 1):
         lines.append(f"| {i} | {p['setting']} | {json.dumps(p['scan'])} | {p['decode_path']} | "
+                     f"{p['decode_paths']} | "
                      f"{'passed' if p['check'] else 'FAILED' if p['check'] is False else '–'} |")
     return "\n".join(lines)
 

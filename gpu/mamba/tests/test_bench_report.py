@@ -16,7 +16,8 @@ def report(p512: float, decode: float, us: float, env: dict, passed: bool = True
                              "fraction_of_floor": 10.0 / us}],
             "kernel": {"source": "tuned", "tuning": {"picks": {"512": "staged_l16_t256"}},
                        "decode_path": "one kernel",
-                       "decode_tuning": {"pick": "layer", "tok_s": {"layer": 1.0}}},
+                       "decode_tuning": {"pick": "model",
+                                         "tok_s": {"model": 812.4, "layer": 330.0}}},
             "check": {"passed": passed}, "versions": {"mlx_env": env}}
 
 
@@ -31,4 +32,4 @@ def test_runs_fold_into_median_and_spread_of_our_rows_only():
     assert "| scan alone L=512, share of its floor | 22.2% (20.0%–25.0%, 25%) |" in text
     assert "MLX_USE_CUDA_GRAPHS=0" in text and "MLX's defaults" in text
     assert "FAILED" in text
-    assert "| layer (one kernel) |" in text
+    assert "| model (one kernel) | model 812, layer 330 |" in text
