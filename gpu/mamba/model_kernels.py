@@ -842,13 +842,7 @@ def fused_layer_decode(x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, d
     hand the kernel a copy."""
     batch, d_model, dim, N, K, R = _decode_shapes("fused_layer_decode", x, w_in, cache, conv_w,
                                                   w_x, w_dt, A, w_out)
-    for name, arr in (("barrier", barrier), ("poison", poison)):
-        if arr.dtype != mx.uint32 or tuple(arr.shape) != (4,):
-            raise ValueError(f"{name} must be a uint32 [4] from grid_state(), got "
-                             f"{arr.dtype} {tuple(arr.shape)}")
-    blocks = int(blocks or sm_count())
-    if blocks < 1 or not 1 <= spin_limit < 2 ** 31:
-        raise ValueError(f"need blocks >= 1 and 1 <= spin_limit < 2^31, got {blocks}, {spin_limit}")
+    blocks = _grid_args(barrier, poison, blocks, spin_limit)
     t = x.dtype
     x_out, new_cache, h, _xcz, _dbc, _y, status = _LAYER(
         inputs=[x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, dt_bias, A, D, w_out, h0,
@@ -862,6 +856,19 @@ def fused_layer_decode(x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, d
     if with_status:
         return x_out, new_cache, h, status
     return x_out, new_cache, h
+
+
+def _grid_args(barrier, poison, blocks, spin_limit) -> int:
+    """The one-launch decodes' grid arguments checked; returns the block count (default: one
+    per SM)."""
+    for name, arr in (("barrier", barrier), ("poison", poison)):
+        if arr.dtype != mx.uint32 or tuple(arr.shape) != (4,):
+            raise ValueError(f"{name} must be a uint32 [4] from grid_state(), got "
+                             f"{arr.dtype} {tuple(arr.shape)}")
+    blocks = int(blocks or sm_count())
+    if blocks < 1 or not 1 <= spin_limit < 2 ** 31:
+        raise ValueError(f"need blocks >= 1 and 1 <= spin_limit < 2^31, got {blocks}, {spin_limit}")
+    return blocks
 
 
 def fused_model_decode(x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, dt_bias, A, D,
@@ -899,13 +906,7 @@ def fused_model_decode(x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, d
              if tuple(stacked[k].shape) != w]
     if wrong:
         raise ValueError("fused_model_decode: " + "; ".join(wrong))
-    for name, arr in (("barrier", barrier), ("poison", poison)):
-        if arr.dtype != mx.uint32 or tuple(arr.shape) != (4,):
-            raise ValueError(f"{name} must be a uint32 [4] from grid_state(), got "
-                             f"{arr.dtype} {tuple(arr.shape)}")
-    blocks = int(blocks or sm_count())
-    if blocks < 1 or not 1 <= spin_limit < 2 ** 31:
-        raise ValueError(f"need blocks >= 1 and 1 <= spin_limit < 2^31, got {blocks}, {spin_limit}")
+    blocks = _grid_args(barrier, poison, blocks, spin_limit)
     t = x.dtype
     x_out, new_cache, h, _xs, _xcz, _dbc, _y, status = _MODEL(
         inputs=[x, norm_w, eps, w_in, cache, conv_w, conv_b, w_x, w_dt, dt_bias, A, D, w_out, h0,
