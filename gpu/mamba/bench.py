@@ -40,6 +40,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 import mamba_model as mm  # noqa: E402
+from steady_pick import ROUNDS, pick_steady, rotations  # noqa: E402
 
 SCHEMA = "ksearch-bench-mamba/1"
 IMPLS = ("ksearch", "mlx-lm", "mambapy")
@@ -570,6 +571,8 @@ def parse_args(argv):
     ap.add_argument("--lengths", default="512,1024,2048,4096")
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--decode-warmup", type=int, default=8)
+    ap.add_argument("--decode-tune-tokens", type=int, default=24,
+                    help="tokens per path and round when --model-kernels auto times the paths")
     ap.add_argument("--decode-loop", choices=("pipelined", "sync"), default="pipelined",
                     help="MLX decode loops: pipelined (as mlx_lm.generate: the next step is "
                     "queued before this token is read) or sync (each step evaluated first)")
@@ -706,14 +709,21 @@ def main(argv=None) -> int:
     return 0
 
 
+# Interleaved rounds of the decode paths' timing in choose_model.
+DECODE_ROUNDS = ROUNDS
+
+
 def choose_model(stock, scan, args, kernel_info: dict):
     """Our model for the bench: (decode mode, model, forward, logits check).
 
     auto: every path with our kernels is checked (model, layer, fused, conv); one whose kernels
     fail to build or run, or whose logits disagree with stock mlx-lm, drops out (recorded in
     kernel.fallbacks), and of those left the fastest at decode on this machine is used
-    (kernel.decode_tuning): the one-launch path is not always the fastest (measured on the
-    H200: 209 tok/s against 262 for four launches per block). mlx-lm's own ops ("off") only run
+    (kernel.decode_tuning: DECODE_ROUNDS interleaved rounds of --decode-tune-tokens (24) per
+    path, the first
+    listed within steady_pick's margin of the fastest median): the one-launch path per block
+    is not always the fastest (measured on the H200: 209 tok/s against 262 for four launches
+    per block). mlx-lm's own ops ("off") only run
     when no kernel path passed. A mode given by name is checked alone; when the last resort
     fails its check, that check is returned (failed) and nothing is timed."""
     a = stock.args
@@ -753,26 +763,39 @@ def choose_model(stock, scan, args, kernel_info: dict):
         log(f"model kernels `{mode}`: {problem[:300]}"
             + (f"; trying `{modes[i + 1]}`" if i + 1 < len(modes) else ""))
     if len(passed) > 1:
-        rates = {}
-        for m, model, f, _ in passed:
-            try:
-                rates[m], _, _ = time_decode_ours(f, a.vocab_size, prompt=16, warmup=4, n=24,
-                                                  seed=args.seed,
+        # Interleaved rounds (each starting one path later), each path's median, and the
+        # first listed within steady_pick's margin of the fastest: one draw per path let two
+        # paths within a few percent of each other trade places from run to run.
+        draws: dict[str, list[float]] = {m: [] for m, _, _, _ in passed}
+        by_mode = {m: (model, f) for m, model, f, _ in passed}
+        for order in rotations(list(by_mode), DECODE_ROUNDS):
+            for m in order:
+                if m not in draws:
+                    continue  # dropped out in an earlier round
+                model, f = by_mode[m]
+                try:
+                    rate, _, _ = time_decode_ours(f, a.vocab_size, prompt=16, warmup=4,
+                                                  n=args.decode_tune_tokens, seed=args.seed,
                                                   pipelined=args.decode_loop == "pipelined")
-                # A barrier that timed out while being timed leaves a poisoned model that
-                # skips its waits: fast and wrong, so it must not win.
-                mm.check_grid(model)
-            except Exception as e:
-                rates.pop(m, None)
-                problem = f"while timing decode: {type(e).__name__}: {e}"
-                kernel_info.setdefault("fallbacks", []).append({"mode": m,
-                                                                "problem": problem[:2000]})
-                log(f"model kernels `{m}`: {problem[:300]}")
-        if not rates:
+                    # A barrier that timed out while being timed leaves a poisoned model that
+                    # skips its waits: fast and wrong, so it must not win.
+                    mm.check_grid(model)
+                    draws[m].append(rate)
+                except Exception as e:
+                    del draws[m]
+                    problem = f"while timing decode: {type(e).__name__}: {e}"
+                    kernel_info.setdefault("fallbacks", []).append({"mode": m,
+                                                                    "problem": problem[:2000]})
+                    log(f"model kernels `{m}`: {problem[:300]}")
+        if not draws:
             raise RuntimeError(f"no decode path could be timed: {kernel_info['fallbacks']}")
-        kernel_info["decode_tuning"] = {"tok_s": rates, "tokens": 24,
-                                        "pick": max(rates, key=rates.get)}
-        log("decode paths: " + ", ".join(f"{m} {r:.0f} tok/s" for m, r in rates.items())
+        rates = {m: statistics.median(d) for m, d in draws.items()}
+        kernel_info["decode_tuning"] = {
+            "tok_s": rates, "tok_s_range": {m: [min(d), max(d)] for m, d in draws.items()},
+            "tokens": args.decode_tune_tokens, "rounds": DECODE_ROUNDS,
+            # pick_steady wants times: the seconds per token of each median.
+            "pick": pick_steady({m: 1.0 / r for m, r in rates.items()})}
+        log("decode paths (median tok/s): " + ", ".join(f"{m} {r:.0f}" for m, r in rates.items())
             + f"; using {kernel_info['decode_tuning']['pick']}")
         mode, ours, fwd, check = next(t for t in passed
                                       if t[0] == kernel_info["decode_tuning"]["pick"])

@@ -16,7 +16,7 @@ from conftest import HERE  # noqa: E402
 
 FIXTURE = json.loads((HERE / "fixtures" / "bench_mamba.json").read_text())
 QUICK = ["--config", "tiny", "--lengths", "8,20", "--decode-tokens", "3", "--decode-warmup", "1",
-         "--reps", "1", "--check-prompt", "12", "--check-steps", "2"]
+         "--decode-tune-tokens", "4", "--reps", "1", "--check-prompt", "12", "--check-steps", "2"]
 
 HONEST = '''
 import mlx.core as mx
@@ -148,8 +148,12 @@ def test_auto_times_every_decode_path_that_passes_and_uses_the_fastest(tmp_path,
     tuning = got["kernel"]["decode_tuning"]
     timed = tuning["tok_s"]
     assert set(timed) == ({"fused", "conv"} if resident else {"model", "layer", "fused", "conv"})
-    assert all(v > 0 for v in timed.values())
-    assert tuning["pick"] == max(timed, key=timed.get)
+    assert all(v > 0 for v in timed.values()) and tuning["rounds"] == 3
+    assert all(lo <= timed[m] <= hi for m, (lo, hi) in tuning["tok_s_range"].items())
+    # The first listed whose median is within the margin of the fastest.
+    order = [m for m in ("model", "layer", "fused", "conv") if m in timed]
+    fastest = max(timed.values())
+    assert tuning["pick"] == next(m for m in order if timed[m] * 1.03 >= fastest)
     names = {"model": "one kernel per token", "layer": "one kernel per block",
              "fused": "four kernels per block", "conv": "conv and step kernels"}
     assert got["kernel"]["decode_path"] == names[tuning["pick"]]
@@ -182,6 +186,35 @@ def test_a_decode_path_that_fails_while_timed_drops_out(tmp_path, monkeypatch):
     assert set(got["kernel"]["decode_tuning"]["tok_s"]) == {"model", "fused", "conv"}
     (fallback,) = got["kernel"]["fallbacks"]
     assert fallback["mode"] == "layer" and "made-up failure" in fallback["problem"]
+
+
+def test_decode_paths_are_timed_in_interleaved_rounds_and_picked_with_a_margin(tmp_path,
+                                                                             monkeypatch):
+    """Three rounds, each starting one path later; the pick is the first path listed whose
+    median is within the margin of the fastest median. Here the first draws would pick
+    `layer` (520 against 500) and the largest median too (518 against 510); `model`, listed
+    first and within 3%, is the steady pick."""
+    _emulated_cuda(monkeypatch, 0)
+    draws = {"model": [500.0, 900.0, 510.0], "layer": [520.0, 515.0, 518.0],
+             "fused": [300.0] * 3, "conv": [200.0] * 3}
+    order = []
+
+    def fake(fwd, *a, **k):
+        m = ("model" if getattr(fwd.model, "ks_stack", None) is not None
+             else fwd.model.backbone.layers[0].mixer.ks_decode)
+        order.append(m)
+        return (draws[m].pop(0) if draws[m] else 100.0), [0.01], []
+
+    monkeypatch.setattr(bench, "time_decode_ours", fake)
+    out = tmp_path / "b.json"
+    assert bench.main(QUICK + ["--impls", "ksearch", "--ops-scan", "--layer-blocks", "3",
+                               "--out", str(out)]) == 0
+    tuning = json.loads(out.read_text())["kernel"]["decode_tuning"]
+    assert order[:12] == ["model", "layer", "fused", "conv", "layer", "fused", "conv", "model",
+                          "fused", "conv", "model", "layer"]
+    assert tuning["tok_s"] == {"model": 510.0, "layer": 518.0, "fused": 300.0, "conv": 200.0}
+    assert tuning["tok_s_range"]["model"] == [500.0, 900.0]
+    assert tuning["pick"] == "model"
 
 
 def test_the_decode_loops_feed_each_step_its_predecessor():
