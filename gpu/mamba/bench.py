@@ -720,11 +720,9 @@ def choose_model(stock, scan, args, kernel_info: dict):
     fail to build or run, or whose logits disagree with stock mlx-lm, drops out (recorded in
     kernel.fallbacks), and of those left the fastest at decode on this machine is used
     (kernel.decode_tuning: DECODE_ROUNDS interleaved rounds of --decode-tune-tokens (24) per
-    path, the first
-    listed within steady_pick's margin of the fastest median): the one-launch path per block
-    is not always the fastest (measured on the H200: 209 tok/s against 262 for four launches
-    per block). mlx-lm's own ops ("off") only run
-    when no kernel path passed. A mode given by name is checked alone; when the last resort
+    path, the first listed within steady_pick's margin of the fastest median): the one-launch
+    path per block is not always the fastest (measured on the H200: 209 tok/s against 262 for
+    four launches per block). mlx-lm's own ops ("off") only run when no kernel path passed. A mode given by name is checked alone; when the last resort
     fails its check, that check is returned (failed) and nothing is timed."""
     a = stock.args
     auto = args.model_kernels == "auto"

@@ -491,8 +491,8 @@ def check_grid(model) -> None:
 
 class _Stack:
     """The whole-model decode's arrays (a plain holder, for the same reason as _Consts): every
-    block's weights and float32 constants stacked along a leading layer axis, in
-    fused_model_decode's order after x and before the cache; its grid (_Grid: the launch
+    block's weights and float32 constants stacked along a leading layer axis (norm_w, eps,
+    w_in, conv_w, conv_b, w_x, w_dt, dt_bias, A, D, w_out: model_decode's order); its grid (_Grid: the launch
     site's barrier, the model's poison flag, the grid size); the kernels."""
 
     def __init__(self, arrays, grid, kernels):
