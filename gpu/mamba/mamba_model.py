@@ -514,20 +514,20 @@ def _stack_blocks(model, kernels, grid) -> _Stack:
         dim = m.intermediate_size
         return m.conv1d.bias if "bias" in m.conv1d else mx.zeros((dim,), m.in_proj.weight.dtype)
 
-    parts = [
-        [l.norm.weight for l in layers],
-        [m.ks_consts.eps for m in mixers],
-        [m.in_proj.weight for m in mixers],
-        [m.conv1d.weight for m in mixers],
-        [conv_b(m) for m in mixers],
-        [m.x_proj.weight for m in mixers],
-        [m.dt_proj.weight for m in mixers],
-        [m.ks_consts.arrays[2] for m in mixers],  # dt bias
-        [m.ks_consts.arrays[0] for m in mixers],  # A
-        [m.ks_consts.arrays[1] for m in mixers],  # D
-        [m.out_proj.weight for m in mixers],
+    stack = lambda get: mx.stack([get(m) for m in mixers])
+    arrays = [
+        mx.stack([l.norm.weight for l in layers]),
+        mx.concatenate([m.ks_consts.eps for m in mixers]),  # each block's is [1]
+        stack(lambda m: m.in_proj.weight),
+        stack(lambda m: m.conv1d.weight),
+        stack(conv_b),
+        stack(lambda m: m.x_proj.weight),
+        stack(lambda m: m.dt_proj.weight),
+        stack(lambda m: m.ks_consts.arrays[2]),  # dt bias
+        stack(lambda m: m.ks_consts.arrays[0]),  # A
+        stack(lambda m: m.ks_consts.arrays[1]),  # D
+        stack(lambda m: m.out_proj.weight),
     ]
-    arrays = [mx.concatenate(p) if i == 1 else mx.stack(p) for i, p in enumerate(parts)]
     mx.eval(arrays)
     return _Stack(tuple(arrays), grid, kernels)
 
@@ -622,12 +622,14 @@ def patched_copy(stock, scan, kernels=None, decode: str | None = None, *, fused_
         if decode in ("layer", "model"):
             blocks = int(blocks or kernels.sm_count())
             poison = kernels.grid_state()
+    # A block's own single-token path; "model" decodes through model_decode, and a token given
+    # to a block alone takes the four-launch path.
+    block_decode = "conv" if kernels is None else "fused" if decode == "model" else decode
     for layer in model.backbone.layers:
         layer.mixer.__class__ = block_cls
         layer.mixer.ks_scan = scan
         layer.mixer.ks_kernels = kernels
-        layer.mixer.ks_decode = ("fused" if decode == "model" else decode) if kernels is not None \
-            else "conv"
+        layer.mixer.ks_decode = block_decode
         if poison is not None and decode == "layer":
             # One barrier per layer (see fused_layer_decode for why), one poison flag in all.
             layer.mixer.ks_grid = _Grid(kernels.grid_state(), poison, blocks)

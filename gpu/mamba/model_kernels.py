@@ -71,67 +71,57 @@ __device__ __forceinline__ float warp_dot(const T* w, const float* v, const long
   return acc;
 }
 
-// warp_dot with the row length known when compiling: each lane issues all of its 16-byte loads
-// of the row before the first multiply, so a row costs one memory round trip instead of one
-// per 256 columns. The one-kernel decode needs this: its grid has one block per SM, so a warp
-// walks several rows in turn and the loads of one row are all that is in flight. Same order of
-// summation as warp_dot, hence the same result to the bit.
-template <typename T, int COLS>
-__device__ __forceinline__ float warp_dot_n(const T* w, const float* v, const int lane) {
+// warp_dot of M rows with the row length known when compiling: each lane issues all of its
+// 16-byte loads of every row before the first multiply, so the rows cost one memory round trip
+// instead of one per 256 columns and row. The one-kernel decodes need this: their grid has one
+// block per SM, so a warp walks several rows in turn. Each row is summed in warp_dot's order,
+// hence the same result to the bit; rows that are not whole 16-byte pieces go through
+// warp_dot.
+template <typename T, int COLS, int M>
+__device__ __forceinline__ void warp_dots_n(const T* const (&w)[M], const float* v,
+                                            const int lane, float (&out)[M]) {
   constexpr int NL = COLS % 256 == 0 ? COLS / 256 : 1;
-  if (COLS % 256 != 0 || reinterpret_cast<unsigned long long>(w) % 16 != 0) {
-    return warp_dot(w, v, COLS, lane);
-  }
-  Vec8<T> pk[NL];
+  bool whole = COLS % 256 == 0;
 #pragma unroll
-  for (int i = 0; i < NL; ++i) pk[i] = *reinterpret_cast<const Vec8<T>*>(w + i * 256 + lane * 8);
-  float acc = 0.f;
+  for (int m = 0; m < M; ++m) whole = whole && reinterpret_cast<unsigned long long>(w[m]) % 16 == 0;
+  if (!whole) {
 #pragma unroll
-  for (int i = 0; i < NL; ++i) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc += to_f(pk[i].x[j]) * v[i * 256 + lane * 8 + j];
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  return acc;
-}
-
-// warp_dot_n of two rows at once: every load of both rows is issued before the first
-// multiply, so a warp that walks several rows pays one round trip per pair. Each row summed in
-// warp_dot_n's order (the same bits); falls back to two warp_dot_n where the rows are not
-// whole 16-byte pieces.
-template <typename T, int COLS>
-__device__ __forceinline__ void warp_dot2_n(const T* w0, const T* w1, const float* v,
-                                            const int lane, float& out0, float& out1) {
-  constexpr int NL = COLS % 256 == 0 ? COLS / 256 : 1;
-  if (COLS % 256 != 0 || reinterpret_cast<unsigned long long>(w0) % 16 != 0 ||
-      reinterpret_cast<unsigned long long>(w1) % 16 != 0) {
-    out0 = warp_dot_n<T, COLS>(w0, v, lane);
-    out1 = warp_dot_n<T, COLS>(w1, v, lane);
+    for (int m = 0; m < M; ++m) out[m] = warp_dot(w[m], v, COLS, lane);
     return;
   }
-  Vec8<T> p0[NL], p1[NL];
+  Vec8<T> pk[M][NL];
 #pragma unroll
   for (int i = 0; i < NL; ++i) {
-    p0[i] = *reinterpret_cast<const Vec8<T>*>(w0 + i * 256 + lane * 8);
-    p1[i] = *reinterpret_cast<const Vec8<T>*>(w1 + i * 256 + lane * 8);
+#pragma unroll
+    for (int m = 0; m < M; ++m) pk[m][i] = *reinterpret_cast<const Vec8<T>*>(w[m] + i * 256 + lane * 8);
   }
-  float a0 = 0.f, a1 = 0.f;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.f;
 #pragma unroll
   for (int i = 0; i < NL; ++i) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      a0 += to_f(p0[i].x[j]) * v[i * 256 + lane * 8 + j];
-      a1 += to_f(p1[i].x[j]) * v[i * 256 + lane * 8 + j];
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[m] += to_f(pk[m][i].x[j]) * v[i * 256 + lane * 8 + j];
     }
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
-    a0 += __shfl_xor_sync(0xffffffffu, a0, off);
-    a1 += __shfl_xor_sync(0xffffffffu, a1, off);
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
   }
-  out0 = a0;
-  out1 = a1;
+#pragma unroll
+  for (int m = 0; m < M; ++m) out[m] = acc[m];
+}
+
+// One row of warp_dots_n.
+template <typename T, int COLS>
+__device__ __forceinline__ float warp_dot_n(const T* w, const float* v, const int lane) {
+  const T* const rows[1] = {w};
+  float out[1];
+  warp_dots_n<T, COLS, 1>(rows, v, lane, out);
+  return out[0];
 }
 
 // A conv row's operands (bias, K taps, the K-1 cached inputs), loaded by lane 0 before the
@@ -209,7 +199,7 @@ __device__ __forceinline__ void fill_fresh(float* v, const T* src) {
 // Phase 1 of a block's decode step, the same in the four-launch (IN_CONV_BODY) and the
 // one-launch kernels (layer_phases): per batch row, the RMS norm of the residual x into v (every
 // block computes it, DM values), then the in_proj rows row0, row0 + stride, ... < 2 DI, one warp
-// per row (two at a time: warp_dot2_n). Rows < DI go through the causal conv with the cache and
+// per row (two at a time: warp_dots_n). Rows < DI go through the causal conv with the cache and
 // silu (the token's x rounded to T first, as in_proj's output would be) and shift the cache;
 // rows >= DI are z (in_row_out). Writes xcz
 // [batch, 2 DI] = [silu(conv), z] and new_cache. v holds DM floats, red 32. FRESH_X: x was
@@ -253,15 +243,16 @@ __device__ __forceinline__ void norm_in_conv(const T* x, const T* norm_w, const 
       ConvIn<K> in0, in1;
       if (lane == 0 && r < DI) in0 = conv_in<T, K>(conv_w, conv_b, cache, b, DI, r);
       if (lane == 0 && pair && r1 < DI) in1 = conv_in<T, K>(conv_w, conv_b, cache, b, DI, r1);
-      float val0, val1 = 0.f;
+      float val[2];
       if (pair) {
-        warp_dot2_n<T, DM>(w_in + r * DM, w_in + r1 * DM, v, lane, val0, val1);
+        const T* const rows[2] = {w_in + r * DM, w_in + r1 * DM};
+        warp_dots_n<T, DM, 2>(rows, v, lane, val);
       } else {
-        val0 = warp_dot_n<T, DM>(w_in + r * DM, v, lane);
+        val[0] = warp_dot_n<T, DM>(w_in + r * DM, v, lane);
       }
       if (lane != 0) continue;
-      in_row_out<T, K>(val0, in0, xcz, new_cache, b, DI, r);
-      if (pair) in_row_out<T, K>(val1, in1, xcz, new_cache, b, DI, r1);
+      in_row_out<T, K>(val[0], in0, xcz, new_cache, b, DI, r);
+      if (pair) in_row_out<T, K>(val[1], in1, xcz, new_cache, b, DI, r1);
     }
     __syncthreads();  // v and red are rewritten for the next batch row
   }
