@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from . import (adapters, device_checks, draw_cache, dtypes, intervals, machine, parallel,
+from . import (adapters, device_checks, device_gate, draw_cache, dtypes, intervals, machine,
+               parallel,
                reaping, sanity_cache, scratch, spare_accused, static_checks)
 from .accused_client import (TAMPER_MIN_CALLS, TAMPER_ROUND_TRIP_QUANTILE, AccusedAdapter,
                              AccusedProcess, RemoteCall, Shortfall, device_to_host,
@@ -396,12 +397,18 @@ def evaluate(req: Request, out: ResultBuilder, adapter: Adapter | None = None,
     Evaluation(req, out, adapter, roofline_override).run()
 
 
-def _gone(finish: Callable[[], None] | None, workdir: str | None) -> None:
-    """The wait for a killed accused, then the removal of its working directory."""
-    if finish is not None:
-        finish()
-    if workdir is not None:
-        shutil.rmtree(workdir, ignore_errors=True)
+def _gone(finish: Callable[[], None] | None, workdir: str | None,
+          release: Callable[[], None] | None = None) -> None:
+    """The wait for a killed accused, then the removal of its working directory; `release`
+    (the device gate's hold lent for the wait) goes last."""
+    try:
+        if finish is not None:
+            finish()
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    finally:
+        if release is not None:
+            release()
 
 
 def read_candidate(req: Request) -> bytes:
@@ -644,6 +651,9 @@ class Evaluation:
         self.busy_after_return = 0
         self.results: dict[str, dict[str, Any]] = {}
         self.phase = PhaseClock()
+        # The device's gate, shared with the other judges of the device, if any.
+        self.gate = device_gate.current()
+        self.gate_waited = self.gate.waited()
         self.accused: AccusedAdapter | None = None
         self.process: AccusedProcess | None = None
         self.workdir: str | None = None
@@ -674,23 +684,27 @@ class Evaluation:
     # -- pipeline ------------------------------------------------------------------------
 
     def run(self) -> None:
-        try:
-            self._run()
-        finally:
-            finish = None
-            if self.accused is not None:
-                finish = self.accused.close_now()
-            elif self.process is not None:
-                finish = self.process.kill_now()
-            # Killed now; gone, and its directory removed, maybe after the result (reaping):
-            # nothing of the candidate's is left behind.
-            workdir = self.workdir
-            reaping.later(lambda: _gone(finish, workdir))
-            if self.accused_log is not None:
-                _append_log(self.accused_log)
-            # Also when a check fails: the counts and phase times up to the verdict.
-            if "diagnostics" in self.out.data:
-                self.out.data["diagnostics"] = self._diagnostics()
+        # Everything but the timing stage beside other judges of the device (device_gate).
+        with self.gate.shared(self._gate_wait):
+            try:
+                self._run()
+            finally:
+                finish = None
+                if self.accused is not None:
+                    finish = self.accused.close_now()
+                elif self.process is not None:
+                    finish = self.process.kill_now()
+                # Killed now; gone, and its directory removed, maybe after the result
+                # (reaping): nothing of the candidate's is left behind. Until it is gone no
+                # other judge times (a dying accused's device context goes with it).
+                workdir = self.workdir
+                release = self.gate.lend_shared()
+                reaping.later(lambda: _gone(finish, workdir, release))
+                if self.accused_log is not None:
+                    _append_log(self.accused_log)
+                # Also when a check fails: the counts and phase times up to the verdict.
+                if "diagnostics" in self.out.data:
+                    self.out.data["diagnostics"] = self._diagnostics()
 
     def _run(self) -> None:
         req, out, phase = self.req, self.out, self.phase
@@ -773,9 +787,12 @@ class Evaluation:
             self.correctness()
 
         out.stage = "timing"
-        # Nothing of the next evaluation's accused starting up while this one is timed: it is
-        # stopped where it is and goes on afterwards.
-        with spare_accused.paused(), phase("checks"):
+        # The device alone for the timed calls: other judges of the device wait at their next
+        # checkpoint (device_gate), and nothing of the next evaluation's accused starts up
+        # while this one is timed: it is stopped where it is and goes on afterwards.
+        if self.gate.active:
+            self.adapter.synchronize()
+        with self.gate.exclusive(self._gate_wait), spare_accused.paused(), phase("checks"):
             timed_total = self.timing()
             self.check_timer(timed_total)
             self.check_floors()
@@ -799,8 +816,16 @@ class Evaluation:
                 "accused_start_seconds": proc.start_seconds if proc else {},
                 "accused_cores": proc.cores if proc else None,
                 "outputs_read_to_host": self.host_reads,
+                "gate": self._gate_diagnostics(),
                 "draw_cache": draw_cache.stats(),
                 "phase_seconds": self.phase.snapshot()}
+
+    def _gate_diagnostics(self) -> dict[str, Any] | None:
+        """This evaluation's waits at the device gate (None without one)."""
+        if not self.gate.active:
+            return None
+        (s0, n0), (s1, n1) = self.gate_waited, self.gate.waited()
+        return {"waited_s": round(s1 - s0, 6), "waits": n1 - n0}
 
     def _start_accused(self) -> None:
         """Starts the accused process for this candidate (it imports and readies the device
@@ -1111,6 +1136,17 @@ class Evaluation:
     def _count_host_read(self) -> None:
         self.host_reads += 1
 
+    def _checkpoint(self) -> None:
+        """Where another judge of the device may take it for its timed calls (device_gate):
+        the accused is stopped between calls, and the judge's own device work is waited for
+        before it lets go."""
+        if self.gate.active and self.adapter is not None:
+            self.gate.checkpoint(self.adapter.synchronize, self._gate_wait)
+
+    def _gate_wait(self) -> contextlib.AbstractContextManager[None]:
+        """A wait at the device gate: a phase of its own (not device work)."""
+        return self.phase("gate")
+
     def _settle(self, seconds: float) -> None:
         with self.phase("settle"):
             time.sleep(seconds)
@@ -1261,6 +1297,7 @@ class Evaluation:
         input checks. Returns the outputs and their comparison with `truth`."""
         acc = self.accused
         assert acc is not None
+        self._checkpoint()
         self._poison(bench, which)
         with self.phase("candidate"):
             reply = bench.fn(heap_byte, audit=audit)
@@ -1420,6 +1457,7 @@ class Evaluation:
             probe_seeds = self.seeds["probe_seeds"].setdefault(wl.name, [])
             for check in self._check_sets(wl, wi):
                 inputs, t = check.inputs, check.index
+                self._checkpoint()
                 truth = self._reference(inputs, wl)
                 self._upload_inputs(bench, inputs)
                 if not check.probe:

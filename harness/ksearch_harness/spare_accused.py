@@ -32,6 +32,7 @@ import math
 import os
 import shutil
 import statistics
+import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -86,6 +87,11 @@ _paused: set[int] = set()
 # Other processes started ahead that wait with the spares (profiler.py's profiler): their
 # (pause, resume), each resuming only what it paused.
 _also: list[tuple[Callable[[], None], Callable[[], None] | None]] = []
+# Who wants the spares stopped: the judge's own timed work ("timing") and its device gate's
+# watcher while another judge times ("gate", device_gate.py). They go on when neither does.
+_holders: set[str] = set()
+# The judge's main thread and its gate watcher both reach the spares.
+_lock = threading.RLock()
 
 
 def enable(on: bool = True) -> None:
@@ -147,6 +153,11 @@ def take(key: tuple, now: float | None = None) -> Started | None:
     for another key are discarded, and so are dead ones). The caller owns what it takes
     (process, directory, log). Each call is an evaluation asking (at `now`, monotonic: the
     clock's time when not given), which `wanted_depth` measures."""
+    with _lock:
+        return _take(key, now)
+
+
+def _take(key: tuple, now: float | None) -> Started | None:
     global _key
     if _depth:
         _takes.append(time.monotonic() if now is None else now)
@@ -174,16 +185,17 @@ def start(key: tuple, factory: Callable[[], Started]) -> int:
     global _key
     if not _depth:
         return 0
-    if key != _key:
-        close()
-    _key = key
-    depth = wanted_depth()
-    while len(_spares) < depth:
-        try:
-            _spares.append(factory())
-        except Exception:  # noqa: BLE001 - a spare is an optimisation
-            break
-    return depth
+    with _lock:
+        if key != _key:
+            close()
+        _key = key
+        depth = wanted_depth()
+        while len(_spares) < depth:
+            try:
+                _spares.append(factory())
+            except Exception:  # noqa: BLE001 - a spare is an optimisation
+                break
+        return depth
 
 
 def pause_also(stop: Callable[[], None], go_on: Callable[[], None] | None = None) -> None:
@@ -193,35 +205,43 @@ def pause_also(stop: Callable[[], None], go_on: Callable[[], None] | None = None
         _also.append((stop, go_on))
 
 
-def pause() -> None:
+def pause(holder: str = "timing") -> None:
     """Stops every spare (SIGSTOP, every thread) that is not stopped already, ready or still
     starting: nothing of theirs runs until `resume`, which continues only those stopped here.
-    So do the processes `pause_also` named."""
-    for stop, _ in _also:
-        try:
-            stop()
-        except Exception:  # noqa: BLE001 - what cannot be stopped is its owner's to drop
-            pass
-    for spare in list(_spares):
-        if id(spare) in _paused or spare.process.stopped:
-            continue
-        try:
-            spare.process.stop()
-            _paused.add(id(spare))
-        except Exception:  # noqa: BLE001 - a spare that cannot be stopped is not kept
-            _drop(spare)
+    So do the processes `pause_also` named. `holder` says who asks (the judge's own timing, or
+    its device gate's watcher while another judge times): what it stops goes on once every
+    holder that asked has resumed; asking twice is asking once."""
+    with _lock:
+        _holders.add(holder)
+        for stop, _ in _also:
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - what cannot be stopped is its owner's to drop
+                pass
+        for spare in list(_spares):
+            if id(spare) in _paused or spare.process.stopped:
+                continue
+            try:
+                spare.process.stop()
+                _paused.add(id(spare))
+            except Exception:  # noqa: BLE001 - a spare that cannot be stopped is not kept
+                _drop(spare)
 
 
-def resume() -> None:
-    """Lets what `pause` stopped go on starting."""
-    for _, go_on in _also:
-        if go_on is None:
-            continue
-        try:
-            go_on()
-        except Exception:  # noqa: BLE001
-            pass
-    _resume_spares()
+def resume(holder: str = "timing") -> None:
+    """Lets what `pause` stopped go on starting, once no other holder wants it stopped."""
+    with _lock:
+        _holders.discard(holder)
+        if _holders:
+            return
+        for _, go_on in _also:
+            if go_on is None:
+                continue
+            try:
+                go_on()
+            except Exception:  # noqa: BLE001
+                pass
+        _resume_spares()
 
 
 def _resume_spares() -> None:
@@ -237,13 +257,13 @@ def _resume_spares() -> None:
 
 
 @contextmanager
-def paused() -> Iterator[None]:
+def paused(holder: str = "timing") -> Iterator[None]:
     """`pause` for the block's duration, then `resume`, however the block ends."""
-    pause()
+    pause(holder)
     try:
         yield
     finally:
-        resume()
+        resume(holder)
 
 
 def _drop(spare: Started) -> None:
@@ -268,10 +288,11 @@ def discard(spare: Started) -> None:
 def close() -> None:
     """Discards every spare."""
     global _key
-    while _spares:
-        discard(_spares.pop(0))
-    _paused.clear()
-    _key = None
+    with _lock:
+        while _spares:
+            discard(_spares.pop(0))
+        _paused.clear()
+        _key = None
 
 
 def _alive(process: Any) -> bool:

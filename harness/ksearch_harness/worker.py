@@ -38,7 +38,7 @@ def execute(req: Request, adapter=None, roofline_override=None) -> dict:
 def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
     out = ResultBuilder(req.op, req.nonce)
     try:
-        from . import core
+        from . import core, device_gate
         from .machine import collector_paused, steady_heap
         steady_heap()
         if req.op == "evaluate":
@@ -50,18 +50,21 @@ def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
         elif req.op == "build":
             core.build(req, out, adapter)
         elif req.op == "check-task":
-            core.check_task(req, out)
+            with device_gate.current().shared():
+                core.check_task(req, out)
         elif req.op == "profile":
             from . import profiler, spare_accused
             # Nor while a profiler replays the candidate's kernels: its counters are of a
-            # device the spares' start-up (contexts, test launches) does not share.
-            with spare_accused.paused():
+            # device the spares' start-up (contexts, test launches) does not share, nor the
+            # other judges' work (device_gate).
+            with device_gate.current().exclusive(), spare_accused.paused():
                 profiler.profile(req, out, adapter)
         elif req.op == "yardstick":
             from . import spare_accused, yardstick
-            # Spare accused processes an evaluation started do not start up while the
-            # yardstick is timed (spare_accused).
-            with spare_accused.paused(), collector_paused():
+            # The device alone (device_gate), and spare accused processes an evaluation
+            # started do not start up while the yardstick is timed (spare_accused).
+            with (device_gate.current().exclusive(), spare_accused.paused(),
+                  collector_paused()):
                 yardstick.measure(req, out, adapter)
         else:
             raise TaskError(f"op `{req.op}` does not run in a worker")
@@ -118,7 +121,7 @@ def child_loop(req_fd: int, res_fd: int) -> None:
     try:
         import faulthandler
         import json
-        from . import draw_cache, profiler, reaping, spare_accused
+        from . import device_gate, draw_cache, profiler, reaping, spare_accused
         from .machine import die_with_parent
         from .protocol import parse_request, redirect_output
         die_with_parent()
@@ -129,6 +132,8 @@ def child_loop(req_fd: int, res_fd: int) -> None:
         # is timed (reaping).
         reaping.enable()
         spare_accused.pause_also(reaping.wait)
+        # Beside other judges of the device: their timed work stops this one's spares.
+        device_gate.watch()
         reader = os.fdopen(req_fd, "rb")
         while True:
             line = reader.readline()

@@ -48,6 +48,12 @@ pub struct EvaluatorConfig {
     /// instead of a fresh harness process each; default: on unless
     /// `KSEARCH_PERSISTENT_JUDGE=0`.
     pub persistent_judge: bool,
+    /// How many persistent judges of one device evaluate side by side ([`crate::judge::lanes`]).
+    /// One: a request holds the device from its start to its result, as always. More: their
+    /// untimed work overlaps and the harness's device gate (`KSEARCH_HARNESS_DEVICE_GATE`)
+    /// gives each one's timed work the device alone. Used on GPU backends with a persistent
+    /// judge only; the cpu backend times on the cores a second judge would use.
+    pub lanes: usize,
 }
 
 /// How strictly the harness confines the process that runs candidate code.
@@ -146,6 +152,7 @@ impl Default for EvaluatorConfig {
             sandbox: SandboxMode::default(),
             interrupt: None,
             persistent_judge: crate::judge::enabled(),
+            lanes: 1,
         }
     }
 }
@@ -163,7 +170,12 @@ pub struct Evaluator {
     _scratch: Option<tempfile::TempDir>,
     /// Whether repeating unsteady evaluations has paid so far (evaluate_steady).
     repeats: Mutex<RepeatYield>,
+    /// The device gates' directory (private, made when a request first runs in lanes).
+    gates: Mutex<Option<tempfile::TempDir>>,
 }
+
+/// The harness knob naming a device's gate (harness/ksearch_harness/device_gate.py).
+const DEVICE_GATE: &str = "KSEARCH_HARNESS_DEVICE_GATE";
 
 /// The ops a persistent judge serves (harness `supervisor.SERVED_OPS`): those that use the
 /// device, whose judge gains from keeping its imports, device context and caches.
@@ -234,6 +246,7 @@ impl Evaluator {
             judges: crate::judge::Judges::default(),
             _scratch: scratch,
             repeats: Mutex::new(RepeatYield::default()),
+            gates: Mutex::new(None),
         };
         if evaluator.config.verify_harness {
             evaluator.verify_harness()?;
@@ -315,8 +328,46 @@ impl Evaluator {
     /// started, the candidate file is unreadable); anything the candidate does is an `Ok` result.
     pub fn evaluate(&self, req: &EvalRequest) -> Result<EvalResult> {
         let lock = device_lock(&req.device_key());
-        let _timing = lock.lock().unwrap_or_else(|p| p.into_inner());
+        // In lanes the harness's device gate keeps timed work apart instead.
+        let _timing =
+            (self.lanes_for(req) == 1).then(|| lock.lock().unwrap_or_else(|p| p.into_inner()));
         self.run_op("evaluate", req)
+    }
+
+    /// How many judges serve `req`'s device side by side: the configured lanes on a device
+    /// other than the host CPU with a persistent judge, else one.
+    fn lanes_for(&self, req: &EvalRequest) -> usize {
+        if self.config.persistent_judge && !req.times_on_host() {
+            self.config.lanes.max(1)
+        } else {
+            1
+        }
+    }
+
+    /// The gate of `key`'s device: a directory of its own in a private one that lives as long
+    /// as the evaluator (outside the run's work directory, which builds share with the accused).
+    fn gate_dir(&self, key: &str) -> Result<PathBuf> {
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        if gates.is_none() {
+            let dir = tempfile::Builder::new()
+                .prefix("ksearch-gates-")
+                .tempdir()
+                .map_err(|source| EvalError::Io {
+                    path: std::env::temp_dir(),
+                    source,
+                })?;
+            *gates = Some(dir);
+        }
+        let root = gates
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        let dir = root.join(&blake3::hash(key.as_bytes()).to_hex()[..16]);
+        std::fs::create_dir_all(&dir).map_err(|source| EvalError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(dir)
     }
 
     /// Times the baseline and reference of `req`'s workloads for scores to build on (the
@@ -474,6 +525,14 @@ impl Evaluator {
         let _enter = span.enter();
         let outcome = if self.config.persistent_judge && SERVED_OPS.contains(&op) {
             let timeout = req.timeout + self.config.kill_grace;
+            let lanes = self.lanes_for(req);
+            let mut knobs = std::borrow::Cow::Borrowed(&self.config.knobs);
+            if lanes > 1 {
+                let gate = self.gate_dir(&req.device_key())?;
+                knobs
+                    .to_mut()
+                    .push((DEVICE_GATE.into(), gate.to_string_lossy().into_owned()));
+            }
             let inv = Invocation {
                 python: &self.python,
                 harness_dir: &self.harness_dir,
@@ -482,11 +541,11 @@ impl Evaluator {
                 request: &request,
                 cwd: &self.work_dir,
                 timeout,
-                knobs: &self.config.knobs,
+                knobs: &knobs,
                 tail_bytes: self.config.tail_bytes,
                 interrupt: self.config.interrupt.as_ref(),
             };
-            self.judges.serve(&req.device_key(), &inv, timeout)?
+            self.judges.serve(&req.device_key(), &inv, timeout, lanes)?
         } else {
             self.run_module(
                 harness::HARNESS_MODULE,

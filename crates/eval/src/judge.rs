@@ -40,6 +40,31 @@ pub fn enabled() -> bool {
     std::env::var(PERSISTENT_JUDGE_ENV).map_or(true, |v| v.trim() != "0")
 }
 
+/// The environment variable that sets how many judges of a device evaluate side by side.
+pub const LANES_ENV: &str = "KSEARCH_JUDGE_LANES";
+
+/// The most lanes a search gets by default: two judges keep the device busy while either one
+/// checks outputs on the host; more would add accused processes and spares that compete for
+/// the host's cores with the judges' own checks.
+pub const DEFAULT_MAX_LANES: usize = 2;
+
+/// How many judges of a device evaluate side by side in a search that keeps `in_flight`
+/// candidates in flight (its samples): `KSEARCH_JUDGE_LANES` when set to a number (at least
+/// one), else that many up to [`DEFAULT_MAX_LANES`]. More lanes than candidates in flight
+/// would only idle.
+pub fn lanes(in_flight: u32) -> usize {
+    lanes_from(std::env::var(LANES_ENV).ok().as_deref(), in_flight)
+}
+
+fn lanes_from(env: Option<&str>, in_flight: u32) -> usize {
+    if let Some(n) = env.and_then(|v| v.trim().parse::<usize>().ok()) {
+        return n.max(1);
+    }
+    usize::try_from(in_flight)
+        .unwrap_or(usize::MAX)
+        .clamp(1, DEFAULT_MAX_LANES)
+}
+
 /// A running `serve` process.
 pub(crate) struct Judge {
     pid: i32,
@@ -244,10 +269,11 @@ impl Drop for Judge {
     }
 }
 
-/// The judges of one evaluator, one per device key, each used by one request at a time.
+/// The judges of one evaluator: per device key, one for each lane (usually one), each used by
+/// one request at a time.
 #[derive(Default)]
 pub(crate) struct Judges {
-    slots: Mutex<std::collections::HashMap<String, Arc<Mutex<Option<Judge>>>>>,
+    slots: Mutex<std::collections::HashMap<String, Vec<Arc<Mutex<Option<Judge>>>>>>,
 }
 
 impl std::fmt::Debug for Judges {
@@ -258,17 +284,45 @@ impl std::fmt::Debug for Judges {
     }
 }
 
+/// How often a request waiting for a free judge of its device looks again.
+const FREE_JUDGE_POLL: Duration = Duration::from_millis(5);
+
 impl Judges {
-    /// Serves `request` on the judge for `key`, starting one when there is none (or the last
-    /// one died).
+    /// Serves `request` on a judge for `key`, starting one when there is none (or the last
+    /// one died). With `lanes` above one, up to that many judges of the device serve requests
+    /// side by side (each request takes a free one, waiting for one when all are busy); their
+    /// harness keeps their timed work apart (`KSEARCH_HARNESS_DEVICE_GATE`, in `inv`'s knobs).
     pub(crate) fn serve(
         &self,
         key: &str,
         inv: &Invocation<'_>,
         timeout: Duration,
+        lanes: usize,
     ) -> Result<Outcome> {
-        let slot = Arc::clone(lock(&self.slots).entry(key.to_string()).or_default());
-        let mut judge = lock(&slot);
+        let slots: Vec<_> = {
+            let mut map = lock(&self.slots);
+            let slots = map.entry(key.to_string()).or_default();
+            while slots.len() < lanes.max(1) {
+                slots.push(Arc::default());
+            }
+            slots.iter().take(lanes.max(1)).cloned().collect()
+        };
+        let mut judge = loop {
+            if let Some(free) = slots.iter().find_map(|s| match s.try_lock() {
+                Ok(free) => Some(free),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }) {
+                break free;
+            }
+            if slots.len() == 1 {
+                break lock(&slots[0]);
+            }
+            if inv.interrupt.is_some_and(Interrupt::is_requested) {
+                return Err(EvalError::Interrupted);
+            }
+            std::thread::sleep(FREE_JUDGE_POLL);
+        };
         if inv.interrupt.is_some_and(Interrupt::is_requested) {
             if let Some(j) = judge.as_mut() {
                 j.kill();
@@ -285,5 +339,21 @@ impl Judges {
             *judge = None;
         }
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_follow_the_candidates_in_flight_up_to_two_unless_set() {
+        assert_eq!(lanes_from(None, 1), 1);
+        assert_eq!(lanes_from(None, 0), 1);
+        assert_eq!(lanes_from(None, 2), 2);
+        assert_eq!(lanes_from(None, 8), DEFAULT_MAX_LANES);
+        assert_eq!(lanes_from(Some("3"), 1), 3);
+        assert_eq!(lanes_from(Some(" 0 "), 4), 1);
+        assert_eq!(lanes_from(Some("many"), 4), 2);
     }
 }

@@ -55,6 +55,25 @@ fn fixture_with(knobs: Vec<(String, String)>, interrupt: Option<Interrupt>) -> F
         // The fake harness answers one request per process (the one-shot mechanics tested
         // here); the persistent judge has tests of its own (persistent_judge.rs).
         persistent_judge: false,
+        lanes: 1,
+    })
+    .unwrap();
+    Fixture { evaluator, dir }
+}
+
+/// Persistent judges (one request each: the fake harness answers one and exits), `lanes` of
+/// them per device.
+fn fixture_in_lanes(lanes: usize) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let evaluator = Evaluator::new(EvaluatorConfig {
+        python: Some(python()),
+        harness_dir: Some(fake_harness()),
+        work_dir: Some(dir.path().join("work")),
+        kill_grace: Duration::from_millis(500),
+        tail_bytes: 4096,
+        persistent_judge: true,
+        lanes,
+        ..EvaluatorConfig::default()
     })
     .unwrap();
     Fixture { evaluator, dir }
@@ -370,6 +389,63 @@ fn timed_evaluations_never_overlap_and_builds_overlap_them_only_off_the_cpu() {
         a.1 <= b.0 || b.1 <= a.0,
         "a cpu build ran during a timed run: {a:?} {b:?}"
     );
+}
+
+/// Two evaluations of `req` started together on two threads: each one's interval (the fake
+/// harness's clock) and whether its harness was given a device gate.
+fn two_evaluations(f: &Fixture, req: &EvalRequest) -> [((f64, f64), bool); 2] {
+    let run = || {
+        let r = f.evaluator.evaluate(req).unwrap();
+        assert!(r.passed(), "{} / {}", r.message, r.harness_output);
+        let e = &r.extra["echo"];
+        let gated = e["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v == "KSEARCH_HARNESS_DEVICE_GATE");
+        (
+            (
+                e["started"].as_f64().unwrap(),
+                e["finished"].as_f64().unwrap(),
+            ),
+            gated,
+        )
+    };
+    std::thread::scope(|s| {
+        let a = s.spawn(run);
+        let b = s.spawn(run);
+        [a.join().unwrap(), b.join().unwrap()]
+    })
+}
+
+#[test]
+fn in_lanes_gpu_evaluations_run_side_by_side_behind_a_gate_and_cpu_ones_one_at_a_time() {
+    let f = fixture_in_lanes(2);
+    let [(a, gated_a), (b, gated_b)] =
+        two_evaluations(&f, &on_gpu(f.request("sleep 0.8"), "cuda:test-lanes"));
+    assert!(
+        a.0 < b.1 && b.0 < a.1,
+        "evaluations in two lanes waited for each other: {a:?} {b:?}"
+    );
+    assert!(gated_a && gated_b, "a judge in lanes has no device gate");
+
+    // The cpu backend times on the cores a second judge would use: one at a time, no gate.
+    let [(a, gated_a), (b, gated_b)] = two_evaluations(&f, &f.request("sleep 0.5"));
+    assert!(
+        a.1 <= b.0 || b.1 <= a.0,
+        "cpu evaluations overlapped: {a:?} {b:?}"
+    );
+    assert!(!gated_a && !gated_b);
+
+    // One lane: one at a time, as always.
+    let f = fixture_in_lanes(1);
+    let [(a, gated_a), (b, gated_b)] =
+        two_evaluations(&f, &on_gpu(f.request("sleep 0.5"), "cuda:test-one-lane"));
+    assert!(
+        a.1 <= b.0 || b.1 <= a.0,
+        "evaluations in one lane overlapped: {a:?} {b:?}"
+    );
+    assert!(!gated_a && !gated_b);
 }
 
 #[test]

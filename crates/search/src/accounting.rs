@@ -52,7 +52,10 @@
 //!   the device (the CPU, for the cpu backend) runs the candidate's, the reference's or the
 //!   baseline's work, or work that sets the device up for a timed call. **Device busy
 //!   fraction** = device work ÷ wall. A bound from above: a phase counts whole, the round
-//!   trips to the candidate's process inside it included.
+//!   trips to the candidate's process inside it included, and where evaluations ran side by
+//!   side (judges in lanes, `ksearch_eval::judge::lanes`) their phases are summed although
+//!   they overlapped (`overlap_seconds` says by how much the parts exceed the wall). Their
+//!   waits for each other's timed work are the harness phase `gate`.
 //!
 //! Old stores without these fields still account: what is missing is left out, and the values
 //! that need it are `None`.

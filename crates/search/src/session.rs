@@ -292,6 +292,8 @@ pub fn set_up(
         sandbox,
         interrupt: Some(interrupt.clone()),
         backend: Some(backend.to_string()),
+        // A round's samples are evaluated side by side where the device allows it.
+        lanes: ksearch_eval::judge::lanes(opts.samples),
         ..EvaluatorConfig::default()
     })
     .map_err(SessionError::Evaluator)?;
