@@ -50,6 +50,13 @@ MAX_SOURCE_BYTES = 1 << 20
 SETTLE_SHORT_S = 0.005
 SETTLE_TIMED_S = 0.002
 SETTLE_LONG_S = 0.1
+# With other judges on the device (device_gate): before the timed calls, the judge's idle probe
+# (Adapter.idle_probe_seconds) must come back within IDLE_PROBE_S, else another process's work
+# is still running on the device (an accused of another judge, stopped with kernels queued):
+# the judge waits IDLE_RETRY_S and probes again, for at most IDLE_WAIT_S.
+IDLE_PROBE_S = 0.001
+IDLE_RETRY_S = 0.005
+IDLE_WAIT_S = 2.0
 # Truths kept on the device for checks of device snapshots (Evaluation._device_truth): a
 # trial compares one truth with two calls, a timed repetition with one.
 DEVICE_TRUTHS_KEPT = 2
@@ -654,6 +661,7 @@ class Evaluation:
         # The device's gate, shared with the other judges of the device, if any.
         self.gate = device_gate.current()
         self.gate_waited = self.gate.waited()
+        self.idle_wait: dict[str, Any] = {}
         self.accused: AccusedAdapter | None = None
         self.process: AccusedProcess | None = None
         self.workdir: str | None = None
@@ -793,6 +801,7 @@ class Evaluation:
         if self.gate.active:
             self.adapter.synchronize()
         with self.gate.exclusive(self._gate_wait), spare_accused.paused(), phase("checks"):
+            self._wait_for_idle_device()
             timed_total = self.timing()
             self.check_timer(timed_total)
             self.check_floors()
@@ -821,11 +830,36 @@ class Evaluation:
                 "phase_seconds": self.phase.snapshot()}
 
     def _gate_diagnostics(self) -> dict[str, Any] | None:
-        """This evaluation's waits at the device gate (None without one)."""
+        """This evaluation's waits at the device gate (None without one), and for work of
+        other processes to leave the device before its timed calls."""
         if not self.gate.active:
             return None
         (s0, n0), (s1, n1) = self.gate_waited, self.gate.waited()
-        return {"waited_s": round(s1 - s0, 6), "waits": n1 - n0}
+        return {"waited_s": round(s1 - s0, 6), "waits": n1 - n0, **self.idle_wait}
+
+    def _wait_for_idle_device(self) -> None:
+        """With other judges on the device, the timed calls begin once nothing of another
+        process runs there: the gate stops the other judges, but kernels an accused of theirs
+        queued before it was stopped may still run, and would be timed with this candidate's
+        (time slices). Waits up to IDLE_WAIT_S for the idle probe to say so; what it waited,
+        and whether the device was still busy when it gave up, is in the diagnostics."""
+        if not self.gate.active or self.adapter is None:
+            return
+        t0 = time.perf_counter()
+        probes, probe = 0, self.adapter.idle_probe_seconds()
+        with self.phase("gate"):
+            while probe is not None and probe > IDLE_PROBE_S:
+                probes += 1
+                if time.perf_counter() - t0 > IDLE_WAIT_S:
+                    print(f"harness: the device stayed busy with other work for "
+                          f"{time.perf_counter() - t0:.2f} s before the timed calls (idle "
+                          f"probe {probe * 1e3:.2f} ms); timed anyway", file=sys.stderr)
+                    break
+                time.sleep(IDLE_RETRY_S)
+                probe = self.adapter.idle_probe_seconds()
+        self.idle_wait = {"busy_probes": probes,
+                          "busy_wait_s": round(time.perf_counter() - t0, 6) if probes else 0.0,
+                          "busy_when_timed": probe is not None and probe > IDLE_PROBE_S}
 
     def _start_accused(self) -> None:
         """Starts the accused process for this candidate (it imports and readies the device

@@ -310,3 +310,42 @@ def test_two_judges_evaluate_side_by_side_and_time_alone(tmp_path):
         assert others, "the other judge made correctness calls"
         inside = [s for s in others if t_in < s[1] < t_out]
         assert not inside, f"{len(inside)} calls of the other judge while {p.pid} timed"
+
+
+def test_timed_calls_wait_for_other_processes_work_to_leave_the_device(tmp_path, monkeypatch):
+    """Another judge's accused may have left kernels running when it was stopped: the timing
+    judge probes until the device answers as an idle one does, for a bounded time."""
+    from ksearch_harness import core
+
+    class Adapter:
+        def __init__(self, probes):
+            self.probes = list(probes)
+
+        def idle_probe_seconds(self):
+            return self.probes.pop(0) if self.probes else 1e-5
+
+    monkeypatch.setattr(core, "IDLE_RETRY_S", 0.001)
+    ev = core.Evaluation.__new__(core.Evaluation)
+    ev.gate, ev.phase = device_gate.Gate(str(tmp_path / "gate")), core.PhaseClock()
+    ev.idle_wait = {}
+    ev.adapter = Adapter([0.02, 0.01, 2e-5])  # busy twice, then idle
+    ev._wait_for_idle_device()
+    assert ev.idle_wait["busy_probes"] == 2 and not ev.idle_wait["busy_when_timed"]
+    assert ev.idle_wait["busy_wait_s"] > 0 and ev.phase.snapshot()["gate"] > 0
+
+    monkeypatch.setattr(core, "IDLE_WAIT_S", 0.02)
+    ev.adapter = Adapter([0.02] * 1000)  # busy for good: timed anyway, and said so
+    ev._wait_for_idle_device()
+    assert ev.idle_wait["busy_when_timed"] and ev.idle_wait["busy_probes"] >= 2
+
+    ev.adapter = Adapter([])  # idle at once: no wait
+    ev._wait_for_idle_device()
+    assert ev.idle_wait == {"busy_probes": 0, "busy_wait_s": 0.0, "busy_when_timed": False}
+
+    class Cpu:
+        def idle_probe_seconds(self):
+            return None
+
+    ev.adapter = Cpu()
+    ev._wait_for_idle_device()
+    assert ev.idle_wait["busy_probes"] == 0

@@ -118,6 +118,13 @@ class Adapter(abc.ABC):
     def flush_cache(self) -> None:
         """Evicts the candidate's data from the caches between timed calls."""
 
+    def idle_probe_seconds(self) -> float | None:
+        """How long a tiny piece of the judge's own device work took from its launch to its
+        end, the judge's earlier work finished first: microseconds on a device nothing else
+        uses, at least a time slice while another process's kernels run on it. None where the
+        judge cannot tell (the CPU, whose other work the timing's own checks see)."""
+        return None
+
     def warm_up_clocks(self) -> None:
         """Keeps the device busy for a moment right before a timed call. The harness does
         host work between timed calls (fresh inputs, checks), and a GPU left idle for that

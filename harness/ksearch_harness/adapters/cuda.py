@@ -429,6 +429,7 @@ class CudaAdapter(DeviceAdapter):
         self._stream: Any = None
         self._events: Any = None
         self._flush: Any = None
+        self._probe: Any = None  # idle_probe_seconds's one element
         self._dead: str | None = None
         self._timed_candidate_calls = 0
         self._escaped_calls = 0
@@ -721,6 +722,17 @@ class CudaAdapter(DeviceAdapter):
 
     def synchronize(self) -> None:
         self._device_sync("while waiting for the device")
+
+    def idle_probe_seconds(self) -> float | None:
+        torch = self._torch_mod()
+        with self._cuda_errors("probing whether the device is idle"):
+            torch.cuda.synchronize()
+            if self._probe is None:
+                self._probe = torch.zeros(1, dtype=torch.int32, device="cuda")
+            t0 = time.perf_counter_ns()
+            self._probe.add_(1)
+            torch.cuda.synchronize()
+        return (time.perf_counter_ns() - t0) / 1e9
 
     def flush_cache(self) -> None:
         torch = self._torch_mod()
