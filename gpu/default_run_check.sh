@@ -38,9 +38,11 @@ mkdir -p "$RUNS"
 
 dmon_start
 started=$SECONDS
-# ROUNDS (unset: the default budget) tries another round budget with everything else default.
+# ROUNDS (unset: the default budget) tries another round budget, SAMPLES (unset: one) more
+# candidates per attempt (judged in lanes), with everything else default.
 "$KS" run --task attention --backend "$BACKEND" --seed "$SEED" --runs-dir "$RUNS" \
-    ${ROUNDS:+--rounds "$ROUNDS"} --max-wall-time "${GUARD_S:-540}" --json > "$OUT/run.json"
+    ${ROUNDS:+--rounds "$ROUNDS"} ${SAMPLES:+--samples "$SAMPLES"} \
+    --max-wall-time "${GUARD_S:-540}" --json > "$OUT/run.json"
 echo "run exit code $?, $((SECONDS - started)) s"
 dmon_report
 RUN=$(ls -t "$RUNS" | head -n 1)
