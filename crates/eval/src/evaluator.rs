@@ -555,7 +555,13 @@ impl Evaluator {
                 req.timeout,
             )?
         };
-        let result = interpret(outcome, &nonce, req.timeout)?;
+        let mut result = interpret(outcome, &nonce, req.timeout)?;
+        let lanes = self.lanes_for(req);
+        if lanes > 1 && self.config.persistent_judge && SERVED_OPS.contains(&op) {
+            // How many judges shared the device with this one (its `diagnostics.gate` says
+            // what it waited for them).
+            result.extra.insert("judge_lanes".into(), json!(lanes));
+        }
         tracing::info!(status = %result.status, wall_s = result.wall_seconds, "harness done");
         Ok(result)
     }

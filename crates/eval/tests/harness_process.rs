@@ -403,6 +403,8 @@ fn two_evaluations(f: &Fixture, req: &EvalRequest) -> [((f64, f64), bool); 2] {
             .unwrap()
             .iter()
             .any(|v| v == "KSEARCH_HARNESS_DEVICE_GATE");
+        // The result says how many judges shared the device, where more than one did.
+        assert_eq!(r.extra.get("judge_lanes").is_some(), gated);
         (
             (
                 e["started"].as_f64().unwrap(),
