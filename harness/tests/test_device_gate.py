@@ -231,32 +231,6 @@ def test_the_watcher_stops_this_judges_spares_while_another_judge_times(tmp_path
     assert calls == [("pause", "gate"), ("resume", "gate")]
 
 
-def test_spares_go_on_only_when_every_holder_has_resumed(monkeypatch):
-    class Process:
-        def __init__(self):
-            self.signals: list[str] = []
-            self.stopped = False
-            self.dead = None
-
-        def stop(self):
-            self.signals.append("STOP")
-            self.stopped = True
-
-        def cont(self):
-            self.signals.append("CONT")
-            self.stopped = False
-
-    proc = Process()
-    monkeypatch.setattr(spare_accused, "_spares", [spare_accused.Started(proc, "/nonexistent", "")])
-    monkeypatch.setattr(spare_accused, "_paused", set())
-    monkeypatch.setattr(spare_accused, "_holders", set())
-    with spare_accused.paused():
-        spare_accused.pause("gate")
-    assert proc.signals == ["STOP"], "the gate still wants it stopped"
-    spare_accused.resume("gate")
-    assert proc.signals == ["STOP", "CONT"]
-
-
 def _evaluate_logging(directory: str, request: dict, log: str) -> None:
     """A judge's worker: one evaluation of `request` through the gate, with its timing stage
     and every correctness call stamped in `log`."""

@@ -433,6 +433,13 @@ def test_spares_are_stopped_while_something_is_timed_and_taken_oldest_first(monk
         with spare_accused.paused():  # as evaluations and yardsticks time their calls
             assert first.stopped and second.stopped
         assert not first.stopped and not second.stopped
+        # Two holders (this judge's timing, and its device gate's watcher while another judge
+        # times): the spares go on once both have resumed.
+        with spare_accused.paused():
+            spare_accused.pause("gate")
+        assert first.stopped and second.stopped
+        spare_accused.resume("gate")
+        assert not first.stopped and first.signals == ["STOP", "CONT"] * 3
         # Paused when taken: the evaluation that takes the oldest gets them going again.
         spare_accused.pause()
         got = spare_accused.take(("k",))
