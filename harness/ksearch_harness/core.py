@@ -50,13 +50,6 @@ MAX_SOURCE_BYTES = 1 << 20
 SETTLE_SHORT_S = 0.005
 SETTLE_TIMED_S = 0.002
 SETTLE_LONG_S = 0.1
-# With other judges on the device (device_gate): before the timed calls, the judge's idle probe
-# (Adapter.idle_probe_seconds) must come back within IDLE_PROBE_S, else another process's work
-# is still running on the device (an accused of another judge, stopped with kernels queued):
-# the judge waits IDLE_RETRY_S and probes again, for at most IDLE_WAIT_S.
-IDLE_PROBE_S = 0.001
-IDLE_RETRY_S = 0.005
-IDLE_WAIT_S = 2.0
 # Truths kept on the device for checks of device snapshots (Evaluation._device_truth): a
 # trial compares one truth with two calls, a timed repetition with one.
 DEVICE_TRUTHS_KEPT = 2
@@ -707,7 +700,12 @@ class Evaluation:
                 # other judge times (a dying accused's device context goes with it).
                 workdir = self.workdir
                 release = self.gate.lend_shared()
-                reaping.later(lambda: _gone(finish, workdir, release))
+                try:
+                    reaping.later(lambda: _gone(finish, workdir, release))
+                except BaseException:
+                    if release is not None:
+                        release()
+                    raise
                 if self.accused_log is not None:
                     _append_log(self.accused_log)
                 # Also when a check fails: the counts and phase times up to the verdict.
@@ -838,28 +836,16 @@ class Evaluation:
         return {"waited_s": round(s1 - s0, 6), "waits": n1 - n0, **self.idle_wait}
 
     def _wait_for_idle_device(self) -> None:
-        """With other judges on the device, the timed calls begin once nothing of another
-        process runs there: the gate stops the other judges, but kernels an accused of theirs
-        queued before it was stopped may still run, and would be timed with this candidate's
-        (time slices). Waits up to IDLE_WAIT_S for the idle probe to say so; what it waited,
-        and whether the device was still busy when it gave up, is in the diagnostics."""
+        """Before the timed calls, with other judges on the device: the gate's waits so far do
+        not shorten this candidate's time (its deadlines move by them), and the device must
+        be idle of other processes' work (device_gate.wait_for_idle)."""
         if not self.gate.active or self.adapter is None:
             return
-        t0 = time.perf_counter()
-        probes, probe = 0, self.adapter.idle_probe_seconds()
-        with self.phase("gate"):
-            while probe is not None and probe > IDLE_PROBE_S:
-                probes += 1
-                if time.perf_counter() - t0 > IDLE_WAIT_S:
-                    print(f"harness: the device stayed busy with other work for "
-                          f"{time.perf_counter() - t0:.2f} s before the timed calls (idle "
-                          f"probe {probe * 1e3:.2f} ms); timed anyway", file=sys.stderr)
-                    break
-                time.sleep(IDLE_RETRY_S)
-                probe = self.adapter.idle_probe_seconds()
-        self.idle_wait = {"busy_probes": probes,
-                          "busy_wait_s": round(time.perf_counter() - t0, 6) if probes else 0.0,
-                          "busy_when_timed": probe is not None and probe > IDLE_PROBE_S}
+        waited = self.gate.waited()[0] - self.gate_waited[0]
+        self.soft_deadline += waited
+        if self.accused is not None:
+            self.accused.process.deadline += waited
+        self.idle_wait = device_gate.wait_for_idle(self.adapter, self._gate_wait)
 
     def _start_accused(self) -> None:
         """Starts the accused process for this candidate (it imports and readies the device

@@ -46,7 +46,10 @@ def _execute(req: Request, adapter=None, roofline_override=None) -> dict:
                 core.evaluate(req, out, adapter, roofline_override)
             if req.profiles_ahead:
                 from . import profiler
-                profiler.start_ahead(req)
+                # Not while another judge of the device times (device_gate); afterwards its
+                # start-up waits with the spares.
+                with device_gate.current().shared():
+                    profiler.start_ahead(req)
         elif req.op == "build":
             core.build(req, out, adapter)
         elif req.op == "check-task":

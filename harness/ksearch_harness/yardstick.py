@@ -70,6 +70,10 @@ def measure(req: Request, out: ResultBuilder, adapter: Any = None) -> None:
     a = adapter if adapter is not None else adapters.create(req)
     out.stage = "timing"
     a.open_device()
+    # Other judges of the device are stopped (the worker holds the gate alone); kernels they
+    # left queued are waited out.
+    from .device_gate import wait_for_idle
+    idle = wait_for_idle(a)
     contenders = ["reference"] + (["baseline"] if task.baseline_fn is not None else [])
     tm = req.timing
     started = time.monotonic()
@@ -90,6 +94,8 @@ def measure(req: Request, out: ResultBuilder, adapter: Any = None) -> None:
         "workloads": workloads,
         "seconds": round(time.monotonic() - started, 3),
     }
+    if idle:
+        out.data.setdefault("diagnostics", {})["gate"] = idle
 
 
 def _workload(req: Request, task: TaskCode, a: Any, wi: int, wl: Workload,

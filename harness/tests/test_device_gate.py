@@ -204,31 +204,42 @@ def test_exclusive_inside_shared_gives_the_hold_up_and_takes_it_again(tmp_path):
         pass
 
 
-def test_the_watcher_stops_this_judges_spares_while_another_judge_times(tmp_path, monkeypatch):
-    directory = str(tmp_path / "gate")
+def test_the_watcher_stops_this_judges_spares_before_anything_is_timed(tmp_path, monkeypatch):
+    directory, log = str(tmp_path / "gate"), tmp_path / "log"
     calls: list[tuple[str, str]] = []
-    monkeypatch.setattr(spare_accused, "pause",
-                        lambda holder="timing": calls.append(("pause", holder)))
+
+    def pause(holder="timing"):
+        calls.append(("pause", holder))
+        time.sleep(0.05)  # stopping the spares takes a while: nobody may time meanwhile
+        _stamp(log, "spares-stopped")
+
+    monkeypatch.setattr(spare_accused, "pause", pause)
     monkeypatch.setattr(spare_accused, "resume",
                         lambda holder="timing": calls.append(("resume", holder)))
     monkeypatch.setenv(device_gate.ENV, directory)
     device_gate.watch()
     mine = device_gate.current()
-    with mine.shared():  # this judge's own shared hold is not another judge timing
+    with mine.shared():  # shared work beside it stops nothing
         time.sleep(0.05)
     assert calls == []
-    held, go = FORK.Event(), FORK.Event()
-    writer = _start(_exclusive_for, directory, 0.3, tmp_path / "log", go)
+    go = FORK.Event()
+    writer = _start(_exclusive_for, directory, 0.3, log, go)
     go.set()
-    deadline = time.monotonic() + 5
-    while ("pause", "gate") not in calls and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert calls == [("pause", "gate")]
     _join(writer)
     deadline = time.monotonic() + 5
     while len(calls) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert calls == [("pause", "gate"), ("resume", "gate")]
+    order = [w for w, _, _ in _stamps(log)]
+    assert order == ["spares-stopped", "exclusive-in", "exclusive-out"], order
+    # This judge's own timing stops them too, and they go on after it.
+    with mine.shared():
+        with mine.exclusive():
+            assert calls[-1] == ("pause", "gate")
+        deadline = time.monotonic() + 5
+        while calls[-1] != ("resume", "gate") and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert calls[-2:] == [("pause", "gate"), ("resume", "gate")]
 
 
 def _evaluate_logging(directory: str, request: dict, log: str) -> None:
@@ -289,7 +300,6 @@ def test_two_judges_evaluate_side_by_side_and_time_alone(tmp_path):
 def test_timed_calls_wait_for_other_processes_work_to_leave_the_device(tmp_path, monkeypatch):
     """Another judge's accused may have left kernels running when it was stopped: the timing
     judge probes until the device answers as an idle one does, for a bounded time."""
-    from ksearch_harness import core
 
     class Adapter:
         def __init__(self, probes):
@@ -298,28 +308,64 @@ def test_timed_calls_wait_for_other_processes_work_to_leave_the_device(tmp_path,
         def idle_probe_seconds(self):
             return self.probes.pop(0) if self.probes else 1e-5
 
-    monkeypatch.setattr(core, "IDLE_RETRY_S", 0.001)
-    ev = core.Evaluation.__new__(core.Evaluation)
-    ev.gate, ev.phase = device_gate.Gate(str(tmp_path / "gate")), core.PhaseClock()
-    ev.idle_wait = {}
-    ev.adapter = Adapter([0.02, 0.01, 2e-5])  # busy twice, then idle
-    ev._wait_for_idle_device()
-    assert ev.idle_wait["busy_probes"] == 2 and not ev.idle_wait["busy_when_timed"]
-    assert ev.idle_wait["busy_wait_s"] > 0 and ev.phase.snapshot()["gate"] > 0
+    monkeypatch.setattr(device_gate, "IDLE_RETRY_S", 0.001)
+    assert device_gate.wait_for_idle(Adapter([0.5])) == {}, "no gate, no wait"
+    monkeypatch.setenv(device_gate.ENV, str(tmp_path / "gate"))
+    device_gate.reset()
+    clocked: list[str] = []
 
-    monkeypatch.setattr(core, "IDLE_WAIT_S", 0.02)
-    ev.adapter = Adapter([0.02] * 1000)  # busy for good: timed anyway, and said so
-    ev._wait_for_idle_device()
-    assert ev.idle_wait["busy_when_timed"] and ev.idle_wait["busy_probes"] >= 2
+    class Clock:
+        def __enter__(self):
+            clocked.append("in")
 
-    ev.adapter = Adapter([])  # idle at once: no wait
-    ev._wait_for_idle_device()
-    assert ev.idle_wait == {"busy_probes": 0, "busy_wait_s": 0.0, "busy_when_timed": False}
+        def __exit__(self, *exc):
+            clocked.append("out")
+
+    # The first probe warms up; then busy twice, then idle.
+    got = device_gate.wait_for_idle(Adapter([0.5, 0.02, 0.01, 2e-5]), Clock)
+    assert got["busy_probes"] == 2 and not got["busy_when_timed"] and got["busy_wait_s"] > 0
+    assert clocked == ["in", "out"]
+
+    monkeypatch.setattr(device_gate, "IDLE_WAIT_S", 0.02)
+    got = device_gate.wait_for_idle(Adapter([0.02] * 1000))  # busy for good: timed anyway
+    assert got["busy_when_timed"] and got["busy_probes"] >= 2
+
+    got = device_gate.wait_for_idle(Adapter([0.5]))  # idle once warm: no wait
+    assert got == {"busy_probes": 0, "busy_wait_s": 0.0, "busy_when_timed": False}
 
     class Cpu:
         def idle_probe_seconds(self):
             return None
 
-    ev.adapter = Cpu()
-    ev._wait_for_idle_device()
-    assert ev.idle_wait["busy_probes"] == 0
+    assert device_gate.wait_for_idle(Cpu()) == {}
+
+
+def test_a_lent_hold_goes_by_itself_after_its_limit(tmp_path):
+    directory, log = str(tmp_path / "gate"), tmp_path / "log"
+    gate = device_gate.Gate(directory)
+    go = FORK.Event()
+    writer = _start(_exclusive_when_told, directory, go, log)
+    with gate.shared():
+        gate.lend_shared(limit_s=0.3)  # a reaping that hangs, never released
+    t0 = time.monotonic()
+    go.set()
+    _join(writer)
+    t_in = next(t for w, _, t in _stamps(log) if w == "exclusive-in")
+    assert 0.2 < t_in - t0 < 5
+
+
+def test_after_its_timing_a_judge_is_back_to_shared_at_once_though_another_waits(tmp_path):
+    directory, log = str(tmp_path / "gate"), tmp_path / "log"
+    gate = device_gate.Gate(directory)
+    go = FORK.Event()
+    with gate.shared():
+        with gate.exclusive():
+            writer = _start(_exclusive_when_told, directory, go, log)
+            go.set()
+            time.sleep(0.2)  # the other judge now waits to time
+        t0 = time.monotonic()
+        assert gate.holding == "shared"
+        _stamp(log, "shared-again")
+    assert time.monotonic() - t0 < 0.1
+    _join(writer)
+    assert [w for w, _, _ in _stamps(log)] == ["shared-again", "exclusive-in"]

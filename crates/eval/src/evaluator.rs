@@ -170,8 +170,6 @@ pub struct Evaluator {
     _scratch: Option<tempfile::TempDir>,
     /// Whether repeating unsteady evaluations has paid so far (evaluate_steady).
     repeats: Mutex<RepeatYield>,
-    /// The device gates' directory (private, made when a request first runs in lanes).
-    gates: Mutex<Option<tempfile::TempDir>>,
 }
 
 /// The harness knob naming a device's gate (harness/ksearch_harness/device_gate.py).
@@ -246,7 +244,6 @@ impl Evaluator {
             judges: crate::judge::Judges::default(),
             _scratch: scratch,
             repeats: Mutex::new(RepeatYield::default()),
-            gates: Mutex::new(None),
         };
         if evaluator.config.verify_harness {
             evaluator.verify_harness()?;
@@ -344,25 +341,25 @@ impl Evaluator {
         }
     }
 
-    /// The gate of `key`'s device: a directory of its own in a private one that lives as long
-    /// as the evaluator (outside the run's work directory, which builds share with the accused).
+    /// The gate of `key`'s device: a directory of its own in a private scratch directory of
+    /// the process (outside the run's work directory, which builds share with the accused), so
+    /// that every evaluator of the process keeps its judges' timed work apart on a device. The
+    /// scratch directory lives as long as the process; the next evaluator on the machine
+    /// removes it once the process is gone ([`crate::scratch_dir`]).
     fn gate_dir(&self, key: &str) -> Result<PathBuf> {
-        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
-        if gates.is_none() {
-            let dir = tempfile::Builder::new()
-                .prefix("ksearch-gates-")
-                .tempdir()
-                .map_err(|source| EvalError::Io {
-                    path: std::env::temp_dir(),
-                    source,
-                })?;
-            *gates = Some(dir);
-        }
-        let root = gates
+        static GATES: OnceLock<std::result::Result<tempfile::TempDir, String>> = OnceLock::new();
+        let root = GATES
+            .get_or_init(|| {
+                crate::scratch_dir::create(&std::env::temp_dir()).map_err(|e| e.to_string())
+            })
             .as_ref()
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
-        let dir = root.join(&blake3::hash(key.as_bytes()).to_hex()[..16]);
+            .map_err(|e| EvalError::Io {
+                path: std::env::temp_dir(),
+                source: std::io::Error::other(e.clone()),
+            })?;
+        let dir = root
+            .path()
+            .join(&blake3::hash(key.as_bytes()).to_hex()[..16]);
         std::fs::create_dir_all(&dir).map_err(|source| EvalError::Io {
             path: dir.clone(),
             source,

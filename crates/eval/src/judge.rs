@@ -269,11 +269,19 @@ impl Drop for Judge {
     }
 }
 
-/// The judges of one evaluator: per device key, one for each lane (usually one), each used by
-/// one request at a time.
+/// The judges of one device: one slot per lane (usually one), each used by one request at a
+/// time, and the requests waiting for a free one, served first come, first served.
+#[derive(Default)]
+struct Lanes {
+    slots: Vec<Arc<Mutex<Option<Judge>>>>,
+    queue: Mutex<std::collections::VecDeque<u64>>,
+    tickets: std::sync::atomic::AtomicU64,
+}
+
+/// The judges of one evaluator, per device key.
 #[derive(Default)]
 pub(crate) struct Judges {
-    slots: Mutex<std::collections::HashMap<String, Vec<Arc<Mutex<Option<Judge>>>>>>,
+    slots: Mutex<std::collections::HashMap<String, Arc<Lanes>>>,
 }
 
 impl std::fmt::Debug for Judges {
@@ -299,29 +307,47 @@ impl Judges {
         timeout: Duration,
         lanes: usize,
     ) -> Result<Outcome> {
-        let slots: Vec<_> = {
+        let lanes = {
             let mut map = lock(&self.slots);
-            let slots = map.entry(key.to_string()).or_default();
-            while slots.len() < lanes.max(1) {
-                slots.push(Arc::default());
+            let entry = map.entry(key.to_string()).or_default();
+            if entry.slots.len() < lanes.max(1) {
+                // Lanes are set once per evaluator; more than before only when the first
+                // request of a device asked for fewer (never while requests wait).
+                let mut grown = Lanes {
+                    slots: entry.slots.clone(),
+                    ..Lanes::default()
+                };
+                while grown.slots.len() < lanes.max(1) {
+                    grown.slots.push(Arc::default());
+                }
+                *entry = Arc::new(grown);
             }
-            slots.iter().take(lanes.max(1)).cloned().collect()
+            Arc::clone(entry)
         };
-        let mut judge = loop {
-            if let Some(free) = slots.iter().find_map(|s| match s.try_lock() {
-                Ok(free) => Some(free),
-                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => None,
-            }) {
-                break free;
+        let mut judge = if lanes.slots.len() == 1 {
+            lock(&lanes.slots[0])
+        } else {
+            let ticket = lanes.tickets.fetch_add(1, Ordering::SeqCst);
+            lock(&lanes.queue).push_back(ticket);
+            loop {
+                let first = lock(&lanes.queue).front() == Some(&ticket);
+                let free = first.then(|| {
+                    lanes.slots.iter().find_map(|s| match s.try_lock() {
+                        Ok(free) => Some(free),
+                        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                        Err(std::sync::TryLockError::WouldBlock) => None,
+                    })
+                });
+                if let Some(Some(free)) = free {
+                    lock(&lanes.queue).pop_front();
+                    break free;
+                }
+                if inv.interrupt.is_some_and(Interrupt::is_requested) {
+                    lock(&lanes.queue).retain(|t| *t != ticket);
+                    return Err(EvalError::Interrupted);
+                }
+                std::thread::sleep(FREE_JUDGE_POLL);
             }
-            if slots.len() == 1 {
-                break lock(&slots[0]);
-            }
-            if inv.interrupt.is_some_and(Interrupt::is_requested) {
-                return Err(EvalError::Interrupted);
-            }
-            std::thread::sleep(FREE_JUDGE_POLL);
         };
         if inv.interrupt.is_some_and(Interrupt::is_requested) {
             if let Some(j) = judge.as_mut() {

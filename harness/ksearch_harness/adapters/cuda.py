@@ -806,7 +806,10 @@ class CudaAdapter(DeviceAdapter):
         global _DEVICE_ROOFLINE
         if _DEVICE_ROOFLINE is None:
             from ..machine import remembered_roofline
-            _DEVICE_ROOFLINE = remembered_roofline(self.roofline_key(), self.roofline_fresh)
+            from ..device_gate import alone
+            # Measured with the device to itself, where other judges share it.
+            _DEVICE_ROOFLINE = remembered_roofline(self.roofline_key(),
+                                                   alone(self.roofline_fresh))
         return _DEVICE_ROOFLINE
 
     def roofline_key(self) -> str:
