@@ -163,6 +163,12 @@ pub struct EvaluationCounts {
     /// Those whose profile took a profiler the judge had started ahead (its first workload's
     /// `started_ahead_seconds`).
     pub profiled_ahead: u64,
+    /// Harness runs judged beside other judges of the device (`judge_lanes` above one), the
+    /// most lanes any of them had, and how many were timed while the device still ran other
+    /// work after the bounded wait for it (`diagnostics.gate.busy_when_timed`).
+    pub in_lanes: u64,
+    pub lanes: u64,
+    pub busy_when_timed: u64,
 }
 
 impl EvaluationCounts {
@@ -425,6 +431,13 @@ impl Accumulator {
             self.counts.unsteady_kept += 1;
         }
         self.add_harness_time(result);
+        if let Some(lanes) = result["judge_lanes"].as_u64().filter(|l| *l > 1) {
+            self.counts.in_lanes += 1;
+            self.counts.lanes = self.counts.lanes.max(lanes);
+        }
+        if result["diagnostics"]["gate"]["busy_when_timed"].as_bool() == Some(true) {
+            self.counts.busy_when_timed += 1;
+        }
         let build = &result["build_request"];
         self.build_request_seconds += seconds(&build["seconds"]).unwrap_or(0.0);
         let waited = seconds(&build["waited_seconds"]).unwrap_or(0.0);

@@ -413,3 +413,45 @@ fn builds_written_ahead_and_the_profiled_processes_steps_are_read_back() {
     let bare = TimeAccount::of_run(&new_store(tmp.path())).unwrap();
     assert!(bare.builds_ahead.is_none() && bare.profile_steps.is_empty());
 }
+
+#[test]
+fn evaluations_judged_in_lanes_are_counted_with_their_gate_waits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = new_store(tmp.path());
+    let results = [
+        json!({"wall_seconds": 2.0, "judge_lanes": 2,
+               "diagnostics": {"phase_seconds": {"candidate": 0.5, "gate": 0.4, "total": 1.8},
+                               "gate": {"waited_s": 0.4, "waits": 1, "busy_probes": 0,
+                                        "busy_wait_s": 0.0, "busy_when_timed": false}}}),
+        json!({"wall_seconds": 2.0, "judge_lanes": 2,
+               "diagnostics": {"phase_seconds": {"candidate": 0.5, "gate": 0.2, "total": 1.8},
+                               "gate": {"waited_s": 0.2, "waits": 1, "busy_probes": 400,
+                                        "busy_wait_s": 2.0, "busy_when_timed": true}}}),
+        // One judge for the device: no lanes, no gate.
+        json!({"wall_seconds": 2.0,
+               "diagnostics": {"phase_seconds": {"candidate": 0.5, "total": 1.8},
+                               "gate": null}}),
+    ];
+    for (i, r) in results.iter().enumerate() {
+        let c = candidate(&store, &format!("k{i}"));
+        store.record_evaluation(c, "passed", Some(1.0), r).unwrap();
+    }
+    store.mark_finished(&json!({})).unwrap();
+    set_span(
+        &store,
+        "2026-12-01T00:00:00.000Z",
+        Some("2026-12-01T00:00:10.000Z"),
+    );
+    let t = TimeAccount::of_run(&store).unwrap();
+    assert_eq!(
+        (
+            t.evaluations.in_lanes,
+            t.evaluations.lanes,
+            t.evaluations.busy_when_timed
+        ),
+        (2, 2, 1)
+    );
+    // The waits are a harness phase of their own, not device work.
+    assert!(close(part(&t, "gate").unwrap(), 0.6));
+    assert!(close(t.device_seconds.unwrap(), 1.5));
+}

@@ -81,6 +81,22 @@ pub fn render_time(t: &TimeAccount) -> String {
             e.profiled
         ));
     }
+    if e.in_lanes > 0 {
+        let gate = t
+            .parts
+            .iter()
+            .find(|p| p.name == "gate")
+            .map(|p| p.seconds)
+            .unwrap_or(0.0);
+        let busy = match e.busy_when_timed {
+            0 => String::new(),
+            k => format!(", {k} timed while other work still ran on the device"),
+        };
+        notes.push(format!(
+            "{} judged in up to {} lanes, {gate:.1} s waiting at the device gate{busy}",
+            e.in_lanes, e.lanes
+        ));
+    }
     if e.reused + e.lint_rejected > 0 {
         notes.push(format!(
             "{} reused and {} lint-rejected results ran no harness",
@@ -226,6 +242,7 @@ mod tests {
                 unsteady_kept: 4,
                 profiled: 3,
                 profiled_ahead: 2,
+                ..EvaluationCounts::default()
             },
             evaluations_per_hour: Some(35.0 * 3600.0 / 250.266),
             yardsticks: 12,
@@ -277,6 +294,51 @@ mod tests {
             profile_steps: Default::default(),
         };
         insta::assert_snapshot!(render_time(&t));
+    }
+
+    #[test]
+    fn evaluations_in_lanes_say_how_many_lanes_and_what_they_waited() {
+        let t = TimeAccount {
+            wall_seconds: Some(100.0),
+            wall_end: WallEnd::Finished,
+            evaluations: EvaluationCounts {
+                stored: 20,
+                with_phases: 20,
+                in_lanes: 18,
+                lanes: 2,
+                busy_when_timed: 1,
+                ..EvaluationCounts::default()
+            },
+            evaluations_per_hour: Some(720.0),
+            yardsticks: 1,
+            parts: vec![
+                part("candidate", 30.0, TimeKind::Device),
+                part("gate", 6.5, TimeKind::Harness),
+                part("other", 63.5, TimeKind::Other),
+            ],
+            device_seconds: Some(30.0),
+            busy_fraction: Some(0.3),
+            overlap_seconds: 0.0,
+            builds_ahead: None,
+            typical_evaluation: None,
+            profile_steps: Default::default(),
+        };
+        let text = render_time(&t);
+        assert!(
+            text.contains(
+                "18 judged in up to 2 lanes, 6.5 s waiting at the device gate, 1 timed while \
+                 other work still ran on the device"
+            ),
+            "{text}"
+        );
+        let one_lane = TimeAccount {
+            evaluations: EvaluationCounts {
+                stored: 20,
+                ..EvaluationCounts::default()
+            },
+            ..t
+        };
+        assert!(!render_time(&one_lane).contains("lanes"));
     }
 
     #[test]
