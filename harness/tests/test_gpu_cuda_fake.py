@@ -527,3 +527,13 @@ def test_staged_inputs_filled_on_the_device_hold_the_set_and_serve_timed_calls(t
     got = a.timed_region(lambda: device.torch_inputs(given, {"n": 8}))["x"]
     assert got is buf.tensor
     a.verify_reference_inputs()
+
+
+def test_the_idle_probe_times_a_tiny_piece_of_the_judges_own_work(torch):
+    """What the device gate's wait for an idle device asks (device_gate.wait_for_idle): a
+    duration in seconds, of the judge's own work on its device, each time."""
+    raw = driver.softmax_request("/tmp/k.cu", "/tmp/b", backend="cuda")
+    a = cuda.CudaAdapter(parse_request(raw, "evaluate"))
+    probes = [a.idle_probe_seconds() for _ in range(3)]
+    assert all(isinstance(p, float) and 0 <= p < 1 for p in probes)
+    assert a._probe is not None  # one buffer, made once

@@ -634,3 +634,11 @@ def test_a_timed_call_that_returns_a_bare_array_is_evaluated_inside_the_timed_re
         a.time_call(make)
         # The synchronize that ends the timed region came after the evaluation.
         assert evaluated_inside[-1] == before + 1, make
+
+
+def test_the_idle_probe_times_a_tiny_piece_of_the_judges_own_work(fake_mx):
+    from ksearch_harness.adapters.mlx import MlxAdapter
+    raw = driver.softmax_request("/tmp/k.py", "/tmp/b", backend="mlx")
+    a = MlxAdapter(parse_request(raw, "evaluate"))
+    probes = [a.idle_probe_seconds() for _ in range(3)]
+    assert all(isinstance(p, float) and 0 <= p < 1 for p in probes)

@@ -131,6 +131,7 @@ class MlxAdapter(DeviceAdapter):
         self._entry: Entry | None = None
         self._dialects: set[str] = set()
         self._flush: Any = None
+        self._probe: Any = None  # idle_probe_seconds's one element
         self._output_names = {s.name for wl in request.workloads for s in wl.outputs}
         self._clock_name = kernel_clock.chosen()  # a bad value fails here, not mid-timing
 
@@ -349,6 +350,17 @@ class MlxAdapter(DeviceAdapter):
 
     def synchronize(self) -> None:
         self._mx().synchronize()
+
+    def idle_probe_seconds(self) -> float | None:
+        mx = self._mx()
+        mx.synchronize()
+        if self._probe is None:
+            self._probe = mx.zeros((1,), dtype=mx.int32)
+        t0 = time.perf_counter_ns()
+        self._probe = self._probe + 1
+        mx.eval(self._probe)
+        mx.synchronize()
+        return (time.perf_counter_ns() - t0) / 1e9
 
     def flush_cache(self) -> None:
         mx = self._mx()
