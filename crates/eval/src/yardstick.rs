@@ -242,9 +242,18 @@ impl Yardstick {
     /// [`drift_limit`](Self::drift_limit), or its score's interval spans more than a factor
     /// of [`UNSTEADY_SPAN`] and some workload's paired ratio moved between the evaluation's
     /// thirds beyond noise (load that came and went). An interval that is wide from noise
-    /// alone is not repeated: a repeat would be as wide.
+    /// alone is not repeated: a repeat would be as wide. A result timed while another
+    /// process's work still ran on the device (judges in lanes: the harness's bounded wait for
+    /// an idle device gave up, `diagnostics.gate.busy_when_timed`) is unsteady too.
     pub fn unsteady(&self, result: &EvalResult) -> bool {
-        let drifted = result.drift.is_some_and(|d| self.drifted(d));
+        let shared = result
+            .extra
+            .get("diagnostics")
+            .and_then(|d| d.get("gate"))
+            .and_then(|g| g.get("busy_when_timed"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        let drifted = shared || result.drift.is_some_and(|d| self.drifted(d));
         let wide = match (result.score, result.score_interval) {
             (Some(_), Some([lo, hi])) => lo <= 0.0 || hi / lo > UNSTEADY_SPAN,
             _ => false,
@@ -397,6 +406,15 @@ mod tests {
         assert!(y.unsteady(&r));
         // An older harness without the p-value: the width alone decides.
         r.workloads[0].ratio_spread_p = None;
+        assert!(y.unsteady(&r));
+        // Timed while another process's kernels still ran on the device (lanes).
+        r.workloads[0].ratio_spread_p = Some(0.4);
+        r.score_interval = Some([0.8, 1.25]);
+        assert!(!y.unsteady(&r));
+        r.extra.insert(
+            "diagnostics".into(),
+            json!({"gate": {"busy_when_timed": true}}),
+        );
         assert!(y.unsteady(&r));
         // A failed evaluation is never repeated.
         r.status = crate::Status::Incorrect;
