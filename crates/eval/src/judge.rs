@@ -43,26 +43,20 @@ pub fn enabled() -> bool {
 /// The environment variable that sets how many judges of a device evaluate side by side.
 pub const LANES_ENV: &str = "KSEARCH_JUDGE_LANES";
 
-/// The most lanes a search gets by default: two judges keep the device busy while either one
-/// checks outputs on the host; more would add accused processes and spares that compete for
-/// the host's cores with the judges' own checks.
-pub const DEFAULT_MAX_LANES: usize = 2;
-
 /// How many judges of a device evaluate side by side in a search that keeps `in_flight`
-/// candidates in flight (its samples): `KSEARCH_JUDGE_LANES` when set to a number (at least
-/// one), else that many up to [`DEFAULT_MAX_LANES`]. More lanes than candidates in flight
-/// would only idle.
+/// candidates in flight (its samples): `KSEARCH_JUDGE_LANES` when set to a number, at most
+/// `in_flight` (more would only idle), else one. One is the default: in the one run that
+/// compared them on a GPU (docs/results/evaluation-speed, "Lanes"), two lanes made a short run
+/// slower, each judge paying the first evaluation's draws, reference outputs and accused
+/// start-up of its own.
 pub fn lanes(in_flight: u32) -> usize {
     lanes_from(std::env::var(LANES_ENV).ok().as_deref(), in_flight)
 }
 
 fn lanes_from(env: Option<&str>, in_flight: u32) -> usize {
-    if let Some(n) = env.and_then(|v| v.trim().parse::<usize>().ok()) {
-        return n.max(1);
-    }
-    usize::try_from(in_flight)
-        .unwrap_or(usize::MAX)
-        .clamp(1, DEFAULT_MAX_LANES)
+    let cap = usize::try_from(in_flight).unwrap_or(usize::MAX).max(1);
+    env.and_then(|v| v.trim().parse::<usize>().ok())
+        .map_or(1, |n| n.clamp(1, cap))
 }
 
 /// A running `serve` process.
@@ -373,13 +367,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lanes_follow_the_candidates_in_flight_up_to_two_unless_set() {
+    fn one_lane_unless_set_and_never_more_than_the_candidates_in_flight() {
         assert_eq!(lanes_from(None, 1), 1);
-        assert_eq!(lanes_from(None, 0), 1);
-        assert_eq!(lanes_from(None, 2), 2);
-        assert_eq!(lanes_from(None, 8), DEFAULT_MAX_LANES);
-        assert_eq!(lanes_from(Some("3"), 1), 3);
+        assert_eq!(lanes_from(None, 4), 1);
+        assert_eq!(lanes_from(Some("2"), 4), 2);
+        assert_eq!(lanes_from(Some("3"), 2), 2);
+        assert_eq!(lanes_from(Some("2"), 0), 1);
         assert_eq!(lanes_from(Some(" 0 "), 4), 1);
-        assert_eq!(lanes_from(Some("many"), 4), 2);
+        assert_eq!(lanes_from(Some("many"), 4), 1);
     }
 }

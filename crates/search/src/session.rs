@@ -292,7 +292,7 @@ pub fn set_up(
         sandbox,
         interrupt: Some(interrupt.clone()),
         backend: Some(backend.to_string()),
-        // A round's samples are evaluated side by side where the device allows it.
+        // A round's samples side by side on a GPU, where KSEARCH_JUDGE_LANES asks for it.
         lanes: ksearch_eval::judge::lanes(opts.samples),
         ..EvaluatorConfig::default()
     })
