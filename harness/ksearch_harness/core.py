@@ -27,8 +27,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import (adapters, device_checks, device_gate, draw_cache, dtypes, intervals, machine,
-               parallel,
-               reaping, sanity_cache, scratch, spare_accused, static_checks)
+               parallel, reaping, sanity_cache, scratch, spare_accused, static_checks)
 from .accused_client import (TAMPER_MIN_CALLS, TAMPER_ROUND_TRIP_QUANTILE, AccusedAdapter,
                              AccusedProcess, RemoteCall, Shortfall, device_to_host,
                              report_shortfall)

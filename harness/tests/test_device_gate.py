@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,16 @@ def _shared_with_checkpoints(directory: str, seconds: float, log: Path,
             _stamp(log, "call-out")
             gate.checkpoint()
     os._exit(0)
+
+
+def _clock(entered: list[str]):
+    """A phase clock's stand-in (device_gate's `waiting`): notes each wait's start and end."""
+    @contextmanager
+    def clock():
+        entered.append("in")
+        yield
+        entered.append("out")
+    return clock
 
 
 def _start(target, *args) -> multiprocessing.Process:
@@ -161,18 +172,12 @@ def test_a_checkpoint_waits_for_the_timing_and_counts_the_wait(tmp_path):
     writer = _start(_exclusive_for, directory, 0.2, log, go)
     synced: list[float] = []
     clocked: list[str] = []
-
-    class Clock:
-        def __enter__(self):
-            clocked.append("in")
-
-        def __exit__(self, *exc):
-            clocked.append("out")
+    clock = _clock(clocked)
 
     with gate.shared():
         go.set()
         time.sleep(0.1)  # the writer now holds `turn` and waits for this hold
-        gate.checkpoint(lambda: synced.append(time.monotonic()), Clock)
+        gate.checkpoint(lambda: synced.append(time.monotonic()), clock)
         assert gate.holding == "shared"
     _join(writer)
     t_in = next(t for w, _, t in _stamps(log) if w == "exclusive-in")
@@ -313,16 +318,10 @@ def test_timed_calls_wait_for_other_processes_work_to_leave_the_device(tmp_path,
     monkeypatch.setenv(device_gate.ENV, str(tmp_path / "gate"))
     device_gate.reset()
     clocked: list[str] = []
-
-    class Clock:
-        def __enter__(self):
-            clocked.append("in")
-
-        def __exit__(self, *exc):
-            clocked.append("out")
+    clock = _clock(clocked)
 
     # The first probe warms up; then busy twice, then idle.
-    got = device_gate.wait_for_idle(Adapter([0.5, 0.02, 0.01, 2e-5]), Clock)
+    got = device_gate.wait_for_idle(Adapter([0.5, 0.02, 0.01, 2e-5]), clock)
     assert got["busy_probes"] == 2 and not got["busy_when_timed"] and got["busy_wait_s"] > 0
     assert clocked == ["in", "out"]
 

@@ -520,9 +520,11 @@ impl Evaluator {
             .map_err(|e| EvalError::Request(format!("cannot encode the request: {e}")))?;
         let span = tracing::info_span!("harness", op, candidate = %req.candidate.path.display());
         let _enter = span.enter();
-        let outcome = if self.config.persistent_judge && SERVED_OPS.contains(&op) {
+        // Judges side by side on the device (one: as ever), for the ops a judge serves.
+        let served = self.config.persistent_judge && SERVED_OPS.contains(&op);
+        let lanes = if served { self.lanes_for(req) } else { 1 };
+        let outcome = if served {
             let timeout = req.timeout + self.config.kill_grace;
-            let lanes = self.lanes_for(req);
             let mut knobs = std::borrow::Cow::Borrowed(&self.config.knobs);
             if lanes > 1 {
                 let gate = self.gate_dir(&req.device_key())?;
@@ -553,8 +555,7 @@ impl Evaluator {
             )?
         };
         let mut result = interpret(outcome, &nonce, req.timeout)?;
-        let lanes = self.lanes_for(req);
-        if lanes > 1 && self.config.persistent_judge && SERVED_OPS.contains(&op) {
+        if lanes > 1 {
             // How many judges shared the device with this one (its `diagnostics.gate` says
             // what it waited for them).
             result.extra.insert("judge_lanes".into(), json!(lanes));

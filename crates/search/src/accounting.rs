@@ -103,6 +103,8 @@ pub const HARNESS_NO_PHASE: &str = "harness, no phase";
 pub const HARNESS_NO_PHASE_DATA: &str = "harness, no phase data";
 pub const PROPOSER: &str = "proposer (LLM calls)";
 pub const PROFILER: &str = "profiler";
+/// The harness phase of waits at the device gate (judges in lanes).
+pub const GATE: &str = "gate";
 pub const BUILD_REQUESTS: &str = "build requests";
 pub const BUILD_WAITS: &str = "builds written ahead, waited for";
 pub const OTHER: &str = "other";
@@ -383,6 +385,14 @@ impl TimeAccount {
             typical_evaluation,
             profile_steps: acc.profile_steps,
         }
+    }
+
+    /// The seconds of the part named `name`; 0 when the run has none.
+    pub fn part_seconds(&self, name: &str) -> f64 {
+        self.parts
+            .iter()
+            .find(|p| p.name == name)
+            .map_or(0.0, |p| p.seconds)
     }
 
     /// `seconds` as a fraction of the wall; `None` without a positive wall.

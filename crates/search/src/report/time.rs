@@ -66,12 +66,7 @@ pub fn render_time(t: &TimeAccount) -> String {
     }
     if e.profiled > 0 {
         let plural = if e.profiled == 1 { "" } else { "s" };
-        let spent = t
-            .parts
-            .iter()
-            .find(|p| p.name == crate::accounting::PROFILER)
-            .map(|p| p.seconds)
-            .unwrap_or(0.0);
+        let spent = t.part_seconds(crate::accounting::PROFILER);
         let ahead = match e.profiled_ahead {
             0 => String::new(),
             k => format!(" ({k} by a profiler started ahead)"),
@@ -82,12 +77,7 @@ pub fn render_time(t: &TimeAccount) -> String {
         ));
     }
     if e.in_lanes > 0 {
-        let gate = t
-            .parts
-            .iter()
-            .find(|p| p.name == "gate")
-            .map(|p| p.seconds)
-            .unwrap_or(0.0);
+        let gate = t.part_seconds(crate::accounting::GATE);
         let busy = match e.busy_when_timed {
             0 => String::new(),
             k => format!(", {k} timed while other work still ran on the device"),
