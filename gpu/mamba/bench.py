@@ -477,13 +477,35 @@ def launch_overhead(ops: int = 200, reps: int = 5) -> dict[str, float]:
     return out
 
 
-def measure_bandwidth() -> float:
-    """GB/s of an elementwise pass over 512 MiB (read + write), best of 5."""
-    n = (512 << 20) // 2
+# Seconds of dense device work before a timing that follows host-side work or tiny ops.
+WARM_S = 0.3
+
+
+def warm_device(seconds: float = WARM_S, mib: int = 256) -> None:
+    """Elementwise passes over `mib` MiB until `seconds` have passed, so that a timing that
+    follows host-side work or tiny ops (the model's construction, the per-primitive probe) does
+    not start on a GPU that sat idle. In one bench run without it the bandwidth pass measured
+    half of what the runs before and after it measured, and the scans timed right after it were
+    slow as well, then recovered (docs/results/mamba-gpu, "The whole-model decode on a
+    device"); clocks still low after idling would explain it, which was not confirmed."""
+    x = mx.zeros(((mib << 20) // 2,), dtype=mx.float16)
+    mx.eval(x)
+    sync()
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        mx.eval(x + 1)
+        sync()
+
+
+def measure_bandwidth(warm_s: float = WARM_S, passes: int = 10, mib: int = 512) -> float:
+    """GB/s of an elementwise pass over `mib` MiB (read + write), the best of `passes` after
+    `warm_s` seconds of warm-up (warm_device)."""
+    n = (mib << 20) // 2
     x = mx.random.normal((n,)).astype(mx.float16)
     mx.eval(x)
+    warm_device(warm_s)
     best = math.inf
-    for _ in range(5):
+    for _ in range(passes):
         sync()
         t0 = time.perf_counter()
         mx.eval(x + 1)
@@ -634,6 +656,7 @@ def main(argv=None) -> int:
             # there too, or it would run the pick of the nearest prompt piece length.
             seen = sorted(set(seen) | set(lengths))
         log(f"tuning the scan: {', '.join(scan.scans)} at T = {seen}")
+        warm_device()
         kernel_info["tuning"] = scan.tune(
             seen, lambda s, T: time_scan(s, a.intermediate_size, a.state_size, T, reps=10))
         log(f"picked {kernel_info['tuning']['picks']}")

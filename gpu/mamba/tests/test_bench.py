@@ -252,3 +252,29 @@ def test_pipelined_and_sync_decode_generate_the_same_tokens():
             runs[(name, pipelined)] = tokens
     assert runs[("ours", False)] == runs[("ours", True)] == runs[("stock", True)]
     assert runs[("stock", False)] == runs[("stock", True)]
+
+
+def test_the_bandwidth_pass_is_timed_after_a_warm_up(monkeypatch):
+    events = []
+    monkeypatch.setattr(bench, "warm_device", lambda seconds: events.append(("warm", seconds)))
+    real_eval = bench.mx.eval
+
+    def recorded_eval(*arrays):
+        events.append(("eval",))
+        return real_eval(*arrays)
+
+    monkeypatch.setattr(bench.mx, "eval", recorded_eval)
+    gbs = bench.measure_bandwidth(warm_s=0.25, passes=3, mib=4)
+    assert gbs > 0 and gbs != float("inf")
+    # The input is made, then the device warmed, then the timed passes.
+    assert events == [("eval",), ("warm", 0.25), ("eval",), ("eval",), ("eval",)]
+
+
+def test_the_warm_up_keeps_the_device_working_for_its_time(monkeypatch):
+    passes = []
+    real_eval = bench.mx.eval
+    monkeypatch.setattr(bench.mx, "eval", lambda *a: (passes.append(1), real_eval(*a))[1])
+    started = bench.time.perf_counter()
+    bench.warm_device(0.2, mib=1)
+    assert bench.time.perf_counter() - started >= 0.2
+    assert len(passes) >= 3  # the zeros, then passes until the time is up
