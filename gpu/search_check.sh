@@ -17,8 +17,11 @@
 #     run(command="source .device-carry/mlx2/assemble.sh && BACKEND=mlx bash gpu/search_check.sh",
 #         timeout_s=600, carry=[".device-carry/mlx2", ".device-carry/ks"])
 #   and, to finish the run (more rounds, the re-check, the bench), the same with
-#   RUN=<run id> RUN_WALL_S=<a larger total>. A fresh machine gets the run store from
-#   .gpu-carry/run-store.tar.gz (this script's run-store.tar.gz, carried back).
+#   RUN=<run id> RUN_WALL_S=<a larger total>: the run's search seconds over all its sessions,
+#   after which the confirmation, the re-check and the bench still run (on mlx several
+#   evaluations of tens of seconds each; leave them about five minutes of the call, or the
+#   call's limit cuts the script before it writes its results). A fresh machine gets the run
+#   store from .gpu-carry/run-store.tar.gz (this script's run-store.tar.gz, carried back).
 #
 # Without RUN: `ksearch run` under RUN_WALL_S (cuda 380, mlx 470) and ROUNDS (20), no re-check;
 # on cuda then the bench. With RUN: `ksearch resume --recheck` under RUN_WALL_S (default 800 s
