@@ -5,11 +5,15 @@
 # kernel, and where its time went (the `time:` block: evaluations per hour, phases, device busy).
 # The wall limit (GUARD_S) is only a guard. SEEDS (instead of SEED) runs one seed after another,
 # each into $OUT/seed-S, and packs them into $OUT/runs.tgz (a device call brings back only a few
-# files); the measured walls are in docs/results/evaluation-speed.
+# files); the measured walls are in docs/results/evaluation-speed. With SEEDS, LANES (a list of
+# KSEARCH_JUDGE_LANES values) runs each seed once per value in the order given, the Nth into
+# $OUT/seed-S-run-N-lanes-L: two lanes against one, alternated in one call (with SAMPLES above
+# one, or the run has one candidate in flight and the lanes make no difference).
 #
 #   run(command="SEED=1 bash gpu/default_run_check.sh", timeout_s=600,
 #       carry=[".device-carry/ks"])
 #   run(command="SEEDS='1 2 3' GUARD_S=240 bash gpu/default_run_check.sh", ...)
+#   run(command="SEEDS=1 LANES='2 1 2 1' SAMPLES=2 ROUNDS=10 GUARD_S=130 bash ...", ...)
 #
 # Prepare here: bash gpu/ksearch_bin.sh pack. BACKEND
 # (default cuda) may be mlx, with MLX carried as gpu/score_check.sh says. Results in $OUT:
@@ -24,9 +28,19 @@ if [ -n "${SEEDS:-}" ] && [ -z "${SEED:-}" ]; then
     all=${OUT:-/tmp/ksearch-default-runs-$BACKEND}
     mkdir -p "$all"
     for s in $SEEDS; do
-        OUT=$all/seed-$s WORK=${WORK:-/tmp/ksearch-default-run-$BACKEND}-seed-$s SEED=$s \
-            bash "${BASH_SOURCE[0]}" |
-            grep -E "^(time:|status:|confirmed:|run exit|driver-sampled|re-check)|builds written"
+        n=0
+        for lanes in ${LANES:--}; do
+            name=seed-$s
+            if [ -n "${LANES:-}" ]; then
+                n=$((n + 1))
+                name=$name-run-$n-lanes-$lanes
+                export KSEARCH_JUDGE_LANES=$lanes
+                echo "== $name"
+            fi
+            OUT=$all/$name WORK=${WORK:-/tmp/ksearch-default-run-$BACKEND}-$name SEED=$s \
+                bash "${BASH_SOURCE[0]}" |
+                grep -E "^(time:|status:|confirmed:|run exit|driver-sampled|re-check)|builds written|lanes"
+        done
     done
     (cd "$all" && tar czf runs.tgz seed-* && rm -rf seed-*)
     exit 0
