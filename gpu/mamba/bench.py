@@ -481,15 +481,17 @@ def launch_overhead(ops: int = 200, reps: int = 5) -> dict[str, float]:
 WARM_S = 0.3
 
 
-def warm_device(seconds: float = WARM_S, mib: int = 256) -> None:
-    """Elementwise passes over `mib` MiB until `seconds` have passed, so that a timing that
+def warm_device(seconds: float = WARM_S, x=None, mib: int = 256) -> None:
+    """Elementwise passes over `x` (else a fresh `mib` MiB) until `seconds` have passed, so that
+    a timing that
     follows host-side work or tiny ops (the model's construction, the per-primitive probe) does
     not start on a GPU that sat idle. In one bench run without it the bandwidth pass measured
     half of what the runs before and after it measured, and the scans timed right after it were
     slow as well, then recovered (docs/results/mamba-gpu, "The whole-model decode on a
     device"); clocks still low after idling would explain it, which was not confirmed."""
-    x = mx.zeros(((mib << 20) // 2,), dtype=mx.float16)
-    mx.eval(x)
+    if x is None:
+        x = mx.zeros(((mib << 20) // 2,), dtype=mx.float16)
+        mx.eval(x)
     sync()
     started = time.perf_counter()
     while time.perf_counter() - started < seconds:
@@ -499,11 +501,11 @@ def warm_device(seconds: float = WARM_S, mib: int = 256) -> None:
 
 def measure_bandwidth(warm_s: float = WARM_S, passes: int = 10, mib: int = 512) -> float:
     """GB/s of an elementwise pass over `mib` MiB (read + write), the best of `passes` after
-    `warm_s` seconds of warm-up (warm_device)."""
+    `warm_s` seconds of warm-up on the same array (warm_device)."""
     n = (mib << 20) // 2
     x = mx.random.normal((n,)).astype(mx.float16)
     mx.eval(x)
-    warm_device(warm_s)
+    warm_device(warm_s, x)
     best = math.inf
     for _ in range(passes):
         sync()

@@ -256,7 +256,8 @@ def test_pipelined_and_sync_decode_generate_the_same_tokens():
 
 def test_the_bandwidth_pass_is_timed_after_a_warm_up(monkeypatch):
     events = []
-    monkeypatch.setattr(bench, "warm_device", lambda seconds: events.append(("warm", seconds)))
+    monkeypatch.setattr(bench, "warm_device",
+                        lambda seconds, x: events.append(("warm", seconds, x.size)))
     real_eval = bench.mx.eval
 
     def recorded_eval(*arrays):
@@ -266,8 +267,9 @@ def test_the_bandwidth_pass_is_timed_after_a_warm_up(monkeypatch):
     monkeypatch.setattr(bench.mx, "eval", recorded_eval)
     gbs = bench.measure_bandwidth(warm_s=0.25, passes=3, mib=4)
     assert gbs > 0 and gbs != float("inf")
-    # The input is made, then the device warmed, then the timed passes.
-    assert events == [("eval",), ("warm", 0.25), ("eval",), ("eval",), ("eval",)]
+    # The input is made, then the device warmed on it, then the timed passes.
+    assert events == [("eval",), ("warm", 0.25, (4 << 20) // 2), ("eval",), ("eval",),
+                      ("eval",)]
 
 
 def test_the_warm_up_keeps_the_device_working_for_its_time(monkeypatch):
