@@ -664,6 +664,8 @@ class Evaluation:
         self.benches: dict[str, list[Bench]] = {}
         # Whether the judge shares device memory with the accused (cuda: device_share).
         self.device_share: dict[str, Any] | None = None
+        # Whether outputs read to the host are compared on the judge's GPU (device_checks).
+        self.host_outputs_on_device = device_checks.for_host_outputs(req.backend)
         self._truths: list[tuple[dict[str, np.ndarray], dict[str, Any]]] = []
         # A spare accused started by an earlier evaluation (spare_accused), and the file its
         # output went to, copied into this request's log at the end.
@@ -822,6 +824,7 @@ class Evaluation:
                 "accused_start_seconds": proc.start_seconds if proc else {},
                 "accused_cores": proc.cores if proc else None,
                 "outputs_read_to_host": self.host_reads,
+                "host_outputs_checked_on_device": self.host_outputs_on_device,
                 "gate": self._gate_diagnostics(),
                 "draw_cache": draw_cache.stats(),
                 "phase_seconds": self.phase.snapshot()}
@@ -1186,8 +1189,9 @@ class Evaluation:
 
     def _compare_snapshot(self, wl: Workload, snap: Snapshot,
                           truth: dict[str, np.ndarray]) -> Comparison:
-        """_compare of a snapshot's outputs: on the device where the snapshot is there and the
-        checks allow it (device_checks), on the host otherwise."""
+        """_compare of a snapshot's outputs: on the device where the snapshot is there, or is
+        on the host and the judge compares host outputs on its GPU (a copy up, then the same
+        arithmetic), and the checks allow it (device_checks); on the host otherwise."""
         dev = self._device_truth(wl, snap, truth)
         if dev is None:
             return self._compare(wl, self._decode_snapshot(wl, snap), truth)
@@ -1196,7 +1200,9 @@ class Evaluation:
         with self.phase("checks"):
             for s in wl.outputs:
                 tol = tolerance_for(self.req, s.dtype)
-                x = device_checks.decode(snap.device[s.name], s.dtype)  # type: ignore[index]
+                bits = (snap.device[s.name] if snap.device is not None
+                        else _device_copy(snap.host()[s.name], s))
+                x = device_checks.decode(bits, s.dtype)
                 ok, max_abs, max_rel = device_checks.compare(torch, x, dev[s.name], tol.atol,
                                                              tol.rtol)
                 result = result.merge(Comparison(ok, max_abs, max_rel))
@@ -1208,11 +1214,11 @@ class Evaluation:
 
     def _device_truth(self, wl: Workload, snap: Snapshot, truth: dict[str, np.ndarray]
                       ) -> dict[str, Any] | None:
-        """The truth as device tensors, for checks of a device snapshot; None where the checks
-        stay on the host (a host snapshot, a rule or type device_checks leaves to the host, a
-        truth whose shape is not the output's). The last few are kept: a truth is compared
-        with two calls in a trial."""
-        if snap.device is None:
+        """The truth as device tensors, for checks on the device; None where the checks stay
+        on the host (a host snapshot where the judge compares host outputs on the host, a rule
+        or type device_checks leaves to the host, a truth whose shape is not the output's).
+        The last few are kept: a truth is compared with two calls in a trial."""
+        if snap.device is None and not self.host_outputs_on_device:
             return None
         for s in wl.outputs:
             tol = tolerance_for(self.req, s.dtype)

@@ -1,5 +1,7 @@
-"""The judge's output checks computed where the outputs are: on the device, when the judge
-shares the accused's device memory (device_share), instead of copying every output to the host.
+"""The judge's output checks computed on its GPU instead of with numpy on the host: where the
+outputs are (the judge shares the accused's device memory: device_share), or after one copy up
+where the judge holds them on the host (mlx, whose memory it cannot reach; cuda without
+sharing) and has a CUDA device of its own (`for_host_outputs`).
 
 The arithmetic is core.py's, element for element: outputs and truth in float64, an element is
 close when |x - t| <= atol * max|finite t| + rtol * |t|, or equal (NaN to NaN) where the truth
@@ -15,11 +17,43 @@ every failure's details (counts, first index, near misses) stay on the host.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
+
+# Where the judge holds the outputs on the host (mlx, whose memory it cannot reach, or cuda
+# without shared memory), it may still compare them on its own GPU: a copy up and the
+# comparison there take a fraction of numpy's passes over the same elements.
+# $KSEARCH_HARNESS_DEVICE_CHECKS: `auto` (default: where PyTorch has a CUDA device) or `off`
+# (every comparison of host outputs stays on the host).
+MODE_ENV = "KSEARCH_HARNESS_DEVICE_CHECKS"
 
 # Element types these checks decode on the device: the storage bits reinterpreted as the
 # float type of the same width (bf16 and f16 widened to float32 exactly).
 FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
+
+
+def for_host_outputs(backend: str | None) -> bool:
+    """Whether the judge of `backend` compares outputs it read to the host on its GPU: never
+    for cpu, nor when $KSEARCH_HARNESS_DEVICE_CHECKS is `off`; otherwise where PyTorch imports
+    and has a CUDA device (an NVIDIA GPU, which on mlx is the one MLX runs on: Apple silicon has
+    none, and keeps the host's checks)."""
+    if (backend in (None, "cpu") or sys.platform == "darwin"
+            or os.environ.get(MODE_ENV, "auto").strip().lower() == "off"):
+        return False
+    return _cuda_torch()
+
+
+def _cuda_torch() -> bool:
+    """PyTorch imports here and sees a CUDA device (the import is Python's to keep)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - a broken CUDA install counts as none
+        return False
 
 
 def supported(dtype: str, rule: str, matched_ratio: float) -> bool:

@@ -11,6 +11,7 @@ behaviour of real MLX is checked by harness/tests/gpu_smoke.py on the device.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ from ksearch_harness.protocol import parse_request
 
 
 FAKE_MLX = Path(__file__).resolve().parent / "fake_mlx"
+FAKE_TORCH = Path(__file__).resolve().parent / "fake_torch"
 
 
 @pytest.fixture
@@ -45,6 +47,21 @@ def fake_mx(monkeypatch, tmp_path):
     device.deactivate()
     for name in [m for m in sys.modules if m == "mlx" or m.startswith("mlx.")]:
         del sys.modules[name]
+
+
+@pytest.fixture
+def judge_torch(monkeypatch):
+    """PyTorch with a CUDA device for the judge only (this process): the numpy stand-in of
+    test_gpu_cuda_fake.py, loaded by path so that no other test imports it as `torch`."""
+    spec = importlib.util.spec_from_file_location("fake_torch_impl",
+                                                  FAKE_TORCH / "fake_torch_impl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fake = module.FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setitem(sys.modules, "torch.cuda", fake.cuda)
+    monkeypatch.delenv("KSEARCH_HARNESS_DEVICE_CHECKS", raising=False)
+    return fake
 
 
 def events(captured: str, of_accused: bool = True) -> list[tuple]:
@@ -131,6 +148,14 @@ def scale(*, x, n):
     y = x * 2
     x._a[0] = x._a[0] + 1
     return y
+''',
+    # Off by a quarter everywhere: far beyond the tolerance.
+    "offset": '''
+import mlx.core as mx
+
+
+def scale(*, x, n):
+    return x * 2 + 0.25
 ''',
     "metal_only": '''
 import mlx.core as mx
@@ -642,3 +667,66 @@ def test_the_idle_probe_times_a_tiny_piece_of_the_judges_own_work(fake_mx):
     a = MlxAdapter(parse_request(raw, "evaluate"))
     probes = [a.idle_probe_seconds() for _ in range(3)]
     assert all(isinstance(p, float) and 0 <= p < 1 for p in probes)
+
+
+def test_host_outputs_are_compared_on_the_judges_gpu_where_it_has_one(tmp_path, fake_mx,
+                                                                     judge_torch, monkeypatch):
+    """A judge with a CUDA device of its own compares the outputs it read back from the
+    accused there (device_checks) instead of with numpy; $KSEARCH_HARNESS_DEVICE_CHECKS=off
+    keeps them on the host. Both ways pass the honest candidate."""
+    from ksearch_harness import device_checks
+    compared = []
+    real = device_checks.compare
+
+    def spy(xp, out, truth, atol, rtol):
+        compared.append(xp)
+        return real(xp, out, truth, atol, rtol)
+
+    monkeypatch.setattr(device_checks, "compare", spy)
+    on = _evaluate(tmp_path, HONEST)
+    assert on["status"] == "passed", on["message"]
+    assert on["diagnostics"]["host_outputs_checked_on_device"] is True
+    # Every correctness and timed call's outputs, on the judge's device.
+    assert len(compared) >= on["diagnostics"]["outputs_read_to_host"] > 0
+    assert all(xp is judge_torch for xp in compared)
+
+    compared.clear()
+    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_CHECKS", "off")
+    off = _evaluate(tmp_path, HONEST)
+    assert off["status"] == "passed", off["message"]
+    assert off["diagnostics"]["host_outputs_checked_on_device"] is False
+    assert not compared
+
+
+def test_a_judge_without_a_cuda_device_compares_host_outputs_on_the_host(tmp_path, fake_mx,
+                                                                         judge_torch,
+                                                                         monkeypatch):
+    monkeypatch.setattr(judge_torch.cuda, "is_available", lambda: False)
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", r["message"]
+    assert r["diagnostics"]["host_outputs_checked_on_device"] is False
+
+
+@pytest.mark.parametrize("name,status,cls", [
+    ("offset", "incorrect", None),
+    ("wrong_dtype", "incorrect", None),
+    ("caches_by_shape", "integrity_violation", "stale_output"),
+    ("mutates_input", "integrity_violation", "input_mutated"),
+])
+def test_checks_on_the_judges_gpu_reach_the_hosts_verdicts(tmp_path, fake_mx, judge_torch,
+                                                           monkeypatch, name, status, cls):
+    """Wrong and cheating candidates get the same verdict, message and error figures whether
+    the judge compares their outputs on its GPU or on the host."""
+    on = _evaluate(tmp_path, CANDIDATES[name])
+    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_CHECKS", "off")
+    off = _evaluate(tmp_path, CANDIDATES[name])
+    for r in (on, off):
+        assert r["status"] == status, (name, r["status"], r["message"])
+        assert (r["violation"] or {}).get("class") == cls, r["violation"]
+    assert on["message"] == off["message"]
+    errors = [[(w.get("max_abs_err"), w.get("max_rel_err")) for w in r["workloads"]]
+              for r in (on, off)]
+    assert errors[0] == errors[1]
+    if name == "offset":
+        assert on["diagnostics"]["host_outputs_checked_on_device"] is True
+        assert any(a is not None and a >= 0.2 for a, _ in errors[0]), errors[0]
