@@ -60,7 +60,7 @@ def judge_torch(monkeypatch):
     fake = module.FakeTorch()
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.setitem(sys.modules, "torch.cuda", fake.cuda)
-    monkeypatch.delenv("KSEARCH_HARNESS_DEVICE_CHECKS", raising=False)
+    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_CHECKS", "auto")
     return fake
 
 
@@ -671,9 +671,9 @@ def test_the_idle_probe_times_a_tiny_piece_of_the_judges_own_work(fake_mx):
 
 def test_host_outputs_are_compared_on_the_judges_gpu_where_it_has_one(tmp_path, fake_mx,
                                                                      judge_torch, monkeypatch):
-    """A judge with a CUDA device of its own compares the outputs it read back from the
-    accused there (device_checks) instead of with numpy; $KSEARCH_HARNESS_DEVICE_CHECKS=off
-    keeps them on the host. Both ways pass the honest candidate."""
+    """Asked to (`KSEARCH_HARNESS_DEVICE_CHECKS=auto`), a judge with a CUDA device of its own
+    compares the outputs it read back from the accused there (device_checks) instead of with
+    numpy; `off`, the default, keeps them on the host. Both ways pass the honest candidate."""
     from ksearch_harness import device_checks
     compared = []
     real = device_checks.compare
@@ -691,7 +691,7 @@ def test_host_outputs_are_compared_on_the_judges_gpu_where_it_has_one(tmp_path, 
     assert all(xp is judge_torch for xp in compared)
 
     compared.clear()
-    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_CHECKS", "off")
+    monkeypatch.delenv("KSEARCH_HARNESS_DEVICE_CHECKS")
     off = _evaluate(tmp_path, HONEST)
     assert off["status"] == "passed", off["message"]
     assert off["diagnostics"]["host_outputs_checked_on_device"] is False
