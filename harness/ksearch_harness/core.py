@@ -664,8 +664,11 @@ class Evaluation:
         self.benches: dict[str, list[Bench]] = {}
         # Whether the judge shares device memory with the accused (cuda: device_share).
         self.device_share: dict[str, Any] | None = None
-        # Whether outputs read to the host are compared on the judge's GPU (device_checks).
+        # Whether outputs read to the host are compared on the judge's GPU (device_checks),
+        # how many snapshots were, and why it stopped if its device failed.
         self.host_outputs_on_device = device_checks.for_host_outputs(req.backend)
+        self.host_outputs_compared_on_device = 0
+        self.device_checks_error: str | None = None
         self._truths: list[tuple[dict[str, np.ndarray], dict[str, Any]]] = []
         # A spare accused started by an earlier evaluation (spare_accused), and the file its
         # output went to, copied into this request's log at the end.
@@ -824,7 +827,8 @@ class Evaluation:
                 "accused_start_seconds": proc.start_seconds if proc else {},
                 "accused_cores": proc.cores if proc else None,
                 "outputs_read_to_host": self.host_reads,
-                "host_outputs_checked_on_device": self.host_outputs_on_device,
+                "host_outputs_compared_on_device": self.host_outputs_compared_on_device,
+                "device_checks_error": self.device_checks_error,
                 "gate": self._gate_diagnostics(),
                 "draw_cache": draw_cache.stats(),
                 "phase_seconds": self.phase.snapshot()}
@@ -1189,20 +1193,45 @@ class Evaluation:
 
     def _compare_snapshot(self, wl: Workload, snap: Snapshot,
                           truth: dict[str, np.ndarray]) -> Comparison:
-        """_compare of a snapshot's outputs: on the device where the snapshot is there, or is
-        on the host and the judge compares host outputs on its GPU (a copy up, then the same
-        arithmetic), and the checks allow it (device_checks); on the host otherwise."""
+        """_compare of a snapshot's outputs: on the device where the snapshot is there and the
+        checks allow it (device_checks), as _compare_host_snapshot says for a host one."""
+        if snap.device is None:
+            return self._compare_host_snapshot(wl, snap, truth)
         dev = self._device_truth(wl, snap, truth)
         if dev is None:
             return self._compare(wl, self._decode_snapshot(wl, snap), truth)
+        return self._compare_on_device(wl, lambda s: snap.device[s.name], dev)  # type: ignore[index]
+
+    def _compare_host_snapshot(self, wl: Workload, snap: Snapshot,
+                               truth: dict[str, np.ndarray]) -> Comparison:
+        """_compare of outputs read to the host: on the judge's GPU, each copied up, where it
+        compares host outputs there (device_checks.for_host_outputs) and the checks allow it;
+        on the host otherwise. A failure of the judge's own device (memory taken by the
+        accused beside it, for one) moves this and every later comparison of the evaluation to
+        the host: the arrays are the judge's copies either way, so the verdict is the same."""
+        if self.host_outputs_on_device:
+            try:
+                dev = self._device_truth(wl, snap, truth)
+                if dev is not None:
+                    cmp = self._compare_on_device(
+                        wl, lambda s: _device_copy(snap.host()[s.name], s), dev)
+                    self.host_outputs_compared_on_device += 1
+                    return cmp
+            except Exception as e:  # noqa: BLE001 - the judge's device, not the candidate's code
+                self.host_outputs_on_device = False
+                self.device_checks_error = f"{type(e).__name__}: {e}"[:300]
+        return self._compare(wl, self._decode_snapshot(wl, snap), truth)
+
+    def _compare_on_device(self, wl: Workload, bits: Callable[[Any], Any],
+                           dev: dict[str, Any]) -> Comparison:
+        """The comparison of each output (`bits(spec)`: its storage bits on the judge's device)
+        with its truth's device copy `dev` (device_checks)."""
         import torch
         result = Comparison(True, 0.0, 0.0)
         with self.phase("checks"):
             for s in wl.outputs:
                 tol = tolerance_for(self.req, s.dtype)
-                bits = (snap.device[s.name] if snap.device is not None
-                        else _device_copy(snap.host()[s.name], s))
-                x = device_checks.decode(bits, s.dtype)
+                x = device_checks.decode(bits(s), s.dtype)
                 ok, max_abs, max_rel = device_checks.compare(torch, x, dev[s.name], tol.atol,
                                                              tol.rtol)
                 result = result.merge(Comparison(ok, max_abs, max_rel))
@@ -1393,8 +1422,9 @@ class Evaluation:
         """_check_written of two calls (or one): on the device when both snapshots are there
         and no poison pattern survived; the host finds and reports what did."""
         snaps = [c.snap for c in (call_a, call_b) if c is not None]
-        dev = self._device_truth(wl, call_a.snap, truth)
-        if dev is not None and all(sn.device is not None for sn in snaps):
+        dev = (self._device_truth(wl, call_a.snap, truth)
+               if all(sn.device is not None for sn in snaps) else None)
+        if dev is not None:
             import torch
             with self.phase("checks"):
                 left = False

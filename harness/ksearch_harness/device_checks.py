@@ -49,11 +49,8 @@ def _cuda_torch() -> bool:
     """PyTorch imports here and sees a CUDA device (the import is Python's to keep)."""
     try:
         import torch
-    except ImportError:
-        return False
-    try:
         return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - a broken CUDA install counts as none
+    except Exception:  # noqa: BLE001 - a missing or broken install (a library clash) is none
         return False
 
 

@@ -669,13 +669,10 @@ def test_the_idle_probe_times_a_tiny_piece_of_the_judges_own_work(fake_mx):
     assert all(isinstance(p, float) and 0 <= p < 1 for p in probes)
 
 
-def test_host_outputs_are_compared_on_the_judges_gpu_where_it_has_one(tmp_path, fake_mx,
-                                                                     judge_torch, monkeypatch):
-    """Asked to (`KSEARCH_HARNESS_DEVICE_CHECKS=auto`), a judge with a CUDA device of its own
-    compares the outputs it read back from the accused there (device_checks) instead of with
-    numpy; `off`, the default, keeps them on the host. Both ways pass the honest candidate."""
+def _spy_device_compares(monkeypatch) -> list:
+    """The array namespaces device_checks.compare is called with, one entry per output."""
     from ksearch_harness import device_checks
-    compared = []
+    compared: list = []
     real = device_checks.compare
 
     def spy(xp, out, truth, atol, rtol):
@@ -683,28 +680,56 @@ def test_host_outputs_are_compared_on_the_judges_gpu_where_it_has_one(tmp_path, 
         return real(xp, out, truth, atol, rtol)
 
     monkeypatch.setattr(device_checks, "compare", spy)
+    return compared
+
+
+def test_host_outputs_are_compared_on_the_judges_gpu_where_it_has_one(tmp_path, fake_mx,
+                                                                     judge_torch, monkeypatch):
+    """Asked to (`KSEARCH_HARNESS_DEVICE_CHECKS=auto`), a judge with a CUDA device of its own
+    compares the outputs it read back from the accused there (device_checks) instead of with
+    numpy; `off`, the default, keeps them on the host. Both ways pass the honest candidate."""
+    compared = _spy_device_compares(monkeypatch)
     on = _evaluate(tmp_path, HONEST)
     assert on["status"] == "passed", on["message"]
-    assert on["diagnostics"]["host_outputs_checked_on_device"] is True
-    # Every correctness and timed call's outputs, on the judge's device.
-    assert len(compared) >= on["diagnostics"]["outputs_read_to_host"] > 0
+    # Every output read back and compared with its truth, on the judge's device (one output
+    # per workload here).
+    assert len(compared) == on["diagnostics"]["host_outputs_compared_on_device"] > 0
+    assert on["diagnostics"]["outputs_read_to_host"] > 0
     assert all(xp is judge_torch for xp in compared)
+    assert on["diagnostics"]["device_checks_error"] is None
 
     compared.clear()
     monkeypatch.delenv("KSEARCH_HARNESS_DEVICE_CHECKS")
     off = _evaluate(tmp_path, HONEST)
     assert off["status"] == "passed", off["message"]
-    assert off["diagnostics"]["host_outputs_checked_on_device"] is False
+    assert off["diagnostics"]["host_outputs_compared_on_device"] == 0
     assert not compared
 
 
 def test_a_judge_without_a_cuda_device_compares_host_outputs_on_the_host(tmp_path, fake_mx,
                                                                          judge_torch,
                                                                          monkeypatch):
+    compared = _spy_device_compares(monkeypatch)
     monkeypatch.setattr(judge_torch.cuda, "is_available", lambda: False)
     r = _evaluate(tmp_path, HONEST)
     assert r["status"] == "passed", r["message"]
-    assert r["diagnostics"]["host_outputs_checked_on_device"] is False
+    assert r["diagnostics"]["host_outputs_compared_on_device"] == 0 and not compared
+
+
+def test_a_failing_judge_device_moves_the_comparisons_to_the_host(tmp_path, fake_mx,
+                                                                  judge_torch, monkeypatch):
+    """The judge's device out of memory (the accused beside it may hold the rest): the
+    evaluation goes on with host comparisons and the same verdicts, and says why."""
+    def empty(shape, dtype, device=None):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 128.00 MiB")
+
+    monkeypatch.setattr(judge_torch, "empty", empty)
+    honest = _evaluate(tmp_path, HONEST)
+    assert honest["status"] == "passed", honest["message"]
+    assert honest["diagnostics"]["host_outputs_compared_on_device"] == 0
+    assert "out of memory" in honest["diagnostics"]["device_checks_error"]
+    wrong = _evaluate(tmp_path, CANDIDATES["offset"])
+    assert wrong["status"] == "incorrect", wrong["message"]
 
 
 @pytest.mark.parametrize("name,status,cls", [
@@ -717,9 +742,12 @@ def test_checks_on_the_judges_gpu_reach_the_hosts_verdicts(tmp_path, fake_mx, ju
                                                            monkeypatch, name, status, cls):
     """Wrong and cheating candidates get the same verdict, message and error figures whether
     the judge compares their outputs on its GPU or on the host."""
+    compared = _spy_device_compares(monkeypatch)
     on = _evaluate(tmp_path, CANDIDATES[name])
-    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_CHECKS", "off")
+    on_device = len(compared)
+    monkeypatch.delenv("KSEARCH_HARNESS_DEVICE_CHECKS")
     off = _evaluate(tmp_path, CANDIDATES[name])
+    assert len(compared) == on_device  # none with the default
     for r in (on, off):
         assert r["status"] == status, (name, r["status"], r["message"])
         assert (r["violation"] or {}).get("class") == cls, r["violation"]
@@ -727,6 +755,8 @@ def test_checks_on_the_judges_gpu_reach_the_hosts_verdicts(tmp_path, fake_mx, ju
     errors = [[(w.get("max_abs_err"), w.get("max_rel_err")) for w in r["workloads"]]
               for r in (on, off)]
     assert errors[0] == errors[1]
+    if name in ("offset", "caches_by_shape"):
+        # Their wrong outputs were found by the comparisons on the judge's device.
+        assert on_device == on["diagnostics"]["host_outputs_compared_on_device"] > 0
     if name == "offset":
-        assert on["diagnostics"]["host_outputs_checked_on_device"] is True
         assert any(a is not None and a >= 0.2 for a, _ in errors[0]), errors[0]
