@@ -314,6 +314,21 @@ def test_timed_calls_pair_the_candidate_with_the_baseline(tmp_path, torch):
         assert w["speedup_vs_baseline"] == intervals.median(paired)
 
 
+def test_with_device_checks_asked_for_host_outputs_are_compared_on_the_device(
+        tmp_path, torch, monkeypatch):
+    """KSEARCH_HARNESS_DEVICE_CHECKS=auto: outputs read back through the host arena (sharing
+    off) are compared on the judge's device; shared outputs are there already and count as
+    none. The honest candidate passes and the offset one fails, either way."""
+    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_CHECKS", "auto")
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", r["message"]
+    shared = os.environ["KSEARCH_HARNESS_DEVICE_SHARE"] == "emulate"
+    assert (r["diagnostics"]["host_outputs_compared_on_device"] > 0) == (not shared)
+    off_by_one = HONEST.replace("2.f * __half2float", "1.f + 2.f * __half2float")
+    wrong = _evaluate(tmp_path, off_by_one)
+    assert wrong["status"] == "incorrect", wrong["message"]
+
+
 def test_error_codes_are_runtime_errors(tmp_path, torch):
     r = _evaluate(tmp_path, CANDIDATES["bad_launch"])
     assert r["status"] == "runtime_error"
