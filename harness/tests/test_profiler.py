@@ -265,9 +265,10 @@ def test_a_profiler_started_ahead_waits_while_anything_is_timed(tmp_path, monkey
         time.sleep(0.01)  # until the stand-in has started its target
     with spare_accused.paused():
         # The stand-in and its target, every thread stopped (a signal takes effect when its
-        # thread next runs: on a loaded machine, not at once).
+        # thread next runs: on a loaded machine, not at once; a thread inside a system call
+        # that waits on the disk, state D, stops only when the call ends).
         states = _eventually(lambda: _tree_states(waiting),
-                             lambda st: len(st) >= 2 and all(s in "Tt" for s in st))
+                             lambda st: len(st) >= 2 and all(s in "Tt" for s in st), 30.0)
         assert len(states) >= 2 and all(s in "Tt" for s in states), states
     states = _eventually(lambda: _tree_states(waiting),
                          lambda st: not any(s in "Tt" for s in st))
