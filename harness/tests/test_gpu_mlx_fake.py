@@ -11,7 +11,6 @@ behaviour of real MLX is checked by harness/tests/gpu_smoke.py on the device.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -28,7 +27,6 @@ from ksearch_harness.protocol import parse_request
 
 
 FAKE_MLX = Path(__file__).resolve().parent / "fake_mlx"
-FAKE_TORCH = Path(__file__).resolve().parent / "fake_torch"
 
 
 @pytest.fixture
@@ -52,12 +50,9 @@ def fake_mx(monkeypatch, tmp_path):
 @pytest.fixture
 def judge_torch(monkeypatch):
     """PyTorch with a CUDA device for the judge only (this process): the numpy stand-in of
-    test_gpu_cuda_fake.py, loaded by path so that no other test imports it as `torch`."""
-    spec = importlib.util.spec_from_file_location("fake_torch_impl",
-                                                  FAKE_TORCH / "fake_torch_impl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    fake = module.FakeTorch()
+    test_gpu_cuda_fake.py, as test_bench.py takes it."""
+    from test_gpu_cuda_fake import FakeTorch
+    fake = FakeTorch()
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.setitem(sys.modules, "torch.cuda", fake.cuda)
     monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_CHECKS", "auto")
