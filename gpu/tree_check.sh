@@ -12,8 +12,12 @@
 #       carry=[".device-carry/ks", ".device-carry/oldtree"])
 #   mlx: as gpu/score_check.sh says (two carry halves), .device-carry/oldtree with the second.
 #
-# KERNEL names the attention variant (gpu/attention/variants.toml). Results in $OUT:
-# tree-<old|new>-<pair>.jsonl, summary.txt, log.txt. Measured: docs/results/evaluation-speed.
+# KERNEL names the attention variant (gpu/attention/variants.toml). TREES (default `old new`)
+# lists the settings alternated in each pair: `old` is the old tree, any other label the
+# working tree, run with the environment assignments in ENV_<label> if set, e.g.
+#   TREES='old host staged' ENV_host='KSEARCH_HARNESS_DEVICE_SHARE=off' BACKEND=mlx ...
+# Results in $OUT: tree-<label>-<pair>.jsonl, summary.txt, log.txt. Measured:
+# docs/results/evaluation-speed.
 set -uo pipefail
 
 if [ "${1:-}" = prepare ]; then
@@ -36,13 +40,16 @@ files=()
 for _ in $(seq "${FILES:-4}"); do files+=("$F"); done
 
 for pair in $(seq "${PAIRS:-2}"); do
-    for tree in old new; do
+    for tree in ${TREES:-old new}; do
         root=$ROOT
         [ "$tree" = old ] && root=$OLD
+        settings_var="ENV_$tree"
+        settings=${!settings_var:-}
         started=$SECONDS
-        KSEARCH_ROOT=$root "$KS" eval --task attention --backend "$BACKEND" --timing quick \
-            --json-lines "${files[@]}" > "$OUT/tree-$tree-$pair.jsonl"
-        echo "tree $tree, pair $pair: $((SECONDS - started)) s"
+        # shellcheck disable=SC2086 # the settings are assignments, one word each
+        env $settings KSEARCH_ROOT="$root" "$KS" eval --task attention --backend "$BACKEND" \
+            --timing quick --json-lines "${files[@]}" > "$OUT/tree-$tree-$pair.jsonl"
+        echo "tree $tree${settings:+ ($settings)}, pair $pair: $((SECONDS - started)) s"
     done
 done
 

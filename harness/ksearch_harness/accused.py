@@ -74,7 +74,8 @@ class Accused:
         if op == "alloc":
             return self.alloc(msg, fds)
         if op in ("h2d", "d2h"):
-            return self.copy(op, self.slot(msg), msg.get("names") or [])
+            return self.copy(op, self.slot(msg), msg.get("names") or [],
+                             staged=bool(msg.get("staged")))
         if op == "unchanged":
             return self.unchanged(self.slot(msg), msg.get("names") or [])
         if op == "release":
@@ -138,6 +139,13 @@ class Accused:
                                  offset=int(t["offset"])).reshape(spec.shape)
             if self.backend == "cpu":
                 buf = view
+            elif shared is not None and self.backend == "mlx":
+                # The candidate's arrays are MLX's; the shared memory stages them (copy).
+                from .adapters.device import torch_bits_dtype
+                buf = self.adapter.alloc(spec)
+                slot.staging[spec.name] = shared.tensor(
+                    int(t["device_offset"]), int(t["nbytes"]),
+                    torch_bits_dtype(np.dtype(storage).itemsize), spec.shape)
             elif shared is not None:
                 from .adapters.device import torch_dtype
                 buf = self.adapter.adopt(spec, shared.tensor(
@@ -155,18 +163,19 @@ class Accused:
         return {}
 
     def _shared_memory(self, msg: dict[str, Any], fds: list[int]) -> Any:
-        """The slot's device memory the judge shares (device_share), when it sent one: the
-        slot's device tensors are then views of it, which the judge writes and reads itself."""
+        """The slot's device memory the judge shares (device_share), when it sent one: on
+        cuda the slot's device tensors are then views of it, which the judge writes and reads
+        itself; on mlx it stages them (`copy` with `staged`)."""
         share = msg.get("device_share")
         if not share:
             for fd in fds:
                 os.close(fd)
             return None
-        if len(fds) != 1 or self.backend != "cuda":
+        if len(fds) != 1 or self.backend not in ("cuda", "mlx"):
             for fd in fds:
                 os.close(fd)
-            raise CommandFailed("task", "shared device memory needs the cuda backend and one "
-                                "descriptor")
+            raise CommandFailed("task", "shared device memory needs the cuda or mlx backend "
+                                "and one descriptor")
         from . import device_share
         try:
             return device_share.open_shared(fds[0], int(share["size"]),
@@ -180,7 +189,10 @@ class Accused:
             raise CommandFailed("task", f"no slot {msg.get('slot')}")
         return s
 
-    def copy(self, op: str, slot: "Slot", names: list[str]) -> dict[str, Any]:
+    def copy(self, op: str, slot: "Slot", names: list[str], staged: bool = False
+             ) -> dict[str, Any]:
+        """Copies tensors in (`h2d`) or out (`d2h`) through the arena, or through the slot's
+        staging on the device (`staged`, mlx with shared memory)."""
         if self.backend == "cpu":
             return {}  # the buffers are the arena
         import numpy as np
@@ -189,13 +201,21 @@ class Accused:
                 buf = slot.inputs.get(n) or slot.outputs.get(n)
                 if buf is None:
                     raise CommandFailed("task", f"no tensor `{n}` in the slot")
-                if op == "h2d":
+                stage = slot.staging.get(n) if staged else None
+                if staged and stage is None:
+                    raise CommandFailed("task", f"no staging for `{n}` in the slot")
+                if stage is not None and op == "h2d":
+                    self.adapter.upload_staged(buf, stage)
+                elif stage is not None:
+                    self.adapter.stage_output(buf, stage)
+                elif op == "h2d":
                     self.adapter.upload(buf, slot.views[n])
                 else:
                     np.copyto(slot.views[n], self.adapter.to_host(buf), casting="no")
                 # An input is compared with what was copied in, an output with what was
-                # last copied out (a poisoned output has nothing to be compared with).
-                if (op == "h2d") == (n in slot.inputs):
+                # last copied out (a poisoned output has nothing to be compared with). A
+                # staged output is not: the judge copies it out again to see it unchanged.
+                if (op == "h2d") == (n in slot.inputs) and not (staged and op == "d2h"):
                     slot.pristine[n] = self.adapter.keep_pristine(buf)
                 elif n in slot.outputs:
                     slot.pristine.pop(n, None)
@@ -294,6 +314,8 @@ class Slot:
         self.pristine: dict[str, Any] = {}  # device copies for `unchanged` (Accused.copy)
         self.fn: Callable[[], None] | None = None
         self.shared: Any = None  # device_share.Mapping the judge shares, if any
+        # mlx with shared memory: per tensor, its staging there (storage bits, device).
+        self.staging: dict[str, Any] = {}
 
 
 def _failure(e: BaseException) -> CommandFailed:
@@ -429,7 +451,30 @@ def _prepare_device(backend: str, audit: bool = True) -> None:
                 from .adapters.mlx import prepare_device_clock
                 prepare_device_clock(mx)
                 _mark("clock")
+            _prepare_torch_cuda()
     import numpy  # noqa: F401 - every backend's buffers are numpy views of the arena
+
+
+def _prepare_torch_cuda() -> None:
+    """PyTorch's CUDA state, made before the lock-down in an mlx accused on an NVIDIA GPU: a
+    judge that shares device memory with it stages the candidate's arrays through PyTorch
+    tensors over that memory (`alloc`, `copy` with `staged`). Without PyTorch or its CUDA
+    the judge's copies go through the arena (the ready message's `stages_on_device`)."""
+    global STAGES_ON_DEVICE
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.init()
+            torch.zeros(1, device="cuda")
+            STAGES_ON_DEVICE = True
+            _mark("torch")
+    except Exception:  # noqa: BLE001 - a missing or broken PyTorch: no staging
+        pass
+
+
+# Whether this accused can stage an mlx candidate's arrays in device memory the judge shares
+# (_prepare_torch_cuda); the cuda backend's shared buffers are PyTorch's, made at start-up.
+STAGES_ON_DEVICE = False
 
 
 def serve(sock: socket.socket, backend: str, audit: bool = True, lockdown_on: bool = True) -> int:
@@ -445,6 +490,7 @@ def serve(sock: socket.socket, backend: str, audit: bool = True, lockdown_on: bo
         return 1
     channel.send(sock, {"seq": 0, "ok": True, "op": "ready", "pid": os.getpid(),
                         "lockdown": lockdown, "start_marks": START_MARKS,
+                        "stages_on_device": STAGES_ON_DEVICE,
                         "kernel_audit": {"active": AUDIT.available, "detail": AUDIT.why}})
     while True:
         try:

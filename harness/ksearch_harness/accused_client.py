@@ -241,6 +241,8 @@ class AccusedProcess:
             accused_end.close()
         self.ready = False
         self.kernel_audit: dict[str, Any] = {"active": False, "detail": ""}
+        # mlx: whether the accused can stage arrays in shared device memory (accused.py).
+        self.stages_on_device = False
 
     def wait_ready(self) -> None:
         """Waits for the accused to finish starting (imports, device, lock-down), which it
@@ -258,6 +260,7 @@ class AccusedProcess:
         self.kernel_audit = ({"active": bool(audit.get("active")),
                               "detail": str(audit.get("detail", ""))[:300]}
                              if isinstance(audit, dict) else {"active": False, "detail": ""})
+        self.stages_on_device = bool(ready.get("stages_on_device"))
         lock = ready.get("lockdown")
         if isinstance(lock, dict):
             self.layers.append({"name": str(lock.get("name", "seccomp_lockdown")),
@@ -541,12 +544,16 @@ class AccusedProcess:
 
 class RemoteBuffer:
     """A tensor of the accused: its arena view and where it lives in the accused. With shared
-    device memory (device_share) also `dev`, the judge's own view of the accused's device
-    tensor (its storage bits), which the judge writes and reads without the arena."""
+    device memory (device_share) also either `dev`, the judge's own view of the accused's
+    device tensor (its storage bits, cuda), which the judge writes and reads without the
+    arena; or `staging` (mlx on an NVIDIA GPU), a shared device buffer the accused copies the
+    tensor in from and out to on the device, as it copies through the arena otherwise: the
+    candidate's arrays are MLX's own, which no other process can map."""
 
     def __init__(self, spec: TensorSpec, view: Any, slot: int, role: str, dev: Any = None):
         self.spec, self.view, self.slot, self.role = spec, view, slot, role
         self.dev = dev
+        self.staging: Any = None
 
 
 class RemoteCall:
@@ -566,16 +573,22 @@ class AccusedAdapter:
     Buffers live in one shared arena per workload slot; on the cpu backend the candidate works
     on them directly, so uploads and reads are the judge's own memory accesses. On GPU backends
     an upload is also a copy to the device (`h2d`) and a read first a copy back (`d2h`), unless
-    the judge shares the slot's device memory with the accused (`share_device`, cuda): then
-    the judge copies between its host arrays and the shared device tensors itself, and can
-    check them on the device (`device_view`)."""
+    the judge shares the slot's device memory with the accused (`share_device`):
+    - cuda: the candidate's buffers are that memory; the judge copies between its host arrays
+      and the shared device tensors itself, and can check them on the device (`device_view`);
+    - mlx (on an NVIDIA GPU): the memory stages each tensor (`RemoteBuffer.staging`); the
+      judge writes an input there and the accused copies it into a new MLX array on the device
+      (`h2d` with `staged`), and the accused copies an output there for the judge to read or
+      compare on the device (`d2h` with `staged`, `device_outputs`). No host copy either way,
+      nor the page migrations of MLX's managed memory that host copies cost."""
 
     def __init__(self, process: AccusedProcess, backend: str, arena_bytes: int,
                  share_device: bool = False):
         self.process = process
         self.backend = backend
         self.on_device = backend != "cpu"
-        self.share_device = share_device and backend == "cuda"
+        self.share_device = share_device and backend in ("cuda", "mlx")
+        self.staged = self.share_device and backend == "mlx"
         self.arena = Arena(arena_bytes)
         self.layout = Layout()
         self.slots = 0
@@ -642,12 +655,42 @@ class AccusedAdapter:
         for t in tensors:
             b = made[t["name"]]
             storage = dtypes.get(b.spec.dtype).storage
-            b.dev = mapping.tensor(int(t["device_offset"]), int(t["nbytes"]),
-                                   torch_bits_dtype(np.dtype(storage).itemsize), b.spec.shape)
+            view = mapping.tensor(int(t["device_offset"]), int(t["nbytes"]),
+                                  torch_bits_dtype(np.dtype(storage).itemsize), b.spec.shape)
+            if self.staged:
+                b.staging = view
+            else:
+                b.dev = view
 
     def device_view(self, buf: RemoteBuffer) -> Any:
-        """The judge's device view of `buf` (storage bits), or None without shared memory."""
+        """The judge's device view of `buf` (storage bits), or None without shared memory or
+        where the memory only stages the tensor (mlx): what the candidate sees is elsewhere."""
         return buf.dev
+
+    def device_target(self, buf: RemoteBuffer) -> Any:
+        """Where the judge writes an input on the device: the candidate's buffer itself
+        (`dev`) or its staging (`stage_inputs` then has the accused take it); None without
+        shared memory."""
+        return buf.dev if buf.dev is not None else buf.staging
+
+    def stage_inputs(self, bufs: dict[str, RemoteBuffer]) -> None:
+        """After the judge wrote `bufs` (inputs of one slot) on the device: the accused copies
+        each from its staging into a new array of the candidate's, on the device (`h2d` with
+        `staged`). Nothing to do where the candidate's buffers are the shared memory."""
+        names = [n for n, b in bufs.items() if b.dev is None and b.staging is not None]
+        if names:
+            self.process.rpc("h2d", slot=_one_slot(bufs), names=names, staged=True)
+
+    def device_outputs(self, bufs: dict[str, RemoteBuffer]) -> dict[str, Any] | None:
+        """Device tensors (storage bits) holding the outputs of one slot now, for the judge to
+        copy and check on the device: the shared buffers themselves (cuda), or their staging
+        after the accused copied each output there (mlx); None unless every output has one."""
+        if bufs and all(b.dev is not None for b in bufs.values()):
+            return {n: b.dev for n, b in bufs.items()}
+        if not bufs or any(b.staging is None for b in bufs.values()):
+            return None
+        self.process.rpc("d2h", slot=_one_slot(bufs), names=list(bufs), staged=True)
+        return {n: b.staging for n, b in bufs.items()}
 
     def _place(self, nbytes: int) -> Placement:
         place = self.layout.place(nbytes)
@@ -661,6 +704,11 @@ class AccusedAdapter:
         if buf.dev is not None:
             from .adapters.device import torch_upload
             torch_upload(buf.dev, host)  # complete when it returns, before any later command
+            return
+        if buf.staging is not None:
+            from .adapters.device import torch_upload
+            torch_upload(buf.staging, host)
+            self.stage_inputs({buf.spec.name: buf})
             return
         np.copyto(buf.view, host, casting="no")
         if self.on_device:
@@ -677,6 +725,9 @@ class AccusedAdapter:
         from . import parallel
         if buf.dev is not None:
             return device_to_host(buf.dev, buf.spec)
+        if buf.staging is not None:
+            self.process.rpc("d2h", slot=buf.slot, names=[buf.spec.name], staged=True)
+            return device_to_host(buf.staging, buf.spec)
         if self.on_device:
             self.process.rpc("d2h", slot=buf.slot, names=[buf.spec.name])
         return parallel.copy(buf.view)
@@ -730,6 +781,13 @@ class AccusedAdapter:
             m.close()
         self.shared = []
         return finish
+
+
+def _one_slot(bufs: dict[str, RemoteBuffer]) -> int:
+    slots = {b.slot for b in bufs.values()}
+    if len(slots) != 1:
+        raise TaskError("harness error: one copy command takes the tensors of one slot")
+    return slots.pop()
 
 
 def device_to_host(bits: Any, spec: TensorSpec) -> Any:

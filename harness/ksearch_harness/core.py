@@ -662,7 +662,8 @@ class Evaluation:
         self.own_kernels: set[str] = set()
         self.kernels_seen: list[str] = []
         self.benches: dict[str, list[Bench]] = {}
-        # Whether the judge shares device memory with the accused (cuda: device_share).
+        # Whether the judge shares device memory with the accused (device_share: cuda, and
+        # mlx on an NVIDIA GPU).
         self.device_share: dict[str, Any] | None = None
         # Whether outputs read to the host are compared on the judge's GPU (device_checks),
         # how many snapshots were, and why it stopped if its device failed.
@@ -923,9 +924,10 @@ class Evaluation:
         spare_accused.note_ready(sum(v for k, v in self.process.start_seconds.items()
                                      if k != "waited"))
         share = False
-        if self.req.backend == "cuda":
-            from . import device_share
-            share, why = device_share.available()
+        if self.req.backend in ("cuda", "mlx"):
+            share, why = _device_share_available(self.req.backend)
+            if share and self.req.backend == "mlx" and not self.process.stages_on_device:
+                share, why = False, "the accused has no PyTorch CUDA device to stage arrays with"
             self.device_share = {"active": share, "detail": why[:300]}
         return AccusedAdapter(self.process, self.req.backend, self.arena_bytes,
                               share_device=share), artifact
@@ -1057,26 +1059,33 @@ class Evaluation:
         with self.phase("upload"):
             kept = self._device_inputs(bench, inputs)
             if kept is not None:
-                # Copies on the device from the judge's own copy of the set, which is also
-                # what the accused's inputs must still equal after each call; the judge's
-                # staged inputs for the reference and baseline come from it too.
+                # Copies on the device from the judge's own copy of the set: into the
+                # accused's buffers (cuda), or into their staging, from which the accused
+                # copies them into new arrays (mlx: AccusedAdapter.stage_inputs).
                 for name, buf in bench.inputs.items():
-                    acc.device_view(buf).copy_(kept[name])
-                for name, buf in bench.judge_inputs.items():
-                    self.adapter.upload_bits(buf, kept[name],  # type: ignore[union-attr]
-                                             inputs.stored[name])
-                bench.pristine = dict(kept)
-                _judge_sync()  # written before the candidate runs
+                    acc.device_target(buf).copy_(kept[name])
+                if not acc.staged:
+                    # cuda: the judge's copy is also what the accused's inputs must still
+                    # equal after each call, and its staged inputs for the reference and
+                    # baseline come from it.
+                    for name, buf in bench.judge_inputs.items():
+                        self.adapter.upload_bits(buf, kept[name],  # type: ignore[union-attr]
+                                                 inputs.stored[name])
+                    bench.pristine = dict(kept)
+                    _judge_sync()  # written before the candidate runs
+                    return
+                _judge_sync()  # in the staging before the accused copies it
+                acc.stage_inputs(bench.inputs)
             else:
                 for name, buf in bench.inputs.items():
                     acc.upload(buf, inputs.stored[name])
-                staged = self._staged_inputs(bench, inputs)
-                for name, buf in bench.judge_inputs.items():
-                    if staged is not None:
-                        self.adapter.upload_kept(  # type: ignore[union-attr]
-                            buf, inputs.stored[name], staged[name])
-                    else:
-                        self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
+            staged = self._staged_inputs(bench, inputs)
+            for name, buf in bench.judge_inputs.items():
+                if staged is not None:
+                    self.adapter.upload_kept(  # type: ignore[union-attr]
+                        buf, inputs.stored[name], staged[name])
+                else:
+                    self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
 
     def _staged_inputs(self, bench: Bench, inputs: Inputs) -> dict[str, Any] | None:
         """The judge's own device arrays of an input set, for adapters whose staged inputs can
@@ -1095,11 +1104,12 @@ class Evaluation:
 
     def _device_inputs(self, bench: Bench, inputs: Inputs) -> dict[str, Any] | None:
         """The judge's own device copy of an input set (storage bits), where every input of
-        the bench is shared; None otherwise. A set the draw cache keeps across evaluations
-        keeps its device copy too, so later evaluations copy on the device only."""
+        the bench is shared or staged in shared memory; None otherwise. A set the draw cache
+        keeps across evaluations keeps its device copy too, so later evaluations copy on the
+        device only."""
         acc = self.accused
         assert acc is not None
-        if not bench.inputs or any(acc.device_view(b) is None for b in bench.inputs.values()):
+        if not bench.inputs or any(acc.device_target(b) is None for b in bench.inputs.values()):
             return None
         return draw_cache.device_copy(
             inputs, lambda: {name: _device_copy(inputs.stored[name], buf.spec)
@@ -1136,8 +1146,8 @@ class Evaluation:
         acc = self.accused
         assert acc is not None
         specs = {n: b.spec for n, b in bench.outputs.items()}
-        views = {n: acc.device_view(b) for n, b in bench.outputs.items()}
-        if all(v is not None for v in views.values()):
+        views = acc.device_outputs(bench.outputs)
+        if views is not None:
             with self.phase("checks"):
                 copies = {n: v.clone() for n, v in views.items()}
                 # Complete before the accused runs again: a copy still queued could take in
@@ -2112,6 +2122,28 @@ def _device_copy(stored: np.ndarray, spec: Any) -> Any:
     shared buffers are)."""
     from .adapters.device import torch_bits_dtype, torch_from_host
     return torch_from_host(stored, spec.dtype).view(torch_bits_dtype(stored.dtype.itemsize))
+
+
+def _device_share_available(backend: str) -> tuple[bool, str]:
+    """Whether the judge shares device memory with the accused (device_share), and why not.
+    On mlx the memory stages the candidate's arrays, which takes PyTorch with a CUDA device
+    in the judge (MLX on an NVIDIA GPU; not on Apple silicon, nor in its tests' emulation
+    without a stand-in)."""
+    from . import device_share
+    if backend == "mlx" and not os.environ.get(device_share.MODE_ENV, "").strip():
+        # Until the staging is measured on a GPU (docs/results/evaluation-speed).
+        return False, (f"on mlx the staging is used where asked for "
+                       f"({device_share.MODE_ENV}=auto)")
+    share, why = device_share.available()
+    if share and backend == "mlx" and device_share.mode() != "emulate":
+        if not device_checks.cuda_torch():
+            return False, "PyTorch has no CUDA device in the judge"
+    if share and backend == "mlx":
+        try:
+            import torch  # noqa: F401 - the staging's tensors are PyTorch's
+        except Exception as e:  # noqa: BLE001 - a missing or broken install
+            return False, f"PyTorch does not import: {type(e).__name__}: {e}"
+    return share, why
 
 
 @functools.cache

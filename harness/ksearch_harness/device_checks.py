@@ -42,10 +42,10 @@ def for_host_outputs(backend: str | None) -> bool:
     if (backend in (None, "cpu") or sys.platform == "darwin"
             or os.environ.get(MODE_ENV, "off").strip().lower() != "auto"):
         return False
-    return _cuda_torch()
+    return cuda_torch()
 
 
-def _cuda_torch() -> bool:
+def cuda_torch() -> bool:
     """PyTorch imports here and sees a CUDA device (the import is Python's to keep)."""
     try:
         import torch

@@ -755,3 +755,106 @@ def test_checks_on_the_judges_gpu_reach_the_hosts_verdicts(tmp_path, fake_mx, ju
         assert on_device == on["diagnostics"]["host_outputs_compared_on_device"] > 0
     if name == "offset":
         assert any(a is not None and a >= 0.2 for a, _ in errors[0]), errors[0]
+
+
+FAKE_TORCH = Path(__file__).resolve().parent / "fake_torch"
+
+
+@pytest.fixture
+def staged(fake_mx, judge_torch, monkeypatch):
+    """mlx with device memory shared as staging (device_share, emulated: a memfd stands in for
+    the device's memory): PyTorch stand-ins in the judge and in the accused (a child importing
+    the fake package from PYTHONPATH). Yields the judge's commands to the accused as (op,
+    staged) pairs."""
+    from ksearch_harness import accused_client
+    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_SHARE", "emulate")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE_TORCH),
+                                                      os.environ["PYTHONPATH"]]))
+    monkeypatch.setenv("KSEARCH_HARNESS_ACCUSED_ENV",
+                       "KSEARCH_FAKE_MLX_EVENTS,KSEARCH_FAKE_TORCH")
+    monkeypatch.setenv("KSEARCH_FAKE_TORCH", "{}")
+    ops: list[tuple[str, bool]] = []
+    real = accused_client.AccusedProcess.rpc
+
+    def rpc(self, op, **fields):
+        ops.append((op, bool(fields.get("staged"))))
+        return real(self, op, **fields)
+
+    monkeypatch.setattr(accused_client.AccusedProcess, "rpc", rpc)
+    return ops
+
+
+def test_staged_inputs_and_outputs_cross_on_the_device(tmp_path, staged, monkeypatch):
+    """With shared device memory an mlx judge writes each input set into the slot's staging
+    and the accused copies it into new MLX arrays there; each output is copied back into the
+    staging and compared on the judge's device. Nothing crosses through the host arena."""
+    compared = _spy_device_compares(monkeypatch)
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", r["message"]
+    assert r["diagnostics"]["device_share"]["active"] is True
+    copies = [(op, s) for op, s in staged if op in ("h2d", "d2h")]
+    assert {op for op, _ in copies} == {"h2d", "d2h"}
+    assert all(s for _, s in copies), copies
+    # Every call's outputs were compared on the device: the two correctness calls of each
+    # trial and every timed call's, from the staging's copies (no host outputs to copy up).
+    assert len(compared) >= r["diagnostics"]["candidate_calls"] > 0
+    assert r["diagnostics"]["host_outputs_compared_on_device"] == 0
+    # An output that stays the same after the settle window is seen so by copying it out
+    # again, not by the accused's own count (`unchanged` is for the inputs only).
+    calls = sum(1 for op, _ in staged if op == "call")
+    assert sum(1 for op, _ in copies if op == "d2h") >= calls
+
+
+@pytest.mark.parametrize("name,status,cls", [
+    ("offset", "incorrect", None),
+    ("wrong_dtype", "incorrect", None),
+    ("caches_by_shape", "integrity_violation", "stale_output"),
+    ("mutates_input", "integrity_violation", "input_mutated"),
+])
+def test_staging_reaches_the_verdicts_of_copies_through_the_host(tmp_path, staged, monkeypatch,
+                                                                 name, status, cls):
+    """Wrong and cheating candidates get the same verdict, message and error figures with
+    their tensors staged on the device as through the host arena."""
+    on = _evaluate(tmp_path, CANDIDATES[name])
+    assert any(s for _, s in staged)
+    staged.clear()
+    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_SHARE", "off")
+    off = _evaluate(tmp_path, CANDIDATES[name])
+    assert not any(s for _, s in staged)
+    assert on["diagnostics"]["device_share"]["active"] is True
+    assert off["diagnostics"]["device_share"]["active"] is False
+    for r in (on, off):
+        assert r["status"] == status, (name, r["status"], r["message"])
+        assert (r["violation"] or {}).get("class") == cls, r["violation"]
+    assert on["message"] == off["message"]
+    errors = [[(w.get("max_abs_err"), w.get("max_rel_err")) for w in r["workloads"]]
+              for r in (on, off)]
+    assert errors[0] == errors[1]
+
+
+def test_an_mlx_judge_without_a_cuda_device_does_not_stage(tmp_path, fake_mx, judge_torch,
+                                                            monkeypatch):
+    """Sharing asked for (`auto`) where PyTorch sees no CUDA device (MLX on Apple silicon):
+    the tensors go through the host arena, and the result says why."""
+    from ksearch_harness import core, device_share
+    monkeypatch.setattr(device_share, "available", lambda device=0: (True, ""))
+    monkeypatch.setattr(judge_torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_SHARE", "auto")
+    assert core._device_share_available("mlx") == (
+        False, "PyTorch has no CUDA device in the judge")
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", r["message"]
+    assert r["diagnostics"]["device_share"]["active"] is False
+
+
+def test_an_accused_without_pytorch_gets_its_tensors_through_the_arena(tmp_path, staged,
+                                                                       monkeypatch):
+    """The judge could share memory, but the accused started without a PyTorch that sees the
+    GPU (it says so when ready): its tensors go through the host arena."""
+    paths = [p for p in os.environ["PYTHONPATH"].split(os.pathsep) if p != str(FAKE_TORCH)]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    r = _evaluate(tmp_path, HONEST)
+    assert r["status"] == "passed", r["message"]
+    assert r["diagnostics"]["device_share"] == {
+        "active": False, "detail": "the accused has no PyTorch CUDA device to stage arrays with"}
+    assert staged and not any(s for _, s in staged)

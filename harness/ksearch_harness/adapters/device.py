@@ -309,6 +309,79 @@ def mlx_from_host(stored: np.ndarray, dtype_name: str):
     return arr
 
 
+def mlx_from_device_bits(bits: Any, dtype_name: str, shape: tuple[int, ...]):
+    """A new, evaluated MLX array holding the storage bits of the PyTorch tensor `bits`: on
+    the device where `bits` is a CUDA tensor (the staging an mlx judge shares with its
+    accused on an NVIDIA GPU), so the array is in device memory from the start; through the
+    host otherwise (a staging emulated in host memory, in tests)."""
+    mx = _import_mlx()
+    if not getattr(bits, "is_cuda", False):
+        stored = bits.cpu().numpy().view(dtypes.get(dtype_name).storage)
+        return mlx_from_host(stored.reshape(shape), dtype_name)
+    import torch
+    arr = mx.zeros(tuple(shape), mlx_dtype(dtype_name))
+    mx.eval(arr)
+    mx.synchronize()  # written by MLX before it is written here
+    if arr.size:
+        mlx_cuda_alias(arr).copy_(bits.reshape(tuple(shape)))
+        torch.cuda.synchronize()
+    return arr
+
+
+def mlx_to_device_bits(arr: Any, bits: Any, storage: np.dtype) -> None:
+    """Copies the MLX array `arr` into the PyTorch tensor `bits` (storage bits of the element
+    type whose host storage is `storage`, `arr`'s shape): on the device where `bits` is a
+    CUDA tensor, through the host otherwise (as in mlx_from_device_bits). An array whose
+    layout PyTorch cannot alias (negative strides) is first copied into a contiguous one by
+    MLX."""
+    mx = _import_mlx()
+    mx.eval(arr)
+    mx.synchronize()
+    if not getattr(bits, "is_cuda", False):
+        torch_upload(bits, mlx_to_host(arr, storage))
+        return
+    import torch
+    if arr.size:
+        try:
+            src = mlx_cuda_alias(arr)
+        except (RuntimeError, ValueError, TypeError, BufferError):
+            arr = _device_copy(mx, arr)
+            mx.eval(arr)
+            mx.synchronize()
+            src = mlx_cuda_alias(arr)
+        bits.copy_(src)
+        torch.cuda.synchronize()
+
+
+class _CudaArrayInterface:
+    """Device memory described for torch.as_tensor (`__cuda_array_interface__`, version 3; no
+    stream: the caller has synchronized)."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...],
+                 width: int):
+        self.__cuda_array_interface__ = {
+            "shape": shape, "strides": strides, "typestr": _TYPESTR[width],
+            "data": (ptr, False), "version": 3, "stream": None}
+
+
+_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}
+
+
+def mlx_cuda_alias(arr: Any) -> Any:
+    """A PyTorch CUDA tensor over the memory of the evaluated MLX array `arr`, as integers of
+    its element's width (torch_bits_dtype), with its shape and strides. MLX on CUDA keeps
+    arrays in managed memory and exports them through DLPack as host memory; managed memory
+    has one address on the host and the device, so the same pointer is the device's."""
+    import torch
+    t = torch.from_dlpack(arr)
+    if t.is_cuda:
+        return t.view(torch_bits_dtype(t.element_size()))
+    width = t.element_size()
+    return torch.as_tensor(
+        _CudaArrayInterface(t.data_ptr(), tuple(t.shape),
+                            tuple(st * width for st in t.stride()), width), device="cuda")
+
+
 def _bits(mx, arr):
     """`arr` flattened and viewed as unsigned integers of its element's width."""
     bits = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}[arr.dtype.size]

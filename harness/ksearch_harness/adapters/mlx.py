@@ -42,7 +42,8 @@ from .. import dtypes, kernel_clock, machine, static_checks
 from ..protocol import Entry, Incorrect, Request, TaskError, TensorSpec
 from . import BuildFailed, BuildInfo
 from .device import (DeviceAdapter, LazyOutput, HostLater, _bits, _device_copy, mlx_dtype,
-                     mlx_from_host, mlx_to_host, resolve_entry)
+                     mlx_from_device_bits, mlx_from_host, mlx_to_device_bits, mlx_to_host,
+                     resolve_entry)
 
 BUILDERS = ("cuda_kernel", "metal_kernel")
 KERNEL_HASH_CHARS = 12
@@ -296,6 +297,23 @@ class MlxAdapter(DeviceAdapter):
         b = np.array(then, copy=True).reshape(-1).view(np.uint8)
         n = min(a.size, b.size)
         return int(np.count_nonzero(a[:n] != b[:n])) + abs(a.size - b.size)
+
+    def upload_staged(self, buf: MlxBuffer, stage: Any) -> None:
+        """In the accused, with shared device memory: an input the judge wrote into its
+        staging (`stage`, storage bits), copied into a new array on the device."""
+        if buf.spec.name in self._output_names:
+            raise TaskError(f"`{buf.spec.name}` is an output; only inputs are copied in")
+        buf.array, buf.host = mlx_from_device_bits(stage, buf.spec.dtype, buf.spec.shape), None
+
+    def stage_output(self, buf: MlxBuffer, stage: Any) -> None:
+        """In the accused, with shared device memory: an output copied into its staging
+        (`stage`, storage bits) for the judge; what `to_host` reads where there is none."""
+        storage = dtypes.get(buf.spec.dtype).storage
+        if buf.array is None:
+            from .device import torch_upload
+            torch_upload(stage, self.to_host(buf))
+            return
+        mlx_to_device_bits(buf.array, stage, storage)
 
     def _fresh(self, stored: np.ndarray, spec: TensorSpec) -> Any:
         return mlx_from_host(stored, spec.dtype)
