@@ -1079,7 +1079,7 @@ class Evaluation:
             else:
                 for name, buf in bench.inputs.items():
                     acc.upload(buf, inputs.stored[name])
-            staged = self._staged_inputs(bench, inputs)
+            staged = self._staged_inputs(bench, inputs, kept)
             for name, buf in bench.judge_inputs.items():
                 if staged is not None:
                     self.adapter.upload_kept(  # type: ignore[union-attr]
@@ -1087,15 +1087,24 @@ class Evaluation:
                 else:
                     self.adapter.upload(buf, inputs.stored[name])  # type: ignore[union-attr]
 
-    def _staged_inputs(self, bench: Bench, inputs: Inputs) -> dict[str, Any] | None:
+    def _staged_inputs(self, bench: Bench, inputs: Inputs, bits: dict[str, Any] | None = None
+                       ) -> dict[str, Any] | None:
         """The judge's own device arrays of an input set, for adapters whose staged inputs can
         be reused (adapters.reuses_staged_inputs: MLX, whose arrays are immutable); kept with a
         set the draw cache keeps, so later evaluations upload nothing for the judge's
-        reference and baseline. None for other adapters (they upload every repetition)."""
+        reference and baseline. Made from the judge's device copy of the set (`bits`, storage
+        bits) where it has one, on the device; from the host arrays otherwise. None for other
+        adapters (they upload every repetition)."""
         a = self.adapter
         if a is None or not a.reuses_staged_inputs or not bench.judge_inputs:
             return None
-        make = a.device_array  # type: ignore[attr-defined]
+        if bits is not None:
+            from_bits = a.device_array_from_bits  # type: ignore[attr-defined]
+
+            def make(stored: np.ndarray, spec: Any) -> Any:
+                return from_bits(bits[spec.name], spec)
+        else:
+            make = a.device_array  # type: ignore[attr-defined]
         return draw_cache.device_copy(
             inputs, lambda: {name: make(inputs.stored[name], buf.spec)
                              for name, buf in bench.judge_inputs.items()},

@@ -788,10 +788,23 @@ def test_staged_inputs_and_outputs_cross_on_the_device(tmp_path, staged, monkeyp
     """With shared device memory an mlx judge writes each input set into the slot's staging
     and the accused copies it into new MLX arrays there; each output is copied back into the
     staging and compared on the judge's device. Nothing crosses through the host arena."""
+    from ksearch_harness.adapters import mlx as mlx_adapter
     compared = _spy_device_compares(monkeypatch)
+    made: list[str] = []
+    for how in ("device_array", "device_array_from_bits"):
+        real = getattr(mlx_adapter.MlxAdapter, how)
+
+        def spy(self, source, spec, how=how, real=real):
+            made.append(how)
+            return real(self, source, spec)
+
+        monkeypatch.setattr(mlx_adapter.MlxAdapter, how, spy)
     r = _evaluate(tmp_path, HONEST)
     assert r["status"] == "passed", r["message"]
     assert r["diagnostics"]["device_share"]["active"] is True
+    # The judge's own arrays (for its reference and baseline) come from its device copy of
+    # each set too, not from the host.
+    assert made and set(made) == {"device_array_from_bits"}
     copies = [(op, s) for op, s in staged if op in ("h2d", "d2h")]
     assert {op for op, _ in copies} == {"h2d", "d2h"}
     assert all(s for _, s in copies), copies

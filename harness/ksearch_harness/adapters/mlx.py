@@ -239,6 +239,11 @@ class MlxAdapter(DeviceAdapter):
         """An MLX array holding `host` (storage of `spec`'s dtype), for `upload_kept`."""
         return mlx_from_host(host, spec.dtype)
 
+    def device_array_from_bits(self, bits: Any, spec: TensorSpec) -> Any:
+        """As `device_array`, from a PyTorch tensor of the storage bits (the judge's device
+        copy of an input set, where it stages the accused's inputs): copied on the device."""
+        return mlx_from_device_bits(bits, spec.dtype, spec.shape)
+
     def upload_kept(self, buf: MlxBuffer, host: np.ndarray, array: Any) -> None:
         """As `upload`, with an array made from the same bytes before (`device_array`). MLX arrays
         are immutable, so the one made for an input set the draw cache keeps serves every
