@@ -141,11 +141,10 @@ class Accused:
                 buf = view
             elif shared is not None and self.backend == "mlx":
                 # The candidate's arrays are MLX's; the shared memory stages them (copy).
-                from .adapters.device import torch_bits_dtype
+                from . import device_share
                 buf = self.adapter.alloc(spec)
-                slot.staging[spec.name] = shared.tensor(
-                    int(t["device_offset"]), int(t["nbytes"]),
-                    torch_bits_dtype(np.dtype(storage).itemsize), spec.shape)
+                slot.staging[spec.name] = device_share.span(
+                    shared, int(t["device_offset"]), int(t["nbytes"]))
             elif shared is not None:
                 from .adapters.device import torch_dtype
                 buf = self.adapter.adopt(spec, shared.tensor(
@@ -451,29 +450,27 @@ def _prepare_device(backend: str, audit: bool = True) -> None:
                 from .adapters.mlx import prepare_device_clock
                 prepare_device_clock(mx)
                 _mark("clock")
-            _prepare_torch_cuda()
+            _prepare_staging()
     import numpy  # noqa: F401 - every backend's buffers are numpy views of the arena
 
 
-def _prepare_torch_cuda() -> None:
-    """PyTorch's CUDA state, made before the lock-down in an mlx accused on an NVIDIA GPU: a
-    judge that shares device memory with it stages the candidate's arrays through PyTorch
-    tensors over that memory (`alloc`, `copy` with `staged`). Without PyTorch or its CUDA
-    the judge's copies go through the arena (the ready message's `stages_on_device`)."""
+def _prepare_staging() -> None:
+    """Whether this mlx accused can stage the candidate's arrays in device memory the judge
+    shares (`alloc`, `copy` with `staged`): MLX runs on CUDA here and the driver, which
+    copies between that memory and MLX's, loads now, before the lock-down (or the staging is
+    emulated in host memory: tests). The ready message says so (`stages_on_device`)."""
     global STAGES_ON_DEVICE
+    from . import device_share
     try:
-        import torch
-        if torch.cuda.is_available():
-            torch.cuda.init()
-            torch.zeros(1, device="cuda")
-            STAGES_ON_DEVICE = True
-            _mark("torch")
-    except Exception:  # noqa: BLE001 - a missing or broken PyTorch: no staging
-        pass
+        if device_share.mode() != "emulate":
+            device_share.load_driver()
+        STAGES_ON_DEVICE = True
+    except (OSError, device_share.ShareError):
+        STAGES_ON_DEVICE = False
 
 
-# Whether this accused can stage an mlx candidate's arrays in device memory the judge shares
-# (_prepare_torch_cuda); the cuda backend's shared buffers are PyTorch's, made at start-up.
+# Whether this accused can stage an mlx candidate's arrays in shared device memory
+# (_prepare_staging); the cuda backend's shared buffers are its tensors themselves.
 STAGES_ON_DEVICE = False
 
 

@@ -927,7 +927,7 @@ class Evaluation:
         if self.req.backend in ("cuda", "mlx"):
             share, why = _device_share_available(self.req.backend)
             if share and self.req.backend == "mlx" and not self.process.stages_on_device:
-                share, why = False, "the accused has no PyTorch CUDA device to stage arrays with"
+                share, why = False, "the accused cannot stage arrays on the device"
             self.device_share = {"active": share, "detail": why[:300]}
         return AccusedAdapter(self.process, self.req.backend, self.arena_bytes,
                               share_device=share), artifact

@@ -96,6 +96,8 @@ def _cuda() -> Any:
             "cuMemRelease": [u64],
             "cuMemAddressFree": [u64, size_t],
             "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
+            "cuMemcpyDtoD_v2": [u64, u64, size_t],
+            "cuCtxSynchronize": [],
         }
         for name, args in sigs.items():
             fn = getattr(lib, name)
@@ -103,6 +105,11 @@ def _cuda() -> Any:
             fn.restype = ctypes.c_int
         _driver = lib
     return _driver
+
+
+def load_driver() -> None:
+    """Loads the CUDA driver library and its entry points (OSError if it cannot)."""
+    _cuda()
 
 
 def _check(name: str, rc: int) -> None:
@@ -209,6 +216,37 @@ class Mapping:
         raw = torch.as_tensor(_ArrayInterface(self.ptr + offset, nbytes),
                               device=f"cuda:{self.device}")
         return raw.view(dtype).reshape(shape)
+
+
+@dataclass
+class Span:
+    """`nbytes` of a mapping at device address `ptr`, or, emulated, its bytes (`host`, a
+    numpy uint8 view): what the mlx accused copies its arrays into and out of, with the
+    driver (copy_device), PyTorch playing no part."""
+    ptr: int
+    nbytes: int
+    host: Any = None
+
+
+def span(mapping: Mapping, offset: int, nbytes: int) -> Span:
+    if offset < 0 or offset + nbytes > mapping.size:
+        raise ShareError(f"a span of {nbytes} bytes at {offset} exceeds the mapping "
+                         f"({mapping.size} bytes)")
+    if mapping.emulated:
+        import numpy as np
+        return Span(0, nbytes, np.frombuffer(mapping.host, dtype=np.uint8, count=nbytes,
+                                             offset=offset))
+    return Span(mapping.ptr + offset, nbytes)
+
+
+def copy_device(dst: int, src: int, nbytes: int) -> None:
+    """Copies `nbytes` from device address `src` to `dst` (either may be managed memory,
+    which has one address on the host and the device), complete when this returns."""
+    if nbytes <= 0:
+        return
+    cu = _cuda()
+    _check("cuMemcpyDtoD", cu.cuMemcpyDtoD_v2(dst, src, nbytes))
+    _check("cuCtxSynchronize", cu.cuCtxSynchronize())
 
 
 class _ArrayInterface:

@@ -757,22 +757,15 @@ def test_checks_on_the_judges_gpu_reach_the_hosts_verdicts(tmp_path, fake_mx, ju
         assert any(a is not None and a >= 0.2 for a, _ in errors[0]), errors[0]
 
 
-FAKE_TORCH = Path(__file__).resolve().parent / "fake_torch"
-
-
 @pytest.fixture
 def staged(fake_mx, judge_torch, monkeypatch):
     """mlx with device memory shared as staging (device_share, emulated: a memfd stands in for
-    the device's memory): PyTorch stand-ins in the judge and in the accused (a child importing
-    the fake package from PYTHONPATH). Yields the judge's commands to the accused as (op,
-    staged) pairs."""
+    the device's memory, in the judge, with its PyTorch stand-in, and in the accused, which
+    is told so). Yields the judge's commands to the accused as (op, staged) pairs."""
     from ksearch_harness import accused_client
     monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_SHARE", "emulate")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE_TORCH),
-                                                      os.environ["PYTHONPATH"]]))
     monkeypatch.setenv("KSEARCH_HARNESS_ACCUSED_ENV",
-                       "KSEARCH_FAKE_MLX_EVENTS,KSEARCH_FAKE_TORCH")
-    monkeypatch.setenv("KSEARCH_FAKE_TORCH", "{}")
+                       "KSEARCH_FAKE_MLX_EVENTS,KSEARCH_HARNESS_DEVICE_SHARE")
     ops: list[tuple[str, bool]] = []
     real = accused_client.AccusedProcess.rpc
 
@@ -860,14 +853,31 @@ def test_an_mlx_judge_without_a_cuda_device_does_not_stage(tmp_path, fake_mx, ju
     assert r["diagnostics"]["device_share"]["active"] is False
 
 
-def test_an_accused_without_pytorch_gets_its_tensors_through_the_arena(tmp_path, staged,
-                                                                       monkeypatch):
-    """The judge could share memory, but the accused started without a PyTorch that sees the
-    GPU (it says so when ready): its tensors go through the host arena."""
-    paths = [p for p in os.environ["PYTHONPATH"].split(os.pathsep) if p != str(FAKE_TORCH)]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+def test_an_accused_without_the_driver_gets_its_tensors_through_the_arena(tmp_path, staged,
+                                                                          monkeypatch):
+    """The judge could share memory, but the accused could not load the CUDA driver that
+    copies its arrays (here: no GPU, and not told of the emulation); it says so when ready,
+    and its tensors go through the host arena."""
+    monkeypatch.setenv("KSEARCH_HARNESS_ACCUSED_ENV", "KSEARCH_FAKE_MLX_EVENTS")
     r = _evaluate(tmp_path, HONEST)
     assert r["status"] == "passed", r["message"]
     assert r["diagnostics"]["device_share"] == {
-        "active": False, "detail": "the accused has no PyTorch CUDA device to stage arrays with"}
+        "active": False, "detail": "the accused cannot stage arrays on the device"}
     assert staged and not any(s for _, s in staged)
+
+
+def test_an_arrays_address_and_layout_come_from_its_dlpack_export():
+    """mlx_data_pointer reads DLPack's DLTensor, which MLX and numpy export alike: the first
+    element's address, and whether the elements are one row-major block (only then does the
+    staging copy them as bytes; otherwise MLX makes such a copy first)."""
+    a = np.arange(24, dtype=np.float16).reshape(2, 3, 4)
+    assert device.mlx_data_pointer(a) == (a.ctypes.data, True)
+    t = a.transpose(0, 2, 1)
+    assert device.mlx_data_pointer(t) == (a.ctypes.data, False)
+    s = a[1, 1:, :]
+    assert device.mlx_data_pointer(s) == (s.ctypes.data, True)
+    assert s.ctypes.data != a.ctypes.data
+    assert device.mlx_data_pointer(a[:, :, ::2])[1] is False
+    # A dimension of one may have any stride.
+    assert device.mlx_data_pointer(a[:, 1:2, :])[1] is False
+    assert device.mlx_data_pointer(a[1:2, 1:2, :])[1] is True

@@ -25,6 +25,7 @@ Nothing here imports torch or mlx at module level.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import time
@@ -309,77 +310,99 @@ def mlx_from_host(stored: np.ndarray, dtype_name: str):
     return arr
 
 
-def mlx_from_device_bits(bits: Any, dtype_name: str, shape: tuple[int, ...]):
-    """A new, evaluated MLX array holding the storage bits of the PyTorch tensor `bits`: on
-    the device where `bits` is a CUDA tensor (the staging an mlx judge shares with its
-    accused on an NVIDIA GPU), so the array is in device memory from the start; through the
-    host otherwise (a staging emulated in host memory, in tests)."""
+def mlx_from_stage(stage: Any, dtype_name: str, shape: tuple[int, ...]):
+    """A new, evaluated MLX array holding the bytes of `stage` (a device_share.Span: the
+    staging the judge shares with an mlx accused on an NVIDIA GPU), copied on the device by
+    the driver into an array MLX allocated, so it is in device memory from the start; from
+    the span's host bytes where it is emulated (tests)."""
     mx = _import_mlx()
-    if not getattr(bits, "is_cuda", False):
-        stored = bits.cpu().numpy().view(dtypes.get(dtype_name).storage)
-        return mlx_from_host(stored.reshape(shape), dtype_name)
-    import torch
+    if stage.host is not None:
+        stored = stage.host.view(dtypes.get(dtype_name).storage).reshape(shape)
+        return mlx_from_host(stored, dtype_name)
+    from .. import device_share
     arr = mx.zeros(tuple(shape), mlx_dtype(dtype_name))
     mx.eval(arr)
     mx.synchronize()  # written by MLX before it is written here
     if arr.size:
-        mlx_cuda_alias(arr).copy_(bits.reshape(tuple(shape)))
-        torch.cuda.synchronize()
+        ptr, contiguous = mlx_data_pointer(arr)
+        if not contiguous or arr.nbytes != stage.nbytes:
+            raise HarnessError(f"an MLX array of {arr.nbytes} bytes made for a staged input "
+                               f"of {stage.nbytes} is not one row-major block")
+        device_share.copy_device(ptr, stage.ptr, stage.nbytes)
     return arr
 
 
-def mlx_to_device_bits(arr: Any, bits: Any, storage: np.dtype) -> None:
-    """Copies the MLX array `arr` into the PyTorch tensor `bits` (storage bits of the element
-    type whose host storage is `storage`, `arr`'s shape): on the device where `bits` is a
-    CUDA tensor, through the host otherwise (as in mlx_from_device_bits). An array whose
-    layout PyTorch cannot alias (negative strides) is first copied into a contiguous one by
-    MLX."""
+def mlx_to_stage(arr: Any, stage: Any, storage: np.dtype) -> None:
+    """Copies the MLX array `arr` into `stage` (a device_share.Span of its size): on the
+    device by the driver, after MLX made a row-major copy of an array that is not one; into
+    the span's host bytes where it is emulated."""
     mx = _import_mlx()
     mx.eval(arr)
     mx.synchronize()
-    if not getattr(bits, "is_cuda", False):
-        torch_upload(bits, mlx_to_host(arr, storage))
+    if stage.host is not None:
+        stage.host[:] = np.ascontiguousarray(mlx_to_host(arr, storage)).reshape(-1).view(
+            np.uint8)
         return
-    import torch
-    if arr.size:
-        try:
-            src = mlx_cuda_alias(arr)
-        except (RuntimeError, ValueError, TypeError, BufferError):
-            arr = _device_copy(mx, arr)
-            mx.eval(arr)
-            mx.synchronize()
-            src = mlx_cuda_alias(arr)
-        bits.copy_(src)
-        torch.cuda.synchronize()
+    if not arr.size:
+        return
+    from .. import device_share
+    ptr, contiguous = mlx_data_pointer(arr)
+    if not contiguous:
+        arr = _device_copy(mx, arr)
+        mx.eval(arr)
+        mx.synchronize()
+        ptr, contiguous = mlx_data_pointer(arr)
+    if not contiguous or arr.nbytes != stage.nbytes:
+        raise HarnessError(f"an output of {arr.nbytes} bytes cannot be staged in "
+                           f"{stage.nbytes} as one row-major block")
+    device_share.copy_device(stage.ptr, ptr, stage.nbytes)
 
 
-class _CudaArrayInterface:
-    """Device memory described for torch.as_tensor (`__cuda_array_interface__`, version 3; no
-    stream: the caller has synchronized)."""
-
-    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...],
-                 width: int):
-        self.__cuda_array_interface__ = {
-            "shape": shape, "strides": strides, "typestr": _TYPESTR[width],
-            "data": (ptr, False), "version": 3, "stream": None}
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
 
-_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
 
 
-def mlx_cuda_alias(arr: Any) -> Any:
-    """A PyTorch CUDA tensor over the memory of the evaluated MLX array `arr`, as integers of
-    its element's width (torch_bits_dtype), with its shape and strides. MLX on CUDA keeps
-    arrays in managed memory and exports them through DLPack as host memory; managed memory
-    has one address on the host and the device, so the same pointer is the device's."""
-    import torch
-    t = torch.from_dlpack(arr)
-    if t.is_cuda:
-        return t.view(torch_bits_dtype(t.element_size()))
-    width = t.element_size()
-    return torch.as_tensor(
-        _CudaArrayInterface(t.data_ptr(), tuple(t.shape),
-                            tuple(st * width for st in t.stride()), width), device="cuda")
+class _DLTensor(ctypes.Structure):
+    """DLPack's DLTensor (the head of a legacy `dltensor` capsule's DLManagedTensor)."""
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+def mlx_data_pointer(arr: Any) -> tuple[int, bool]:
+    """The address of the evaluated MLX array's first element and whether its elements are
+    one row-major block, from its DLPack export (MLX on CUDA exports managed memory, whose
+    address is the same on the host and the device)."""
+    capsule = arr.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    t = _DLTensor.from_address(get(capsule, b"dltensor"))
+    shape = [int(t.shape[i]) for i in range(t.ndim)]
+    contiguous = True
+    if t.strides:
+        expected = 1
+        for i in reversed(range(t.ndim)):
+            if shape[i] != 1 and int(t.strides[i]) != expected:
+                contiguous = False
+            expected *= shape[i]
+    return int(t.data or 0) + int(t.byte_offset), contiguous
+
+
+def mlx_from_device_bits(bits: Any, dtype_name: str, shape: tuple[int, ...]):
+    """As mlx_from_stage, from a contiguous PyTorch tensor of the storage bits (the judge's
+    device copy of an input set, where it stages the accused's inputs): copied on the device
+    where `bits` is a CUDA tensor, through the host otherwise (tests)."""
+    from ..device_share import Span
+    if not getattr(bits, "is_cuda", False):
+        stored = bits.cpu().numpy().view(dtypes.get(dtype_name).storage)
+        return mlx_from_host(stored.reshape(shape), dtype_name)
+    return mlx_from_stage(Span(int(bits.data_ptr()), int(bits.numel()) * bits.element_size()),
+                          dtype_name, shape)
 
 
 def _bits(mx, arr):

@@ -42,8 +42,8 @@ from .. import dtypes, kernel_clock, machine, static_checks
 from ..protocol import Entry, Incorrect, Request, TaskError, TensorSpec
 from . import BuildFailed, BuildInfo
 from .device import (DeviceAdapter, LazyOutput, HostLater, _bits, _device_copy, mlx_dtype,
-                     mlx_from_device_bits, mlx_from_host, mlx_to_device_bits, mlx_to_host,
-                     resolve_entry)
+                     mlx_from_device_bits, mlx_from_host, mlx_from_stage, mlx_to_host,
+                     mlx_to_stage, resolve_entry)
 
 BUILDERS = ("cuda_kernel", "metal_kernel")
 KERNEL_HASH_CHARS = 12
@@ -305,20 +305,25 @@ class MlxAdapter(DeviceAdapter):
 
     def upload_staged(self, buf: MlxBuffer, stage: Any) -> None:
         """In the accused, with shared device memory: an input the judge wrote into its
-        staging (`stage`, storage bits), copied into a new array on the device."""
+        staging (`stage`, a device_share.Span), copied into a new array on the device."""
         if buf.spec.name in self._output_names:
             raise TaskError(f"`{buf.spec.name}` is an output; only inputs are copied in")
-        buf.array, buf.host = mlx_from_device_bits(stage, buf.spec.dtype, buf.spec.shape), None
+        buf.array, buf.host = mlx_from_stage(stage, buf.spec.dtype, buf.spec.shape), None
 
     def stage_output(self, buf: MlxBuffer, stage: Any) -> None:
-        """In the accused, with shared device memory: an output copied into its staging
-        (`stage`, storage bits) for the judge; what `to_host` reads where there is none."""
+        """In the accused, with shared device memory: an output (or input) copied into its
+        staging (`stage`, a device_share.Span) for the judge; what `to_host` reads where
+        there is no array."""
         storage = dtypes.get(buf.spec.dtype).storage
         if buf.array is None:
-            from .device import torch_upload
-            torch_upload(stage, self.to_host(buf))
+            host = np.ascontiguousarray(self.to_host(buf)).reshape(-1).view(np.uint8)
+            if stage.host is not None:
+                stage.host[:] = host
+            else:
+                arr = self._mx().array(host)
+                mlx_to_stage(arr, stage, np.dtype(np.uint8))
             return
-        mlx_to_device_bits(buf.array, stage, storage)
+        mlx_to_stage(buf.array, stage, storage)
 
     def _fresh(self, stored: np.ndarray, spec: TensorSpec) -> Any:
         return mlx_from_host(stored, spec.dtype)
