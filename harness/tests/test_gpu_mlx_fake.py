@@ -55,7 +55,7 @@ def judge_torch(monkeypatch):
     fake = FakeTorch()
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.setitem(sys.modules, "torch.cuda", fake.cuda)
-    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_CHECKS", "auto")
+    monkeypatch.delenv("KSEARCH_HARNESS_DEVICE_CHECKS", raising=False)  # the default: auto
     return fake
 
 
@@ -680,9 +680,9 @@ def _spy_device_compares(monkeypatch) -> list:
 
 def test_host_outputs_are_compared_on_the_judges_gpu_where_it_has_one(tmp_path, fake_mx,
                                                                      judge_torch, monkeypatch):
-    """Asked to (`KSEARCH_HARNESS_DEVICE_CHECKS=auto`), a judge with a CUDA device of its own
+    """By default (`KSEARCH_HARNESS_DEVICE_CHECKS=auto`) a judge with a CUDA device of its own
     compares the outputs it read back from the accused there (device_checks) instead of with
-    numpy; `off`, the default, keeps them on the host. Both ways pass the honest candidate."""
+    numpy; `off` keeps them on the host. Both ways pass the honest candidate."""
     compared = _spy_device_compares(monkeypatch)
     on = _evaluate(tmp_path, HONEST)
     assert on["status"] == "passed", on["message"]
@@ -694,7 +694,7 @@ def test_host_outputs_are_compared_on_the_judges_gpu_where_it_has_one(tmp_path, 
     assert on["diagnostics"]["device_checks_error"] is None
 
     compared.clear()
-    monkeypatch.delenv("KSEARCH_HARNESS_DEVICE_CHECKS")
+    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_CHECKS", "off")
     off = _evaluate(tmp_path, HONEST)
     assert off["status"] == "passed", off["message"]
     assert off["diagnostics"]["host_outputs_compared_on_device"] == 0
@@ -740,9 +740,9 @@ def test_checks_on_the_judges_gpu_reach_the_hosts_verdicts(tmp_path, fake_mx, ju
     compared = _spy_device_compares(monkeypatch)
     on = _evaluate(tmp_path, CANDIDATES[name])
     on_device = len(compared)
-    monkeypatch.delenv("KSEARCH_HARNESS_DEVICE_CHECKS")
+    monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_CHECKS", "off")
     off = _evaluate(tmp_path, CANDIDATES[name])
-    assert len(compared) == on_device  # none with the default
+    assert len(compared) == on_device  # none with `off`
     for r in (on, off):
         assert r["status"] == status, (name, r["status"], r["message"])
         assert (r["violation"] or {}).get("class") == cls, r["violation"]
