@@ -313,7 +313,7 @@ class Slot:
         self.pristine: dict[str, Any] = {}  # device copies for `unchanged` (Accused.copy)
         self.fn: Callable[[], None] | None = None
         self.shared: Any = None  # device_share.Mapping the judge shares, if any
-        # mlx with shared memory: per tensor, its staging there (storage bits, device).
+        # mlx with shared memory: per tensor, its staging there (device_share.Span).
         self.staging: dict[str, Any] = {}
 
 
