@@ -1,7 +1,8 @@
 """The summary of a device script that alternates two settings of one evaluation loop
 (gpu/judge_check.sh, gpu/tree_check.sh): every `<name>-<setting>-<pair>.jsonl` in OUT, each
-line one `ksearch eval --json-lines` result. Prints per evaluation its status, score, wall and
-the harness's phase seconds, then per setting the median wall (and range) and the median of
+line one `ksearch eval --json-lines` result. Prints per evaluation its status, score and
+interval, wall, the harness's phase seconds and, on the device clock, the accused's timed
+calls (their median host time, how many were charged above their device time), then per setting the median wall (and range) and the median of
 each phase over the evaluations after each call's first, which pay the judge's and the
 yardstick's start.
 
@@ -28,10 +29,11 @@ def main(out: str, name: str) -> None:
                 r = json.loads(line).get("result") or {}
                 ph = (r.get("diagnostics") or {}).get("phase_seconds") or {}
                 wall = r.get("wall_seconds") or 0.0
+                timing = _timed_calls(r)
                 print(f"{os.path.basename(path)} #{k}: {r.get('status')} score {r.get('score')} "
-                      f"wall {wall:.2f} s  " + " ".join(
+                      f"interval {r.get('score_interval')} wall {wall:.2f} s  " + " ".join(
                           f"{p} {v:.2f}" for p, v in sorted(ph.items())
-                          if v >= 0.05 and p != "total"))
+                          if v >= 0.05 and p != "total") + timing)
                 if k > 0:
                     walls.append(wall)
                     for p, v in ph.items():
@@ -47,6 +49,25 @@ def main(out: str, name: str) -> None:
                 f"{p} {statistics.median(v):.2f}" for p, v in sorted(
                     parts.items(), key=lambda kv: -statistics.median(kv[1]))
                 if statistics.median(v) >= 0.05))
+
+
+def _timed_calls(r: dict) -> str:
+    """The candidate's timed calls in the accused where it timed them on the device clock:
+    the median of their host time under the profiler, and how many were charged above their
+    device time (the judge's window less a round trip bounds a charge from below), which is
+    where host work in the accused turns into score noise."""
+    host, over, calls = [], 0, 0
+    for w in r.get("workloads") or []:
+        parts = w.get("candidate_parts_ns") or {}
+        device = parts.get("device_ns") or []
+        host += parts.get("profiled_host_ns") or []
+        for charged, dev in zip(w.get("candidate_ns") or [], device):
+            calls += 1
+            over += charged > dev + 50_000
+    if not host:
+        return ""
+    return (f"  | accused host {statistics.median(host) / 1e6:.2f} ms, charged above device "
+            f"{over}/{calls}")
 
 
 if __name__ == "__main__":
