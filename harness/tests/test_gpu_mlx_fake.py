@@ -664,6 +664,28 @@ def test_the_idle_probe_times_a_tiny_piece_of_the_judges_own_work(fake_mx):
     assert all(isinstance(p, float) and 0 <= p < 1 for p in probes)
 
 
+# Wrong and cheating candidates whose verdicts must not depend on where the judge checks them.
+WRONG_OR_CHEATING = [
+    ("offset", "incorrect", None),
+    ("wrong_dtype", "incorrect", None),
+    ("caches_by_shape", "integrity_violation", "stale_output"),
+    ("mutates_input", "integrity_violation", "input_mutated"),
+]
+
+
+def _same_verdicts(on: dict, off: dict, name: str, status: str, cls: str | None) -> list:
+    """Asserts that two results of one candidate have its expected verdict and the same
+    message and error figures; returns the first's error figures per workload."""
+    for r in (on, off):
+        assert r["status"] == status, (name, r["status"], r["message"])
+        assert (r["violation"] or {}).get("class") == cls, r["violation"]
+    assert on["message"] == off["message"]
+    errors = [[(w.get("max_abs_err"), w.get("max_rel_err")) for w in r["workloads"]]
+              for r in (on, off)]
+    assert errors[0] == errors[1]
+    return errors[0]
+
+
 def _spy_device_compares(monkeypatch) -> list:
     """The array namespaces device_checks.compare is called with, one entry per output."""
     from ksearch_harness import device_checks
@@ -727,12 +749,7 @@ def test_a_failing_judge_device_moves_the_comparisons_to_the_host(tmp_path, fake
     assert wrong["status"] == "incorrect", wrong["message"]
 
 
-@pytest.mark.parametrize("name,status,cls", [
-    ("offset", "incorrect", None),
-    ("wrong_dtype", "incorrect", None),
-    ("caches_by_shape", "integrity_violation", "stale_output"),
-    ("mutates_input", "integrity_violation", "input_mutated"),
-])
+@pytest.mark.parametrize("name,status,cls", WRONG_OR_CHEATING)
 def test_checks_on_the_judges_gpu_reach_the_hosts_verdicts(tmp_path, fake_mx, judge_torch,
                                                            monkeypatch, name, status, cls):
     """Wrong and cheating candidates get the same verdict, message and error figures whether
@@ -743,18 +760,12 @@ def test_checks_on_the_judges_gpu_reach_the_hosts_verdicts(tmp_path, fake_mx, ju
     monkeypatch.setenv("KSEARCH_HARNESS_DEVICE_CHECKS", "off")
     off = _evaluate(tmp_path, CANDIDATES[name])
     assert len(compared) == on_device  # none with `off`
-    for r in (on, off):
-        assert r["status"] == status, (name, r["status"], r["message"])
-        assert (r["violation"] or {}).get("class") == cls, r["violation"]
-    assert on["message"] == off["message"]
-    errors = [[(w.get("max_abs_err"), w.get("max_rel_err")) for w in r["workloads"]]
-              for r in (on, off)]
-    assert errors[0] == errors[1]
+    errors = _same_verdicts(on, off, name, status, cls)
     if name in ("offset", "caches_by_shape"):
         # Their wrong outputs were found by the comparisons on the judge's device.
         assert on_device == on["diagnostics"]["host_outputs_compared_on_device"] > 0
     if name == "offset":
-        assert any(a is not None and a >= 0.2 for a, _ in errors[0]), errors[0]
+        assert any(a is not None and a >= 0.2 for a, _ in errors), errors
 
 
 @pytest.fixture
@@ -811,12 +822,7 @@ def test_staged_inputs_and_outputs_cross_on_the_device(tmp_path, staged, monkeyp
     assert sum(1 for op, _ in copies if op == "d2h") >= calls
 
 
-@pytest.mark.parametrize("name,status,cls", [
-    ("offset", "incorrect", None),
-    ("wrong_dtype", "incorrect", None),
-    ("caches_by_shape", "integrity_violation", "stale_output"),
-    ("mutates_input", "integrity_violation", "input_mutated"),
-])
+@pytest.mark.parametrize("name,status,cls", WRONG_OR_CHEATING)
 def test_staging_reaches_the_verdicts_of_copies_through_the_host(tmp_path, staged, monkeypatch,
                                                                  name, status, cls):
     """Wrong and cheating candidates get the same verdict, message and error figures with
@@ -829,13 +835,7 @@ def test_staging_reaches_the_verdicts_of_copies_through_the_host(tmp_path, stage
     assert not any(s for _, s in staged)
     assert on["diagnostics"]["device_share"]["active"] is True
     assert off["diagnostics"]["device_share"]["active"] is False
-    for r in (on, off):
-        assert r["status"] == status, (name, r["status"], r["message"])
-        assert (r["violation"] or {}).get("class") == cls, r["violation"]
-    assert on["message"] == off["message"]
-    errors = [[(w.get("max_abs_err"), w.get("max_rel_err")) for w in r["workloads"]]
-              for r in (on, off)]
-    assert errors[0] == errors[1]
+    _same_verdicts(on, off, name, status, cls)
 
 
 def test_an_mlx_judge_without_a_cuda_device_does_not_stage(tmp_path, fake_mx, judge_torch,
