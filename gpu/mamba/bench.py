@@ -484,10 +484,11 @@ WARM_S = 0.3
 def warm_device(seconds: float = WARM_S, x=None, mib: int = 256) -> None:
     """Elementwise passes over `x` (else a fresh `mib` MiB) until `seconds` have passed, so that
     a timing that follows host-side work or tiny ops (the model's construction, the
-    per-primitive probe) does not start on a GPU that sat idle. In one bench run without it the bandwidth pass measured
-    half of what the runs before and after it measured, and the scans timed right after it were
-    slow as well, then recovered (docs/results/mamba-gpu, "The whole-model decode on a
-    device"); clocks still low after idling would explain it, which was not confirmed."""
+    per-primitive probe) does not start on a GPU that sat idle. In one bench run without it
+    the bandwidth pass measured half of what the runs before and after it measured, and the
+    scans timed right after it were slow as well, then recovered (docs/results/mamba-gpu, "The
+    whole-model decode on a device"); clocks still low after idling would explain it, which
+    was not confirmed."""
     if x is None:
         x = mx.zeros(((mib << 20) // 2,), dtype=mx.float16)
         mx.eval(x)

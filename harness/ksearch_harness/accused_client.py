@@ -701,14 +701,11 @@ class AccusedAdapter:
 
     def upload(self, buf: RemoteBuffer, host: Any) -> None:
         import numpy as np
-        if buf.dev is not None:
+        target = self.device_target(buf)
+        if target is not None:
             from .adapters.device import torch_upload
-            torch_upload(buf.dev, host)  # complete when it returns, before any later command
-            return
-        if buf.staging is not None:
-            from .adapters.device import torch_upload
-            torch_upload(buf.staging, host)
-            self.stage_inputs({buf.spec.name: buf})
+            torch_upload(target, host)  # complete when it returns, before any later command
+            self.stage_inputs({buf.spec.name: buf})  # mlx: the accused copies it in
             return
         np.copyto(buf.view, host, casting="no")
         if self.on_device:

@@ -2147,9 +2147,9 @@ def _device_share_available(backend: str) -> tuple[bool, str]:
     if share and backend == "mlx" and device_share.mode() != "emulate":
         if not device_checks.cuda_torch():
             return False, "PyTorch has no CUDA device in the judge"
-    if share and backend == "mlx":
+    elif share and backend == "mlx":
         try:
-            import torch  # noqa: F401 - the staging's tensors are PyTorch's
+            import torch  # noqa: F401 - the emulated staging's tensors are PyTorch's too
         except Exception as e:  # noqa: BLE001 - a missing or broken install
             return False, f"PyTorch does not import: {type(e).__name__}: {e}"
     return share, why
