@@ -2,7 +2,8 @@
 (gpu/judge_check.sh, gpu/tree_check.sh): every `<name>-<setting>-<pair>.jsonl` in OUT, each
 line one `ksearch eval --json-lines` result. Prints per evaluation its status, score and
 interval, wall, the harness's phase seconds and, on the device clock, the accused's timed
-calls (their median host time, how many were charged above their device time), then per
+calls (per workload their median host time and the judge's round trips, and how many calls
+were charged above their device time), then per
 setting the median wall (and range) and the median of each phase over the evaluations after
 each call's first, which pay the judge's and the yardstick's start.
 
@@ -53,21 +54,24 @@ def main(out: str, name: str) -> None:
 
 def _timed_calls(r: dict) -> str:
     """The candidate's timed calls in the accused where it timed them on the device clock:
-    the median of their host time under the profiler, and how many were charged above their
-    device time (the judge's window less a round trip bounds a charge from below), which is
-    where host work in the accused turns into score noise."""
-    host, over, calls = [], 0, 0
+    per workload in the order timed, the median of their host time under the profiler and of
+    the judge's round trips, and how many calls were charged above their device time (the
+    judge's window less a round trip bounds a charge from below), which is where host work in
+    the accused turns into score noise."""
+    host, trips, over, calls = [], [], 0, 0
     for w in r.get("workloads") or []:
         parts = w.get("candidate_parts_ns") or {}
         device = parts.get("device_ns") or []
-        host += parts.get("profiled_host_ns") or []
+        if parts.get("profiled_host_ns"):
+            host.append(statistics.median(parts["profiled_host_ns"]) / 1e6)
+            trips.append(statistics.median(w.get("round_trip_ns") or [0]) / 1e6)
         for charged, dev in zip(w.get("candidate_ns") or [], device):
             calls += 1
             over += charged > dev + 50_000
     if not host:
         return ""
-    return (f"  | accused host {statistics.median(host) / 1e6:.2f} ms, charged above device "
-            f"{over}/{calls}")
+    return (f"  | accused host ms by workload {'/'.join(f'{h:.2f}' for h in host)}, round trips "
+            f"{'/'.join(f'{t:.2f}' for t in trips)}, charged above device {over}/{calls}")
 
 
 if __name__ == "__main__":
