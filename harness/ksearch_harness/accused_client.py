@@ -593,10 +593,8 @@ class AccusedAdapter:
         self.layout = Layout()
         self.slots = 0
         # The device memory shared with the accused (device_share.Mapping): one allocation,
-        # laid out as the arena, made with the first slot and kept while the accused lives.
-        # One and not one per slot: on mlx every profiled call of the kernel clock cost more
-        # host time, in the judge and the accused alike, with each mapping a process held
-        # (docs/results/evaluation-speed).
+        # laid out as the arena, made with the first slot and kept while the accused lives,
+        # so an evaluation makes, exports and maps it once rather than once per slot.
         self.shared: Any = None
         process.rpc("arena", fds=(self.arena.fd,), size=self.arena.size)
 

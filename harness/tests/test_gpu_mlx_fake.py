@@ -790,8 +790,7 @@ def staged(fake_mx, judge_torch, monkeypatch):
 
 def test_every_slot_is_staged_in_one_shared_allocation(tmp_path, staged, monkeypatch):
     """The judge shares one allocation, laid out as the arena, with the accused for all of an
-    evaluation's slots: a process's profiled calls cost more host time with each mapping it
-    holds (docs/results/evaluation-speed)."""
+    evaluation's slots: made, exported and mapped once, not once per slot."""
     from ksearch_harness import device_share
     sizes: list[int] = []
     create = device_share.create
