@@ -6,7 +6,8 @@
 # wall, score and the harness's phase seconds, then the medians per tree over the evaluations
 # after each call's first.
 #
-#   here:   bash gpu/tree_check.sh prepare <commit>     (the old tree, .device-carry/oldtree)
+#   here:   bash gpu/tree_check.sh prepare <commit>     (the old tree, .device-carry/oldtree;
+#                                                        only where TREES names `old`)
 #           bash gpu/ksearch_bin.sh pack
 #   run(command="BACKEND=cuda bash gpu/tree_check.sh", timeout_s=600,
 #       carry=[".device-carry/ks", ".device-carry/oldtree"])
@@ -32,8 +33,10 @@ fi
 BACKEND=${BACKEND:?set BACKEND=cuda or BACKEND=mlx}
 source "$(dirname "${BASH_SOURCE[0]}")/ksearch_env.sh" tree-check
 OLD="$ROOT/.device-carry/oldtree"
-[ -d "$OLD/harness" ] || { echo "no old tree: run 'bash gpu/tree_check.sh prepare <commit>' here and carry .device-carry/oldtree" >&2; exit 2; }
-echo "old tree: $(cat "$OLD/COMMIT" 2>/dev/null || echo unknown)"
+if [[ " ${TREES:-old new} " == *" old "* ]]; then
+    [ -d "$OLD/harness" ] || { echo "no old tree: run 'bash gpu/tree_check.sh prepare <commit>' here and carry .device-carry/oldtree" >&2; exit 2; }
+    echo "old tree: $(cat "$OLD/COMMIT" 2>/dev/null || echo unknown)"
+fi
 
 render_attention_kernel
 files=()
