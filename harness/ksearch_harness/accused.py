@@ -59,9 +59,6 @@ class Accused:
     def __init__(self, backend: str):
         self.backend = backend
         self.arenas: list[mmap.mmap] = []
-        # The device memory the judge shares (device_share.Mapping; `device_share`), if any:
-        # one for the process, laid out as the arena.
-        self.shared: Any = None
         self.adapter: Any = None
         self.request: Any = None
         self.slots: dict[int, Slot] = {}
@@ -72,8 +69,6 @@ class Accused:
         op = msg.get("op")
         if op == "arena":
             return self.map_arena(fds, int(msg["size"]))
-        if op == "device_share":
-            return self.map_shared(msg, fds)
         if op == "load":
             return self.load(msg)
         if op == "alloc":
@@ -132,16 +127,10 @@ class Accused:
             for fd in fds:
                 os.close(fd)
             raise CommandFailed("task", "alloc before load")
-        for fd in fds:
-            os.close(fd)
         arena = self.arenas[int(msg.get("arena", 0))]
         slot = Slot(params=dict(msg["params"]))
-        shared = None
-        if msg.get("device_share"):
-            if self.shared is None:
-                raise CommandFailed("task", "a slot in shared device memory before the judge "
-                                    "shared any")
-            shared = self.shared
+        shared = self._shared_memory(msg, fds)
+        slot.shared = shared
         for t in msg["tensors"]:
             spec = TensorSpec(str(t["name"]), str(t["dtype"]), tuple(int(d) for d in t["shape"]))
             storage = dtypes.get(spec.dtype).storage
@@ -172,22 +161,26 @@ class Accused:
         self.slots[int(msg["slot"])] = slot
         return {}
 
-    def map_shared(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
-        """Maps the device memory the judge shares (device_share), once: on cuda the slots'
-        device tensors are views of it, which the judge writes and reads itself; on mlx it
-        stages them (`copy` with `staged`)."""
-        if len(fds) != 1 or self.backend not in ("cuda", "mlx") or self.shared is not None:
+    def _shared_memory(self, msg: dict[str, Any], fds: list[int]) -> Any:
+        """The slot's device memory the judge shares (device_share), when it sent one: on
+        cuda the slot's device tensors are then views of it, which the judge writes and reads
+        itself; on mlx it stages them (`copy` with `staged`)."""
+        share = msg.get("device_share")
+        if not share:
             for fd in fds:
                 os.close(fd)
-            raise CommandFailed("task", "shared device memory needs the cuda or mlx backend, "
-                                "one descriptor, and is shared once")
+            return None
+        if len(fds) != 1 or self.backend not in ("cuda", "mlx"):
+            for fd in fds:
+                os.close(fd)
+            raise CommandFailed("task", "shared device memory needs the cuda or mlx backend "
+                                "and one descriptor")
         from . import device_share
         try:
-            self.shared = device_share.open_shared(fds[0], int(msg["size"]),
-                                                   emulated=bool(msg.get("emulated")))
+            return device_share.open_shared(fds[0], int(share["size"]),
+                                            emulated=bool(share.get("emulated")))
         except device_share.ShareError as e:
             raise CommandFailed("task", f"cannot map the judge's device memory: {e}") from None
-        return {}
 
     def slot(self, msg: dict[str, Any]) -> "Slot":
         s = self.slots.get(int(msg.get("slot", -1)))
@@ -319,6 +312,7 @@ class Slot:
         self.views: dict[str, Any] = {}
         self.pristine: dict[str, Any] = {}  # device copies for `unchanged` (Accused.copy)
         self.fn: Callable[[], None] | None = None
+        self.shared: Any = None  # device_share.Mapping the judge shares, if any
         # mlx with shared memory: per tensor, its staging there (device_share.Span).
         self.staging: dict[str, Any] = {}
 

@@ -592,10 +592,7 @@ class AccusedAdapter:
         self.arena = Arena(arena_bytes)
         self.layout = Layout()
         self.slots = 0
-        # The device memory shared with the accused (device_share.Mapping): one allocation,
-        # laid out as the arena, made with the first slot and kept while the accused lives,
-        # so an evaluation makes, exports and maps it once rather than once per slot.
-        self.shared: Any = None
+        self.shared: list[Any] = []  # device_share.Mapping per slot, kept while slots live
         process.rpc("arena", fds=(self.arena.fd,), size=self.arena.size)
 
     def load(self, artifact: str, entry: Any, request: Any) -> None:
@@ -616,6 +613,7 @@ class AccusedAdapter:
         self.slots += 1
         tensors = []
         made: dict[str, RemoteBuffer] = {}
+        device = Layout() if self.share_device else None
         for role, specs in (("input", inputs), ("output", outputs)):
             for s in specs:
                 storage = dtypes.get(s.dtype).storage
@@ -624,28 +622,36 @@ class AccusedAdapter:
                 view = np.frombuffer(self.arena.map, dtype=storage, count=count,
                                      offset=place.offset).reshape(s.shape)
                 made[s.name] = RemoteBuffer(s, view, slot, role)
-                tensors.append({"name": s.name, "role": role, "dtype": s.dtype,
-                                "shape": list(s.shape), "offset": place.offset,
-                                "nbytes": place.nbytes})
-        if self.share_device:
-            self._alloc_shared(slot, params, tensors, made)
-        else:
+                t = {"name": s.name, "role": role, "dtype": s.dtype, "shape": list(s.shape),
+                     "offset": place.offset, "nbytes": place.nbytes}
+                if device is not None:
+                    t["device_offset"] = device.place(place.nbytes).offset
+                tensors.append(t)
+        if device is None:
             self.process.rpc("alloc", slot=slot, params=params, tensors=tensors)
+        else:
+            self._alloc_shared(slot, params, tensors, made, max(device.size, 1))
         ins = {s.name: made[s.name] for s in inputs}
         outs = {s.name: made[s.name] for s in outputs}
         return ins, outs, RemoteCall(self, slot)
 
     def _alloc_shared(self, slot: int, params: dict[str, Any], tensors: list[dict[str, Any]],
-                      made: dict[str, RemoteBuffer]) -> None:
-        """Places the slot's tensors in the shared device memory at their arena offsets (the
-        memory is made and mapped in the accused with the first slot), has the accused bind
-        them there and gives each buffer the judge's view of it (its storage bits)."""
-        from . import dtypes
+                      made: dict[str, RemoteBuffer], nbytes: int) -> None:
+        """Allocates the slot's device memory here, maps it in the accused and gives each
+        buffer the judge's view of it (its storage bits)."""
+        from . import device_share, dtypes
         from .adapters.device import torch_bits_dtype
-        mapping = self._shared_memory()
-        for t in tensors:
-            t["device_offset"] = t["offset"]
-        self.process.rpc("alloc", slot=slot, params=params, tensors=tensors, device_share=True)
+        try:
+            mapping, fd = device_share.create(nbytes)
+        except device_share.ShareError as e:
+            raise TaskError(f"harness error: cannot allocate shared device memory: {e}") from None
+        self.shared.append(mapping)
+        try:
+            self.process.rpc("alloc", fds=(fd,), slot=slot, params=params, tensors=tensors,
+                             device_share={"size": mapping.size,
+                                           "emulated": mapping.emulated})
+        finally:
+            os.close(fd)
         for t in tensors:
             b = made[t["name"]]
             storage = dtypes.get(b.spec.dtype).storage
@@ -655,27 +661,6 @@ class AccusedAdapter:
                 b.staging = view
             else:
                 b.dev = view
-
-    def _shared_memory(self) -> Any:
-        """The device memory shared with the accused, made (the arena's size) and mapped there
-        on first use."""
-        if self.shared is not None:
-            return self.shared
-        from . import device_share
-        try:
-            mapping, fd = device_share.create(self.arena.size)
-        except device_share.ShareError as e:
-            raise TaskError(f"harness error: cannot allocate shared device memory: {e}") from None
-        try:
-            self.process.rpc("device_share", fds=(fd,), size=mapping.size,
-                             emulated=mapping.emulated)
-        except BaseException:
-            mapping.close()
-            raise
-        finally:
-            os.close(fd)
-        self.shared = mapping
-        return mapping
 
     def device_view(self, buf: RemoteBuffer) -> Any:
         """The judge's device view of `buf` (storage bits), or None without shared memory or
@@ -789,9 +774,9 @@ class AccusedAdapter:
         (device_share.Mapping.close)."""
         finish = self.process.close_now()
         self.arena.close()
-        if self.shared is not None:
-            self.shared.close()
-            self.shared = None
+        for m in self.shared:
+            m.close()
+        self.shared = []
         return finish
 
 

@@ -788,54 +788,6 @@ def staged(fake_mx, judge_torch, monkeypatch):
     return ops
 
 
-def test_every_slot_is_staged_in_one_shared_allocation(tmp_path, staged, monkeypatch):
-    """The judge shares one allocation, laid out as the arena, with the accused for all of an
-    evaluation's slots: made, exported and mapped once, not once per slot."""
-    from ksearch_harness import device_share
-    sizes: list[int] = []
-    create = device_share.create
-
-    def counting(nbytes, device=0):
-        mapping, fd = create(nbytes, device)
-        sizes.append(nbytes)
-        return mapping, fd
-
-    monkeypatch.setattr(device_share, "create", counting)
-    r = _evaluate(tmp_path, HONEST)
-    assert r["status"] == "passed", r["message"]
-    ops = [op for op, _ in staged]
-    assert ops.count("device_share") == 1 and len(sizes) == 1
-    assert ops.count("alloc") >= 2  # several slots, each a view of the one allocation
-    assert ops.index("device_share") < ops.index("alloc")
-
-
-def test_the_accused_takes_one_shared_allocation_before_its_slots(fake_mx):
-    """A slot in shared device memory before any was shared, or a second allocation, is the
-    judge's mistake and refused."""
-    import mmap
-
-    from ksearch_harness import accused
-    from ksearch_harness.adapters.mlx import MlxAdapter
-    one = accused.Accused("mlx")
-    one.adapter = MlxAdapter(parse_request(
-        driver.softmax_request("/tmp/k.py", "/tmp/b", backend="mlx"), "evaluate"))
-    one.arenas.append(mmap.mmap(-1, 1 << 12))
-    alloc = {"op": "alloc", "slot": 0, "params": {}, "device_share": True,
-             "tensors": [{"name": "x", "role": "input", "dtype": "f16", "shape": [8],
-                          "offset": 0, "nbytes": 16, "device_offset": 0}]}
-    with pytest.raises(accused.CommandFailed, match="before the judge shared"):
-        one.handle(alloc, [])
-    fds = [os.memfd_create("share"), os.memfd_create("share")]
-    for fd in fds:
-        os.ftruncate(fd, 1 << 12)
-    assert one.handle({"op": "device_share", "size": 1 << 12, "emulated": True},
-                      fds[:1]) == {}
-    with pytest.raises(accused.CommandFailed, match="shared once"):
-        one.handle({"op": "device_share", "size": 1 << 12, "emulated": True}, fds[1:])
-    with pytest.raises(OSError):
-        os.fstat(fds[1])  # closed, refused or not
-
-
 def test_staged_inputs_and_outputs_cross_on_the_device(tmp_path, staged, monkeypatch):
     """With shared device memory an mlx judge writes each input set into the slot's staging
     and the accused copies it into new MLX arrays there; each output is copied back into the
