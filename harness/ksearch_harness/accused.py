@@ -177,9 +177,15 @@ class Accused:
                                 "and one descriptor")
         from . import device_share
         try:
-            return device_share.open_shared(fds[0], int(share["size"]),
-                                            emulated=bool(share.get("emulated")))
-        except device_share.ShareError as e:
+            size, emulated = int(share["size"]), bool(share.get("emulated"))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            os.close(fds[0])
+            raise CommandFailed("task", "shared device memory without its size") from None
+        # A memory the judge shares but that cannot be mapped here is the harness's failure
+        # (or the machine's), never the candidate's; open_shared closes the descriptor.
+        try:
+            return device_share.open_shared(fds[0], size, emulated=emulated)
+        except (device_share.ShareError, OSError, ValueError) as e:
             raise CommandFailed("task", f"cannot map the judge's device memory: {e}") from None
 
     def slot(self, msg: dict[str, Any]) -> "Slot":

@@ -303,16 +303,13 @@ def create(nbytes: int, device: int = 0) -> tuple[Mapping, int]:
 def open_shared(fd: int, size: int, device: int = 0, emulated: bool = False) -> Mapping:
     """Maps memory another process exported as `fd` (`size` bytes, as it said; `emulated`
     when the exporter emulates device memory, which it says too); the descriptor is closed
-    here once imported."""
-    if emulated:
-        try:
-            return Mapping(0, size, -1, device, host=_host_map(fd, size))
-        finally:
-            os.close(fd)
-    _context(device)
-    cu = _cuda()
-    handle = ctypes.c_uint64()
+    here, mapped or not."""
     try:
+        if emulated:
+            return Mapping(0, size, -1, device, host=_host_map(fd, size))
+        _context(device)
+        cu = _cuda()
+        handle = ctypes.c_uint64()
         _check("cuMemImportFromShareableHandle", cu.cuMemImportFromShareableHandle(
             ctypes.byref(handle), ctypes.c_void_p(fd), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
     finally:

@@ -788,6 +788,33 @@ def staged(fake_mx, judge_torch, monkeypatch):
     return ops
 
 
+def test_shared_memory_the_accused_cannot_map_is_the_harness_failure(fake_mx):
+    """A slot whose shared device memory comes without its size, or on a descriptor that
+    cannot be mapped, is refused as the harness's failure (`task`), not the candidate's, and
+    the descriptor is closed either way."""
+    import mmap
+
+    from ksearch_harness import accused
+    from ksearch_harness.adapters.mlx import MlxAdapter
+    one = accused.Accused("mlx")
+    one.adapter = MlxAdapter(parse_request(
+        driver.softmax_request("/tmp/k.py", "/tmp/b", backend="mlx"), "evaluate"))
+    one.arenas.append(mmap.mmap(-1, 1 << 12))
+    tensors = [{"name": "x", "role": "input", "dtype": "f16", "shape": [8], "offset": 0,
+                "nbytes": 16, "device_offset": 0}]
+    for share, why in (({"emulated": True}, "without its size"),
+                       ({"size": 1 << 12, "emulated": True}, "cannot map")):
+        read, write = os.pipe()  # a pipe maps nowhere
+        os.close(write)
+        with pytest.raises(accused.CommandFailed, match=why) as failed:
+            one.handle({"op": "alloc", "slot": 0, "params": {}, "tensors": tensors,
+                        "device_share": share}, [read])
+        assert failed.value.error == "task"
+        with pytest.raises(OSError):
+            os.fstat(read)
+    assert 0 not in one.slots
+
+
 def test_staged_inputs_and_outputs_cross_on_the_device(tmp_path, staged, monkeypatch):
     """With shared device memory an mlx judge writes each input set into the slot's staging
     and the accused copies it into new MLX arrays there; each output is copied back into the
