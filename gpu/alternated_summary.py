@@ -54,24 +54,31 @@ def main(out: str, name: str) -> None:
 
 def _timed_calls(r: dict) -> str:
     """The candidate's timed calls in the accused where it timed them on the device clock:
-    per workload in the order timed, the median of their host time under the profiler and of
-    the judge's round trips, and how many calls were charged above their device time (the
-    judge's window less a round trip bounds a charge from below), which is where host work in
-    the accused turns into score noise."""
-    host, trips, over, calls = [], [], 0, 0
+    per workload in the order timed, the median of their host time under the profiler, of the
+    judge's round trips and (where recorded) of the judge's own anchor calls' host time, and
+    how many calls were charged above their device time (the judge's window less a round
+    trip bounds a charge from below), which is where host work in the accused turns into
+    score noise."""
+    host, trips, anchor, over, calls = [], [], [], 0, 0
     for w in r.get("workloads") or []:
         parts = w.get("candidate_parts_ns") or {}
         device = parts.get("device_ns") or []
         if parts.get("profiled_host_ns"):
             host.append(statistics.median(parts["profiled_host_ns"]) / 1e6)
             trips.append(statistics.median(w.get("round_trip_ns") or [0]) / 1e6)
+            judged = (w.get("anchor_parts_ns") or {}).get("profiled_host_ns")
+            if judged:
+                anchor.append(statistics.median(judged) / 1e6)
         for charged, dev in zip(w.get("candidate_ns") or [], device):
             calls += 1
             over += charged > dev + 50_000
     if not host:
         return ""
+    judge = (f", the judge's anchor host {'/'.join(f'{a:.2f}' for a in anchor)}"
+             if len(anchor) == len(host) else "")
     return (f"  | accused host ms by workload {'/'.join(f'{h:.2f}' for h in host)}, round trips "
-            f"{'/'.join(f'{t:.2f}' for t in trips)}, charged above device {over}/{calls}")
+            f"{'/'.join(f'{t:.2f}' for t in trips)}{judge}, charged above device "
+            f"{over}/{calls}")
 
 
 if __name__ == "__main__":

@@ -686,6 +686,8 @@ class Evaluation:
         # Per workload, what the accused says each timed candidate figure was made of
         # (TimedCall.parts), part by part.
         self.parts: dict[str, dict[str, list[int]]] = {}
+        # The same of the anchor's timed calls in the judge, per repetition counted.
+        self.anchor_parts: dict[str, dict[str, list[int]]] = {}
 
     # -- pipeline ------------------------------------------------------------------------
 
@@ -1748,6 +1750,9 @@ class Evaluation:
                     samples[c].append(times[c])
                     if c in prime_ns:
                         primes[c].append(prime_ns[c])
+                for part, ns in (anchor_parts.get(self.anchor) or {}).items():
+                    self.anchor_parts.setdefault(wl.name, {}).setdefault(part, []).append(
+                        int(ns))
                 total += times["candidate"]
                 rep += 1
             total_all += total
@@ -1973,6 +1978,8 @@ class Evaluation:
         r["round_trip_ns"] = [t[2] for t in triples]
         if self.parts.get(wl.name):
             r["candidate_parts_ns"] = self.parts[wl.name]
+        if self.anchor_parts.get(wl.name):
+            r["anchor_parts_ns"] = self.anchor_parts[wl.name]
         if not triples:
             return
         # The accused's interval lies inside the judge's on the same monotonic clock, so a

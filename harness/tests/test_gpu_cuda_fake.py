@@ -238,6 +238,11 @@ def test_honest_candidate_passes_with_dtype_resolved_per_workload(tmp_path, torc
         assert list(zip(parts["device_ns"], parts["host_ns"]))
         assert [max(d, h) for d, h in zip(parts["device_ns"], parts["host_ns"])] == \
             w["candidate_reported_ns"]
+        # The judge's own timed calls of the anchor keep their parts too: its figure is the
+        # device part, and its host part is what the candidate's charge is set against.
+        anchor = w["anchor_parts_ns"]
+        assert anchor["device_ns"] == w[f"{w['anchor']}_ns"]
+        assert len(anchor["host_ns"]) == len(w["candidate_ns"])
     # Every untimed call in the accused was followed by a device-wide synchronize (the stream
     # check).
     assert accused_syncs(capfd) > 2 * 2 * 3
