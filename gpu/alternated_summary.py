@@ -2,10 +2,9 @@
 (gpu/judge_check.sh, gpu/tree_check.sh): every `<name>-<setting>-<pair>.jsonl` in OUT, each
 line one `ksearch eval --json-lines` result. Prints per evaluation its status, score and
 interval, wall, the harness's phase seconds and, on the device clock, the accused's timed
-calls (per workload their median host time and the judge's round trips, and how many calls
-were charged above their device time), then per
-setting the median wall (and range) and the median of each phase over the evaluations after
-each call's first, which pay the judge's and the yardstick's start.
+calls (_timed_calls), then per setting the median wall (and range) and the median of each
+phase over the evaluations after each call's first, which pay the judge's and the
+yardstick's start.
 
     python3 gpu/alternated_summary.py OUT NAME
 """

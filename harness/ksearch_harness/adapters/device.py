@@ -26,6 +26,7 @@ Nothing here imports torch or mlx at module level.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import time
@@ -373,15 +374,21 @@ class _DLTensor(ctypes.Structure):
                 ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
+@functools.cache
+def _capsule_getter() -> Any:
+    """PyCapsule_GetPointer, its prototype declared once."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return get
+
+
 def mlx_data_pointer(arr: Any) -> tuple[int, bool]:
     """The address of the evaluated MLX array's first element and whether its elements are
     one row-major block, from its DLPack export (MLX on CUDA exports managed memory, whose
     address is the same on the host and the device)."""
     capsule = arr.__dlpack__()
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype = ctypes.c_void_p
-    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    t = _DLTensor.from_address(get(capsule, b"dltensor"))
+    t = _DLTensor.from_address(_capsule_getter()(capsule, b"dltensor"))
     shape = [int(t.shape[i]) for i in range(t.ndim)]
     contiguous = True
     if t.strides:
@@ -398,11 +405,11 @@ def mlx_from_device_bits(bits: Any, dtype_name: str, shape: tuple[int, ...]):
     device copy of an input set, where it stages the accused's inputs): copied on the device
     where `bits` is a CUDA tensor, through the host otherwise (tests)."""
     from ..device_share import Span
+    nbytes = int(bits.numel()) * bits.element_size()
     if not getattr(bits, "is_cuda", False):
-        stored = bits.cpu().numpy().view(dtypes.get(dtype_name).storage)
-        return mlx_from_host(stored.reshape(shape), dtype_name)
-    return mlx_from_stage(Span(int(bits.data_ptr()), int(bits.numel()) * bits.element_size()),
-                          dtype_name, shape)
+        return mlx_from_stage(Span(0, nbytes, bits.cpu().numpy().reshape(-1).view(np.uint8)),
+                              dtype_name, shape)
+    return mlx_from_stage(Span(int(bits.data_ptr()), nbytes), dtype_name, shape)
 
 
 def _bits(mx, arr):

@@ -314,16 +314,11 @@ class MlxAdapter(DeviceAdapter):
         """In the accused, with shared device memory: an output (or input) copied into its
         staging (`stage`, a device_share.Span) for the judge; what `to_host` reads where
         there is no array."""
-        storage = dtypes.get(buf.spec.dtype).storage
         if buf.array is None:
             host = np.ascontiguousarray(self.to_host(buf)).reshape(-1).view(np.uint8)
-            if stage.host is not None:
-                stage.host[:] = host
-            else:
-                arr = self._mx().array(host)
-                mlx_to_stage(arr, stage, np.dtype(np.uint8))
+            mlx_to_stage(self._mx().array(host), stage, np.dtype(np.uint8))
             return
-        mlx_to_stage(buf.array, stage, storage)
+        mlx_to_stage(buf.array, stage, dtypes.get(buf.spec.dtype).storage)
 
     def _fresh(self, stored: np.ndarray, spec: TensorSpec) -> Any:
         return mlx_from_host(stored, spec.dtype)
